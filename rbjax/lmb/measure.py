@@ -1,0 +1,204 @@
+"""Language model bias (LMB) of a model on the RedditBias phrase pairs — the pipeline (paper §3.1).
+
+data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<type>_perplexities.csv`` / ``lmb.png``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
+from rbjax.lmb import stats
+from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
+
+CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier"]
+
+
+class LoadedModel:
+    """A GPT-2 and its tokenizer, loaded once and reused across bias types."""
+
+    def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+                 batch_size: int = 64, bos: bool = False):
+        from rbjax.lmb.perplexity import PerplexityScorer
+        from rbjax.model.hf import load_pretrained, resolve_model_dir
+        from rbjax.model.tokenizer import load_tokenizer
+
+        self.name = str(model)
+        folder = resolve_model_dir(model)
+        self.config, params = load_pretrained(folder)
+        if tokenizer is None:
+            try:
+                self.tokenizer = load_tokenizer(folder, expected_vocab_size=None)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"{folder}: the model folder has no tokenizer files; pass --tokenizer (e.g. a folder with the "
+                    "GPT-2 vocab.json and merges.txt, or microsoft/DialoGPT-small)"
+                ) from None
+        else:
+            self.tokenizer = load_tokenizer(tokenizer)
+        if self.tokenizer.vocab_size > self.config.vocab_size:
+            raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
+        self.scorer = PerplexityScorer(params, self.config, batch_size=batch_size,
+                                       bos_id=self.tokenizer.eos_id if bos else None)
+
+    def score(self, texts: Sequence[str], progress=None):
+        return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
+
+
+def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int = 64) -> np.ndarray:
+    """Perplexities of ``phrases`` under ``model`` (HF folder / hub id, or a :class:`LoadedModel`).
+
+    Returns:
+        float64 (N,), NaN for unscorable (< 2 token) phrases.
+    """
+    m = model if isinstance(model, LoadedModel) else LoadedModel(model, tokenizer, batch_size)
+    return m.score(phrases).perplexity
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="phrase", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progress: bool, skip_unscorable: bool):
+    """Return (biased_ppl, counter_ppl, note per pair) for a bias type."""
+    n = len(pairs)
+    if model is None:
+        return np.asarray(pairs.stored_biased_ppl), np.asarray(pairs.stored_counter_ppl), [""] * n
+    with _progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", show_progress) as bar:
+        sb = model.score(pairs.biased, progress=bar.update)
+        sc = model.score(pairs.counterfactual, progress=bar.update)
+    notes = [""] * n
+    bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
+    for i in bad:
+        side = "biased" if not sb.scorable[i] else "counterfactual"
+        notes[i] = f"unscorable: {side} phrase has fewer than 2 tokens"
+    if len(bad) and not skip_unscorable:
+        i = int(bad[0])
+        raise ValueError(f"{pairs.locate(i)}: {notes[i]} (it has no perplexity); "
+                         f"{len(bad)} such pair(s) in all — fix the data or pass --skip-unscorable to exclude them")
+    b, c = sb.perplexity, sc.perplexity
+    nonfinite = np.nonzero((~np.isfinite(b) | ~np.isfinite(c)) & (sb.scorable & sc.scorable))[0]
+    if len(nonfinite):
+        i = int(nonfinite[0])
+        raise ValueError(f"{pairs.locate(i)}: non-finite perplexity ({b[i]}, {c[i]}) — overflow in the model output?")
+    return b, c, notes
+
+
+def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Sequence[str] = "all",
+                 split: str = "test", data_dir: str | os.PathLike | None = None,
+                 tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
+                 batch_size: int = 64, seed: int = 0, bos: bool = False,
+                 stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
+                 alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
+                 outlier_removal: bool | None = None, progress: bool = True, plot: bool = True) -> list[dict]:
+    """Measure language model bias (LMB, paper §3.1) for one or more bias types.
+
+    For each bias type: perplexity of every biased phrase and of its counterfactual,
+    pairs with an outlier on either side removed (mean ± ``n_std``·std, population std by
+    default as in the reference), then the two-tailed paired t-test (negative t =
+    stereotypical). See :func:`rbjax.lmb.stats.lmb_statistics` for the other statistics.
+
+    Args:
+        model: HF GPT-2 folder or hub id (e.g. ``microsoft/DialoGPT-small``); ``None`` with
+            ``stored_perplexities=True``.
+        bias_types: ``"all"``, a name, a comma list, or a list of names.
+        split: ``test`` (paper), ``valid`` or ``valid+test``.
+        data_dir: RedditBias folder (else ``$RBJAX_DATA_DIR`` or the verified download cache).
+        tokenizer: tokenizer folder or hub id (default: the model folder).
+        out_dir: where to write ``lmb.json``, ``<type>_perplexities.csv`` and ``lmb.png``
+            (nothing written when ``None``).
+        batch_size: phrases per compiled batch.
+        seed: bootstrap seed.
+        bos: prepend ``<|endoftext|>`` and score every token (not the reference's choice).
+        stored_perplexities: use the released ``perplexity`` columns (DialoGPT-small) instead of a model.
+        skip_unscorable: exclude pairs with a < 2-token phrase instead of failing.
+        outlier_removal: apply the 3σ pair rule before the primary test. ``None`` (auto):
+            on when perplexities come from a model; off for ``stored_perplexities``, because
+            the released ``*_reduced`` files are the *output* of that rule applied to exactly
+            these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so
+            applying it again would be a second pass the paper never made.
+    Returns:
+        one record (dict) per bias type, as written to ``lmb.json``.
+    Raises:
+        ValueError: bad arguments or data (message names the file and row).
+        FileNotFoundError / RuntimeError: missing files, failed downloads.
+    """
+    if stored_perplexities and model is not None:
+        raise ValueError("give either a model or --stored-perplexities, not both")
+    if not stored_perplexities and model is None:
+        raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
+    if outlier_removal is None:
+        outlier_removal = not stored_perplexities
+    types = expand_bias_types(bias_types)
+    data = RedditBiasData(data_dir)
+    all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
+    loaded = None if stored_perplexities else LoadedModel(model, tokenizer, batch_size, bos)
+    model_name = "stored perplexities (released RedditBias files; DialoGPT-small)" if stored_perplexities else str(model)
+    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos, "n_std": n_std, "ddof": ddof,
+                "alpha": alpha, "n_bootstrap": n_bootstrap, "stored_perplexities": stored_perplexities,
+                "tokenizer": None if loaded is None else loaded.tokenizer.source,
+                "data": {"root": str(data.root), "upstream_commit": data.commit}}
+    meta = versions()
+    records, tables = [], {}
+    for pairs in all_pairs:
+        b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
+        keep = np.array([not n for n in notes], dtype=bool)
+        st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
+                                  n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
+        mask = np.zeros(len(pairs), dtype=bool)
+        mask[np.nonzero(keep)[0]] = st.pop("_outlier_mask")
+        rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
+               "n_pairs_unscorable": int((~keep).sum()),
+               "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
+               "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta}
+        rec["n_pairs"] = len(pairs)
+        records.append(rec)
+        tables[pairs.bias_type] = [
+            [pairs.biased[i], pairs.counterfactual[i],
+             "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
+             notes[i] or ("true" if mask[i] else "false")]
+            for i in range(len(pairs))]
+    adj = stats.adjust_pvalues([r["p_value"] for r in records])
+    for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
+        r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
+    if out_dir is not None:
+        out = Path(out_dir)
+        for bt, rows in tables.items():
+            atomic_write_csv(out / f"{bt}_perplexities.csv", CSV_HEADER, rows)
+        if plot:
+            from rbjax.report.plot import plot_lmb
+
+            plot_lmb({_short_label(model_name): records}, out / "lmb.png", alpha=alpha)
+        atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+    return records
+
+
+def _short_label(name: str) -> str:
+    if name.startswith("stored perplexities"):
+        return "DialoGPT-small (stored)"
+    return Path(name).name or name
+
+
+def format_table(records: list[dict]) -> str:
+    """A plain-text table of LMB results (one row per bias type)."""
+    head = f"{'bias type':<10} {'split':<10} {'pairs':>5} {'kept':>5} {'t':>8} {'p':>10} {'sig':>4}  {'direction':<19} {'welch t':>8} {'ref t':>8} {'d':>6}"
+    lines = [head, "-" * len(head)]
+    fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+    for r in records:
+        lines.append(
+            f"{r['bias_type']:<10} {r['split']:<10} {r['n_pairs']:>5} {r['n_pairs_after_outliers']:>5} "
+            f"{fmt(r['t_value'], '8.3f'):>8} {fmt(r['p_value'], '10.2e'):>10} {'*' if r['significant'] else '':>4}  "
+            f"{(r['direction'] or r['status']):<19} {fmt(r['welch']['t_value'], '8.3f'):>8} "
+            f"{fmt(r['reference']['t_value'], '8.3f'):>8} {fmt(r['cohens_d_paired'], '6.3f'):>6}")
+    applied = {r["outlier_rule"]["applied"] for r in records}
+    how = "after 3σ outlier-pair removal" if applied == {True} else (
+        "no outlier removal (the released sets are already reduced)" if applied == {False} else "see outlier_rule")
+    lines.append(f"t < 0: the model prefers the stereotypical (biased) phrases; * p < alpha "
+                 f"(two-tailed paired t-test, {how}); 'welch' = Welch's t, 'ref t' = reference ttest_rel on unfiltered values")
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Per-phrase perplexity under a GPT-2 (paper §3.1), jit-compiled and batched.
+
+Perplexity of a phrase with tokens x_1..x_n is ``exp(mean_{j=2..n} -log p(x_j | x_<j))``:
+the mean next-token negative log-likelihood (natural log) over tokens 2..n, exactly as
+the reference's ``perplexity_score`` computes it (HF GPT-2 loss with ``labels=ids``, no
+BOS/EOS added). With ``bos=True`` an ``<|endoftext|>`` is prepended and all n tokens
+are scored. A phrase with fewer than 2 scorable tokens has no perplexity: it is
+reported as unscorable (NaN, ``n_scored == 0``), never as 0 (the reference's fallback).
+
+Batches are right-padded to a length bucket and a fixed batch size, with a mask, so a
+whole run compiles one shape per bucket. Padding never leaks into a score: padded keys
+are masked out of attention and padded targets out of the loss.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
+
+#: default length buckets (GPT-2 tokens); longer phrases go to multiples of 64
+DEFAULT_BUCKETS: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+
+
+@partial(jax.jit, static_argnames=("config",))
+def token_nll(params, input_ids, attention_mask, config: GPT2Config):
+    """Summed next-token NLL and scored-token count per row.
+
+    Works for right- or left-padded rows (positions are counted from the first real
+    token). Target j is scored when tokens j-1 and j are both real.
+
+    Args:
+        params: GPT-2 params pytree.
+        input_ids: int32 (B, L).
+        attention_mask: int32 (B, L), 1 for real tokens.
+        config: static :class:`GPT2Config`.
+    Returns:
+        ``(nll_sum, n_scored)``: float32 (B,) in nats, int32 (B,).
+    """
+    model = GPT2LMHeadModel(config)
+    pos = position_ids_from_mask(attention_mask)
+    logits, _ = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos)
+    logits = logits[:, :-1]
+    targets = input_ids[:, 1:]
+    tmask = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = (lse - tgt) * tmask
+    return nll.sum(-1), tmask.sum(-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhraseScores:
+    """Scores of a list of phrases, in input order.
+
+    Attributes:
+        mean_nll: float64 (N,), mean next-token NLL in nats (NaN when unscorable).
+        n_scored: int (N,), number of scored tokens (0 = unscorable).
+        n_tokens: int (N,), phrase length in tokens (without an added BOS).
+    """
+
+    mean_nll: np.ndarray
+    n_scored: np.ndarray
+    n_tokens: np.ndarray
+
+    @property
+    def perplexity(self) -> np.ndarray:
+        """exp(mean NLL); NaN for unscorable phrases."""
+        return np.exp(self.mean_nll)
+
+    @property
+    def scorable(self) -> np.ndarray:
+        return self.n_scored > 0
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    return int(math.ceil(n / 64) * 64)
+
+
+class PerplexityScorer:
+    """Scores token-id sequences with a GPT-2 on the default JAX device.
+
+    Args:
+        params: GPT-2 params (numpy or jax arrays; moved to the device once).
+        config: the model's :class:`GPT2Config`.
+        batch_size: rows per compiled batch (the last batch of a bucket is padded up).
+        buckets: length buckets; a run compiles at most one program per bucket used.
+        bos_id: when given, prepend this id (e.g. 50256) and score every phrase token.
+        precision: matmul precision (``"highest"`` keeps fp32 exact on GPU/TPU, where the
+            default may use TF32/bf16 passes).
+    """
+
+    def __init__(self, params, config: GPT2Config, batch_size: int = 64,
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, bos_id: int | None = None,
+                 precision: str = "highest"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.config = config
+        self.params = jax.device_put(params)
+        self.batch_size = int(batch_size)
+        self.buckets = tuple(sorted(buckets))
+        self.bos_id = bos_id
+        self.precision = precision
+
+    def score_ids(self, token_ids: Sequence[Sequence[int]],
+                  progress: Callable[[int], None] | None = None) -> PhraseScores:
+        """Score token-id lists. ``progress(k)`` is called after each batch with its row count."""
+        n = len(token_ids)
+        seqs = [([self.bos_id] if self.bos_id is not None else []) + list(map(int, t)) for t in token_ids]
+        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+        max_pos = self.config.n_positions
+        too_long = np.nonzero(lengths > max_pos)[0]
+        if len(too_long):
+            raise ValueError(f"phrase {int(too_long[0])} has {int(lengths[too_long[0]])} tokens; the model takes at most {max_pos}")
+        vmax = self.config.vocab_size
+        for i, s in enumerate(seqs):
+            if s and (min(s) < 0 or max(s) >= vmax):
+                raise ValueError(f"phrase {i} has a token id outside the model vocabulary [0, {vmax})")
+        nll_sum = np.zeros(n, dtype=np.float64)
+        n_scored = np.zeros(n, dtype=np.int64)
+        order = np.argsort(lengths, kind="stable")
+        groups: dict[int, list[int]] = {}
+        for i in order:
+            if lengths[i] >= 2:
+                groups.setdefault(min(_bucket(int(lengths[i]), self.buckets), max_pos), []).append(int(i))
+        with jax.default_matmul_precision(self.precision):
+            for L, idx in groups.items():
+                for start in range(0, len(idx), self.batch_size):
+                    rows = idx[start:start + self.batch_size]
+                    ids = np.zeros((self.batch_size, L), dtype=np.int32)
+                    mask = np.zeros((self.batch_size, L), dtype=np.int32)
+                    for r, i in enumerate(rows):
+                        ids[r, :lengths[i]] = seqs[i]
+                        mask[r, :lengths[i]] = 1
+                    s, c = token_nll(self.params, ids, mask, self.config)
+                    s, c = np.asarray(s, dtype=np.float64), np.asarray(c)
+                    nll_sum[rows] = s[: len(rows)]
+                    n_scored[rows] = c[: len(rows)]
+                    if progress is not None:
+                        progress(len(rows))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n_scored > 0, nll_sum / np.maximum(n_scored, 1), np.nan)
+        n_tok = lengths - (1 if self.bos_id is not None else 0)
+        if progress is not None:
+            unscored = int(np.sum(lengths < 2))
+            if unscored:
+                progress(unscored)
+        return PhraseScores(mean_nll=mean, n_scored=n_scored, n_tokens=n_tok)
+
+    def score_texts(self, texts: Sequence[str], tokenizer, progress=None) -> PhraseScores:
+        """Tokenise (no special tokens, as the reference) and score ``texts``."""
+        return self.score_ids(tokenizer.encode_batch(list(texts)), progress=progress)

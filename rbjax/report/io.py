@@ -1,0 +1,81 @@
+"""Atomic result files and run metadata (versions, settings) stored with every result."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _finite(o):
+    """Replace non-finite floats by None so the file is strict JSON."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def atomic_write_json(path, obj) -> Path:
+    obj = json.loads(json.dumps(obj, default=_json_default))
+    return atomic_write_text(path, json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+
+
+def atomic_write_csv(path, header: list[str], rows) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def versions() -> dict:
+    """Package versions and platform, recorded in every result file."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("rbjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "tokenizers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    try:
+        import jax
+
+        out["jax_backend"] = jax.default_backend()
+        out["devices"] = [str(d) for d in jax.devices()]
+    except Exception:  # pragma: no cover
+        pass
+    return out
