@@ -13,7 +13,8 @@ What comes from where
   lower-cased, quotes removed, ``*`` wildcards kept; an A2 entry ending in a run of >= 4 ``*`` is the paper's
   "unused" marker and becomes ``null``.
 * ``pairs``: the word-level T1->T2 pairs read off App. A (the words in which the two columns of
-  ``_opposites.txt`` differ), completed with the singular / plural form of each. They are listed in
+  ``_opposites.txt`` differ), completed with the singular / plural form of each (race also has the unhyphenated
+  two-word forms of "african-american(s)"/"afro-american(s)"). They are listed in
   :data:`PAIRS` below, and the script checks that every App. A target pair is covered by them.
   Order matters for the T2->T1 direction of swapping: the first pair listed for a T2 word gives its T1 word.
 * ``reference``: the official code's own lists, parsed from ``shared/docs/reference-debias.md`` §5 (token-id
@@ -57,6 +58,10 @@ PAIRS: dict[str, list[tuple[str, str]]] = {
         ("afro-american", "american"), ("afro-americans", "americans"),
         ("negro", "caucasian"), ("negroes", "caucasians"),
         ("dark-skinned", "light-skinned"),
+        # App. A's "African-americans"/"Americans" written without the hyphen (as in the data): a multi-word term,
+        # so "african americans" does not become "american americans".
+        ("african american", "american"), ("african americans", "americans"),
+        ("afro american", "american"), ("afro americans", "americans"),
     ],
     "gender": [
         ("woman", "man"), ("women", "men"), ("mother", "father"), ("mothers", "fathers"),
