@@ -1,0 +1,69 @@
+"""``rbjax retrieve``: candidate comments and ±7-token windows from Reddit dumps (paper §2.2)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "retrieve",
+        help="retrieve candidate comments/phrases for a bias type from Reddit comment dumps",
+        description=(
+            "Stream Reddit comment dumps (.zst with windows up to 2 GiB, .jsonl, .json, .gz, .bz2, .xz) "
+            "and keep comments that contain a T1 query (with the spec's forms of 'to be') and an A1 "
+            "attribute; clean them (URLs, user names, extra spaces, lower case), keep those shorter than "
+            "150 characters, and write one CSV row per ±7-token window around a T1 target term."
+        ),
+    )
+    p.add_argument("--bias", action="append", required=True, metavar="NAME_OR_SPEC",
+                   help="bias type (religion1, religion2, race, gender, queerness) or a spec JSON file; "
+                        "repeat for several types in one pass")
+    p.add_argument("--dump", action="append", required=True, metavar="FILE",
+                   help="dump file; repeat for several (read in order)")
+    p.add_argument("--out", required=True,
+                   help="output CSV; with several --bias, use {bias} in the name (or a directory)")
+    p.add_argument("--start", default=None, help="keep comments created at or after this (YYYY-MM-DD or epoch s, UTC)")
+    p.add_argument("--end", default=None, help="keep comments created before this (exclusive)")
+    p.add_argument("--subreddit", action="append", default=None, metavar="NAME",
+                   help="keep only this subreddit (repeatable)")
+    p.add_argument("--window", type=int, default=7, help="tokens each side of the target term (default 7)")
+    p.add_argument("--max-chars", type=int, default=150, help="keep cleaned comments shorter than this (default 150)")
+    p.add_argument("--clean", choices=("paper", "reference"), default="paper",
+                   help="cleaning: 'paper' (default) or 'reference' (also keep only a-z0-9 .!?- like the released files)")
+    p.add_argument("--attribute-in-window-only", action="store_true",
+                   help="drop windows without an A1 attribute (upstream did this for all types but religion1)")
+    p.add_argument("--keep-duplicates", action="store_true", help="do not drop repeated phrases / comment ids")
+    p.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; counts every corrupt line)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rbjax.data.retrieval import retrieve
+    from rbjax.specs import load_spec
+
+    specs = [load_spec(b) for b in args.bias]
+    if args.window < 1:
+        raise ValueError(f"--window must be at least 1, got {args.window}")
+    if args.max_chars < 1:
+        raise ValueError(f"--max-chars must be at least 1, got {args.max_chars}")
+    res = retrieve(
+        specs,
+        args.dump,
+        args.out,
+        start=args.start,
+        end=args.end,
+        subreddits=args.subreddit,
+        window=args.window,
+        max_chars=args.max_chars,
+        clean_mode=args.clean,
+        require_attribute_in_window=args.attribute_in_window_only,
+        dedupe=not args.keep_duplicates,
+        prefilter=not args.no_prefilter,
+        progress=False if args.no_progress else None,
+    )
+    print(res.summary())
+    if res.stats.errors:
+        print("warning: some dump files were damaged or truncated; see 'stream error' above", file=sys.stderr)
+    return 0

@@ -1,0 +1,529 @@
+"""Streaming reader for Reddit comment dumps (paper §2.2, retrieval).
+
+The paper retrieved candidates through the Pushshift API, which is gone. The same
+comments live on as monthly dumps: newline-delimited JSON, one comment object per line
+(fields such as ``body``, ``id``, ``author``, ``subreddit``, ``created_utc``), compressed
+with zstandard using a 2 GiB window (``zstd --long=31``).
+
+This module reads such files line by line in bounded memory:
+
+* ``.zst`` (any window up to 2 GiB, several frames), ``.gz``, ``.bz2``, ``.xz`` and plain
+  ``.jsonl`` / ``.ndjson`` / ``.json`` (NDJSON; a ``.json`` file whose first byte is ``[``
+  is read as one JSON array, which is *not* bounded in memory: arrays are for small files).
+* Lines that are not valid JSON objects are counted as corrupt and reported (file, line
+  number, reason); they never stop the read. A compressed stream that ends early or is
+  damaged is reported in :attr:`DumpStats.errors`, and the read goes on with the next file.
+* Optional filters: a ``created_utc`` range and a set of subreddits; ``[deleted]`` /
+  ``[removed]`` bodies are dropped by default.
+* Optional *prefilter*: a function on the raw (undecoded) line; lines for which it returns
+  false are skipped without JSON parsing. Retrieval passes a check for its target words,
+  which makes it many times faster. A skipped line is counted in
+  :attr:`DumpStats.prefiltered`; it is not checked for corruption (it cannot match).
+"""
+from __future__ import annotations
+
+import bz2
+import contextlib
+import dataclasses
+import datetime as _dt
+import gzip
+import io
+import json
+import lzma
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import zstandard
+
+#: Largest zstd window accepted (``zstd --long=31``), the one monthly Reddit dumps use.
+MAX_WINDOW_SIZE = 2**31
+#: Bytes read from the (decompressed) stream at a time.
+CHUNK_SIZE = 1 << 20
+#: A "line" longer than this without a newline is dropped as corrupt (keeps memory bounded).
+MAX_LINE_BYTES = 64 << 20
+#: Bodies that mean the comment is gone.
+DELETED_BODIES = frozenset({"[deleted]", "[removed]"})
+#: How many corrupt-line examples :class:`DumpStats` keeps.
+MAX_EXAMPLES = 10
+
+
+@dataclasses.dataclass
+class DumpStats:
+    """Counters of one read over one or more dump files.
+
+    Attributes:
+        files: files opened.
+        lines: non-empty lines seen.
+        prefiltered: lines skipped unparsed by the prefilter.
+        parsed: lines decoded as JSON objects.
+        corrupt: lines that were parsed and are not a JSON object (bad JSON, bad UTF-8,
+            a truncated line, a JSON value that is not an object, an over-long line).
+        no_body: objects without a string ``body`` (e.g. submissions).
+        deleted: ``[deleted]`` / ``[removed]`` bodies dropped.
+        out_of_range: dropped by the date filter (including records without ``created_utc``
+            while a date filter is set).
+        other_subreddit: dropped by the subreddit filter.
+        yielded: records handed to the caller.
+        corrupt_examples: up to :data:`MAX_EXAMPLES` ``"file:line: reason"`` strings.
+        errors: stream-level problems (damaged or truncated compressed data), one per file.
+    """
+
+    files: int = 0
+    lines: int = 0
+    prefiltered: int = 0
+    parsed: int = 0
+    corrupt: int = 0
+    no_body: int = 0
+    deleted: int = 0
+    out_of_range: int = 0
+    other_subreddit: int = 0
+    yielded: int = 0
+    corrupt_examples: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    def add_corrupt(self, path: str | Path, line_no: int, reason: str) -> None:
+        self.corrupt += 1
+        if len(self.corrupt_examples) < MAX_EXAMPLES:
+            self.corrupt_examples.append(f"{path}:{line_no}: {reason}")
+
+    def summary(self) -> str:
+        """A short human-readable report (several lines)."""
+        out = [
+            f"files {self.files}, lines {self.lines:,}, skipped by prefilter {self.prefiltered:,}, "
+            f"parsed {self.parsed:,}, kept {self.yielded:,}",
+            f"dropped: deleted/removed {self.deleted:,}, no body {self.no_body:,}, "
+            f"outside date range {self.out_of_range:,}, other subreddit {self.other_subreddit:,}",
+            f"corrupt lines: {self.corrupt:,}" + (" (not fatal; first ones below)" if self.corrupt else ""),
+        ]
+        out += [f"  {e}" for e in self.corrupt_examples]
+        out += [f"stream error: {e}" for e in self.errors]
+        return "\n".join(out)
+
+
+def parse_time(value: str | int | float | _dt.date | None) -> float | None:
+    """Parse a date-range bound into a UTC epoch second.
+
+    Args:
+        value: ``None``; an epoch number (int/float or a string of digits); an ISO date
+            ``YYYY-MM-DD`` (midnight UTC) or datetime ``YYYY-MM-DDTHH:MM[:SS]`` (UTC unless
+            it carries an offset); or a ``datetime.date``/``datetime``.
+
+    Returns:
+        Seconds since the epoch, or ``None`` for ``None``.
+
+    Raises:
+        ValueError: the string is neither an epoch number nor an ISO date.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, _dt.datetime):
+        d = value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+        return d.timestamp()
+    if isinstance(value, _dt.date):
+        return _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc).timestamp()
+    s = str(value).strip()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    try:
+        d = _dt.datetime.fromisoformat(s)
+    except ValueError:
+        raise ValueError(f"cannot read date {value!r}: use YYYY-MM-DD, an ISO datetime, or epoch seconds") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=_dt.timezone.utc)
+    return d.timestamp()
+
+
+class _ZstdReader(io.RawIOBase):
+    """Decompress a zstd stream (several frames, windows up to 2 GiB) and notice truncation.
+
+    ``stream_reader`` returns a silent EOF when the input stops in the middle of a frame;
+    this reader raises :class:`zstandard.ZstdError` instead, so a cut download is reported.
+    """
+
+    def __init__(self, fh, read_size: int = 1 << 17):
+        self._fh = fh
+        self._dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
+        self._obj = self._dctx.decompressobj()
+        self._in_frame = False
+        self._buf = b""
+        self._pos = 0
+        self._read_size = read_size
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        while self._pos >= len(self._buf) and not self._eof:
+            data = self._fh.read(self._read_size)
+            if not data:
+                self._eof = True
+                if self._in_frame:
+                    raise zstandard.ZstdError("input ends in the middle of a zstd frame (truncated file)")
+                return
+            out = []
+            while data:
+                self._in_frame = True
+                out.append(self._obj.decompress(data))
+                if self._obj.eof:  # frame complete; the rest belongs to the next frame
+                    data = self._obj.unused_data
+                    self._obj = self._dctx.decompressobj()
+                    self._in_frame = False
+                else:
+                    data = b""
+            self._buf, self._pos = b"".join(out), 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            chunks = []
+            while True:
+                self._fill()
+                if self._pos >= len(self._buf):
+                    return b"".join(chunks)
+                chunks.append(self._buf[self._pos :])
+                self._pos = len(self._buf)
+        self._fill()
+        out = self._buf[self._pos : self._pos + size]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+@contextlib.contextmanager
+def open_dump(path: str | Path):
+    """Open a dump file as a binary stream of *decompressed* bytes.
+
+    Args:
+        path: ``.zst`` (long windows up to 2 GiB accepted, multi-frame; a file that stops
+            inside a frame raises :class:`zstandard.ZstdError` at the end), ``.gz``,
+            ``.bz2``, ``.xz``/``.lzma``, or an uncompressed file.
+
+    Yields:
+        A readable binary file object.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"dump file not found: {p}")
+    suffix = p.suffix.lower()
+    with open(p, "rb") as fh:
+        if suffix in (".zst", ".zstd"):
+            yield _ZstdReader(fh)
+        elif suffix == ".gz":
+            with gzip.GzipFile(fileobj=fh) as r:
+                yield r
+        elif suffix == ".bz2":
+            with bz2.BZ2File(fh) as r:
+                yield r
+        elif suffix in (".xz", ".lzma"):
+            with lzma.LZMAFile(fh) as r:
+                yield r
+        else:
+            yield fh
+
+
+def iter_lines(
+    path: str | Path,
+    stats: DumpStats | None = None,
+    progress=None,
+    prefilter: Callable[[bytes], bool] | None = None,
+) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line_number, raw_line)`` for the non-empty lines of a dump, in order.
+
+    Memory stays bounded by :data:`CHUNK_SIZE` plus the longest line; a line longer than
+    :data:`MAX_LINE_BYTES` is dropped and counted as corrupt. A damaged or truncated
+    compressed stream ends the file: the problem goes to ``stats.errors`` (a partial last
+    line is still yielded, and is then normally counted as corrupt by the parser).
+
+    Args:
+        path: dump file (see :func:`open_dump`).
+        stats: counters to update (``files``, ``lines``, ``prefiltered``, ``corrupt``,
+            ``errors``).
+        progress: optional object with ``update(n)`` (e.g. a tqdm bar), called once per
+            chunk with the number of lines in it.
+        prefilter: ``f(raw_line) -> bool``; lines for which it is false are not yielded
+            (counted in ``stats.prefiltered``). Applied chunk by chunk, which is faster than
+            filtering the yielded lines.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    stats = stats if stats is not None else DumpStats()
+    stats.files += 1
+    line_no = 0
+    carry = b""
+    skipping = False  # inside an over-long line that is being dropped
+    with open_dump(path) as f:
+        while True:
+            try:
+                chunk = f.read(CHUNK_SIZE)
+            except (zstandard.ZstdError, OSError, EOFError, lzma.LZMAError) as e:
+                msg = str(e)
+                if "Frame requires too much memory" in msg:
+                    msg += " (window larger than 2 GiB)"
+                stats.errors.append(f"{path}: compressed data damaged or truncated after line {line_no}: {msg}")
+                break
+            if not chunk:
+                break
+            if b"\n" not in chunk:
+                if not skipping:
+                    carry += chunk
+                    if len(carry) > MAX_LINE_BYTES:
+                        stats.lines += 1
+                        stats.add_corrupt(path, line_no + 1, f"line longer than {MAX_LINE_BYTES} bytes, dropped")
+                        carry = b""
+                        skipping = True
+                continue
+            parts = (carry + chunk).split(b"\n") if carry else chunk.split(b"\n")
+            carry = parts.pop()
+            if skipping:  # the first part ends the dropped line
+                parts[0] = b""
+                skipping = False
+            base = line_no
+            line_no += len(parts)
+            n_lines = len(parts) - parts.count(b"")
+            stats.lines += n_lines
+            if progress is not None:
+                progress.update(len(parts))
+            if prefilter is None:
+                for i, ln in enumerate(parts, base + 1):
+                    if ln:
+                        yield i, ln
+            else:
+                hits = [i for i, ln in enumerate(parts) if ln and prefilter(ln)]
+                stats.prefiltered += n_lines - len(hits)
+                for i in hits:
+                    yield base + i + 1, parts[i]
+    if carry and not skipping:
+        line_no += 1
+        stats.lines += 1
+        if progress is not None:
+            progress.update(1)
+        if prefilter is None or prefilter(carry):
+            yield line_no, carry
+        else:
+            stats.prefiltered += 1
+
+
+def parse_line(line: bytes, path: str | Path, line_no: int, stats: DumpStats) -> dict | None:
+    """Decode one NDJSON line into a dict; ``None`` (and counted as corrupt) if it is not one.
+
+    Whitespace-only lines are skipped silently (``None``, not counted).
+    """
+    try:
+        rec = json.loads(line)
+    except UnicodeDecodeError as e:
+        stats.add_corrupt(path, line_no, f"not UTF-8 ({e.reason} at byte {e.start})")
+        return None
+    except ValueError as e:
+        if not line.strip():
+            stats.lines -= 1
+            return None
+        stats.add_corrupt(path, line_no, f"invalid JSON ({e})")
+        return None
+    if not isinstance(rec, dict):
+        stats.add_corrupt(path, line_no, f"JSON {type(rec).__name__}, not an object")
+        return None
+    stats.parsed += 1
+    return rec
+
+
+class RecordFilter:
+    """The record-level filters of :func:`iter_records` (body present, not deleted, date, subreddit).
+
+    Args:
+        start, end: ``created_utc`` range, ``start`` inclusive, ``end`` exclusive (see
+            :func:`parse_time`); ``None`` = open.
+        subreddits: keep only these (case-insensitive, ``r/`` prefix ignored); ``None`` = all.
+        drop_deleted: drop ``[deleted]`` / ``[removed]`` bodies.
+
+    Raises:
+        ValueError: a date bound cannot be parsed, or ``start >= end``.
+    """
+
+    def __init__(self, start=None, end=None, subreddits: Iterable[str] | None = None, drop_deleted: bool = True):
+        self.t0, self.t1 = parse_time(start), parse_time(end)
+        if self.t0 is not None and self.t1 is not None and self.t0 >= self.t1:
+            raise ValueError(f"empty date range: start {start!r} is not before end {end!r}")
+        self.subs = None
+        if subreddits is not None:
+            self.subs = {s.strip().lower().removeprefix("/").removeprefix("r/") for s in subreddits if s.strip()}
+        self.drop_deleted = drop_deleted
+
+    def accept(self, rec: dict, stats: DumpStats) -> bool:
+        """True when ``rec`` passes; otherwise the matching ``stats`` counter is incremented."""
+        body = rec.get("body")
+        if not isinstance(body, str):
+            stats.no_body += 1
+            return False
+        if self.drop_deleted and body.strip() in DELETED_BODIES:
+            stats.deleted += 1
+            return False
+        if self.t0 is not None or self.t1 is not None:
+            c = _created(rec)
+            if c is None or (self.t0 is not None and c < self.t0) or (self.t1 is not None and c >= self.t1):
+                stats.out_of_range += 1
+                return False
+        if self.subs is not None and str(rec.get("subreddit") or "").lower() not in self.subs:
+            stats.other_subreddit += 1
+            return False
+        return True
+
+
+def _created(rec: dict) -> float | None:
+    v = rec.get("created_utc")
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Normalise one path or several to a list, checking that each file exists.
+
+    Raises:
+        FileNotFoundError: naming the first missing file.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise ValueError("no dump file given")
+    for p in out:
+        if not p.is_file():
+            raise FileNotFoundError(f"dump file not found: {p}")
+    return out
+
+
+def iter_raw(paths: Iterable[Path], stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[Path, int, bytes | dict]]:
+    """``(path, line_no, raw_line_or_record)`` over several files (``.json`` arrays give dicts)."""
+    for path in paths:
+        if path.suffix.lower() == ".json" and _starts_with_array(path):
+            for i, rec in _iter_json_array(path, stats):
+                yield path, i, rec
+        else:
+            for i, ln in iter_lines(path, stats, progress, prefilter):
+                yield path, i, ln
+
+
+def iter_records(
+    paths: str | Path | Iterable[str | Path],
+    *,
+    start: str | int | float | None = None,
+    end: str | int | float | None = None,
+    subreddits: Iterable[str] | None = None,
+    drop_deleted: bool = True,
+    prefilter: Callable[[bytes], bool] | None = None,
+    stats: DumpStats | None = None,
+    progress=None,
+) -> Iterator[dict]:
+    """Stream comment records (dicts) from one or more dump files, in file order.
+
+    Args:
+        paths: one path or several (read one after the other).
+        start: keep ``created_utc >= start`` (see :func:`parse_time`), ``None`` = no bound.
+        end: keep ``created_utc < end`` (exclusive), ``None`` = no bound.
+        subreddits: keep only these subreddits (case-insensitive, an ``r/`` prefix is
+            ignored); ``None`` = all.
+        drop_deleted: drop records whose body is ``[deleted]`` or ``[removed]``.
+        prefilter: ``f(raw_line_bytes) -> bool``; a false result skips the line unparsed.
+        stats: :class:`DumpStats` to update (pass one in to read the counters afterwards).
+        progress: optional object with ``update(n)`` (a tqdm bar), told the lines read.
+
+    Yields:
+        Each kept record, a dict with at least a string ``body``. Missing fields (``author``,
+        ``subreddit`` ...) are simply absent; nothing here requires them.
+
+    Raises:
+        FileNotFoundError: a path does not exist (raised before reading anything).
+        ValueError: a date bound cannot be parsed.
+    """
+    paths = check_paths(paths)
+    stats = stats if stats is not None else DumpStats()
+    filt = RecordFilter(start, end, subreddits, drop_deleted)
+    for path, line_no, line in iter_raw(paths, stats, progress, prefilter):
+        if isinstance(line, dict):
+            rec = line
+            stats.parsed += 1
+        else:
+            rec = parse_line(line, path, line_no, stats)
+            if rec is None:
+                continue
+        if filt.accept(rec, stats):
+            stats.yielded += 1
+            yield rec
+
+
+def _starts_with_array(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"[")
+
+
+def _iter_json_array(path: Path, stats: DumpStats) -> Iterator[tuple[int, dict]]:
+    """A ``.json`` file holding one JSON array of comment objects (read whole: small files only)."""
+    stats.files += 1
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except ValueError as e:
+        stats.lines += 1
+        stats.add_corrupt(path, 1, f"invalid JSON array ({e})")
+        return
+    for i, rec in enumerate(data, 1):
+        stats.lines += 1
+        if not isinstance(rec, dict):
+            stats.add_corrupt(path, i, f"array item {i} is a JSON {type(rec).__name__}, not an object")
+            continue
+        yield i, rec
+
+
+def write_zst(records: Iterable[dict | str | bytes], path: str | Path, *, level: int = 3, window_log: int | None = None) -> int:
+    """Write records as NDJSON compressed with zstandard (used by tests and benchmarks).
+
+    Args:
+        records: dicts (JSON-encoded), or ready-made lines as ``str``/``bytes`` (written as
+            they are, so tests can write corrupt lines).
+        path: output file.
+        level: zstd compression level.
+        window_log: e.g. 31 for a 2 GiB window like the monthly Reddit dumps; ``None`` =
+            the level's default.
+
+    Returns:
+        Number of lines written.
+    """
+    if window_log is None:
+        params = zstandard.ZstdCompressionParameters.from_level(level)
+    else:
+        params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window_log)
+    cctx = zstandard.ZstdCompressor(compression_params=params)
+    n = 0
+    with open(path, "wb") as fh, cctx.stream_writer(fh) as w:
+        buf = io.BytesIO()
+        for rec in records:
+            if isinstance(rec, dict):
+                line = json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            elif isinstance(rec, str):
+                line = rec.encode("utf-8")
+            else:
+                line = rec
+            buf.write(line)
+            buf.write(b"\n")
+            n += 1
+            if buf.tell() > CHUNK_SIZE:
+                w.write(buf.getvalue())
+                buf = io.BytesIO()
+        w.write(buf.getvalue())
+    return n

@@ -1,0 +1,197 @@
+"""Streaming reader for Reddit comment dumps (rbjax.data.dumps)."""
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+
+import pytest
+import zstandard
+
+from rbjax.data.dumps import DumpStats, iter_lines, iter_records, parse_time, write_zst
+
+THREE = [
+    '{"id":"c1","body":"plain text one"}',
+    '{"id":"c2","body":"[deleted]","author":"[deleted]"}',
+    '{"id":"c3","body":"café text three"}',
+]
+
+
+def _long_window_zst(path, lines):
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=31)
+    cctx = zstandard.ZstdCompressor(compression_params=params)
+    # streamed (size unknown), like the dumps: the frame keeps its 2 GiB window
+    with open(path, "wb") as fh, cctx.stream_writer(fh) as w:
+        w.write(("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def test_long_window_dump_reads_back(tmp_path):
+    """Field failure: monthly dumps use `zstd --long=31`; a default decompressor refuses them."""
+    p = tmp_path / "RC_2019-05.zst"
+    _long_window_zst(p, THREE)
+    # the failure being fixed: a default decompressor stops on this frame
+    with open(p, "rb") as fh, pytest.raises(zstandard.ZstdError, match="Frame requires too much memory"):
+        zstandard.ZstdDecompressor().stream_reader(fh).read()
+    # the documented way reads it: max_window_size=2**31, stream_reader + TextIOWrapper
+    with open(p, "rb") as fh:
+        reader = zstandard.ZstdDecompressor(max_window_size=2**31).stream_reader(fh)
+        got = [json.loads(line) for line in io.TextIOWrapper(reader, encoding="utf-8")]
+    assert [r["id"] for r in got] == ["c1", "c2", "c3"]
+    # our reader: 3 records in order, records without author do not raise
+    stats = DumpStats()
+    recs = list(iter_records(p, drop_deleted=False, stats=stats))
+    assert [r["id"] for r in recs] == ["c1", "c2", "c3"]
+    assert stats.corrupt == 0 and stats.errors == []
+    # after dropping [deleted]/[removed] bodies, 2 remain; c3's body is exact
+    kept = list(iter_records(p))
+    assert [r["id"] for r in kept] == ["c1", "c3"]
+    assert kept[1]["body"] == "café text three"
+
+
+def test_write_zst_with_long_window_roundtrip(tmp_path):
+    p = tmp_path / "a.zst"
+    write_zst(THREE, p, window_log=31)
+    assert [r["id"] for r in iter_records(p, drop_deleted=False)] == ["c1", "c2", "c3"]
+
+
+def test_corrupt_lines_counted_not_fatal(tmp_path):
+    p = tmp_path / "c.zst"
+    lines = [
+        b'{"id":"a","body":"one"}',
+        b'{"id":"b","body":"two"',  # truncated
+        b"not json at all",
+        b'{"id":"c","body":"bad \xff\xfe utf8"}',  # invalid UTF-8
+        b"[1, 2, 3]",  # JSON, not an object
+        b"",  # blank: not a line
+        b"   ",  # whitespace only: not a line
+        b'{"id":"d","body":"three","author":"x"}',
+        b'{"id":"e"}',  # no body (e.g. a submission object)
+        b'{"id":"f","body":null}',
+    ]
+    write_zst(lines, p)
+    stats = DumpStats()
+    recs = list(iter_records(p, stats=stats))
+    assert [r["id"] for r in recs] == ["a", "d"]
+    assert stats.corrupt == 4
+    assert stats.no_body == 2
+    assert stats.lines == 8
+    assert len(stats.corrupt_examples) == 4
+    assert stats.corrupt_examples[0].startswith(f"{p}:2: invalid JSON")
+    assert f"{p}:4: not UTF-8" in stats.corrupt_examples[2]
+    assert "not an object" in stats.corrupt_examples[3]
+    assert "corrupt lines: 4" in stats.summary()
+
+
+def test_truncated_stream_reported_not_fatal(tmp_path):
+    p = tmp_path / "t.zst"
+    write_zst(({"id": f"x{i}", "body": f"comment number {i} " * 5} for i in range(5000)), p)
+    data = p.read_bytes()
+    cut = tmp_path / "cut.zst"
+    cut.write_bytes(data[: len(data) // 2])
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id":"after","body":"next file"}\n', encoding="utf-8")
+    stats = DumpStats()
+    recs = list(iter_records([cut, good], stats=stats))
+    assert 0 < len(recs) < 5001
+    assert recs[-1]["id"] == "after"  # the next file is still read
+    assert len(stats.errors) == 1 and "damaged or truncated" in stats.errors[0]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".ndjson", ".gz", ".bz2", ".zst"])
+def test_formats(tmp_path, suffix):
+    text = ("\n".join(THREE) + "\n").encode("utf-8")
+    p = tmp_path / f"d{suffix}"
+    if suffix == ".gz":
+        p.write_bytes(gzip.compress(text))
+    elif suffix == ".bz2":
+        p.write_bytes(bz2.compress(text))
+    elif suffix == ".zst":
+        p.write_bytes(zstandard.ZstdCompressor().compress(text))
+    else:
+        p.write_bytes(text)
+    assert [r["id"] for r in iter_records(p)] == ["c1", "c3"]
+
+
+def test_json_array_file(tmp_path):
+    p = tmp_path / "arr.json"
+    p.write_text(json.dumps([json.loads(x) for x in THREE] + [5]), encoding="utf-8")
+    stats = DumpStats()
+    assert [r["id"] for r in iter_records(p, stats=stats)] == ["c1", "c3"]
+    assert stats.corrupt == 1
+
+
+def test_crlf_and_no_final_newline(tmp_path):
+    p = tmp_path / "crlf.jsonl"
+    p.write_bytes("\r\n".join(THREE).encode("utf-8"))
+    assert [r["body"] for r in iter_records(p)] == ["plain text one", "café text three"]
+
+
+def test_multi_frame_zst(tmp_path):
+    p = tmp_path / "m.zst"
+    c = zstandard.ZstdCompressor()
+    p.write_bytes(c.compress(b'{"id":"f1","body":"a"}\n') + c.compress(b'{"id":"f2","body":"b"}\n'))
+    assert [r["id"] for r in iter_records(p)] == ["f1", "f2"]
+
+
+def test_date_and_subreddit_filters(tmp_path):
+    recs = [
+        {"id": "a", "body": "x", "created_utc": 1577836799, "subreddit": "AskReddit"},  # 2019-12-31 23:59:59
+        {"id": "b", "body": "x", "created_utc": 1577836800, "subreddit": "askreddit"},  # 2020-01-01
+        {"id": "c", "body": "x", "created_utc": "1580515199", "subreddit": "news"},  # 2020-01-31, as a string
+        {"id": "d", "body": "x", "created_utc": 1580515200, "subreddit": "AskReddit"},  # 2020-02-01
+        {"id": "e", "body": "x", "subreddit": "AskReddit"},  # no date
+    ]
+    p = tmp_path / "f.zst"
+    write_zst(recs, p)
+    stats = DumpStats()
+    got = [r["id"] for r in iter_records(p, start="2020-01-01", end="2020-02-01", stats=stats)]
+    assert got == ["b", "c"]
+    assert stats.out_of_range == 3
+    got = [r["id"] for r in iter_records(p, subreddits=["r/askreddit"])]
+    assert got == ["a", "b", "d", "e"]
+    got = [r["id"] for r in iter_records(p, start=1577836800, subreddits=["AskReddit"])]
+    assert got == ["b", "d"]
+
+
+def test_parse_time():
+    assert parse_time("2020-01-01") == 1577836800
+    assert parse_time("1577836800") == 1577836800
+    assert parse_time("2020-01-01T01:00:00+01:00") == 1577836800
+    assert parse_time(None) is None
+    with pytest.raises(ValueError, match="cannot read date"):
+        parse_time("last tuesday")
+    with pytest.raises(ValueError, match="empty date range"):
+        list(iter_records(__file__, start="2020-02-01", end="2020-01-01"))
+
+
+def test_missing_file_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.zst"):
+        list(iter_records(tmp_path / "nope.zst"))
+
+
+def test_prefilter_skips_unparsed(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id":"a","body":"keep me"}\n{"id":"b","body":"drop"}\n{broken but no keyword\n', encoding="utf-8")
+    stats = DumpStats()
+    got = list(iter_records(p, prefilter=lambda b: b"keep" in b, stats=stats))
+    assert [r["id"] for r in got] == ["a"]
+    assert stats.prefiltered == 2 and stats.corrupt == 0 and stats.parsed == 1
+
+
+def test_chunk_boundaries_and_long_lines(tmp_path, monkeypatch):
+    import rbjax.data.dumps as d
+
+    monkeypatch.setattr(d, "CHUNK_SIZE", 7)  # lines straddle many chunks
+    monkeypatch.setattr(d, "MAX_LINE_BYTES", 200)
+    recs = [{"id": str(i), "body": "w" * (i * 3)} for i in range(1, 30)]
+    lines = [json.dumps(r) for r in recs]
+    lines.insert(10, '{"id":"huge","body":"' + "z" * 500 + '"}')
+    p = tmp_path / "b.jsonl"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    stats = DumpStats()
+    got = list(iter_records(p, stats=stats))
+    assert [r["id"] for r in got] == [r["id"] for r in recs]
+    assert stats.corrupt == 1 and stats.corrupt_examples[0].startswith(f"{p}:11: line longer than 200 bytes")
+    nums = [n for n, _ in iter_lines(p)]
+    assert nums == [i for i in range(1, 31) if i != 11]
