@@ -1,0 +1,75 @@
+"""``rbjax annotate``: export candidates for annotators, import their labels (α, majority) — paper §2.3."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "annotate",
+        help="export candidates for annotation; import annotators' files (Krippendorff's alpha, majority labels)",
+        description="Annotation round trip (paper §2.3). 'export' writes one CSV per annotator with "
+                    "comment_label / phrase_label to fill with biased / unbiased / skip; 'import' reads "
+                    "them back, reports Krippendorff's alpha at comment and phrase level, and writes the "
+                    "majority labels in the released annotated layout (input of 'rbjax splits').",
+    )
+    sub = p.add_subparsers(dest="annotate_command", metavar="{export,import}")
+    e = sub.add_parser("export", help="write annotation files from a candidates CSV")
+    e.add_argument("--candidates", required=True, help="CSV written by 'rbjax retrieve'")
+    e.add_argument("--out-dir", required=True, help="folder for items.csv, <annotator>.csv, GUIDELINES.txt")
+    e.add_argument("--annotators", nargs="+", default=["annotator1", "annotator2", "annotator3"],
+                   help="annotator names (file names)")
+    e.add_argument("--sample", type=int, default=None, help="annotate a random sample of N rows (paper: 3000)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the sample / overlap draw")
+    e.add_argument("--overlap", type=int, default=None,
+                   help="divide items among annotators and give K shared items to all (agreement study); "
+                        "default: everyone labels everything")
+    i = sub.add_parser("import", help="read annotators' files: agreement and majority labels")
+    i.add_argument("files", nargs="+", help="one CSV per annotator")
+    i.add_argument("--items", default=None, help="items.csv of the export (carries every candidate column)")
+    i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
+    i.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
+                   help="a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no label")
+    p.set_defaults(func=run, _annotate_parser=p)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from rbjax.data.annotation import export_for_annotation
+
+    paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
+                                  seed=args.seed, overlap=args.overlap)
+    for k, v in paths.items():
+        print(f"{k}: {v}")
+    print("fill comment_label and phrase_label with: biased / unbiased / skip")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from rbjax.data.annotation import aggregate, read_annotations, write_aggregated
+
+    ann = read_annotations(args.files, unknown=args.unknown_labels)
+    print(f"{len(ann.items)} items, {len(ann.annotators)} annotators")
+    for name, c in ann.counts.items():
+        print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+    for level, res in ann.alpha().items():
+        print(f"Krippendorff's alpha ({level} level): {res}")
+    agg = aggregate(ann)
+    for level, labels, ties in (("comment", agg.comment, agg.comment_ties), ("phrase", agg.phrase, agg.phrase_ties)):
+        nb = sum(1 for x in labels if x == 1)
+        nu = sum(1 for x in labels if x == 0)
+        print(f"majority ({level}): biased {nb}, unbiased {nu}, no label {len(labels) - nb - nu} "
+              f"(ties {len(ties)}{': items ' + ', '.join(ties[:20]) + (' ...' if len(ties) > 20 else '') if ties else ''})")
+    if args.out:
+        out = write_aggregated(ann, agg, args.out, items=args.items)
+        print(f"wrote {out}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to ``export`` / ``import``; without one, print the help (exit 2)."""
+    if args.annotate_command == "export":
+        return run_export(args)
+    if args.annotate_command == "import":
+        return run_import(args)
+    args._annotate_parser.print_help()
+    return 2

@@ -1,0 +1,422 @@
+"""Annotation round trip (paper §2.3, App. B): export candidates, import labels, agreement, majority.
+
+* **Export** (:func:`export_for_annotation`): one CSV per annotator with the items to label
+  (``comment_label`` and ``phrase_label`` columns, values ``biased`` / ``unbiased`` / ``skip``),
+  a master ``items.csv`` with every candidate column, and ``GUIDELINES.txt`` (App. B).
+* **Import** (:func:`read_annotations`): several annotators' files, aligned on ``item``.
+  Files in the released layout (``bias_sent`` / ``bias_phrase`` with 1 / 0 / empty) are
+  read too.
+* **Agreement** (:func:`krippendorff_alpha`): nominal Krippendorff's α with the maintained
+  ``krippendorff`` package, at comment and at phrase level. When α is undefined (no item
+  with two labels, or every pairable label the same so that the expected disagreement is
+  0) the result says so explicitly (``alpha=None`` and a reason); it is never NaN or 0.
+* **Aggregation** (:func:`aggregate`): majority over the non-skip votes; ties give no label
+  and are reported. The written file has the released annotated layout (``phrase``,
+  ``bias_sent``, ``bias_phrase`` as 1 / 0 / empty), so :mod:`rbjax.data.splits` reads it.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from rbjax.data.retrieval import atomic_csv_writer
+
+#: The guideline's labels (paper App. B).
+LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")
+#: Columns of an annotator's file.
+ANNOTATOR_COLUMNS: tuple[str, ...] = ("item", "id", "comment", "phrase", "comment_label", "phrase_label", "note")
+#: Extra columns of an aggregated file (after the item's own columns).
+AGGREGATE_COLUMNS: tuple[str, ...] = ("bias_sent", "bias_phrase", "comment_votes", "phrase_votes",
+                                      "comment_tie", "phrase_tie", "n_annotators")
+
+_BIASED = {"biased", "1", "1.0", "yes", "y", "true", "b"}
+_UNBIASED = {"unbiased", "0", "0.0", "no", "n", "false", "u", "not biased", "not_biased"}
+_SKIP = {"skip", "s", "unclear", "?"}
+
+GUIDELINES = """RedditBias annotation guidelines (paper App. B), short form
+
+For every row give two labels, one for the whole comment (comment_label) and one for the
+window phrase (phrase_label). Write exactly one of: biased, unbiased, skip.
+
+- biased: the text states or implies a negative stereotype about the target group
+  (the attribute is ascribed to the group). Sarcasm that conveys the stereotype is biased.
+- unbiased: the text does not. Questions are unbiased. Re-stating someone else's view
+  (e.g. "they say that ...", "the stereotype that ...") is unbiased.
+- skip: you cannot decide (unclear, not English, the target word means something else).
+
+Label the phrase on its own: a phrase can be biased when the whole comment is not, and the
+other way round. Use the note column for anything worth telling the coordinator.
+Do not change the item, id, comment or phrase columns.
+"""
+
+
+def parse_label(value: str | None, *, where: str = "", unknown: str = "error") -> int | None:
+    """Map an annotation cell to 1 (biased), 0 (unbiased) or ``None`` (skip / not annotated).
+
+    Args:
+        value: the cell: ``biased``/``unbiased``/``skip`` (any case), ``1``/``0`` (also
+            ``1.0``/``0.0`` as in the released files), or empty.
+        where: ``"FILE row R column C"`` for error messages.
+        unknown: ``"error"`` (raise) or ``"skip"`` (treat an unknown value as no label).
+
+    Raises:
+        ValueError: an unknown label with ``unknown="error"``, naming ``where`` and the value.
+    """
+    v = (value or "").strip().lower()
+    if v in _BIASED:
+        return 1
+    if v in _UNBIASED:
+        return 0
+    if v == "" or v in _SKIP:
+        return None
+    if unknown == "skip":
+        return None
+    raise ValueError(f"{where}: unknown label {value!r}; use one of {', '.join(LABELS)} (or 1 / 0 / empty)")
+
+
+@dataclasses.dataclass
+class AlphaResult:
+    """Krippendorff's α (nominal) with what it was computed on.
+
+    Attributes:
+        alpha: the value, or ``None`` when α is undefined.
+        n_units: items with at least two labels (the pairable units).
+        n_values: labels in those items.
+        reason: why α is undefined (``None`` when it is defined).
+    """
+
+    alpha: float | None
+    n_units: int
+    n_values: int
+    reason: str | None = None
+
+    @property
+    def defined(self) -> bool:
+        return self.alpha is not None
+
+    def __str__(self) -> str:
+        if self.alpha is None:
+            return f"undefined ({self.reason})"
+        return f"{self.alpha:.3f} ({self.n_units} items with >= 2 labels, {self.n_values} labels)"
+
+
+def krippendorff_alpha(reliability_data, level_of_measurement: str = "nominal") -> AlphaResult:
+    """Krippendorff's α of a coders × units matrix (paper §2.3: 0.65 comment, 0.67 phrase level).
+
+    Args:
+        reliability_data: coders × units; ``None`` or NaN = missing (skipped, as the package does).
+        level_of_measurement: ``"nominal"`` for the biased/unbiased labels.
+
+    Returns:
+        :class:`AlphaResult`; ``alpha=None`` with a reason when α is undefined: no unit has two
+        labels, or all pairable labels are one value (expected disagreement 0, so
+        α = 1 − D_o/D_e is 0/0). Example: [[1,1,1],[1,1,1],[1,1,1]] is undefined;
+        [[1,0,1],[1,0,1],[1,0,1]] gives 1.0.
+
+    Raises:
+        ValueError: the matrix is not two-dimensional.
+    """
+    import krippendorff
+
+    rows = [[np.nan if (v is None or (isinstance(v, float) and math.isnan(v))) else float(v) for v in r]
+            for r in reliability_data]
+    arr = np.asarray(rows, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"reliability data must be coders x units (2-D), got shape {arr.shape}")
+    present = ~np.isnan(arr)
+    pairable = present.sum(axis=0) >= 2
+    n_units = int(pairable.sum())
+    vals = arr[:, pairable][present[:, pairable]]
+    if n_units == 0:
+        return AlphaResult(None, 0, 0, "no item has labels from two or more annotators")
+    distinct = np.unique(vals)
+    if distinct.size < 2:
+        return AlphaResult(None, n_units, int(vals.size),
+                           f"every label is {_label_name(distinct[0])}: expected disagreement is 0, so alpha is 0/0")
+    a = float(krippendorff.alpha(reliability_data=arr, level_of_measurement=level_of_measurement,
+                                 value_domain=distinct))
+    if not math.isfinite(a):  # pragma: no cover - guarded above
+        return AlphaResult(None, n_units, int(vals.size), "the package returned a non-finite value")
+    return AlphaResult(a, n_units, int(vals.size))
+
+
+def _label_name(v) -> str:
+    return {1.0: "'biased' (1)", 0.0: "'unbiased' (0)"}.get(float(v), repr(float(v)))
+
+
+@dataclasses.dataclass
+class Annotations:
+    """Labels of several annotators, aligned on items.
+
+    Attributes:
+        annotators: one name per file (the file stem).
+        items: item keys in first-seen order.
+        info: per item, the descriptive columns (id, comment, phrase, ...) first seen for it.
+        comment: annotators × items, 1 / 0 / None.
+        phrase: annotators × items, 1 / 0 / None.
+        counts: per annotator, ``{"biased": n, "unbiased": n, "skip": n, "empty": n}`` over
+            both levels.
+    """
+
+    annotators: list[str]
+    items: list[str]
+    info: dict[str, dict]
+    comment: list[list[int | None]]
+    phrase: list[list[int | None]]
+    counts: dict[str, dict[str, int]]
+
+    def alpha(self) -> dict[str, AlphaResult]:
+        """α at comment and phrase level."""
+        return {"comment": krippendorff_alpha(self.comment), "phrase": krippendorff_alpha(self.phrase)}
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")  # the released religion1 annotations are latin-1
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = list(reader)
+    header = list(reader.fieldnames or [])
+    return [h for h in header if h is not None], rows
+
+
+def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error") -> Annotations:
+    """Read several annotators' files and align them on items.
+
+    Each file needs ``phrase`` and labels in ``comment_label``/``phrase_label`` (our export)
+    or ``bias_sent``/``bias_phrase`` (the released layout). Items are keyed by ``item``
+    when the column is there, else by row position.
+
+    Args:
+        paths: one file per annotator.
+        unknown: ``"error"`` or ``"skip"`` for labels outside the guideline (see :func:`parse_label`).
+
+    Returns:
+        :class:`Annotations`.
+
+    Raises:
+        FileNotFoundError: a file is missing.
+        ValueError: missing columns, an unknown label, a duplicated item, or the same item
+            with a different phrase in two files (message names file, row and problem).
+    """
+    if not paths:
+        raise ValueError("no annotation files given")
+    names: list[str] = []
+    per_file: list[dict[str, tuple[int | None, int | None]]] = []
+    info: dict[str, dict] = {}
+    order: list[str] = []
+    counts: dict[str, dict[str, int]] = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"annotation file not found: {path}")
+        header, rows = _read_csv(path)
+        if "comment_label" in header or "phrase_label" in header:
+            c_col, p_col = "comment_label", "phrase_label"
+        elif "bias_phrase" in header:
+            c_col, p_col = "bias_sent", "bias_phrase"
+        else:
+            raise ValueError(f"{path}: no label columns (expected comment_label/phrase_label or bias_sent/bias_phrase)")
+        if "phrase" not in header:
+            raise ValueError(f"{path}: no 'phrase' column")
+        name = path.stem
+        while name in names:
+            name += "_"
+        names.append(name)
+        cnt = {"biased": 0, "unbiased": 0, "skip": 0, "empty": 0}
+        labels: dict[str, tuple[int | None, int | None]] = {}
+        for r, row in enumerate(rows, start=2):  # row 1 is the header
+            key = (row.get("item") or "").strip() if "item" in header else str(r - 1)
+            if not key:
+                raise ValueError(f"{path} row {r}: empty 'item'")
+            if key in labels:
+                raise ValueError(f"{path} row {r}: item {key!r} appears twice")
+            pair = []
+            for col in (c_col, p_col):
+                cell = row.get(col) if col in header else ""
+                lab = parse_label(cell, where=f"{path} row {r} column {col}", unknown=unknown)
+                pair.append(lab)
+                s = (cell or "").strip().lower()
+                cnt["empty" if not s else "biased" if lab == 1 else "unbiased" if lab == 0 else "skip"] += 1
+            labels[key] = (pair[0], pair[1])
+            phrase = row.get("phrase") or ""
+            if key in info:
+                if info[key].get("phrase", "") != phrase:
+                    raise ValueError(
+                        f"{path} row {r}: item {key!r} has phrase {phrase!r}, but another file has "
+                        f"{info[key].get('phrase', '')!r} (files must come from the same export)"
+                    )
+            else:
+                info[key] = {h: (row.get(h) or "") for h in header if h not in (c_col, p_col, "note")}
+                order.append(key)
+        per_file.append(labels)
+        counts[name] = cnt
+    comment = [[lab.get(k, (None, None))[0] for k in order] for lab in per_file]
+    phrase = [[lab.get(k, (None, None))[1] for k in order] for lab in per_file]
+    return Annotations(names, order, info, comment, phrase, counts)
+
+
+@dataclasses.dataclass
+class Aggregated:
+    """Majority labels (1 / 0 / None) per item at both levels, with the items that tied."""
+
+    comment: list[int | None]
+    phrase: list[int | None]
+    comment_votes: list[tuple[int, int, int]]  # (biased, unbiased, no label) per item
+    phrase_votes: list[tuple[int, int, int]]
+    comment_ties: list[str]
+    phrase_ties: list[str]
+
+
+def majority(votes: Iterable[int | None]) -> tuple[int | None, bool, tuple[int, int, int]]:
+    """Majority over non-``None`` votes.
+
+    Returns:
+        ``(label, tie, (n_biased, n_unbiased, n_none))``; ``label`` is ``None`` when there is
+        no vote or when biased and unbiased votes are equal (``tie`` True in that case only).
+    """
+    votes = list(votes)
+    b = sum(1 for v in votes if v == 1)
+    u = sum(1 for v in votes if v == 0)
+    n = len(votes) - b - u
+    if b == u:
+        return None, b > 0, (b, u, n)
+    return (1 if b > u else 0), False, (b, u, n)
+
+
+def aggregate(ann: Annotations) -> Aggregated:
+    """Majority labels over annotators at comment and phrase level (ties reported, not broken)."""
+    out = Aggregated([], [], [], [], [], [])
+    for j, key in enumerate(ann.items):
+        for level, labels, votes, ties in (("c", ann.comment, out.comment_votes, out.comment_ties),
+                                           ("p", ann.phrase, out.phrase_votes, out.phrase_ties)):
+            lab, tie, v = majority(row[j] for row in labels)
+            (out.comment if level == "c" else out.phrase).append(lab)
+            votes.append(v)
+            if tie:
+                ties.append(key)
+    return out
+
+
+def write_aggregated(ann: Annotations, agg: Aggregated, out: str | Path, items: str | Path | None = None) -> Path:
+    """Write the aggregated labels in the released annotated layout (written atomically).
+
+    Columns: the item's own columns (from the master ``items.csv`` of the export when given,
+    else from the annotators' files: ``item, id, comment, phrase`` ...), then
+    :data:`AGGREGATE_COLUMNS`. ``bias_sent``/``bias_phrase`` are ``1``, ``0`` or empty (no
+    label or a tie), as in the released ``*_processed_phrase_annotated.csv`` files.
+
+    Raises:
+        FileNotFoundError: ``items`` is missing.
+        ValueError: ``items`` lacks an item of the annotations.
+    """
+    base = {k: dict(v) for k, v in ann.info.items()}
+    cols: list[str] = []
+    if items is not None:
+        header, rows = _read_csv(Path(items))
+        if "item" not in header:
+            raise ValueError(f"{items}: no 'item' column (pass the items.csv written by the export)")
+        master = {r["item"]: r for r in rows}
+        missing = [k for k in ann.items if k not in master]
+        if missing:
+            raise ValueError(f"{items}: item {missing[0]!r} of the annotations is not in this file")
+        base = {k: {h: master[k].get(h) or "" for h in header} for k in ann.items}
+        cols = [h for h in header if h not in AGGREGATE_COLUMNS]
+    else:
+        for k in ann.items:
+            cols += [h for h in base[k] if h not in cols and h not in AGGREGATE_COLUMNS]
+    header = cols + list(AGGREGATE_COLUMNS)
+
+    def fmt(x):
+        return "" if x is None else str(x)
+
+    c_ties, p_ties = set(agg.comment_ties), set(agg.phrase_ties)
+    with atomic_csv_writer(out, header) as w:
+        for j, k in enumerate(ann.items):
+            row = [base[k].get(c, "") for c in cols]
+            n_ann = sum(1 for lab in range(len(ann.annotators))
+                        if ann.comment[lab][j] is not None or ann.phrase[lab][j] is not None)
+            row += [fmt(agg.comment[j]), fmt(agg.phrase[j]), "%d/%d/%d" % agg.comment_votes[j],
+                    "%d/%d/%d" % agg.phrase_votes[j], str(k in c_ties), str(k in p_ties), str(n_ann)]
+            w.writerow(row)
+    return Path(out)
+
+
+def export_for_annotation(
+    candidates: str | Path,
+    out_dir: str | Path,
+    annotators: Sequence[str] = ("annotator1", "annotator2", "annotator3"),
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    overlap: int | None = None,
+) -> dict[str, Path]:
+    """Write annotation files for a candidates CSV (paper §2.3).
+
+    Args:
+        candidates: a CSV from ``rbjax retrieve`` (or any CSV with ``comment`` and ``phrase``).
+        out_dir: folder for ``items.csv`` (every candidate column plus ``item``),
+            ``<annotator>.csv`` (one per annotator) and ``GUIDELINES.txt``.
+        annotators: names (used as file names).
+        sample: annotate a random sample of this many rows (the paper sampled 3000); ``None`` = all.
+        seed: seed of the sample and of the overlap draw.
+        overlap: ``None``: every annotator gets every item. An integer k: the items are
+            divided among the annotators (round-robin) and k randomly drawn items go to
+            everyone, for the agreement study (the paper used 100 double-annotated items).
+
+    Returns:
+        ``{"items": path, "guidelines": path, <annotator>: path, ...}``.
+
+    Raises:
+        FileNotFoundError: ``candidates`` is missing.
+        ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range.
+    """
+    candidates = Path(candidates)
+    if not candidates.is_file():
+        raise FileNotFoundError(f"candidates file not found: {candidates}")
+    header, rows = _read_csv(candidates)
+    for col in ("comment", "phrase"):
+        if col not in header:
+            raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")
+    names = [a.strip() for a in annotators]
+    if not names or any(not a or "/" in a or a in ("items", "GUIDELINES") for a in names) or len(set(names)) != len(names):
+        raise ValueError(f"annotator names must be distinct, non-empty, without '/', not 'items': {annotators!r}")
+    rng = np.random.default_rng(seed)
+    idx = np.arange(len(rows))
+    if sample is not None:
+        if not 0 < sample <= len(rows):
+            raise ValueError(f"--sample {sample} is outside 1..{len(rows)} (rows in {candidates})")
+        idx = np.sort(rng.choice(len(rows), size=sample, replace=False))
+    chosen = [rows[i] for i in idx]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keys = [f"{j + 1}" for j in range(len(chosen))]
+    paths: dict[str, Path] = {"items": out_dir / "items.csv", "guidelines": out_dir / "GUIDELINES.txt"}
+    item_cols = ["item"] + [h for h in header if h != "item"]
+    with atomic_csv_writer(paths["items"], item_cols) as w:
+        for k, r in zip(keys, chosen):
+            w.writerow([k] + [r.get(h) or "" for h in item_cols[1:]])
+    paths["guidelines"].write_text(GUIDELINES, encoding="utf-8")
+    if overlap is None:
+        assign = {a: list(range(len(chosen))) for a in names}
+    else:
+        if not 0 <= overlap <= len(chosen):
+            raise ValueError(f"--overlap {overlap} is outside 0..{len(chosen)}")
+        shared = set(rng.choice(len(chosen), size=overlap, replace=False).tolist()) if overlap else set()
+        rest = [j for j in range(len(chosen)) if j not in shared]
+        assign = {a: sorted(shared | set(rest[i :: len(names)])) for i, a in enumerate(names)}
+    for a in names:
+        p = out_dir / f"{a}.csv"
+        with atomic_csv_writer(p, ANNOTATOR_COLUMNS) as w:
+            for j in assign[a]:
+                r = chosen[j]
+                w.writerow([keys[j], r.get("id") or "", r.get("comment") or "", r.get("phrase") or "", "", "", ""])
+        paths[a] = p
+    return paths
