@@ -170,7 +170,7 @@ class PhrasePairs:
         biased: (N,) T1 phrases (column ``comments_processed`` of the T1 file).
         counterfactual: (N,) T2 phrases (column ``comments_processed`` of the T2 file).
         stored_biased_ppl, stored_counter_ppl: the released ``perplexity`` columns
-            (DialoGPT-small, per the upstream README), or ``None`` where a file lacks them.
+            (DialoGPT-small, per the upstream README) when loaded with ``need_stored_ppl``, else ``None``.
         sources: ``[(t1_file, t2_file, first_index), ...]`` for error messages.
     """
 
@@ -262,11 +262,11 @@ def load_pair_files(t1_path: Path, t2_path: Path, *, bias_type: str, split: str,
                     f"{Path(t1_path).name} is {a!r} (row i of the T2 file must be the counterfactual of row i of the T1 file)"
                 )
     s1 = s2 = None
-    if "perplexity" in h1 and "perplexity" in h2:
+    if need_stored_ppl:  # only read (and checked) when used
+        for path, h in ((t1_path, h1), (t2_path, h2)):
+            if "perplexity" not in h:
+                raise ValueError(f"{path}: no 'perplexity' column; --stored-perplexities needs the released columns")
         s1, s2 = _ppl_column(t1_path, r1), _ppl_column(t2_path, r2)
-    elif need_stored_ppl:
-        missing = t1_path if "perplexity" not in h1 else t2_path
-        raise ValueError(f"{missing}: no 'perplexity' column; --stored-perplexities needs the released columns")
     return PhrasePairs(bias_type, split, biased, counter, s1, s2, [(str(t1_path), str(t2_path), 0)])
 
 

@@ -205,14 +205,14 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     if not _looks_like_hub_id(s):
         raise FileNotFoundError(f"model folder not found: {s}")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     def fetch(filename: str) -> Path | None:
         try:
             return Path(hf_hub_download(s, filename))
-        except EntryNotFoundError:
-            return None
         except Exception as e:
+            if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
+                return None  # the repository has no such file (LocalEntryNotFound = hub unreachable)
             # offline, unknown repo, gated repo, ... : say what and how to fix it
             raise RuntimeError(
                 f"cannot download {filename!r} of hub model {s!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "

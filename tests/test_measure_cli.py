@@ -1,0 +1,111 @@
+"""End to end: `rbjax measure` on the real RedditBias test split with a small random GPT-2."""
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from rbjax.cli import main
+
+RECORD_KEYS = {"bias_type", "split", "model", "n_pairs", "n_pairs_after_outliers", "t_value", "p_value", "welch",
+               "reference", "cohens_d_paired", "mean_log_ppl_diff_ci95", "p_value_corrected", "versions", "settings"}
+
+
+def test_measure_all_types_with_a_model(tiny_model_dir_no_tokenizer, tokenizer_dir, redditbias_dir, tmp_path, capsys):
+    out = tmp_path / "results"
+    rc = main(["measure", "--model", str(tiny_model_dir_no_tokenizer), "--tokenizer", str(tokenizer_dir),
+               "--bias", "all", "--data-dir", str(redditbias_dir), "--out", str(out), "--no-progress",
+               "--n-bootstrap", "300"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "religion1" in printed and "queerness" in printed
+    recs = json.loads((out / "lmb.json").read_text())
+    assert [r["bias_type"] for r in recs] == ["religion1", "religion2", "race", "gender", "queerness"]
+    assert [r["n_pairs"] for r in recs] == [238, 236, 254, 253, 235]
+    assert (out / "lmb.png").stat().st_size > 1000
+    for r in recs:
+        assert RECORD_KEYS <= set(r)
+        assert r["versions"]["jax"] and r["settings"]["outlier_removal"] is True
+        with open(out / f"{r['bias_type']}_perplexities.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert list(rows[0]) == ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier"]
+        b = np.array([float(x["biased_ppl"]) for x in rows])
+        c = np.array([float(x["counterfactual_ppl"]) for x in rows])
+        keep = np.array([x["outlier"] == "false" for x in rows])
+        assert keep.sum() == r["n_pairs_after_outliers"]
+        # statistics recomputed independently from the CSV
+        assert r["t_value"] == pytest.approx(sps.ttest_rel(b[keep], c[keep]).statistic, rel=1e-9)
+        assert r["reference"]["t_value"] == pytest.approx(sps.ttest_rel(b, c).statistic, rel=1e-9)
+        assert r["welch"]["p_value"] == pytest.approx(sps.ttest_ind(b[keep], c[keep], equal_var=False).pvalue, rel=1e-9)
+        assert r["p_value_corrected"]["bonferroni"] == pytest.approx(min(1.0, 5 * r["p_value"]))
+
+
+def test_measure_errors_leave_nothing_behind(tiny_model_dir, redditbias_dir, tmp_path, capsys):
+    nowts = tmp_path / "noweights"
+    nowts.mkdir()
+    (nowts / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    out = tmp_path / "out"
+    rc = main(["measure", "--model", str(nowts), "--bias", "race", "--data-dir", str(redditbias_dir), "--out", str(out)])
+    assert rc == 1
+    assert "no model weights found" in capsys.readouterr().err
+    assert not (out / "lmb.json").exists()
+    rc = main(["measure", "--stored-perplexities", "--bias", "race", "--data-dir", str(tmp_path), "--out", str(out)])
+    assert rc == 1 and "not a RedditBias data folder" in capsys.readouterr().err
+    rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "nationality", "--data-dir", str(redditbias_dir)])
+    assert rc == 1 and "unknown bias type" in capsys.readouterr().err
+
+
+def test_one_token_phrase_is_reported_not_zero(tiny_model_dir, redditbias_dir, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "data_copy"
+    shutil.copytree(redditbias_dir / "data" / "race", data / "data" / "race")
+    t1 = data / "data/race/reddit_comments_race_black_biased_test_reduced.csv"
+    t2 = data / "data/race/reddit_comments_race_white_biased_test_reduced.csv"
+    for path, col in ((t1, "comments_processed"), (t2, None)):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+            fields = list(rows[0])
+        rows[2]["comments_processed"] = "black" if path == t1 else "white"
+        if path == t2:
+            rows[2]["comments"] = "black"
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fields)
+            w.writeheader()
+            w.writerows(rows)
+    out = tmp_path / "o"
+    rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "race", "--data-dir", str(data), "--out", str(out),
+               "--no-progress", "--n-bootstrap", "100"])
+    assert rc == 1 and "row 3" in capsys.readouterr().err and not (out / "lmb.json").exists()
+    rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "race", "--data-dir", str(data), "--out", str(out),
+               "--no-progress", "--n-bootstrap", "100", "--skip-unscorable"])
+    assert rc == 0
+    rec = json.loads((out / "lmb.json").read_text())[0]
+    assert rec["n_pairs_unscorable"] == 1 and rec["n_pairs"] == 254
+    with open(out / "race_perplexities.csv", newline="") as f:
+        row = list(csv.DictReader(f))[2]
+    assert row["biased_ppl"] == "" and row["outlier"].startswith("unscorable")
+
+
+def test_stored_perplexities_command_line(redditbias_dir, tmp_path):
+    """The README's no-weights command, as a user runs it (a subprocess of the installed entry point)."""
+    out = tmp_path / "stored"
+    r = subprocess.run([sys.executable, "-m", "rbjax.cli", "measure", "--stored-perplexities", "--bias", "all",
+                        "--data-dir", str(redditbias_dir), "--out", str(out), "--n-bootstrap", "200"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    recs = json.loads((out / "lmb.json").read_text())
+    assert {r["bias_type"]: r["significant"] for r in recs} == {
+        "religion1": True, "religion2": True, "race": False, "gender": False, "queerness": False}
+
+
+def test_plot_several_result_folders(redditbias_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["measure", "--stored-perplexities", "--data-dir", str(redditbias_dir), "--out", str(a), "--no-progress", "--n-bootstrap", "100"])
+    main(["measure", "--stored-perplexities", "--split", "valid", "--data-dir", str(redditbias_dir), "--out", str(b), "--no-progress", "--n-bootstrap", "100"])
+    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 0
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    assert main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1

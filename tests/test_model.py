@@ -1,0 +1,197 @@
+"""GPT-2 module and HF checkpoint loader/exporter: layout, tying, parity with PyTorch, errors."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rbjax.model import hf
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, _Dense, init_params
+from tests.conftest import make_torch_gpt2_folder
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _state_from_params(params, cfg):
+    return {k: v.copy() for k, v in hf.params_to_state_dict(params, cfg).items()}
+
+
+def test_conv1d_layout_square_c_proj_is_not_transposed():
+    # HF Conv1D stores (in, out); a transposed square c_proj raises no shape error and is silently wrong.
+    cfg = GPT2Config(vocab_size=8, n_positions=8, n_embd=4, n_layer=1, n_head=1)
+    state = _state_from_params(init_params(cfg, 0), cfg)
+    state["transformer.h.0.attn.c_proj.weight"] = np.arange(16, dtype=np.float32).reshape(4, 4)
+    state["transformer.h.0.attn.c_proj.bias"] = np.zeros(4, np.float32)
+    params = hf.state_dict_to_params(state, cfg)
+    layer = params["h_0"]["attn"]["c_proj"]
+    y = _Dense(4, 0.02).apply({"params": layer}, jnp.array([1.0, 0.0, 0.0, 0.0]))
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 1.0, 2.0, 3.0])
+    # the same weights in a PyTorch Conv1D agree
+    conv = transformers.pytorch_utils.Conv1D(4, 4)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor(state["transformer.h.0.attn.c_proj.weight"]))
+        conv.bias.zero_()
+        np.testing.assert_array_equal(conv(torch.tensor([[1.0, 0, 0, 0]])).numpy()[0], [0.0, 1.0, 2.0, 3.0])
+
+
+def test_missing_lm_head_ties_to_wte():
+    cfg = GPT2Config(vocab_size=3, n_positions=4, n_embd=2, n_layer=1, n_head=1)
+    state = _state_from_params(init_params(cfg, 0), cfg)
+    wte = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
+    state["transformer.wte.weight"] = wte
+    assert "lm_head.weight" not in state
+    params = hf.state_dict_to_params(state, cfg)
+    # the head of our model is wte.attend: hidden [2, 3] gives [2, 3, 5]
+    import flax.linen as nn
+
+    logits = nn.Embed(3, 2).apply({"params": params["wte"]}, jnp.array([2.0, 3.0]), method="attend")
+    np.testing.assert_allclose(np.asarray(logits), [2.0, 3.0, 5.0])
+    # and the full model's logits are exactly hidden @ wte.T
+    lg, h = GPT2LMHeadModel(cfg).apply({"params": params}, jnp.array([[0, 2, 1]]))
+    np.testing.assert_allclose(np.asarray(lg), np.asarray(h) @ wte.T, rtol=1e-6, atol=1e-6)
+
+
+def test_untied_lm_head_is_refused():
+    cfg = GPT2Config(vocab_size=3, n_positions=4, n_embd=2, n_layer=1, n_head=1)
+    state = _state_from_params(init_params(cfg, 0), cfg)
+    state["lm_head.weight"] = state["transformer.wte.weight"] + 1.0
+    with pytest.raises(ValueError, match="tied"):
+        hf.state_dict_to_params(state, cfg)
+
+
+def test_shape_mismatch_and_missing_weights_named():
+    cfg = GPT2Config(vocab_size=8, n_positions=8, n_embd=4, n_layer=1, n_head=1)
+    state = _state_from_params(init_params(cfg, 0), cfg)
+    bad = dict(state)
+    bad["transformer.h.0.mlp.c_fc.weight"] = np.zeros((16, 4), np.float32)  # transposed
+    with pytest.raises(ValueError, match=r"h_0\.mlp\.c_fc\.kernel has shape \(16, 4\)"):
+        hf.state_dict_to_params(bad, cfg)
+    del state["transformer.ln_f.bias"]
+    with pytest.raises(ValueError, match="missing weights.*ln_f.bias"):
+        hf.state_dict_to_params(state, cfg)
+
+
+def _torch_logits(folder, ids):
+    m = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return m(torch.tensor(ids)).logits.numpy()
+
+
+IDS = np.array([[1169, 15849, 373, 1611, 0, 484, 389, 1611], [31373, 995, 13, 198, 50256, 7, 8, 9]])
+
+
+def test_parity_with_pytorch_and_export_roundtrip(tiny_model_dir, tmp_path):
+    cfg, params = hf.load_pretrained(tiny_model_dir)
+    ours, _ = GPT2LMHeadModel(cfg).apply({"params": params}, IDS)
+    ref = _torch_logits(tiny_model_dir, IDS)
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    out = hf.save_pretrained(params, cfg, tmp_path / "export", tokenizer_dir=tiny_model_dir)
+    assert (out / "model.safetensors").exists() and (out / "vocab.json").exists()
+    back = _torch_logits(out, IDS)
+    np.testing.assert_array_equal(back, ref)  # identical weights -> identical PyTorch logits
+    cfg2, params2 = hf.load_pretrained(out)
+    assert cfg2 == cfg
+
+
+def test_flax_msgpack_checkpoint(tiny_model_dir, tmp_path):
+    # HF's Flax GPT-2 layout: params under 'transformer', blocks under 'h' / '<i>', FlaxConv1D kernels (out, in)
+    from flax.serialization import msgpack_serialize
+
+    cfg, params = hf.load_pretrained(tiny_model_dir)
+    blocks = {}
+    for i in range(cfg.n_layer):
+        p = params[f"h_{i}"]
+        blocks[str(i)] = {
+            "ln_1": p["ln_1"], "ln_2": p["ln_2"],
+            "attn": {k: {"kernel": p["attn"][k]["kernel"].T, "bias": p["attn"][k]["bias"]} for k in ("c_attn", "c_proj")},
+            "mlp": {k: {"kernel": p["mlp"][k]["kernel"].T, "bias": p["mlp"][k]["bias"]} for k in ("c_fc", "c_proj")},
+        }
+    tree = {"transformer": {"wte": params["wte"], "wpe": params["wpe"], "ln_f": params["ln_f"], "h": blocks}}
+    d = tmp_path / "flax"
+    d.mkdir()
+    (d / "flax_model.msgpack").write_bytes(msgpack_serialize(tree))
+    (d / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    cfg2, params2 = hf.load_pretrained(d)
+    import jax
+
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
+
+
+def test_pytorch_bin_checkpoint(tiny_model_dir, tmp_path):
+    m = transformers.GPT2LMHeadModel.from_pretrained(tiny_model_dir)
+    d = tmp_path / "bin"
+    d.mkdir()
+    torch.save(m.state_dict(), d / "pytorch_model.bin")
+    (d / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    cfg, params = hf.load_pretrained(d)
+    ours, _ = GPT2LMHeadModel(cfg).apply({"params": params}, IDS)
+    np.testing.assert_allclose(np.asarray(ours), _torch_logits(tiny_model_dir, IDS), rtol=1e-4, atol=1e-5)
+
+
+def test_pytorch_bin_without_torch_is_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
+    import builtins
+    import sys
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "pytorch_model.bin").write_bytes(b"not really")
+    (d / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    real_import = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(RuntimeError, match="PyTorch is not installed"):
+        hf.load_pretrained(d)
+
+
+def test_folder_errors(tmp_path, tiny_model_dir):
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        hf.load_pretrained(tmp_path / "nope")
+    d = tmp_path / "noweights"
+    d.mkdir()
+    (d / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="no model weights found"):
+        hf.load_pretrained(d)
+    e = tmp_path / "noconfig"
+    e.mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hf.load_pretrained(e)
+    f = tmp_path / "bert"
+    f.mkdir()
+    (f / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="model_type is 'bert'"):
+        hf.load_pretrained(f)
+
+
+def test_hub_id_without_network_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import importlib
+
+    import huggingface_hub.constants as c
+
+    importlib.reload(c)
+    try:
+        with pytest.raises(RuntimeError, match="cannot download 'config.json' of hub model 'microsoft/DialoGPT-small'"):
+            hf.load_pretrained("microsoft/DialoGPT-small")
+    finally:
+        monkeypatch.undo()
+        importlib.reload(c)
+
+
+@pytest.mark.slow
+def test_parity_full_dialogpt_small_shape(tmp_path, shared_dir):
+    cfg_json = json.loads((shared_dir / "models" / "dialogpt-small-config" / "config.json").read_text())
+    d = make_torch_gpt2_folder(tmp_path / "full", n_embd=cfg_json["n_embd"], n_layer=cfg_json["n_layer"],
+                               n_head=cfg_json["n_head"], n_positions=cfg_json["n_positions"], seed=1)
+    cfg, params = hf.load_pretrained(d)
+    assert (cfg.n_layer, cfg.n_embd, cfg.vocab_size) == (12, 768, 50257)
+    ours, _ = GPT2LMHeadModel(cfg).apply({"params": params}, IDS)
+    ref = _torch_logits(d, IDS)
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
