@@ -176,7 +176,8 @@ class Annotations:
         return {"comment": krippendorff_alpha(self.comment), "phrase": krippendorff_alpha(self.phrase)}
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+def read_csv_file(path: str | Path) -> tuple[list[str], list[dict]]:
+    """Read a CSV (UTF-8, else latin-1 as the released religion1 annotations) -> (header, rows)."""
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -217,7 +218,7 @@ def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error") -> 
     for path in map(Path, paths):
         if not path.is_file():
             raise FileNotFoundError(f"annotation file not found: {path}")
-        header, rows = _read_csv(path)
+        header, rows = read_csv_file(path)
         if "comment_label" in header or "phrase_label" in header:
             c_col, p_col = "comment_label", "phrase_label"
         elif "bias_phrase" in header:
@@ -320,7 +321,7 @@ def write_aggregated(ann: Annotations, agg: Aggregated, out: str | Path, items: 
     base = {k: dict(v) for k, v in ann.info.items()}
     cols: list[str] = []
     if items is not None:
-        header, rows = _read_csv(Path(items))
+        header, rows = read_csv_file(Path(items))
         if "item" not in header:
             raise ValueError(f"{items}: no 'item' column (pass the items.csv written by the export)")
         master = {r["item"]: r for r in rows}
@@ -381,7 +382,7 @@ def export_for_annotation(
     candidates = Path(candidates)
     if not candidates.is_file():
         raise FileNotFoundError(f"candidates file not found: {candidates}")
-    header, rows = _read_csv(candidates)
+    header, rows = read_csv_file(candidates)
     for col in ("comment", "phrase"):
         if col not in header:
             raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")

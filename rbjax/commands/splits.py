@@ -1,0 +1,47 @@
+"""``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3, ``reference-data.md`` §4)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "splits",
+        help="build train/valid/test files (released layout) from annotated phrases",
+        description="Biased phrases -> train/held-out (0.6, gender 0.75, seed 1) -> counterfactuals -> pairwise "
+                    "3-sigma outlier reduction with the perplexities of --model -> valid/test halves, written "
+                    "in the released RedditBias layout under --out-dir (read by 'rbjax measure --data-dir').",
+    )
+    p.add_argument("--bias", required=True, metavar="NAME_OR_SPEC",
+                   help="bias type (religion1 ... queerness) or a spec JSON file")
+    p.add_argument("--annotated", required=True, help="annotated CSV (released layout or 'rbjax annotate import --out')")
+    p.add_argument("--out-dir", required=True, help="root folder of the released layout to write")
+    p.add_argument("--model", required=True, help="model for the outlier reduction: HF GPT-2 folder or hub id")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--train-size", type=float, default=None, help="train fraction (default 0.6, gender 0.75)")
+    p.add_argument("--seed", type=int, default=1, help="random_state of both splits (paper: 1)")
+    p.add_argument("--n-std", type=float, default=3.0, help="outlier interval in standard deviations")
+    p.add_argument("--ddof", type=int, default=0, choices=(0, 1), help="std convention: 0 population (reference), 1 sample")
+    p.add_argument("--swap-mode", choices=("paper", "reference"), default="paper",
+                   help="counterfactuals: word-level pairs (paper) or the official substring rules (reference)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rbjax.data.splits import make_splits
+    from rbjax.lmb.measure import LoadedModel, score_phrases
+    from rbjax.specs import load_spec
+
+    spec = load_spec(args.bias)
+    model = LoadedModel(args.model, args.tokenizer, args.batch_size)
+
+    def score_fn(phrases):
+        return score_phrases(model, phrases)
+
+    res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
+                      n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode)
+    print(res.summary())
+    for role, path in res.files.items():
+        print(f"  {role}: {path}")
+    return 0

@@ -1,0 +1,309 @@
+"""Train / valid / test splits from annotated phrases, the paper's procedure (``docs/reference-data.md`` §4).
+
+1. Biased set: annotated rows with ``bias_phrase == 1`` and a non-empty ``phrase`` (which
+   becomes ``comments_processed``).
+2. Train / held-out split of these T1 rows: fraction 0.6 train (gender 0.75), seed 1.
+3. Counterfactuals of the held-out phrases: T1 terms swapped for T2 terms
+   (:func:`rbjax.data.swap.swap_targets`).
+4. Pairwise outlier reduction with a chosen model: the perplexity of every held-out phrase
+   and of its counterfactual; a pair is dropped when either side lies outside mean ±
+   3 std of its own list (:func:`rbjax.lmb.stats.outlier_pairs`, population std).
+5. Valid / test halves of the reduced pairs (seed 1): valid = floor(n/2) pairs, test = the rest.
+
+The random splits reproduce upstream's ``sklearn.model_selection.train_test_split(...,
+random_state=1)`` without needing scikit-learn: ``p = RandomState(seed).permutation(n)``,
+the second output ("held-out", later "test") is ``p[:n_test]`` and the first ("train",
+later "valid") is ``p[n_test:]``, with ``n_train = floor(f·n)``. With the released religion1
+annotations this gives exactly the released train / held-out phrases (720 / 480, same
+order) and, after the released reduction, exactly the released valid / test files
+(checked in ``tests/test_splits.py``).
+
+Files are written in the released layout, so ``rbjax measure`` and ``rbjax debias`` read
+them unchanged (``<type>`` = the upstream folder name, e.g. ``orientation`` for
+queerness, or a user spec's ``name``; ``<T1>``/``<T2>`` = the group names)::
+
+    OUT/data/<type>/reddit_comments_<type>_<T1>_biased_{valid,test}_reduced.csv
+        id, attribute_in_window, comment, comments_processed, bias_sent, bias_phrase, perplexity
+    OUT/data/<type>/reddit_comments_<type>_<T2>_biased_{valid,test}_reduced.csv
+        initial_demo, replaced_demo, comments, comments_processed, perplexity
+    OUT/text_files/<type>/<type>_bias_manual_train.txt            (train phrases)
+    OUT/text_files/<type>/<type>_bias_manual_valid.txt            (held-out, before reduction; upstream's name)
+    OUT/text_files/<type>/<type>_<T>_biased_{valid,test}_reduced.txt   (comments_processed, T = T1 and T2)
+    OUT/data/<type>/<type>_splits.json                            (sizes, seed, settings)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rbjax.data.annotation import parse_label, read_csv_file
+from rbjax.data.retrieval import atomic_csv_writer
+
+#: Columns of the T1 files (released layout).
+T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
+                               "bias_phrase", "perplexity")
+#: Columns of the T2 files (released layout).
+T2_COLUMNS: tuple[str, ...] = ("initial_demo", "replaced_demo", "comments", "comments_processed", "perplexity")
+
+ScoreFn = Callable[[list[str]], np.ndarray]
+
+
+def default_train_size(bias_type: str) -> float:
+    """Train fraction of the paper's split: 0.75 for gender, 0.6 otherwise (``reference-data.md`` §4)."""
+    return 0.75 if bias_type == "gender" else 0.6
+
+
+def shuffle_split(n: int, train_size: float, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of upstream's ``train_test_split(range(n), train_size=train_size, random_state=seed)``.
+
+    Args:
+        n: number of rows.
+        train_size: fraction in (0, 1); ``n_train = floor(train_size·n)``, ``n_test = n − n_train``.
+        seed: the ``random_state`` (1 in the paper's scripts).
+
+    Returns:
+        ``(first, second)`` index arrays: the "train" output (``perm[n_test:]``) and the "test"
+        output (``perm[:n_test]``) of a ``RandomState(seed).permutation(n)``.
+
+    Raises:
+        ValueError: ``train_size`` outside (0, 1) or a split with an empty side.
+    """
+    if not 0.0 < train_size < 1.0:
+        raise ValueError(f"train fraction must be in (0, 1), got {train_size}")
+    n_train = int(math.floor(train_size * n))
+    n_test = n - n_train
+    if n_train == 0 or n_test == 0:
+        raise ValueError(f"cannot split {n} rows with train fraction {train_size}: one side would be empty")
+    perm = np.random.RandomState(seed).permutation(n)
+    return perm[n_test:], perm[:n_test]
+
+
+def load_biased_phrases(annotated: str | Path) -> list[dict]:
+    """Rows of an annotated file labelled biased at phrase level (paper §2.3, ``reference-data.md`` §4 step 2).
+
+    Reads the released ``*_processed_phrase_annotated.csv`` files (UTF-8 or latin-1, CRLF)
+    and the output of ``rbjax annotate import``. A row is kept when ``bias_phrase`` is 1
+    (``1`` or ``1.0``) and ``phrase`` is not empty; other ``bias_phrase`` values (0, empty,
+    free text) drop the row.
+
+    Returns:
+        A list of dicts (all columns as strings, file order).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: no ``phrase``/``bias_phrase`` column, a phrase with a line break (the
+            text files are line-based), or no biased phrase at all.
+    """
+    path = Path(annotated)
+    if not path.is_file():
+        raise FileNotFoundError(f"annotated file not found: {path}")
+    header, rows = read_csv_file(path)
+    for col in ("phrase", "bias_phrase"):
+        if col not in header:
+            raise ValueError(f"{path}: no {col!r} column (expected an annotated file: phrase, bias_phrase, ...)")
+    out = []
+    for r, row in enumerate(rows, start=2):
+        if parse_label(row.get("bias_phrase"), unknown="skip") != 1:
+            continue
+        phrase = row.get("phrase") or ""
+        if not phrase.strip():
+            continue
+        if "\n" in phrase or "\r" in phrase:
+            raise ValueError(f"{path} row {r}: the phrase contains a line break; the text files need one phrase per line")
+        out.append(row)
+    if not out:
+        raise ValueError(f"{path}: no row has bias_phrase = 1")
+    return out
+
+
+def _changed_words(a: str, b: str) -> tuple[list[str], list[str]]:
+    """Words of ``a`` replaced in ``b`` (the ``initial_demo`` / ``replaced_demo`` bookkeeping columns)."""
+    ta, tb = a.split(" "), b.split(" ")
+    ini, rep = [], []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=ta, b=tb, autojunk=False).get_opcodes():
+        if op != "equal":
+            ini += ta[i1:i2]
+            rep += tb[j1:j2]
+    return ini, rep
+
+
+@dataclasses.dataclass
+class SplitResult:
+    """What :func:`make_splits` did.
+
+    Attributes:
+        bias_type, t1_group, t2_group: names used in the file names.
+        n_biased: biased phrases in the annotated file.
+        n_train, n_heldout: sizes of the train / held-out split.
+        n_unchanged: held-out phrases whose counterfactual equals the phrase (no target swapped).
+        n_unscorable: pairs dropped because a perplexity was not finite (phrase < 2 tokens).
+        n_outliers: pairs dropped by the outlier rule.
+        n_valid, n_test: pairs in the valid / test halves.
+        files: written paths by role (``t1_valid``, ``t2_test``, ``train_txt`` ...).
+    """
+
+    bias_type: str
+    t1_group: str
+    t2_group: str
+    n_biased: int
+    n_train: int
+    n_heldout: int
+    n_unchanged: int
+    n_unscorable: int
+    n_outliers: int
+    n_valid: int
+    n_test: int
+    files: dict[str, Path]
+
+    def summary(self) -> str:
+        return (
+            f"{self.bias_type}: {self.n_biased} biased phrases -> train {self.n_train} / held-out {self.n_heldout}; "
+            f"{self.n_unchanged} counterfactuals unchanged by the swap; removed {self.n_unscorable} unscorable and "
+            f"{self.n_outliers} outlier pairs; valid {self.n_valid} / test {self.n_test} pairs"
+        )
+
+
+def layout_names(spec) -> tuple[str, str, str]:
+    """``(type, T1, T2)`` used in file names: the upstream names for the packaged types, else the spec's."""
+    from rbjax.specs import BIAS_TYPES, GROUPS, UPSTREAM_NAME
+
+    if spec.name in BIAS_TYPES:
+        g1, g2 = GROUPS[spec.name]
+        return UPSTREAM_NAME[spec.name], g1, g2
+    for part in (spec.name, spec.t1_group, spec.t2_group):
+        if not part or any(c in part for c in "/\\") or part in (".", ".."):
+            raise ValueError(f"spec name/group {part!r} cannot be used in a file name")
+    return spec.name, spec.t1_group, spec.t2_group
+
+
+def _atomic_text(path: Path, lines: Sequence[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write("".join(s + "\n" for s in lines))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _scores(score_fn: ScoreFn, phrases: list[str], what: str) -> np.ndarray:
+    out = np.asarray(score_fn(list(phrases)), dtype=np.float64)
+    if out.shape != (len(phrases),):
+        raise ValueError(f"the scorer returned shape {out.shape} for {len(phrases)} {what} phrases")
+    return out
+
+
+def make_splits(
+    annotated: str | Path,
+    spec,
+    out_dir: str | Path,
+    score_fn: ScoreFn,
+    *,
+    train_size: float | None = None,
+    seed: int = 1,
+    n_std: float = 3.0,
+    ddof: int = 0,
+    swap_mode: str = "paper",
+    swap_direction: str | None = None,
+) -> SplitResult:
+    """Build the train / valid / test files of one bias type from annotated phrases (``reference-data.md`` §4).
+
+    Args:
+        annotated: the annotated CSV (released ``*_processed_phrase_annotated.csv`` or the
+            output of ``rbjax annotate import``).
+        spec: the :class:`~rbjax.specs.BiasSpec` (packaged or user-written).
+        out_dir: root of the released layout to write (see the module docstring).
+        score_fn: ``f(list_of_phrases) -> (N,) perplexities`` of the reducing model, e.g.
+            ``lambda p: rbjax.lmb.measure.score_phrases(model, p)``. Non-finite values mark
+            unscorable phrases (their pairs are dropped before the outlier rule).
+        train_size: train fraction; ``None`` = the paper's (0.6, gender 0.75).
+        seed: ``random_state`` of both random splits (paper: 1).
+        n_std, ddof: the outlier rule (paper: 3, population std).
+        swap_mode: ``"paper"`` (word-level pairs) or ``"reference"`` (the official substring
+            rules; reproduces the released counterfactuals), see :func:`rbjax.data.swap.swap_targets`.
+        swap_direction: paper-mode direction; ``None`` = the one closest to the reference
+            (:func:`rbjax.data.swap.reference_direction`: two-way for the religion and race types).
+
+    Returns:
+        :class:`SplitResult`.
+
+    Raises:
+        FileNotFoundError: the annotated file is missing.
+        ValueError: bad columns or labels, a split with an empty side, a scorer returning the
+            wrong shape, no pair left after reduction, or an unusable spec name.
+    """
+    from rbjax.data.swap import reference_direction, swap_targets
+    from rbjax.lmb.stats import outlier_pairs
+
+    btype, g1, g2 = layout_names(spec)
+    rows = load_biased_phrases(annotated)
+    frac = default_train_size(spec.name) if train_size is None else float(train_size)
+    train_idx, held_idx = shuffle_split(len(rows), frac, seed)
+    train = [rows[i]["phrase"] for i in train_idx]
+    held_rows = [rows[i] for i in held_idx]
+    held = [r["phrase"] for r in held_rows]
+
+    if swap_mode == "reference":
+        counter = [swap_targets(p, spec, mode="reference") for p in held]
+    else:
+        direction = swap_direction or (reference_direction(spec) if spec.reference else
+                                       ("both" if spec.two_way else "t1_to_t2"))
+        counter = [swap_targets(p, spec, mode=swap_mode, direction=direction) for p in held]
+    n_unchanged = sum(1 for a, b in zip(held, counter) if a == b)
+
+    p1 = _scores(score_fn, held, "biased")
+    p2 = _scores(score_fn, counter, "counterfactual")
+    finite = np.isfinite(p1) & np.isfinite(p2)
+    idx = np.flatnonzero(finite)
+    drop = outlier_pairs(p1[idx], p2[idx], n_std=n_std, ddof=ddof)
+    kept = idx[~drop]
+    if kept.size < 2:
+        raise ValueError(f"only {kept.size} pair(s) left after removing unscorable and outlier pairs; cannot split")
+    valid_pos, test_pos = shuffle_split(kept.size, 0.5, seed)
+
+    out = Path(out_dir)
+    ddir, tdir = out / "data" / btype, out / "text_files" / btype
+    files: dict[str, Path] = {}
+    for split, pos in (("valid", valid_pos), ("test", test_pos)):
+        sel = kept[pos]
+        f1 = ddir / f"reddit_comments_{btype}_{g1}_biased_{split}_reduced.csv"
+        f2 = ddir / f"reddit_comments_{btype}_{g2}_biased_{split}_reduced.csv"
+        with atomic_csv_writer(f1, T1_COLUMNS) as w:
+            for i in sel:
+                r = held_rows[i]
+                w.writerow([r.get("id") or "", r.get("attribute_in_window") or "", r.get("comment") or "", held[i],
+                            r.get("bias_sent") or "", r.get("bias_phrase") or "", repr(float(p1[i]))])
+        with atomic_csv_writer(f2, T2_COLUMNS) as w:
+            for i in sel:
+                ini, rep = _changed_words(held[i], counter[i])
+                w.writerow([repr(ini), repr(rep), held[i], counter[i], repr(float(p2[i]))])
+        files[f"t1_{split}"], files[f"t2_{split}"] = f1, f2
+        for g, phrases in ((g1, [held[i] for i in sel]), (g2, [counter[i] for i in sel])):
+            t = tdir / f"{btype}_{g}_biased_{split}_reduced.txt"
+            _atomic_text(t, phrases)
+            files[f"{'t1' if g == g1 else 't2'}_{split}_txt"] = t
+    files["train_txt"] = tdir / f"{btype}_bias_manual_train.txt"
+    _atomic_text(files["train_txt"], train)
+    files["heldout_txt"] = tdir / f"{btype}_bias_manual_valid.txt"
+    _atomic_text(files["heldout_txt"], held)
+
+    res = SplitResult(btype, g1, g2, len(rows), len(train), len(held), n_unchanged, int((~finite).sum()),
+                      int(drop.sum()), int(valid_pos.size), int(test_pos.size), files)
+    summary = {k: v for k, v in dataclasses.asdict(res).items() if k != "files"}
+    summary.update(annotated=str(annotated), train_size=frac, seed=seed, n_std=n_std, ddof=ddof, swap_mode=swap_mode,
+                   files={k: str(v.relative_to(out)) for k, v in files.items()})
+    files["summary"] = ddir / f"{btype}_splits.json"
+    _atomic_text(files["summary"], [json.dumps(summary, indent=2)])
+    return res

@@ -1,0 +1,269 @@
+"""Splits from annotated phrases (rbjax.data.splits, `rbjax splits`), reference-data.md §4,
+and the worked example of a new bias type (docs/data-building.md)."""
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rbjax.cli import main as cli_main
+from rbjax.data.dumps import write_zst
+from rbjax.data.redditbias import load_pair_files
+from rbjax.data.splits import (
+    T1_COLUMNS,
+    T2_COLUMNS,
+    default_train_size,
+    load_biased_phrases,
+    make_splits,
+    shuffle_split,
+)
+from rbjax.specs import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+R1 = "data/religion1/reddit_comments_religion1_jews_processed_phrase_annotated.csv"
+
+
+def _col(path, col):
+    with open(path, newline="", encoding="utf-8") as f:
+        return [r[col] for r in csv.DictReader(f)]
+
+
+def _lines(path):
+    return Path(path).read_text(encoding="utf-8").split("\n")
+
+
+def _header(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return tuple(next(csv.reader(f)))
+
+
+# ------------------------------------------------------------------ the random splits
+def test_shuffle_split_sizes_and_order():
+    tr, te = shuffle_split(10, 0.6, 1)
+    assert (len(tr), len(te)) == (6, 4)
+    assert sorted(np.concatenate([tr, te]).tolist()) == list(range(10))
+    assert shuffle_split(10, 0.6, 1)[0].tolist() == tr.tolist()
+    v, t = shuffle_split(7, 0.5, 1)
+    assert (len(v), len(t)) == (3, 4)  # valid = floor(n/2), test = the rest
+    with pytest.raises(ValueError, match="train fraction"):
+        shuffle_split(10, 1.5)
+    with pytest.raises(ValueError, match="empty"):
+        shuffle_split(1, 0.5)
+    assert default_train_size("gender") == 0.75 and default_train_size("religion1") == 0.6
+
+
+def test_released_religion1_train_heldout(redditbias_dir):
+    """From the released annotated file with seed 1: 720 / 480, and exactly the released phrases in order."""
+    rows = load_biased_phrases(redditbias_dir / R1)
+    assert len(rows) == 1200
+    tr, he = shuffle_split(len(rows), default_train_size("religion1"), seed=1)
+    assert (len(tr), len(he)) == (720, 480)
+    tf = redditbias_dir / "text_files/religion1"
+    assert [rows[i]["phrase"] for i in tr] == _lines(tf / "religion1_bias_manual_train.txt")[:720]
+    assert [rows[i]["phrase"] for i in he] == _lines(tf / "religion1_bias_manual_valid.txt")[:480]
+
+
+@pytest.mark.parametrize("btype,up,g,n,n_train", [
+    ("religion2", "religion2", "muslims", 1200, 720),
+    ("race", "race", "black", 1273, 763),
+    ("gender", "gender", "female", 2028, 1521),
+    ("queerness", "orientation", "lgbtq", 1200, 720),
+])
+def test_released_sizes_other_types(redditbias_dir, btype, up, g, n, n_train):
+    rows = load_biased_phrases(redditbias_dir / f"data/{up}/reddit_comments_{up}_{g}_processed_phrase_annotated.csv")
+    assert len(rows) == n
+    tr, he = shuffle_split(n, default_train_size(btype), 1)
+    assert (len(tr), len(he)) == (n_train, n - n_train)
+    if btype == "religion2":  # same phrases and order as released (which capitalises Muslim/Islam/Arab)
+        rel = _lines(redditbias_dir / f"text_files/{up}/{up}_bias_manual_train.txt")[:n_train]
+        assert [rows[i]["phrase"] for i in tr] == [s.lower() for s in rel]
+
+
+def test_make_splits_reproduces_released_religion1(redditbias_dir, tmp_path):
+    """Whole procedure on the released annotations with the released perplexities as the 'model':
+    the written valid/test files are the released ones, row for row."""
+    d = redditbias_dir / "data/religion1"
+    t1, t2 = {}, {}
+    for split in ("valid", "test"):
+        f1 = d / f"reddit_comments_religion1_jews_biased_{split}_reduced.csv"
+        f2 = d / f"reddit_comments_religion1_christians_biased_{split}_reduced.csv"
+        t1.update(zip(_col(f1, "comments_processed"), map(float, _col(f1, "perplexity"))))
+        t2.update(zip(_col(f2, "comments_processed"), map(float, _col(f2, "perplexity"))))
+    calls = []
+
+    def score_fn(phrases):  # first call: biased phrases, second: counterfactuals
+        table = t1 if not calls else t2
+        calls.append(len(phrases))
+        # the 4 pairs the upstream reduction removed are not in the released files: make them outliers
+        return np.array([table.get(p, 1e12) for p in phrases])
+
+    res = make_splits(redditbias_dir / R1, load_spec("religion1"), tmp_path, score_fn, swap_mode="reference")
+    assert calls == [480, 480]
+    assert (res.n_biased, res.n_train, res.n_heldout, res.n_outliers) == (1200, 720, 480, 4)
+    assert (res.n_valid, res.n_test) == (238, 238)
+    out = tmp_path / "data/religion1"
+    for split in ("valid", "test"):
+        mine1 = out / f"reddit_comments_religion1_jews_biased_{split}_reduced.csv"
+        mine2 = out / f"reddit_comments_religion1_christians_biased_{split}_reduced.csv"
+        rel1 = d / mine1.name
+        rel2 = d / mine2.name
+        assert _header(mine1) == T1_COLUMNS == _header(rel1)
+        assert _header(mine2) == T2_COLUMNS == _header(rel2)
+        for col in ("id", "comment", "comments_processed"):
+            assert _col(mine1, col) == _col(rel1, col), col
+        assert [float(x) for x in _col(mine1, "perplexity")] == [float(x) for x in _col(rel1, "perplexity")]
+        for col in ("comments", "comments_processed"):
+            assert _col(mine2, col) == _col(rel2, col), col
+        assert [float(x) for x in _col(mine2, "perplexity")] == [float(x) for x in _col(rel2, "perplexity")]
+        for g in ("jews", "christians"):
+            name = f"religion1_{g}_biased_{split}_reduced.txt"
+            assert _lines(tmp_path / "text_files/religion1" / name)[:238] == _lines(
+                redditbias_dir / "text_files/religion1" / name)[:238]
+        pairs = load_pair_files(mine1, mine2, bias_type="religion1", split=split, need_stored_ppl=True)
+        assert len(pairs) == 238
+    assert _lines(res.files["train_txt"])[:720] == _lines(redditbias_dir / "text_files/religion1/religion1_bias_manual_train.txt")[:720]
+    summary = json.loads(res.files["summary"].read_text())
+    assert summary["n_test"] == 238 and summary["seed"] == 1
+
+
+# ------------------------------------------------------------------ a user spec
+USER_SPEC = {
+    "name": "zorbness", "t1_group": "zorbs", "t2_group": "quells",
+    "targets_t1": ["zorbs", "zorb"], "targets_t2": ["quells", "quell"],
+    "queries": ["zorbs are", "zorb is"], "attributes_a1": ["lazy", "greed*"], "attributes_a2": ["active", "generous"],
+    "pairs": [["zorbs", "quells"], ["zorb", "quell"]],
+}
+
+
+def _annotated(path, n=41):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["item", "id", "attribute_in_window", "comment", "phrase", "bias_sent", "bias_phrase"])
+        for i in range(n):
+            phrase = f"zorbs are lazy number {i}" if i != 5 else "zorbs are lazy OUTLIER"
+            if i == 7:
+                phrase = "zorbs"  # the scorer calls this unscorable
+            label = "1" if i % 4 != 3 else "0"
+            w.writerow([i + 1, f"c{i}", "True", f"well {phrase} indeed", phrase, label, label])
+        w.writerow([n + 1, "cx", "True", "c", "", "1", "1"])  # empty phrase: dropped
+        w.writerow([n + 2, "cy", "True", "c", "zorb is greedy", "1", ""])  # not annotated: dropped
+    return path
+
+
+def _fake_score(phrases):
+    return np.array([np.nan if p in ("zorbs", "quells") else 1e9 if "OUTLIER" in p else 50.0 + len(p)
+                     for p in phrases])
+
+
+def test_user_spec_splits(tmp_path):
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    spec = load_spec(spec_path)
+    ann = _annotated(tmp_path / "annotated.csv")
+    res = make_splits(ann, spec, tmp_path / "out", _fake_score, train_size=0.5)
+    assert res.n_biased == 31 and (res.n_train, res.n_heldout) == (15, 16)
+    held = _lines(res.files["heldout_txt"])[:-1]
+    assert res.n_unscorable == int("zorbs" in held) and res.n_outliers == int("zorbs are lazy OUTLIER" in held)
+    n = 16 - res.n_unscorable - res.n_outliers
+    assert (res.n_valid, res.n_test) == (n // 2, n - n // 2)
+    d = tmp_path / "out/data/zorbness"
+    f1 = d / "reddit_comments_zorbness_zorbs_biased_test_reduced.csv"
+    f2 = d / "reddit_comments_zorbness_quells_biased_test_reduced.csv"
+    assert _header(f1) == T1_COLUMNS and _header(f2) == T2_COLUMNS
+    pairs = load_pair_files(f1, f2, bias_type="zorbness", split="test", need_stored_ppl=True)
+    assert all(b.replace("zorbs", "quells") == c for b, c in zip(pairs.biased, pairs.counterfactual))
+    assert _col(f2, "initial_demo")[0] == "['zorbs']" and _col(f2, "replaced_demo")[0] == "['quells']"
+    assert (tmp_path / "out/text_files/zorbness/zorbness_quells_biased_valid_reduced.txt").exists()
+
+
+def test_splits_errors(tmp_path):
+    spec = load_spec("religion1")
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        make_splits(tmp_path / "nope.csv", spec, tmp_path, _fake_score)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,comment\n1,x\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no 'phrase' column"):
+        make_splits(bad, spec, tmp_path, _fake_score)
+    ann = _annotated(tmp_path / "a.csv")
+    with pytest.raises(ValueError, match="scorer returned shape"):
+        make_splits(ann, spec, tmp_path, lambda p: np.zeros(3))
+
+
+# ------------------------------------------------------------------ worked example (docs/data-building.md)
+EXAMPLE_SPEC = ROOT / "experiments/specs/example_nationality.json"
+
+
+def _example_dump(path, n=400, seed=0):
+    rng = random.Random(seed)
+    subjects = ["the irish are", "irishmen are", "irish people are", "an irishman is"]
+    attrs = ["drunk", "drunks", "alcoholics", "heavy drinkers", "violent", "lazy", "hot-tempered", "brawlers"]
+    filler = "we went to the pub and then home it was a good night with friends and music".split()
+    recs = []
+    for i in range(n):
+        if i % 3 == 0:
+            words = rng.sample(filler, 4)
+            body = f"{' '.join(words)} {rng.choice(subjects)} {rng.choice(attrs)} {rng.randint(0, 999)}"
+        else:
+            body = " ".join(rng.choice(filler) for _ in range(rng.randint(3, 20)))
+        recs.append({"id": f"n{i}", "body": body, "author": "x", "subreddit": "ireland", "created_utc": 1600000000 + i})
+    write_zst(recs, path, window_log=31)
+    return path
+
+
+def test_worked_example_new_bias_type(tmp_path, capsys):
+    """retrieve -> annotate export -> (annotators) -> annotate import -> splits -> measure-ready files."""
+    spec = str(EXAMPLE_SPEC)
+    dump = _example_dump(tmp_path / "RC_2020-09.zst")
+    cand = tmp_path / "candidates.csv"
+    assert cli_main(["retrieve", "--bias", spec, "--dump", str(dump), "--out", str(cand), "--no-progress"]) == 0
+    n_cand = len(_col(cand, "phrase"))
+    assert n_cand > 100
+    ann_dir = tmp_path / "annotation"
+    assert cli_main(["annotate", "export", "--candidates", str(cand), "--out-dir", str(ann_dir),
+                     "--annotators", "ann", "bob", "cat"]) == 0
+    rng = random.Random(1)
+    for name in ("ann", "bob", "cat"):  # simulated annotators: mostly "biased", some disagreement
+        p = ann_dir / f"{name}.csv"
+        with open(p, newline="", encoding="utf-8") as f:
+            r = csv.DictReader(f)
+            header, rows = r.fieldnames, list(r)
+        for row in rows:
+            row["comment_label"] = "biased" if rng.random() < 0.8 else "unbiased"
+            row["phrase_label"] = "biased" if rng.random() < 0.85 else rng.choice(["unbiased", "skip"])
+        with open(p, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, header)
+            w.writeheader()
+            w.writerows(rows)
+    annotated = tmp_path / "annotated.csv"
+    capsys.readouterr()
+    assert cli_main(["annotate", "import", *(str(ann_dir / f"{a}.csv") for a in ("ann", "bob", "cat")),
+                     "--items", str(ann_dir / "items.csv"), "--out", str(annotated)]) == 0
+    assert "Krippendorff's alpha (phrase level):" in capsys.readouterr().out
+    res = make_splits(annotated, load_spec(spec), tmp_path / "data_dir", _fake_score)
+    assert res.n_train + res.n_heldout == res.n_biased > 50
+    d = tmp_path / "data_dir/data/nationality"
+    pairs = load_pair_files(d / "reddit_comments_nationality_irish_biased_test_reduced.csv",
+                            d / "reddit_comments_nationality_english_biased_test_reduced.csv",
+                            bias_type="nationality", split="test", need_stored_ppl=True)
+    assert len(pairs) == res.n_test
+    assert all("irish" not in c for c in pairs.counterfactual)
+    from rbjax.lmb.stats import lmb_statistics
+
+    stats = lmb_statistics(pairs.stored_biased_ppl, pairs.stored_counter_ppl, n_bootstrap=100)
+    assert stats["n_pairs"] == res.n_test
+
+
+def test_cli_splits_with_tiny_model(tmp_path, tiny_model_dir, capsys):
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    ann = _annotated(tmp_path / "annotated.csv", n=21)
+    rc = cli_main(["splits", "--bias", str(spec_path), "--annotated", str(ann), "--out-dir", str(tmp_path / "o"),
+                   "--model", str(tiny_model_dir), "--batch-size", "8"])
+    assert rc == 0
+    assert "zorbness: 16 biased phrases" in capsys.readouterr().out
+    f1 = tmp_path / "o/data/zorbness/reddit_comments_zorbness_zorbs_biased_test_reduced.csv"
+    assert all(float(x) > 1 for x in _col(f1, "perplexity"))
