@@ -22,9 +22,9 @@ Speed: every query needs one literal word; a raw-bytes prefilter checks the
 lower-cased line for these words before any JSON parsing, so the vast majority of lines
 cost a ``bytes.lower`` and one regex scan. The prefilter is exact for ASCII query words
 (a line it rejects cannot contain a query after cleaning); it is switched off when a query
-has non-ASCII letters. Corner cases it would miss: a query word written entirely with
-HTML numeric entities (``&#106;ews``) or with non-ASCII letters whose lower case is ASCII
-(the Kelvin sign).
+has non-ASCII letters. Corner cases it would miss: a query word written with HTML numeric
+entities (``&#106;ews``) or JSON ``\\u00XX`` escapes of ASCII letters (no dump writer does this),
+or with non-ASCII letters whose lower case is ASCII (the Kelvin sign).
 
 Output (CSV, written to a temporary file and moved into place at the end) has the columns
 of :data:`CANDIDATE_COLUMNS`.
@@ -98,7 +98,7 @@ def clean_comment(text: str, mode: str = "paper") -> str:
     if "&" in text:
         text = html.unescape(text)
     if "](" in text:
-        text = _MD_LINK.sub(r"\1", text)
+        text = _MD_LINK.sub(r" \1 ", text)
     if "://" in text or "www." in text or "WWW." in text:
         text = _URL.sub(" ", text)
     if "u/" in text or "@" in text or "U/" in text:
@@ -346,8 +346,9 @@ def make_prefilter(matchers: Sequence[QueryMatcher]):
 
     A line passes when the ASCII-lower-cased raw ``body`` value (:func:`raw_body`, still
     JSON-escaped) contains one of the matchers' query needles (one literal word per query,
-    see :func:`_needle`). JSON escapes cannot hide an ASCII letter run, so this never
-    rejects a line whose cleaned body contains a query. Returns ``None`` (no prefilter)
+    see :func:`_needle`). JSON encoders do not escape ASCII letters and cleaning never joins
+    two pieces of text into one word, so this does not reject a line whose cleaned body
+    contains a query (exceptions in the module notes). Returns ``None`` (no prefilter)
     when some query has no ASCII needle.
     """
     needles: set[str] = set()

@@ -1,0 +1,165 @@
+"""Retrieval throughput benchmark (issue 4): comments/s and peak memory.
+
+Generates Reddit-like comment dumps (NDJSON, zstandard) in a temporary directory and runs
+``rbjax.data.retrieval.retrieve`` with the five packaged bias specifications in one pass,
+each run in a fresh subprocess so that its peak RSS is its own.
+
+* Comment objects carry the field set of the 2019+ monthly dumps (~1 KB a line).
+* Bodies are real Reddit responses (``../shared/dialogpt-6k/human.ref.6k.txt``, 1 to 3
+  joined); when that file is absent a small built-in vocabulary is used. 1% of the
+  comments get a planted "<query> ... <attribute>" sentence so that matching does real work.
+* Sizes: 250k and 1M comments by default (memory must be flat in dump size).
+
+Usage::
+
+    python benchmarks/bench_retrieval.py [--sizes 250000 1000000] [--keep DIR]
+
+The last line printed is a JSON object with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+BIAS_TYPES = ("religion1", "religion2", "race", "gender", "queerness")
+FALLBACK_VOCAB = (
+    "the a and to of i you it is that in this for was on with but not be have are just like "
+    "my so they what if do can at all would your me an one get think people about out time "
+    "good really more from or know will how when there up no even game also much make see "
+    "because them some only he we then want who well way thing over still going right year"
+).split()
+
+
+def _bodies(rng: random.Random):
+    ref = SHARED / "dialogpt-6k" / "human.ref.6k.txt"
+    if ref.is_file():
+        lines = [ln.strip() for ln in ref.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    else:
+        lines = [" ".join(rng.choice(FALLBACK_VOCAB) for _ in range(rng.randint(3, 30))) for _ in range(5000)]
+    return lines
+
+
+def _planted(rng: random.Random, specs):
+    spec = rng.choice(specs)
+    q = rng.choice(spec.queries)
+    a = rng.choice(spec.attributes_a1).replace("*", "").replace('"', "")
+    return f"I really think {q.title()} so {a} and that is it"
+
+
+def generate(path: Path, n: int, seed: int = 0) -> dict:
+    """Write ``n`` comment objects to ``path`` (.zst, level 3). Returns size info."""
+    from rbjax.data.dumps import write_zst
+    from rbjax.specs import load_spec
+
+    rng = random.Random(seed)
+    bodies = _bodies(rng)
+    specs = [load_spec(b) for b in BIAS_TYPES]
+    subs = ["AskReddit", "politics", "worldnews", "gaming", "funny", "news", "pics", "soccer", "nba", "movies"]
+    t_base = 1561939200  # 2019-07-01
+
+    def records():
+        for i in range(n):
+            k = rng.random()
+            body = rng.choice(bodies)
+            if k < 0.35:
+                body = body + " " + rng.choice(bodies)
+            if k < 0.10:
+                body = body + "\n\n" + rng.choice(bodies) + " https://www.example.com/some/path?x=1"
+            if rng.random() < 0.01:
+                body = _planted(rng, specs) if rng.random() < 0.5 else body + ". " + _planted(rng, specs)
+            cid = f"f{i:07x}"
+            sub = rng.choice(subs)
+            author = f"user_{rng.randrange(10**6)}"
+            yield {
+                "all_awardings": [], "associated_award": None, "author": author,
+                "author_created_utc": t_base - rng.randrange(10**8), "author_flair_background_color": None,
+                "author_flair_css_class": None, "author_flair_richtext": [], "author_flair_template_id": None,
+                "author_flair_text": None, "author_flair_text_color": None, "author_flair_type": "text",
+                "author_fullname": f"t2_{rng.randrange(36**6):x}", "author_patreon_flair": False,
+                "author_premium": False, "awarders": [], "body": body, "collapsed_because_crowd_control": None,
+                "created_utc": t_base + i * 2, "gildings": {}, "id": cid, "is_submitter": False,
+                "link_id": f"t3_c{rng.randrange(36**5):x}", "locked": False, "no_follow": True,
+                "parent_id": f"t1_e{rng.randrange(36**6):x}",
+                "permalink": f"/r/{sub}/comments/c{rng.randrange(36**5):x}/some_thread_title/{cid}/",
+                "retrieved_on": t_base + 10**6, "score": rng.randint(-5, 100), "send_replies": True,
+                "stickied": False, "subreddit": sub, "subreddit_id": "t5_2qh1i", "total_awards_received": 0,
+                "treatment_tags": [],
+            }
+
+    t0 = time.perf_counter()
+    write_zst(records(), path, level=3)
+    return {"comments": n, "compressed_bytes": path.stat().st_size, "generate_seconds": time.perf_counter() - t0}
+
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from rbjax.data.retrieval import retrieve
+from rbjax.specs import load_spec
+specs = [load_spec(b) for b in {types!r}]
+t0 = time.perf_counter(); c0 = time.process_time()
+res = retrieve(specs, {dump!r}, {out!r}, progress=False, prefilter={prefilter!r})
+wall = time.perf_counter() - t0; cpu = time.process_time() - c0
+print(json.dumps({{"lines": res.stats.lines, "wall_s": wall, "cpu_s": cpu,
+    "comments_per_s": res.stats.lines / wall, "comments_per_cpu_s": res.stats.lines / cpu,
+    "parsed": res.stats.parsed, "prefiltered": res.stats.prefiltered,
+    "candidates": sum(res.candidates.values()), "per_type": res.candidates,
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+
+def run_child(dump: Path, outdir: Path, prefilter: bool = True) -> dict:
+    code = CHILD.format(root=str(ROOT), types=BIAS_TYPES, dump=str(dump), out=str(outdir / "{bias}.csv"),
+                        prefilter=prefilter)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000])
+    ap.add_argument("--no-prefilter-size", type=int, default=100_000,
+                    help="also time this many comments with the prefilter off (0 = skip)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the generated dumps in this folder")
+    args = ap.parse_args(argv)
+    results = {"machine": f"{os.cpu_count()} CPU cores, no GPU; Python {sys.version.split()[0]}",
+               "bias_types": list(BIAS_TYPES), "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = args.keep or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        for n in args.sizes:
+            dump = base / f"RC_bench_{n}.zst"
+            gen = generate(dump, n) if not dump.exists() else {"comments": n, "compressed_bytes": dump.stat().st_size}
+            r = run_child(dump, Path(tmp))
+            r.update(gen, prefilter=True)
+            results["runs"].append(r)
+            print(f"{n:>9,} comments: {r['comments_per_s']:,.0f} comments/s (wall), "
+                  f"{r['comments_per_cpu_s']:,.0f} comments/CPU-s, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+                  f"{r['candidates']} candidates", file=sys.stderr)
+        if args.no_prefilter_size:
+            n = args.no_prefilter_size
+            dump = base / f"RC_bench_{n}.zst"
+            gen = generate(dump, n) if not dump.exists() else {"comments": n, "compressed_bytes": dump.stat().st_size}
+            r = run_child(dump, Path(tmp), prefilter=False)
+            r.update(gen, prefilter=False)
+            results["runs"].append(r)
+            print(f"{n:>9,} comments, prefilter off: {r['comments_per_s']:,.0f} comments/s, "
+                  f"peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
