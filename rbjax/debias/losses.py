@@ -157,7 +157,8 @@ def equalising_loss(
 
     ``semantics="paper"`` (eq. 1): for each triggered position ``(b, i)`` (``mask[b, i].sum() > 0``) the loss is the
     mean over the pairs P_t containing the term there, ``(1/|P_t|) Σ_{p∈P_t} |h_{b,i}·(e1_p − e2_p)|``. The triggers
-    put the mask on ``h_{i−1}``, the state that predicts the term at ``i`` (see ``triggers.py``). ``reduction``:
+    put the mask on ``h_{i−1}``, the state that predicts the term at ``i`` (see ``triggers.py``); a multi-token
+    term is scored with its subword-averaged embedding (§4.2 fn, :func:`gather_targets`). ``reduction``:
     ``"mean"`` (default) averages over triggered positions of the batch, ``"sum"`` sums them. 0 when nothing fires.
 
     ``semantics="reference"`` (cai modeling_gpt2.py:1113-1167, ``per_sent_targets`` + ``norm_debias_loss``):
@@ -265,11 +266,11 @@ def subspace_mask(singular_values: jax.Array, share: float = 0.5, *, semantics: 
     _check(semantics)
     s2 = jnp.square(singular_values)
     total = jnp.sum(s2)
-    cum_before = (jnp.cumsum(s2) - s2) / jnp.where(total > 0, total, 1.0)  # share reached before entry j
+    cum_before = jnp.concatenate([jnp.zeros((1,), s2.dtype), jnp.cumsum(s2)[:-1]])  # mass before entry j
     if semantics == "paper":
-        keep = cum_before < share  # entry j is needed iff the share was not yet reached (>= rule)
+        keep = cum_before < share * total  # entry j is needed iff the share was not yet reached (>= rule)
     else:
-        keep = cum_before <= share  # strict >: a share exactly reached is not enough
+        keep = cum_before <= share * total  # strict >: a share exactly reached is not enough
     return keep & (total > 0)
 
 
