@@ -100,6 +100,16 @@ def test_paper_attributes(tok):
     assert [pad_occurrences(n) for n in (0, 1, 8, 9)] == [8, 8, 8, 16]
 
 
+def test_paper_needs_right_padding(tok):
+    tb = TriggerBuilder(load_spec("religion1"), tok)
+    ids, am, _ = batch(tok, ["the jews are", "a jew"])
+    left = np.stack([np.roll(ids[1], 1), ids[0]]), np.stack([np.roll(am[1], 1), am[0]])
+    with pytest.raises(ValueError, match="right-padded"):
+        tb.lmd(*left)
+    with pytest.raises(ValueError, match="right-padded"):
+        tb.attributes(*left)
+
+
 def test_paper_needs_tokenizer():
     with pytest.raises(ValueError):
         TriggerBuilder(load_spec("race"))

@@ -144,6 +144,12 @@ def _real_mask(input_ids: np.ndarray, attention_mask, pad_id) -> np.ndarray:
     return input_ids != pad_id
 
 
+def _check_right_padded(real: np.ndarray) -> None:
+    n = real.sum(axis=1)
+    if not np.array_equal(real, np.arange(real.shape[1])[None, :] < n[:, None]):
+        raise ValueError("paper-semantics triggers need right-padded batches (real tokens first in every row)")
+
+
 def pad_occurrences(n: int, multiple: int = 8) -> int:
     """Occurrence-axis size for ``n`` occurrences: ``n`` rounded up to a multiple (at least one), to limit recompiles."""
     return max(multiple, -(-n // multiple) * multiple)
@@ -237,6 +243,10 @@ class TriggerBuilder:
 
         Returns:
             :class:`LMDTriggers` with ``mask`` ``(B, L, P)``.
+
+        Raises:
+            ValueError: ``input_ids`` not 2-D, mismatched ``attention_mask``, neither ``attention_mask`` nor
+                ``pad_id``, or (paper semantics) a batch that is not right-padded.
         """
         ids = np.asarray(input_ids)
         if ids.ndim != 2:
@@ -253,6 +263,7 @@ class TriggerBuilder:
                 pos = real[b] & (ids[b] > 0)  # labels > 0: drops pads and id 0 ("!")
                 mask[b] = pos[:, None] & fired[None, :]
             return LMDTriggers(mask, norm, unpred)
+        _check_right_padded(real)
         for b in range(B):
             n = int(real[b].sum())
             text, starts = self._text.text(ids[b, :n].tolist())
@@ -279,13 +290,16 @@ class TriggerBuilder:
             :class:`Occurrences` with ``weights`` ``(B, N, L)``, in the order HD's reference running sum uses.
 
         Raises:
-            ValueError: a sentence has more than ``max_occurrences`` occurrences.
+            ValueError: a sentence has more than ``max_occurrences`` occurrences; a batch that is not right-padded
+                (paper semantics).
         """
         ids = np.asarray(input_ids)
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, L), got {ids.shape}")
         real = _real_mask(ids, attention_mask, self.pad_id)
         B, L = ids.shape
+        if self.semantics == "paper":
+            _check_right_padded(real)
         per_sent = [self._ref_occ(ids[b], real[b], int(real.sum(1).max(initial=0))) if self.semantics == "reference"
                     else self._paper_occ(ids[b], real[b]) for b in range(B)]
         most = max((len(o) for o in per_sent), default=0)
