@@ -8,7 +8,10 @@ each run in a fresh subprocess so that its peak RSS is its own.
 * Bodies are real Reddit responses (``../shared/dialogpt-6k/human.ref.6k.txt``, 1 to 3
   joined); when that file is absent a small built-in vocabulary is used. 1% of the
   comments get a planted "<query> ... <attribute>" sentence so that matching does real work.
-* Sizes: 250k and 1M comments by default (memory must be flat in dump size).
+* Sizes: 250k and 1M comments by default (memory must be flat in dump size), plus 100k with
+  the prefilter off and 250k compressed with a 2 GiB window like the real monthly dumps
+  (``zstd --long=31``: the decoder then holds up to 2 GiB of history, whatever the code does).
+* Peak memory is the child's own ``VmHWM`` (``ru_maxrss`` would include the parent's RSS).
 
 Usage::
 
@@ -58,8 +61,8 @@ def _planted(rng: random.Random, specs):
     return f"I really think {q.title()} so {a} and that is it"
 
 
-def generate(path: Path, n: int, seed: int = 0) -> dict:
-    """Write ``n`` comment objects to ``path`` (.zst, level 3). Returns size info."""
+def generate(path: Path, n: int, seed: int = 0, window_log: int | None = None) -> dict:
+    """Write ``n`` comment objects to ``path`` (.zst, level 3; ``window_log=31`` like the monthly dumps)."""
     from rbjax.data.dumps import write_zst
     from rbjax.specs import load_spec
 
@@ -99,12 +102,25 @@ def generate(path: Path, n: int, seed: int = 0) -> dict:
             }
 
     t0 = time.perf_counter()
-    write_zst(records(), path, level=3)
-    return {"comments": n, "compressed_bytes": path.stat().st_size, "generate_seconds": time.perf_counter() - t0}
+    write_zst(records(), path, level=3, window_log=window_log)
+    return {"comments": n, "compressed_bytes": path.stat().st_size, "window_log": window_log,
+            "generate_seconds": time.perf_counter() - t0}
 
 
 CHILD = r"""
 import json, resource, sys, time
+
+def peak_rss_mib():
+    # VmHWM: this process's own peak. ru_maxrss would also count the parent's RSS at fork
+    # time (Linux carries it over exec), which is the benchmark generator's, not ours.
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 sys.path.insert(0, {root!r})
 from rbjax.data.retrieval import retrieve
 from rbjax.specs import load_spec
@@ -116,7 +132,7 @@ print(json.dumps({{"lines": res.stats.lines, "wall_s": wall, "cpu_s": cpu,
     "comments_per_s": res.stats.lines / wall, "comments_per_cpu_s": res.stats.lines / cpu,
     "parsed": res.stats.parsed, "prefiltered": res.stats.prefiltered,
     "candidates": sum(res.candidates.values()), "per_type": res.candidates,
-    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+    "peak_rss_mib": peak_rss_mib()}}))
 """
 
 
@@ -132,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000])
     ap.add_argument("--no-prefilter-size", type=int, default=100_000,
                     help="also time this many comments with the prefilter off (0 = skip)")
+    ap.add_argument("--long-window-size", type=int, default=250_000,
+                    help="also time this many comments compressed with a 2 GiB window (zstd --long=31) (0 = skip)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated dumps in this folder")
     args = ap.parse_args(argv)
     results = {"machine": f"{os.cpu_count()} CPU cores, no GPU; Python {sys.version.split()[0]}",
@@ -157,6 +175,16 @@ def main(argv=None) -> int:
             results["runs"].append(r)
             print(f"{n:>9,} comments, prefilter off: {r['comments_per_s']:,.0f} comments/s, "
                   f"peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+        if args.long_window_size:
+            n = args.long_window_size
+            dump = base / f"RC_bench_{n}_long31.zst"
+            gen = (generate(dump, n, window_log=31) if not dump.exists()
+                   else {"comments": n, "compressed_bytes": dump.stat().st_size, "window_log": 31})
+            r = run_child(dump, Path(tmp))
+            r.update(gen, prefilter=True)
+            results["runs"].append(r)
+            print(f"{n:>9,} comments, 2 GiB window: {r['comments_per_cpu_s']:,.0f} comments/CPU-s, "
+                  f"peak RSS {r['peak_rss_mib']:.0f} MiB (the zstd window buffer)", file=sys.stderr)
     print(json.dumps(results))
     return 0
 
