@@ -34,10 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from rbjax.specs import load_spec
 
     spec = load_spec(args.bias)
-    model = LoadedModel(args.model, args.tokenizer, args.batch_size)
+    loaded: list = []
 
-    def score_fn(phrases):
-        return score_phrases(model, phrases)
+    def score_fn(phrases):  # the model is loaded on first use, after the inputs were checked
+        if not loaded:
+            loaded.append(LoadedModel(args.model, args.tokenizer, args.batch_size))
+        return score_phrases(loaded[0], phrases)
 
     res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
                       n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode)
