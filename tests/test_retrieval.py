@@ -256,3 +256,14 @@ def test_output_paths(tmp_path):
     assert output_paths(tmp_path / "c.csv", ["a", "b"])["b"] == tmp_path / "c_b.csv"
     assert output_paths(str(tmp_path / "{bias}.csv"), ["a"])["a"] == tmp_path / "a.csv"
     assert output_paths(tmp_path, ["a"])["a"] == tmp_path / "candidates_a.csv"
+
+
+def test_non_ascii_query_disables_prefilter(tmp_path):
+    spec = dict(ZORB_SPEC, name="cafe", targets_t1=["cafés"], queries=["cafés are"], pairs=[["cafés", "bars"]])
+    s = load_spec(_spec_file(tmp_path, spec))
+    assert make_prefilter([QueryMatcher(s)]) is None
+    dump = tmp_path / "d.jsonl"
+    dump.write_text(json.dumps({"id": "u1", "body": "Cafés are LAZY places"}, ensure_ascii=True) + "\n", encoding="utf-8")
+    out = tmp_path / "c.csv"
+    retrieve(s, dump, out, progress=False)
+    assert [(r["phrase"], r["attribute"]) for r in _rows(out)] == [("cafés are lazy places", "lazy")]
