@@ -15,8 +15,10 @@ random_state=1)`` without needing scikit-learn: ``p = RandomState(seed).permutat
 the second output ("held-out", later "test") is ``p[:n_test]`` and the first ("train",
 later "valid") is ``p[n_test:]``, with ``n_train = floor(f·n)``. With the released religion1
 annotations this gives exactly the released train / held-out phrases (720 / 480, same
-order) and, after the released reduction, exactly the released valid / test files
-(checked in ``tests/test_splits.py``).
+order) and, after the released reduction, exactly the released valid / test files; for
+religion2 the released train phrases too (checked in ``tests/test_splits.py``). For race,
+gender and queerness the sizes match (763/510, 1521/507, 720/480) but not the membership:
+their released annotated files are not in the row order the upstream split saw.
 
 Files are written in the released layout, so ``rbjax measure`` and ``rbjax debias`` read
 them unchanged (``<type>`` = the upstream folder name, e.g. ``orientation`` for
