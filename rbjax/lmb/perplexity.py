@@ -92,7 +92,8 @@ class PerplexityScorer:
     Args:
         params: GPT-2 params (numpy or jax arrays; moved to the device once).
         config: the model's :class:`GPT2Config`.
-        batch_size: rows per compiled batch (the last batch of a bucket is padded up).
+        batch_size: rows per compiled batch (phrases are sorted by length and cut into
+            consecutive batches; only the last one is padded up with empty rows).
         buckets: length buckets; a run compiles at most one program per bucket used.
         bos_id: when given, prepend this id (e.g. 50256) and score every phrase token.
         precision: matmul precision (``"highest"`` keeps fp32 exact on GPU/TPU, where the
@@ -127,26 +128,25 @@ class PerplexityScorer:
                 raise ValueError(f"phrase {i} has a token id outside the model vocabulary [0, {vmax})")
         nll_sum = np.zeros(n, dtype=np.float64)
         n_scored = np.zeros(n, dtype=np.int64)
-        order = np.argsort(lengths, kind="stable")
-        groups: dict[int, list[int]] = {}
-        for i in order:
-            if lengths[i] >= 2:
-                groups.setdefault(min(_bucket(int(lengths[i]), self.buckets), max_pos), []).append(int(i))
+        # Sort by length and cut into consecutive batches; each batch is padded to the bucket of
+        # its longest phrase. Only the very last batch is partial, and at most one program is
+        # compiled per bucket.
+        order = [int(i) for i in np.argsort(lengths, kind="stable") if lengths[i] >= 2]
         with jax.default_matmul_precision(self.precision):
-            for L, idx in groups.items():
-                for start in range(0, len(idx), self.batch_size):
-                    rows = idx[start:start + self.batch_size]
-                    ids = np.zeros((self.batch_size, L), dtype=np.int32)
-                    mask = np.zeros((self.batch_size, L), dtype=np.int32)
-                    for r, i in enumerate(rows):
-                        ids[r, :lengths[i]] = seqs[i]
-                        mask[r, :lengths[i]] = 1
-                    s, c = token_nll(self.params, ids, mask, self.config)
-                    s, c = np.asarray(s, dtype=np.float64), np.asarray(c)
-                    nll_sum[rows] = s[: len(rows)]
-                    n_scored[rows] = c[: len(rows)]
-                    if progress is not None:
-                        progress(len(rows))
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start:start + self.batch_size]
+                L = min(_bucket(int(lengths[rows[-1]]), self.buckets), max_pos)
+                ids = np.zeros((self.batch_size, L), dtype=np.int32)
+                mask = np.zeros((self.batch_size, L), dtype=np.int32)
+                for r, i in enumerate(rows):
+                    ids[r, :lengths[i]] = seqs[i]
+                    mask[r, :lengths[i]] = 1
+                s, c = token_nll(self.params, ids, mask, self.config)
+                s, c = np.asarray(s, dtype=np.float64), np.asarray(c)
+                nll_sum[rows] = s[: len(rows)]
+                n_scored[rows] = c[: len(rows)]
+                if progress is not None:
+                    progress(len(rows))
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n_scored > 0, nll_sum / np.maximum(n_scored, 1), np.nan)
         n_tok = lengths - (1 if self.bos_id is not None else 0)

@@ -1,0 +1,133 @@
+"""LMB scoring speed at the full DialoGPT-small shape (random weights): rbjax vs PyTorch transformers.
+
+Scores real RedditBias test phrases (all five bias types, both sides) with
+  * PyTorch, one phrase at a time (the reference measure_bias.py loop),
+  * PyTorch, padded batches of 64 in file order,
+  * PyTorch, padded batches of 64 after sorting by length,
+  * rbjax (jit, length buckets, fixed batch), compile time reported separately,
+checks that rbjax's perplexities equal PyTorch's, and prints phrases/s; the last line is JSON.
+
+    python benchmarks/bench_scoring.py [--n-phrases 600 | --all] [--batch-size 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+
+
+def phrases_from(data_dir: Path) -> list[str]:
+    from rbjax.data.redditbias import load_pairs
+
+    out = []
+    for b in ("religion1", "religion2", "race", "gender", "queerness"):
+        p = load_pairs(b, "test", data_dir)
+        out += p.biased + p.counterfactual
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-phrases", type=int, default=600, help="evenly spaced sample of the test phrases")
+    ap.add_argument("--all", action="store_true", help="score all test phrases (≈2.4k)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--data-dir", default=str(SHARED / "redditbias"))
+    ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
+    args = ap.parse_args()
+
+    import jax
+    import torch
+    import transformers
+
+    from rbjax.lmb.perplexity import PerplexityScorer
+    from rbjax.model.hf import load_pretrained
+    from rbjax.model.tokenizer import load_tokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    allp = phrases_from(Path(args.data_dir))
+    if args.all or args.n_phrases >= len(allp):
+        phrases = allp
+    else:
+        phrases = [allp[i] for i in np.linspace(0, len(allp) - 1, args.n_phrases).astype(int)]
+    tok = load_tokenizer(args.tokenizer)
+    ids = tok.encode_batch(phrases)
+    n = len(ids)
+    print(f"{n} phrases, {sum(map(len, ids))} tokens (lengths {min(map(len, ids))}-{max(map(len, ids))})", file=sys.stderr)
+
+    cfg_json = json.loads((SHARED / "models/dialogpt-small-config/config.json").read_text())
+    torch.manual_seed(0)
+    tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")})
+    tmodel = transformers.GPT2LMHeadModel(tcfg).eval()
+    with tempfile.TemporaryDirectory() as d:
+        tmodel.save_pretrained(d)
+        cfg, params = load_pretrained(d)
+
+    res: dict = {}
+
+    # --- PyTorch, one at a time (reference loop) ---
+    t0 = time.perf_counter()
+    ref_ppl = []
+    with torch.inference_mode():
+        for s in ids:
+            x = torch.tensor([s])
+            ref_ppl.append(math.exp(tmodel(x, labels=x).loss.item()))
+    res["torch_one_at_a_time"] = n / (time.perf_counter() - t0)
+
+    def torch_batched(order):
+        out = np.zeros(n)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for k in range(0, n, args.batch_size):
+                rows = order[k:k + args.batch_size]
+                L = max(len(ids[i]) for i in rows)
+                x = torch.zeros((len(rows), L), dtype=torch.long)
+                m = torch.zeros((len(rows), L), dtype=torch.long)
+                for r, i in enumerate(rows):
+                    x[r, :len(ids[i])] = torch.tensor(ids[i])
+                    m[r, :len(ids[i])] = 1
+                logits = tmodel(x, attention_mask=m).logits[:, :-1]
+                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+                tm = (m[:, 1:] * m[:, :-1]).float()
+                out[rows] = torch.exp((nll * tm).sum(1) / tm.sum(1)).numpy()
+        return n / (time.perf_counter() - t0), out
+
+    res["torch_batched"], _ = torch_batched(list(range(n)))
+    res["torch_batched_sorted"], sorted_ppl = torch_batched(list(np.argsort([len(s) for s in ids], kind="stable")))
+
+    # --- rbjax ---
+    scorer = PerplexityScorer(params, cfg, batch_size=args.batch_size)
+    t0 = time.perf_counter()
+    scorer.score_ids(ids)  # first call: compiles one program per length bucket
+    res["rbjax_first_call_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = scorer.score_ids(ids).perplexity
+    res["rbjax"] = n / (time.perf_counter() - t0)
+    res["rbjax_compile_s"] = res["rbjax_first_call_s"] - n / res["rbjax"]
+
+    rel = np.abs(ours - np.array(ref_ppl)) / np.array(ref_ppl)
+    res["max_rel_diff_vs_torch"] = float(rel.max())
+    res["n_phrases"] = n
+    res["batch_size"] = args.batch_size
+    best_torch_batched = max(res["torch_batched"], res["torch_batched_sorted"])
+    res["ratio_vs_torch_one_at_a_time"] = res["rbjax"] / res["torch_one_at_a_time"]
+    res["ratio_vs_best_torch_batched"] = res["rbjax"] / best_torch_batched
+    res["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}"
+    for k in ("torch_one_at_a_time", "torch_batched", "torch_batched_sorted", "rbjax"):
+        print(f"{k:>22}: {res[k]:8.1f} phrases/s", file=sys.stderr)
+    print(f"{'rbjax compile':>22}: {res['rbjax_compile_s']:8.1f} s   max rel diff vs torch {res['max_rel_diff_vs_torch']:.1e}", file=sys.stderr)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
