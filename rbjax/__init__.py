@@ -1,2 +1,27 @@
-"""rbjax: RedditBias (Barikeri et al., ACL 2021) in JAX."""
+"""rbjax: RedditBias (Barikeri et al., ACL 2021) in JAX.
+
+Main entry points (imported lazily, so ``import rbjax`` stays cheap):
+
+* :func:`rbjax.measure_bias` — language model bias on RedditBias (paper §3.1),
+  the same as ``rbjax measure``; see :func:`rbjax.lmb.measure.measure_bias`.
+* :func:`rbjax.load_spec` — a bias specification (paper §2.1, App. A).
+"""
 __version__ = "0.1.0"
+
+_LAZY = {
+    "measure_bias": ("rbjax.lmb.measure", "measure_bias"),
+    "load_spec": ("rbjax.specs", "load_spec"),
+    "load_pretrained": ("rbjax.model.hf", "load_pretrained"),
+    "save_pretrained": ("rbjax.model.hf", "save_pretrained"),
+    "load_tokenizer": ("rbjax.model.tokenizer", "load_tokenizer"),
+}
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'rbjax' has no attribute {name!r}")

@@ -255,6 +255,12 @@ def test_worked_example_new_bias_type(tmp_path, capsys):
 
     stats = lmb_statistics(pairs.stored_biased_ppl, pairs.stored_counter_ppl, n_bootstrap=100)
     assert stats["n_pairs"] == res.n_test
+    # last step: `rbjax measure` with the spec file as --bias reads the new type's files
+    assert cli_main(["measure", "--stored-perplexities", "--bias", spec, "--data-dir", str(tmp_path / "data_dir"),
+                     "--out", str(tmp_path / "results"), "--no-progress", "--n-bootstrap", "100"]) == 0
+    rec = json.loads((tmp_path / "results" / "lmb.json").read_text())[0]
+    assert rec["bias_type"] == "nationality" and rec["n_pairs"] == res.n_test
+    assert (tmp_path / "results" / "nationality_perplexities.csv").exists()
 
 
 def test_cli_splits_with_tiny_model(tmp_path, tiny_model_dir, capsys):

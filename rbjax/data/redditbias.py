@@ -28,7 +28,7 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 
-from rbjax.specs import BIAS_TYPES, GROUPS, UPSTREAM_NAME, canonical_bias_type
+from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, canonical_bias_type, is_spec_path, layout_names, load_spec
 
 SPLITS = ("test", "valid", "valid+test")
 ENV_DATA_DIR = "RBJAX_DATA_DIR"
@@ -133,10 +133,12 @@ class RedditBiasData:
     # -- file names -------------------------------------------------------------------
     @staticmethod
     def pair_files(bias_type: str, split: str) -> tuple[str, str]:
-        """Relative paths of the (T1, T2) CSVs of one bias type and split (``test``/``valid``)."""
-        b = canonical_bias_type(bias_type)
-        up = UPSTREAM_NAME[b]
-        g1, g2 = GROUPS[b]
+        """Relative paths of the (T1, T2) CSVs of one bias type and split (``test``/``valid``).
+
+        ``bias_type`` is a packaged name or a user spec file (names from the spec, see
+        :func:`rbjax.specs.layout_names`).
+        """
+        up, g1, g2 = layout_names(resolve_spec(bias_type))
         return (f"data/{up}/reddit_comments_{up}_{g1}_biased_{split}_reduced.csv",
                 f"data/{up}/reddit_comments_{up}_{g2}_biased_{split}_reduced.csv")
 
@@ -286,7 +288,8 @@ def load_pairs(bias_type: str, split: str = "test", data: RedditBiasData | str |
         ValueError, FileNotFoundError, RuntimeError: see :func:`load_pair_files` and
         :meth:`RedditBiasData.path`.
     """
-    b = canonical_bias_type(bias_type)
+    spec = resolve_spec(bias_type)
+    b = spec.name
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if not isinstance(data, RedditBiasData):
@@ -294,7 +297,7 @@ def load_pairs(bias_type: str, split: str = "test", data: RedditBiasData | str |
     parts = ["valid", "test"] if split == "valid+test" else [split]
     loaded = []
     for s in parts:
-        f1, f2 = RedditBiasData.pair_files(b, s)
+        f1, f2 = RedditBiasData.pair_files(bias_type, s)
         loaded.append(load_pair_files(data.path(f1), data.path(f2), bias_type=b, split=s, need_stored_ppl=need_stored_ppl))
     if len(loaded) == 1:
         return loaded[0]
@@ -311,13 +314,33 @@ def load_pairs(bias_type: str, split: str = "test", data: RedditBiasData | str |
     return out
 
 
+def resolve_spec(bias_type):
+    """A :class:`~rbjax.specs.BiasSpec` from a packaged name or a user spec file path."""
+    from rbjax.specs import BiasSpec
+
+    if isinstance(bias_type, BiasSpec):
+        return bias_type
+    return load_spec(bias_type if is_spec_path(bias_type) else canonical_bias_type(bias_type))
+
+
 def expand_bias_types(spec: str | list[str]) -> list[str]:
-    """``"all"`` → the five types; a comma list or list → canonical names (order kept, duplicates dropped)."""
+    """``"all"`` → the five types; a comma list or list → canonical names or spec-file paths
+    (order kept, duplicates dropped).
+
+    Raises:
+        ValueError: unknown bias type; FileNotFoundError: a spec path that does not exist.
+    """
     items = spec if isinstance(spec, (list, tuple)) else str(spec).split(",")
     out: list[str] = []
     for it in items:
-        it = it.strip()
-        names = list(BIAS_TYPES) if it.lower() == "all" else [canonical_bias_type(it)]
+        it = str(it).strip()
+        if it.lower() == "all":
+            names = list(BIAS_TYPES)
+        elif is_spec_path(it):
+            load_spec(it)  # fail early on a bad spec file
+            names = [it]
+        else:
+            names = [canonical_bias_type(it)]
         out += [n for n in names if n not in out]
     if not out:
         raise ValueError("no bias type given")

@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rbjax.specs import layout_names
 from rbjax.data.annotation import parse_label, read_csv_file
 from rbjax.data.retrieval import atomic_csv_writer
 
@@ -172,19 +173,6 @@ class SplitResult:
             f"{self.n_unchanged} counterfactuals unchanged by the swap; removed {self.n_unscorable} unscorable and "
             f"{self.n_outliers} outlier pairs; valid {self.n_valid} / test {self.n_test} pairs"
         )
-
-
-def layout_names(spec) -> tuple[str, str, str]:
-    """``(type, T1, T2)`` used in file names: the upstream names for the packaged types, else the spec's."""
-    from rbjax.specs import BIAS_TYPES, GROUPS, UPSTREAM_NAME
-
-    if spec.name in BIAS_TYPES:
-        g1, g2 = GROUPS[spec.name]
-        return UPSTREAM_NAME[spec.name], g1, g2
-    for part in (spec.name, spec.t1_group, spec.t2_group):
-        if not part or any(c in part for c in "/\\") or part in (".", ".."):
-            raise ValueError(f"spec name/group {part!r} cannot be used in a file name")
-    return spec.name, spec.t1_group, spec.t2_group
 
 
 def _atomic_text(path: Path, lines: Sequence[str]) -> None:

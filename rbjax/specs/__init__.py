@@ -67,6 +67,9 @@ class BiasSpec:
         queries: retrieval queries (paper §2.2): T1 target phrases, including the forms of
             "to be" where the paper's query list has them, e.g. ``"jews are"``.
         two_way: whether counterfactual swapping also maps T2 terms back to T1 (paper §4.4).
+        phrase_words: the single words the upstream phrase extraction centred its ±7-token
+            windows on (e.g. ``jew, jews, jewish, torah, judaism, semitic, ashkenazi``); empty
+            for a user spec, where ``targets_t1`` is used.
         reference: the official code's own lists (token-id pairs of LMD/ADD/HD, attribute
             rows, substring swap rules), kept verbatim under their own names; ``{}`` for a
             user spec.
@@ -82,6 +85,7 @@ class BiasSpec:
     pairs: tuple[tuple[str, str], ...]
     queries: tuple[str, ...]
     two_way: bool = False
+    phrase_words: tuple[str, ...] = ()
     reference: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
@@ -112,8 +116,31 @@ class BiasSpec:
             pairs=tuple(pairs),
             queries=tuple(q.lower() for q in d.get("queries", d["targets_t1"])),
             two_way=bool(d.get("two_way", False)),
+            phrase_words=tuple(w.lower() for w in d.get("phrase_words", ())),
             reference=dict(d.get("reference", {})),
         )
+
+
+def is_spec_path(name_or_path: str | Path) -> bool:
+    """True when ``name_or_path`` names a spec file rather than a packaged bias type."""
+    s = str(name_or_path)
+    return s.endswith(".json") or ("/" in s) or Path(s).is_file()
+
+
+def layout_names(spec: "BiasSpec") -> tuple[str, str, str]:
+    """``(type, T1, T2)`` as used in the released file names: the upstream names for the packaged
+    types (``orientation`` for queerness), else the spec's own ``name``, ``t1_group``, ``t2_group``.
+
+    Raises:
+        ValueError: a user spec whose name or group cannot be part of a file name.
+    """
+    if spec.name in BIAS_TYPES:
+        g1, g2 = GROUPS[spec.name]
+        return UPSTREAM_NAME[spec.name], g1, g2
+    for part in (spec.name, spec.t1_group, spec.t2_group):
+        if not part or any(c in part for c in "/\\") or part in (".", ".."):
+            raise ValueError(f"spec name/group {part!r} cannot be used in a file name")
+    return spec.name, spec.t1_group, spec.t2_group
 
 
 def load_spec(name_or_path: str | Path) -> BiasSpec:
