@@ -17,7 +17,7 @@ def register(sub) -> None:
     src.add_argument("--model", help="HF GPT-2 folder or hub id, e.g. microsoft/DialoGPT-small")
     src.add_argument("--stored-perplexities", action="store_true",
                      help="no model: use the perplexity columns of the released files (DialoGPT-small)")
-    p.add_argument("--bias", default="all", help=f"bias type(s), comma-separated: {', '.join(BIAS_CHOICES)}")
+    p.add_argument("--bias", default="all", help=f"bias type(s), comma-separated: {', '.join(BIAS_CHOICES)}, or a bias-spec JSON file of your own")
     p.add_argument("--split", default="test", choices=["test", "valid", "valid+test"])
     p.add_argument("--out", default="results", help="output folder")
     p.add_argument("--data-dir", help="RedditBias data folder (default: $RBJAX_DATA_DIR, else download & cache)")
