@@ -153,7 +153,7 @@ def lmb_statistics(biased_ppl, counter_ppl, *, n_std: float = 3.0, ddof: int = D
         remove_outliers: apply the 3σ pair rule (False: the values were already reduced
             with this very rule, as the released files' stored perplexities were).
     Returns:
-        a JSON-ready dict (keys documented in ``docs/results-format.md``) plus the outlier
+        a JSON-ready dict (keys documented in ``docs/lmb.md``) plus the outlier
         mask under ``"_outlier_mask"`` (removed by the caller before writing JSON).
     Raises:
         ValueError: length mismatch or non-finite / non-positive perplexities.
