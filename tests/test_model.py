@@ -186,7 +186,7 @@ def test_hub_id_without_network_is_a_clear_error(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_parity_full_dialogpt_small_shape(tmp_path, shared_dir):
+def test_parity_full_dialogpt_small_shape(tmp_path, shared_dir, tokenizer_dir, redditbias_dir):
     cfg_json = json.loads((shared_dir / "models" / "dialogpt-small-config" / "config.json").read_text())
     d = make_torch_gpt2_folder(tmp_path / "full", n_embd=cfg_json["n_embd"], n_layer=cfg_json["n_layer"],
                                n_head=cfg_json["n_head"], n_positions=cfg_json["n_positions"], seed=1)
@@ -195,3 +195,19 @@ def test_parity_full_dialogpt_small_shape(tmp_path, shared_dir):
     ours, _ = GPT2LMHeadModel(cfg).apply({"params": params}, IDS)
     ref = _torch_logits(d, IDS)
     np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # per-phrase perplexities on real RedditBias phrases, against the reference formula
+    import math
+
+    from rbjax.data.redditbias import load_pairs
+    from rbjax.lmb.perplexity import PerplexityScorer
+    from rbjax.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    pairs = load_pairs("religion2", "test", redditbias_dir)
+    phrases = pairs.biased[:8] + pairs.counterfactual[:8]
+    ours_ppl = PerplexityScorer(params, cfg, batch_size=8).score_texts(phrases, tok).perplexity
+    m = transformers.GPT2LMHeadModel.from_pretrained(d).eval()
+    for p, o in zip(phrases, ours_ppl):
+        ids = torch.tensor([tok.encode(p)])
+        with torch.no_grad():
+            assert o == pytest.approx(math.exp(m(ids, labels=ids).loss.item()), rel=1e-4)
