@@ -109,3 +109,31 @@ def test_plot_several_result_folders(redditbias_dir, tmp_path):
     assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 0
     assert (tmp_path / "fig.png").stat().st_size > 1000
     assert main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
+
+
+def test_interrupted_run_resumes(tiny_model_dir, redditbias_dir, tmp_path, monkeypatch):
+    import rbjax.lmb.measure as m
+
+    out = tmp_path / "o"
+    args = ["measure", "--model", str(tiny_model_dir), "--bias", "race,gender", "--data-dir", str(redditbias_dir),
+            "--out", str(out), "--no-progress", "--n-bootstrap", "100"]
+    real = m._perplexities_for
+    calls = []
+
+    def dies_on_gender(pairs, *a, **k):
+        calls.append(pairs.bias_type)
+        if pairs.bias_type == "gender":
+            raise KeyboardInterrupt
+        return real(pairs, *a, **k)
+
+    monkeypatch.setattr(m, "_perplexities_for", dies_on_gender)
+    assert main(args) == 130
+    assert (out / "race_perplexities.csv").exists() and not (out / "lmb.json").exists()
+    monkeypatch.setattr(m, "_perplexities_for", lambda pairs, *a, **k: (calls.append(pairs.bias_type), real(pairs, *a, **k))[1])
+    assert main(args + ["--resume"]) == 0
+    assert calls == ["race", "gender", "gender"]  # race was not scored again
+    resumed = json.loads((out / "lmb.json").read_text())
+    assert main(args) == 0  # a fresh run gives the same records
+    fresh = json.loads((out / "lmb.json").read_text())
+    for a, b in zip(resumed, fresh):
+        assert a["t_value"] == b["t_value"] and a["n_pairs_after_outliers"] == b["n_pairs_after_outliers"]

@@ -33,6 +33,8 @@ def register(sub) -> None:
                    help="3σ outlier-pair removal before the primary test; auto = on for a model, off for "
                         "--stored-perplexities (the released files were already reduced with those values)")
     p.add_argument("--skip-unscorable", action="store_true", help="exclude pairs with a phrase of < 2 tokens instead of failing")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the per-type CSVs of an interrupted run in --out (same model, tokenizer, split, --bos)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -45,7 +47,7 @@ def run(args) -> int:
         tokenizer=args.tokenizer, out_dir=args.out, batch_size=args.batch_size, seed=args.seed, bos=args.bos,
         stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
         n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
-        outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], progress=not args.no_progress)
+        outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress)
     print(format_table(records))
     print(f"\nwrote {args.out}/lmb.json, {args.out}/<bias_type>_perplexities.csv, {args.out}/lmb.png")
     return 0

@@ -16,6 +16,44 @@ from rbjax.lmb import stats
 from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
 
 CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier"]
+STATE_FILE = ".rbjax_measure_run.json"  # what produced the CSVs of an out folder (for --resume)
+
+
+def _read_state(out: Path) -> dict | None:
+    import json
+
+    try:
+        return json.loads((out / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _reuse_csv(out: Path, pairs: PhrasePairs):
+    """Perplexities from an earlier run's CSV when it holds exactly these pairs, else None."""
+    import csv
+
+    path = out / f"{pairs.bias_type}_perplexities.csv"
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError:
+        return None
+    if not rows or rows[0] != CSV_HEADER or len(rows) - 1 != len(pairs):
+        return None
+    b, c, notes = np.empty(len(pairs)), np.empty(len(pairs)), []
+    for i, r in enumerate(rows[1:]):
+        if len(r) != 5 or r[0] != pairs.biased[i] or r[1] != pairs.counterfactual[i]:
+            return None
+        if r[4].startswith("unscorable"):
+            b[i] = c[i] = np.nan
+            notes.append(r[4])
+            continue
+        try:
+            b[i], c[i] = float(r[2]), float(r[3])
+        except ValueError:
+            return None
+        notes.append("")
+    return b, c, notes
 
 
 class LoadedModel:
@@ -96,7 +134,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                  batch_size: int = 64, seed: int = 0, bos: bool = False,
                  stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
-                 outlier_removal: bool | None = None, progress: bool = True, plot: bool = True) -> list[dict]:
+                 outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
+                 plot: bool = True) -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -123,6 +162,9 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             the released ``*_reduced`` files are the *output* of that rule applied to exactly
             these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so
             applying it again would be a second pass the paper never made.
+        resume: reuse the ``<type>_perplexities.csv`` files already in ``out_dir`` from an
+            interrupted run with the same model, tokenizer, split and ``bos`` (each CSV is written
+            as soon as its bias type is scored; ``lmb.json`` only when every type is done).
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -138,16 +180,36 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     types = expand_bias_types(bias_types)
     data = RedditBiasData(data_dir)
     all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
-    loaded = None if stored_perplexities else LoadedModel(model, tokenizer, batch_size, bos)
     model_name = "stored perplexities (released RedditBias files; DialoGPT-small)" if stored_perplexities else str(model)
-    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos, "n_std": n_std, "ddof": ddof,
-                "alpha": alpha, "n_bootstrap": n_bootstrap, "stored_perplexities": stored_perplexities,
-                "tokenizer": None if loaded is None else loaded.tokenizer.source,
+    out = None if out_dir is None else Path(out_dir)
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    run_key = {"model": model_name, "tokenizer": None if tokenizer is None else str(tokenizer), "bos": bos,
+               "split": split, "data_root": str(data.root)}
+    reusable = resume and out is not None and _read_state(out) == run_key
+    loaded: LoadedModel | None = None
+    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
+                "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
+                "stored_perplexities": stored_perplexities, "tokenizer": None if tokenizer is None else str(tokenizer),
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
+    if not stored_perplexities:
+        loaded = LoadedModel(model, tokenizer, batch_size, bos)  # fail on a bad model before touching out_dir
+        settings["tokenizer"] = loaded.tokenizer.source
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "lmb.json").unlink(missing_ok=True)  # a stale lmb.json must not sit beside new CSVs
+        atomic_write_json(out / STATE_FILE, run_key)
     meta = versions()
-    records, tables = [], {}
+    records = []
     for pairs in all_pairs:
-        b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
+        prev = _reuse_csv(out, pairs) if reusable and not stored_perplexities else None
+        if prev is not None:
+            b, c, notes = prev
+            if notes.count("") < len(notes) and not skip_unscorable:
+                i = next(k for k, n in enumerate(notes) if n)
+                raise ValueError(f"{pairs.locate(i)}: {notes[i]}; pass --skip-unscorable to exclude such pairs")
+        else:
+            b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
         keep = np.array([not n for n in notes], dtype=bool)
         st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
                                   n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
@@ -159,18 +221,16 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta}
         rec["n_pairs"] = len(pairs)
         records.append(rec)
-        tables[pairs.bias_type] = [
-            [pairs.biased[i], pairs.counterfactual[i],
-             "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
-             notes[i] or ("true" if mask[i] else "false")]
-            for i in range(len(pairs))]
+        if out is not None:  # written per type, so an interrupted run can --resume
+            atomic_write_csv(out / f"{pairs.bias_type}_perplexities.csv", CSV_HEADER, [
+                [pairs.biased[i], pairs.counterfactual[i],
+                 "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
+                 notes[i] or ("true" if mask[i] else "false")]
+                for i in range(len(pairs))])
     adj = stats.adjust_pvalues([r["p_value"] for r in records])
     for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
         r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
-    if out_dir is not None:
-        out = Path(out_dir)
-        for bt, rows in tables.items():
-            atomic_write_csv(out / f"{bt}_perplexities.csv", CSV_HEADER, rows)
+    if out is not None:
         if plot:
             from rbjax.report.plot import plot_lmb
 
