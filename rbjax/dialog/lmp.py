@@ -1,0 +1,198 @@
+"""Language-model perplexity (LMP) on the Reddit reference set (paper §3.2, docs/reference-debias.md §9).
+
+The paper pairs every bias score with the perplexity of the model on the 6K human Reddit responses of DialoGPT's
+evaluation (``human.ref.6k.txt``; RedditBias ships it as ``text_files/humanref6k.txt``, identical but for the
+final newline). Each line is one utterance, scored on its own: no special tokens are added, the line is cut to the
+training block size (36 GPT-2 tokens, as the reference's ``LineByLineTextDataset``), and every token after the
+first is predicted (tokens 2..n). Empty lines are skipped (the dataset class drops them).
+
+Three estimators are reported; the first is rbjax's primary figure:
+
+* ``perplexity`` — corpus level, ``exp(Σ_s NLL_s / Σ_s (n_s − 1))``: total next-token negative log-likelihood over
+  all predicted tokens.
+* ``reference_grid`` — what the reference's grid script (``debias_lm_grid.py:830-833``, eval batch 1) computes:
+  ``exp(Σ_s n_s·mean_CE_s / Σ_s n_s)``, each sentence's mean CE weighted by its *token* count ``n_s`` (the
+  flattened-length quirk of §9), not by its ``n_s − 1`` predictions. It differs slightly from ``perplexity``.
+* ``reference_cda`` — what ``run_language_modeling.py`` (CDA, eval batch 2) computes: the mean over consecutive
+  2-line batches of the batch's token-mean CE, then ``exp``.
+
+Lines with fewer than 2 tokens have no prediction; they are left out of all three (the reference's mean over zero
+targets would be NaN) and counted in ``n_unscorable``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
+
+#: block size of the reference's debiasing runs (cai README: ``--block_size=36``)
+BLOCK_SIZE = 36
+
+
+def read_reference_lines(path: str | os.PathLike, max_lines: int | None = None) -> list[str]:
+    """Non-empty lines of a text file (the reference's ``LineByLineTextDataset`` rule), optionally the first N.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not UTF-8 or has no non-empty line.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: LMP reference file not found")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text ({e})") from None
+    lines = [ln for ln in text.splitlines() if ln and not ln.isspace()]
+    if not lines:
+        raise ValueError(f"{p}: no non-empty line to score")
+    if max_lines is not None:
+        if max_lines < 1:
+            raise ValueError(f"max_lines must be >= 1, got {max_lines}")
+        lines = lines[:max_lines]
+    return lines
+
+
+def lmp_from_counts(nll_sum: np.ndarray, n_pred: np.ndarray, n_tokens: np.ndarray) -> dict:
+    """The three LMP estimators from per-line sums (see the module docstring).
+
+    Args:
+        nll_sum: ``(S,)`` summed next-token NLL of each line, nats.
+        n_pred: ``(S,)`` number of predicted tokens (``n_s − 1``; 0 = unscorable).
+        n_tokens: ``(S,)`` tokens per line after truncation (``n_s``).
+
+    Returns:
+        dict with ``perplexity``, ``reference_grid``, ``reference_cda``, ``mean_nll`` (nats per predicted token) and
+        counts; ``None`` values when nothing is scorable.
+    """
+    nll_sum = np.asarray(nll_sum, np.float64)
+    n_pred = np.asarray(n_pred, np.int64)
+    n_tokens = np.asarray(n_tokens, np.int64)
+    ok = n_pred > 0
+    tot_pred = int(n_pred[ok].sum())
+    out = {"n_scored_lines": int(ok.sum()), "n_unscorable": int((~ok).sum()), "n_predicted_tokens": tot_pred,
+           "perplexity": None, "mean_nll": None, "reference_grid": None, "reference_cda": None}
+    if not ok.any():
+        return out
+    mean_nll = float(nll_sum[ok].sum() / tot_pred)
+    out["mean_nll"] = mean_nll
+    out["perplexity"] = math.exp(mean_nll)
+    per_line = nll_sum[ok] / n_pred[ok]
+    w = n_tokens[ok].astype(np.float64)
+    out["reference_grid"] = math.exp(float((w * per_line).sum() / w.sum()))
+    # CDA: consecutive 2-line eval batches of the scorable lines, token-mean CE per batch, mean over batches.
+    s, c = nll_sum[ok], n_pred[ok]
+    bs = [s[i:i + 2].sum() / c[i:i + 2].sum() for i in range(0, len(s), 2)]
+    out["reference_cda"] = math.exp(float(np.mean(bs)))
+    return out
+
+
+def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
+                      batch_size: int = 64, progress: Callable[[int], None] | None = None) -> dict:
+    """LMP of a GPT-2 on reference lines (paper §3.2).
+
+    Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored in fixed
+    ``(batch_size, block_size)`` batches (one compiled program; padding is masked out of attention and loss).
+
+    Args:
+        params: GPT-2 params pytree (numpy or jax arrays).
+        config: its :class:`rbjax.model.gpt2.GPT2Config`.
+        tokenizer: a :class:`rbjax.model.tokenizer.GPT2BPETokenizer` (``encode_batch``).
+        lines: the utterances (:func:`read_reference_lines`).
+        block_size: truncation length in tokens (36 as the reference; must be ≤ ``config.n_positions``).
+        batch_size: lines per compiled batch.
+        progress: called with the number of lines after each batch.
+
+    Returns:
+        :func:`lmp_from_counts`'s dict plus ``n_lines``, ``n_truncated`` (lines longer than ``block_size``),
+        ``block_size``.
+
+    Raises:
+        ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
+    """
+    import jax
+
+    from rbjax.lmb.perplexity import token_nll
+
+    if not lines:
+        raise ValueError("no lines to score")
+    if not 2 <= block_size <= config.n_positions:
+        raise ValueError(f"block_size must be in [2, {config.n_positions}], got {block_size}")
+    toks = tokenizer.encode_batch(list(lines))
+    n_trunc = sum(len(t) > block_size for t in toks)
+    toks = [t[:block_size] for t in toks]
+    for i, t in enumerate(toks):
+        if t and max(t) >= config.vocab_size:
+            raise ValueError(f"line {i + 1}: token id {max(t)} outside the model vocabulary ({config.vocab_size})")
+    n = len(toks)
+    nll = np.zeros(n, np.float64)
+    cnt = np.zeros(n, np.int64)
+    lens = np.array([len(t) for t in toks], np.int64)
+    dev_params = jax.device_put(params)
+    with jax.default_matmul_precision("highest"):
+        for start in range(0, n, batch_size):
+            rows = toks[start:start + batch_size]
+            ids = np.zeros((batch_size, block_size), np.int32)
+            mask = np.zeros((batch_size, block_size), np.int32)
+            for r, t in enumerate(rows):
+                ids[r, :len(t)] = t
+                mask[r, :len(t)] = 1
+            s, c = token_nll(dev_params, ids, mask, config)
+            nll[start:start + len(rows)] = np.asarray(s, np.float64)[:len(rows)]
+            cnt[start:start + len(rows)] = np.asarray(c)[:len(rows)]
+            if progress is not None:
+                progress(len(rows))
+    out = lmp_from_counts(nll, cnt, lens)
+    out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size))
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
+                     block_size: int = BLOCK_SIZE, batch_size: int = 64, max_lines: int | None = None,
+                     progress: bool = False) -> dict:
+    """LMP of an HF GPT-2 folder (or hub id) on a reference file; the file and its sha256 are recorded.
+
+    Args:
+        model: HF folder or hub id. tokenizer: tokenizer folder/hub id (default: the model folder).
+        path: the reference file (e.g. ``RedditBiasData().reddit_reference_file()``).
+        max_lines: score only the first N non-empty lines (smoke runs; the figure is then not the paper's LMP).
+
+    Returns:
+        :func:`reddit_perplexity`'s dict plus ``file``, ``sha256``, ``max_lines``.
+    """
+    from rbjax.model.hf import load_pretrained, resolve_model_dir
+    from rbjax.model.tokenizer import load_tokenizer
+
+    folder = resolve_model_dir(model)
+    config, params = load_pretrained(folder)
+    tok = load_tokenizer(tokenizer if tokenizer is not None else folder, expected_vocab_size=None)
+    lines = read_reference_lines(path, max_lines)
+    bar = None
+    if progress:
+        import sys
+
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(lines), desc="LMP", unit="line", file=sys.stderr, leave=False)
+    try:
+        out = reddit_perplexity(params, config, tok, lines, block_size=block_size, batch_size=batch_size,
+                                progress=None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+    out.update(file=str(path), sha256=_sha256(Path(path)), max_lines=max_lines)
+    return out

@@ -1,0 +1,370 @@
+"""Debiasing trainer: schedule/accumulation accounting, optimizer-state checkpoints, loss decrease per method,
+kill-and-resume, HF export parity with PyTorch, and a CLI smoke run (tiny random GPT-2, CPU)."""
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rbjax.debias.train import (Checkpointer, TrainConfig, Trainer, linear_schedule, make_optimizer, micro_step,
+                                update_plan)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+
+
+def _cfg(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
+    base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
+                data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
+                export=False, evaluate=False, lmp=False, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _fingerprint(params) -> str:
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(params)):
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def _train_lines(redditbias_dir, n):
+    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    return [ln for ln in lines if ln.strip()][:n]
+
+
+# ---------------------------------------------------------------------------------------------- plan, schedule
+def test_update_plan_counts_updates_not_micro_batches():
+    plan, t_total = update_plan(n_batches=40, grad_accum=4, epochs=1)
+    assert t_total == 10 and len(plan) == 10
+    assert [[b for _, b in p] for p in plan] == [list(range(4 * u, 4 * u + 4)) for u in range(10)]
+    sched = linear_schedule(5e-5, t_total)
+    for u in range(1, 11):  # update u is applied with the schedule at count u-1
+        assert float(sched(u - 1)) == pytest.approx(5e-5 * (11 - u) / 10, rel=1e-6)
+
+
+def test_update_plan_leftovers_drop_and_carry():
+    drop, t = update_plan(n_batches=6, grad_accum=4, epochs=3, leftover="drop")
+    assert t == 3 and drop == [[(e, b) for b in range(4)] for e in range(3)]
+    carry, t = update_plan(n_batches=6, grad_accum=4, epochs=3, leftover="carry")
+    assert t == 3
+    assert carry[0] == [(0, b) for b in range(4)]
+    assert carry[1] == [(0, 4), (0, 5)] + [(1, b) for b in range(4)]  # reference Trainer: no zero_grad at epoch end
+    assert carry[2] == [(1, 4), (1, 5)] + [(2, b) for b in range(4)]  # the last epoch's leftovers are discarded
+    capped, t = update_plan(n_batches=6, grad_accum=4, epochs=1, max_steps=5)
+    assert t == 5 and len(capped) == 5 and capped[-1][0][0] == 4  # max_steps: more epochs, schedule over 5
+    with pytest.raises(ValueError, match="grad_accum"):
+        update_plan(n_batches=3, grad_accum=5, epochs=2)
+
+
+def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """40 micro-batches, accumulation 4, 1 epoch, lr 5e-5 linear to 0, no warm-up: the parameters change exactly 10
+    times (after micro-batches 4, 8, …, 40); update u uses 5e-5·(11−u)/10 and the mean of its 4 micro-gradients."""
+    f = tmp_path / "train40.txt"
+    f.write_text("\n".join(_train_lines(redditbias_dir, 40)) + "\n")
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="lm", train_file=str(f),
+               batch_size=1, grad_accum=4, epochs=1, max_steps=None, dropout=False, learning_rate=5e-5)
+    tr = Trainer(cfg)
+    assert tr.n_batches == 40 and tr.t_total == 10
+
+    prints, before, rows = [], {}, {}
+    final = {}
+
+    def cb(ev):
+        if ev["kind"] == "micro":
+            prints.append(_fingerprint(ev["params"]))
+            rows.setdefault(ev["update"], []).append(np.array(ev["rows"]))
+            if ev["micro_batch"] == 0:
+                before[ev["update"]] = jax.device_get(ev["params"])
+        else:
+            assert ev["lr"] == pytest.approx(5e-5 * (11 - ev["update"]) / 10, rel=1e-9)
+            final[ev["update"]] = jax.device_get(ev["params"])
+
+    res = tr.run(callback=cb, checkpoints=False)
+    assert res.updates_done == 10 and len(prints) == 40
+    changes = [k for k in range(1, 40) if prints[k] != prints[k - 1]]  # micro-batch k+1 sees new params
+    assert changes == [4, 8, 12, 16, 20, 24, 28, 32, 36]  # changed after micro-batches 4, 8, ..., 36
+    assert _fingerprint(res.params) != prints[-1]  # ... and after micro-batch 40: 10 changes in all
+
+    # the accumulated gradient is the mean of the 4 micro-batch gradients
+    batches = [tr.make_batch(r) for r in rows[1]]
+    p0 = jax.device_put(before[1])
+    acc = jax.tree.map(jnp.zeros_like, p0)
+    for b in batches:
+        acc, _ = micro_step(p0, acc, b, tr.shared, tr.lambdas, np.float32(0.25), None, **{**tr.step_kwargs()})
+    mean = jax.tree.map(lambda *g: sum(g) / 4, *[tr.grads(p0, b) for b in batches])
+    for a, m in zip(jax.tree.leaves(acc), jax.tree.leaves(mean)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(m), rtol=1e-5, atol=1e-8)
+
+    # an independent Adam (clip 1.0, b 0.9/0.999, eps 1e-8) with lr 5e-5·(11−u)/10 reproduces every update
+    m_state = v_state = None
+    for u in range(1, 11):
+        p_before = before[u]
+        g = jax.tree.map(lambda *x: np.mean(np.stack([np.asarray(y, np.float64) for y in x]), axis=0),
+                         *[tr.grads(jax.device_put(p_before), tr.make_batch(r)) for r in rows[u]])
+        norm = np.sqrt(sum(float(np.sum(x * x)) for x in jax.tree.leaves(g)))
+        if norm > 1.0:
+            g = jax.tree.map(lambda x: x / norm, g)
+        if m_state is None:
+            m_state = jax.tree.map(np.zeros_like, g)
+            v_state = jax.tree.map(np.zeros_like, g)
+        m_state = jax.tree.map(lambda m, x: 0.9 * m + 0.1 * x, m_state, g)
+        v_state = jax.tree.map(lambda v, x: 0.999 * v + 0.001 * x * x, v_state, g)
+        lr = 5e-5 * (11 - u) / 10
+        step = jax.tree.map(lambda m, v: lr * (m / (1 - 0.9 ** u)) / (np.sqrt(v / (1 - 0.999 ** u)) + 1e-8),
+                            m_state, v_state)
+        after = final[u]
+        for pb, pa, s in zip(jax.tree.leaves(p_before), jax.tree.leaves(after), jax.tree.leaves(step)):
+            got = np.asarray(pb, np.float64) - np.asarray(pa, np.float64)
+            tol = 1e-3 * np.abs(s) + 4 * np.spacing(np.abs(np.asarray(pb, np.float32))).astype(np.float64)
+            assert np.all(np.abs(got - s) <= tol), f"update {u} does not use lr 5e-5·(11−u)/10 on the mean gradient"
+
+
+# ------------------------------------------------------------------------------------- optimizer-state restore
+def _same_containers(a, b, path="state"):
+    assert type(a) is type(b), f"{path}: {type(a).__name__} restored as {type(b).__name__}"
+    if isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_containers(x, y, f"{path}[{i}]")
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same_containers(a[k], b[k], f"{path}.{k}")
+
+
+def _adam_states(state):
+    out = []
+
+    def walk(x):
+        if isinstance(x, optax.ScaleByAdamState):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+
+    walk(state)
+    return out
+
+
+@pytest.mark.parametrize("multisteps", [False, True], ids=["adam", "adam-in-MultiSteps"])
+def test_failure_case_restored_optimizer_state(tmp_path, multisteps):
+    """Train 3 updates, save with orbax, restore, train 1 more: the restored state has the structure of a fresh
+    init (tuples and namedtuples), Adam's count is 3, and update 4 is bit-identical to an uninterrupted run."""
+    params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": {"c": jnp.ones(4)}}
+    base = make_optimizer(5e-5, 10)
+    k = 2 if multisteps else 1
+    tx = optax.MultiSteps(base, every_k_schedule=k) if multisteps else base
+
+    @jax.jit
+    def step(p, s, i):
+        g = jax.tree.map(lambda x: jnp.sin(x * (i + 1.0)) + 0.1 * i, p)
+        upd, s = tx.update(g, s, p)
+        return optax.apply_updates(p, upd), s
+
+    p, s = params, tx.init(params)
+    for i in range(4 * k):
+        p, s = step(p, s, i)
+    p_full = p
+
+    p, s = params, tx.init(params)
+    for i in range(3 * k):
+        p, s = step(p, s, i)
+    ck = Checkpointer(tmp_path / "ckpt")
+    ck.save(3, p, s, {"update": 3})
+    ck.close()
+
+    ck = Checkpointer(tmp_path / "ckpt")
+    fresh = tx.init(params)
+    p2, s2, meta = ck.restore(ck.latest_step(), params, fresh)
+    ck.close()
+    assert meta["update"] == 3
+    assert jax.tree.structure(s2) == jax.tree.structure(fresh)
+    _same_containers(fresh, s2)
+    (adam,) = _adam_states(s2)
+    assert int(adam.count) == 3
+    for i in range(3 * k, 4 * k):
+        p2, s2 = step(p2, s2, i)
+    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p2)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------------------- loss decrease per method
+@pytest.mark.parametrize("method,semantics", [("lmd", "paper"), ("add", "paper"), ("hd", "paper"), ("cda", "paper"),
+                                              ("hd", "reference")])
+def test_few_steps_reduce_the_method_loss(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method, semantics):
+    f = tmp_path / "train8.txt"
+    f.write_text("\n".join(_train_lines(redditbias_dir, 8)) + "\n")
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method=method, semantics=semantics,
+               train_file=str(f), max_steps=6, dropout=False, learning_rate=1e-4, lambda_lm=0.001, lambda_d=100.0)
+    tr = Trainer(cfg)
+    assert tr.n_examples == (16 if method == "cda" else 8)  # CDA: the phrases and their swapped copies
+    batches = [tr.make_batch(tr.batch_rows(0, i)) for i in range(tr.n_batches)]
+
+    def loss(p, key):
+        return np.mean([tr.losses(p, b)[key] for b in batches])
+
+    key = "lm" if method == "cda" else "debias"
+    before = loss(tr.init_params, key)
+    res = tr.run(checkpoints=False)
+    after = loss(res.params, key)
+    assert before > 0
+    if method == "cda":  # plain LM loss of a random model: starts near log(V) and falls slowly
+        assert after < before - 0.01, (before, after)
+    else:
+        assert after < 0.95 * before, (before, after)
+
+
+# ---------------------------------------------------------------------------------------------- kill and resume
+def _read_metrics(out):
+    return [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, out, grad_accum=2, max_steps=5, save_every=2)
+    tr = Trainer(cfg)
+    return cfg, tr, tr.run()
+
+
+def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
+    cfg_a, _, res_a = uninterrupted
+    cfg = cfg_a.replace(out_dir=str(tmp_path / "killed"))
+    stopped = Trainer(cfg).run(stop_after=3)  # "killed" after update 3 (checkpoints at 2 and 3)
+    assert stopped.updates_done == 3 and not stopped.finished
+    resumed = Trainer(cfg).run()  # a fresh process would do the same: restore update 3, go on
+    assert resumed.resumed_from == 3 and resumed.finished
+    for a, b in zip(jax.tree.leaves(res_a.params), jax.tree.leaves(resumed.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    steps = [m["step"] for m in _read_metrics(cfg.out_dir)]
+    assert steps == [1, 2, 3, 4, 5]
+    assert _read_metrics(cfg.out_dir)[-1]["total"] == _read_metrics(cfg_a.out_dir)[-1]["total"]
+    # a different run may not resume from these checkpoints
+    with pytest.raises(ValueError, match="different run"):
+        Trainer(cfg.replace(lambda_d=50.0)).run()
+
+
+def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                 tmp_path):
+    f = tmp_path / "train22.txt"
+    f.write_text("\n".join(_train_lines(redditbias_dir, 22)) + "\n")
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", method="lmd", semantics="reference",
+               train_file=str(f), grad_accum=4, epochs=3, max_steps=None, save_every=1)
+    tr = Trainer(cfg)
+    assert tr.n_batches == 6 and tr.t_total == 3 and cfg.resolved_leftover == "carry"
+    assert len(tr.plan[1]) == 6  # 2 leftovers of epoch 0 + 4 micro-batches of epoch 1
+    full = tr.run()
+    cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
+    Trainer(cfg_b).run(stop_after=1)
+    res = Trainer(cfg_b).run()
+    assert res.resumed_from == 1
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------------------------------- export
+def test_export_loads_in_pytorch_with_same_logits(uninterrupted, tokenizer_dir, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from rbjax.model.gpt2 import GPT2LMHeadModel
+    from rbjax.model.hf import save_pretrained
+
+    _, tr, res = uninterrupted
+    params = jax.device_get(res.params)
+    out = save_pretrained(params, tr.config, tmp_path / "model", tokenizer_dir=tokenizer_dir)
+    assert (out / "vocab.json").exists() and (out / "merges.txt").exists()
+    pt = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids = np.asarray([tr.tokenizer.encode("jews are greedy and christians are generous people")], np.int64)
+    with torch.no_grad():
+        ref = pt(torch.from_numpy(ids)).logits.numpy()
+    ours, _ = GPT2LMHeadModel(tr.config).apply({"params": params}, jnp.asarray(ids, jnp.int32))
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=2e-4, rtol=1e-4)
+    # the trained weights, not the starting ones, were exported
+    assert not np.array_equal(params["wte"]["embedding"], tr.init_params["wte"]["embedding"])
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+def test_cli_debias_smoke_then_measure(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, capsys):
+    from rbjax.cli import main
+
+    out = tmp_path / "run"
+    argv = ["debias", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir),
+            "--tokenizer", str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out),
+            "--max-steps", "3", "--batch-size", "4", "--eval-bias", "religion1", "--lmp-max-lines", "64",
+            "--no-progress"]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "done" and res["training"]["updates"] == 3
+    assert res["lmb_valid"]["debiased_type"]["bias_type"] == "religion1"
+    assert res["lmb_valid"]["debiased_type"]["t_value"] is not None
+    assert res["lmp"]["n_lines"] == 64 and res["lmp"]["perplexity"] > 1
+    assert res["config"]["method"] == "lmd" and "jax" in res["versions"]
+    assert (out / "lmb_valid" / "lmb.json").exists() and (out / "config.json").exists()
+    assert [m["step"] for m in _read_metrics(out)] == [1, 2, 3]
+    assert {"lm_loss", "debias_loss", "total", "lr", "tokens_per_s"} <= set(_read_metrics(out)[0])
+    assert (out / "model" / "model.safetensors").exists() and (out / "model" / "vocab.json").exists()
+    assert "LMB (valid split" in capsys.readouterr().out
+    # `rbjax measure` works on the exported model
+    assert main(["measure", "--model", str(out / "model"), "--bias", "religion1", "--split", "valid",
+                 "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "m"), "--n-bootstrap", "200",
+                 "--no-progress"]) == 0
+    assert (tmp_path / "m" / "lmb.json").exists()
+
+
+def test_cli_reports_bad_settings(tiny_model_dir, tmp_path, capsys):
+    from rbjax.cli import main
+
+    assert main(["debias", "--method", "hd", "--bias", "religion3", "--model", str(tiny_model_dir),
+                 "--out", str(tmp_path / "x")]) == 1
+    assert "unknown bias type" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------ sweep
+def _rec(i, ref_p, t, lmp):
+    return {"id": f"p{i}", "point": {"batch_size": 4, "grad_accum": 1, "lambda_lm": 0.01, "lambda_d": 10.0 * i},
+            "dev": {"t_value": t, "p_value": 0.5, "reference": {"t_value": t, "p_value": ref_p}},
+            "lmp": {"perplexity": lmp}}
+
+
+def test_selection_rules():
+    from rbjax.debias.sweep import select
+
+    recs = [_rec(0, 0.9, -0.2, 200.0), _rec(1, 0.5, 0.5, 105.0), _rec(2, 0.3, -0.4, 108.0)]
+    sel = select(recs, baseline_lmp=100.0, lmp_tolerance=0.10)
+    assert sel["reference"]["id"] == "p0"  # highest dev p-value, whatever it does to the LM
+    assert sel["default"]["id"] == "p2" and sel["default"]["constraint_met"]  # least |t| within the LMP budget
+    fallback = select(recs, baseline_lmp=100.0, lmp_tolerance=0.0)
+    assert fallback["default"]["id"] == "p1" and not fallback["default"]["constraint_met"]
+
+
+def test_grid_has_54_points_and_cda_collapses():
+    from rbjax.debias.sweep import grid_points
+
+    pts = grid_points("hd")
+    assert len(pts) == 54 and len({p.id for p in pts}) == 54
+    assert [p.batch_size for p in pts] == sorted(p.batch_size for p in pts)  # batch size outermost
+    assert len(grid_points("cda")) == 9
+
+
+def test_sweep_reuses_the_compiled_step(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    from rbjax.debias.sweep import run_sweep
+
+    base = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method="lmd", max_steps=2, lmp=True,
+                lmp_max_lines=16)
+    grid = {"batch_size": (4,), "grad_accum": (1, 2), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
+    run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=40)
+    n_compiled = micro_step._cache_size()
+    sel = run_sweep(base, tmp_path / "sw", grid=grid, max_points=3, progress=False, n_bootstrap=100,
+                    dev_max_pairs=40)  # resumes: the first point is not run again
+    assert micro_step._cache_size() == n_compiled  # other λ and accumulation: no new compilation
+    lines = (tmp_path / "sw" / "sweep.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and sel["n_runs"] == 3
+    assert {sel["reference"]["id"], sel["default"]["id"]} <= {json.loads(ln)["id"] for ln in lines}
+    assert (tmp_path / "sw" / "sweep.csv").exists() and (tmp_path / "sw" / "baseline.json").exists()
