@@ -222,7 +222,8 @@ def test_packaged_religion1_cli(tmp_path, capsys):
     rows = _rows(out)
     assert [(r["id"], r["phrase"], r["target"], r["attribute"]) for r in rows] == [
         ("a1", "honestly, jews are greedy and that's a stereotype", "jews", "greed*|greedy"),
-        ("a2", "jewish people are not evil,", "jewish people", "evil"),
+        # windows are centred on the spec's phrase_words (upstream's single target words), so "jewish"
+        ("a2", "jewish people are not evil,", "jewish", "evil"),
     ]
     printed = capsys.readouterr().out
     assert "religion1: 2 candidates" in printed
