@@ -14,6 +14,17 @@ import sys
 COMMANDS = ("measure", "plot", "debias", "sweep", "retrieve", "annotate", "splits")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only where there is a real default not already spelled out in the help."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if not h or "default" in h.lower() or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS:
+            return h
+        return super()._get_help_string(action)
+
+
 class CLIError(Exception):
     """An error the user can fix; printed without a traceback."""
 
@@ -49,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rbjax: interrupted", file=sys.stderr)
         return 130
-    except (CLIError, FileNotFoundError, ValueError, RuntimeError) as e:
+    except (CLIError, OSError, ValueError, RuntimeError) as e:
         # Errors raised by rbjax carry the file/row/problem; show them without a traceback.
         print(f"rbjax {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from scipy import stats as sps
 from rbjax.cli import main
 
 RECORD_KEYS = {"bias_type", "split", "model", "n_pairs", "n_pairs_after_outliers", "t_value", "p_value", "welch",
-               "reference", "cohens_d_paired", "mean_log_ppl_diff_ci95", "p_value_corrected", "versions", "settings"}
+               "reference", "cohens_d_paired", "mean_log_ppl_diff_ci", "p_value_corrected", "versions", "settings"}
 
 
 def test_measure_all_types_with_a_model(tiny_model_dir_no_tokenizer, tokenizer_dir, redditbias_dir, tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_measure_all_types_with_a_model(tiny_model_dir_no_tokenizer, tokenizer_d
         assert r["versions"]["jax"] and r["settings"]["outlier_removal"] is True
         with open(out / f"{r['bias_type']}_perplexities.csv", newline="") as f:
             rows = list(csv.DictReader(f))
-        assert list(rows[0]) == ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier"]
+        assert list(rows[0]) == ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier", "note"]
         b = np.array([float(x["biased_ppl"]) for x in rows])
         c = np.array([float(x["counterfactual_ppl"]) for x in rows])
         keep = np.array([x["outlier"] == "false" for x in rows])
@@ -87,7 +87,7 @@ def test_one_token_phrase_is_reported_not_zero(tiny_model_dir, redditbias_dir, t
     assert rec["n_pairs_unscorable"] == 1 and rec["n_pairs"] == 254
     with open(out / "race_perplexities.csv", newline="") as f:
         row = list(csv.DictReader(f))[2]
-    assert row["biased_ppl"] == "" and row["outlier"].startswith("unscorable")
+    assert row["biased_ppl"] == "" and row["outlier"] == "excluded" and row["note"].startswith("unscorable")
 
 
 def test_stored_perplexities_command_line(redditbias_dir, tmp_path):
@@ -137,3 +137,53 @@ def test_interrupted_run_resumes(tiny_model_dir, redditbias_dir, tmp_path, monke
     fresh = json.loads((out / "lmb.json").read_text())
     for a, b in zip(resumed, fresh):
         assert a["t_value"] == b["t_value"] and a["n_pairs_after_outliers"] == b["n_pairs_after_outliers"]
+
+
+def test_bad_arguments_are_clear_errors(redditbias_dir, tmp_path, capsys, tiny_model_dir):
+    base = ["measure", "--stored-perplexities", "--data-dir", str(redditbias_dir), "--no-progress"]
+    cases = [
+        (["--alpha", "2"], "alpha must be between 0 and 1"),
+        (["--n-std", "0", "--outlier-removal", "on"], "n_std must be > 0"),
+        (["--n-bootstrap", "-1"], "n_bootstrap must be an integer >= 0"),
+        (["--bos"], "no effect with --stored-perplexities"),
+        (["--batch-size", "0"], "batch_size must be >= 1"),
+        (["--out", str(tmp_path / "afile" / "sub")], "Not a directory"),
+    ]
+    (tmp_path / "afile").write_text("x")
+    for extra, msg in cases:
+        assert main(base + extra) == 1, extra
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, (extra, err)
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path)]) == 1  # no lmb.json there
+    out = tmp_path / "ok"
+    assert main(base + ["--out", str(out), "--n-bootstrap", "0", "--bias", "race", "--bias", "gender"]) == 0
+    recs = json.loads((out / "lmb.json").read_text())
+    assert [r["bias_type"] for r in recs] == ["race", "gender"] and recs[0]["mean_log_ppl_diff_ci"] is None
+    assert main(["plot", str(out), "--out", str(tmp_path)]) == 1
+    assert "is a folder" in capsys.readouterr().err
+    assert (out / "lmb.json").stat().st_mode & 0o044  # results are readable by others (not mkstemp's 0600)
+
+
+def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path, capsys):
+    import os
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "o"
+    args = ["measure", "--model", str(model), "--bias", "religion2", "--data-dir", str(redditbias_dir),
+            "--out", str(out), "--no-progress", "--n-bootstrap", "100"]
+    assert main(args) == 0
+    first = json.loads((out / "lmb.json").read_text())[0]["t_value"]
+    other = tmp_path / "other"
+    from tests.conftest import make_torch_gpt2_folder
+
+    make_torch_gpt2_folder(other, seed=7)
+    shutil.copy(other / "model.safetensors", model / "model.safetensors")
+    os.utime(model / "model.safetensors", ns=(1, 1))
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "scoring everything" in capsys.readouterr().err
+    assert json.loads((out / "lmb.json").read_text())[0]["t_value"] != first
+    assert main(args + ["--resume"]) == 0
+    assert "reusing 236 scored pairs of religion2" in capsys.readouterr().err

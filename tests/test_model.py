@@ -211,3 +211,32 @@ def test_parity_full_dialogpt_small_shape(tmp_path, shared_dir, tokenizer_dir, r
         ids = torch.tensor([tok.encode(p)])
         with torch.no_grad():
             assert o == pytest.approx(math.exp(m(ids, labels=ids).loss.item()), rel=1e-4)
+
+
+def test_broken_files_are_clear_errors(tiny_model_dir, tmp_path, tokenizer_dir):
+    import shutil
+
+    from rbjax.model.tokenizer import load_tokenizer
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "n_embd": "lots"}))
+    with pytest.raises(ValueError, match="n_embd must be a non-negative integer, got 'lots'"):
+        hf.load_pretrained(d)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="invalid JSON"):
+        hf.load_pretrained(d)
+    (d / "config.json").write_text(json.dumps(cfg))
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(ValueError, match="cannot read safetensors file"):
+        hf.load_pretrained(d)
+    t = tmp_path / "tok"
+    t.mkdir()
+    (t / "vocab.json").write_text((tokenizer_dir / "vocab.json").read_text()[:5000])
+    shutil.copy(tokenizer_dir / "merges.txt", t / "merges.txt")
+    with pytest.raises(ValueError, match="cannot read the tokenizer files"):
+        load_tokenizer(t)
+    with pytest.raises(FileNotFoundError, match="tokenizer folder not found"):
+        load_tokenizer(tmp_path / "nope")

@@ -49,6 +49,19 @@ def test_misaligned_pairs_name_file_and_row(redditbias_dir, tmp_path):
         load_pair_files(t1, t2, bias_type="race", split="test")
 
 
+def test_shuffled_counterfactuals_are_caught_even_with_a_consistent_comments_column(redditbias_dir, tmp_path):
+    t1, t2 = _copy_pair(redditbias_dir, tmp_path)
+
+    def shuffle_phrases_only(rows):
+        col = rows[0].index("comments_processed")
+        rows[8][col], rows[9][col] = rows[9][col], rows[8][col]
+        return rows
+
+    _rewrite(t2, shuffle_phrases_only)
+    with pytest.raises(ValueError, match=r"white_biased_test_reduced.csv row 8: misaligned pair .* shares too few words"):
+        load_pair_files(t1, t2, bias_type="race", split="test")
+
+
 def test_bad_files(redditbias_dir, tmp_path):
     t1, t2 = _copy_pair(redditbias_dir, tmp_path)
     _rewrite(t2, lambda rows: rows[:-1])
@@ -111,5 +124,5 @@ def test_download_verifies_checksums_and_caches(redditbias_dir, tmp_path, monkey
     assert not (tmp_path / "cache" / "redditbias" / data.commit / "data/race/reddit_comments_race_black_biased_test_reduced.csv").exists()
     # unreachable source: a clear error that says what to do
     monkeypatch.setenv("RBJAX_REDDITBIAS_URL", (tmp_path / "nowhere").as_uri())
-    with pytest.raises(RuntimeError, match="pass --data-dir"):
+    with pytest.raises(RuntimeError, match="--data-dir on the command line, data_dir= in Python"):
         load_pairs("race", "test", RedditBiasData())

@@ -119,8 +119,8 @@ class RedditBiasData:
                         f.write(chunk)
             except OSError as e:
                 raise RuntimeError(
-                    f"cannot download {url} ({e}). Without network access, pass --data-dir (or set "
-                    f"{ENV_DATA_DIR}) to a local copy of umanlp/RedditBias."
+                    f"cannot download {url} ({e}). Without network access, point rbjax at a local copy of "
+                    f"umanlp/RedditBias: --data-dir on the command line, data_dir= in Python, or {ENV_DATA_DIR}."
                 ) from None
             got = _sha256(Path(tmp))
             if got != meta["sha256"]:
@@ -195,6 +195,18 @@ class PhrasePairs:
         return f"pair {i}"
 
 
+#: a counterfactual swaps target terms only: biased and counterfactual phrase (of 3 words or more) keep at least
+#: this share of their words in order (difflib ratio on whitespace tokens). Released pairs: ≥ 0.6; shuffled
+#: released pairs: ≤ 0.56.
+MIN_WORD_OVERLAP = 0.5
+
+
+def _word_overlap(a: str, b: str) -> float:
+    import difflib
+
+    return difflib.SequenceMatcher(None, a.split(), b.split(), autojunk=False).ratio()
+
+
 def read_csv_rows(path: Path) -> tuple[list[str], list[dict]]:
     """Read a CSV with a header; every value a string. Raises ValueError naming the file on bad input."""
     try:
@@ -263,6 +275,13 @@ def load_pair_files(t1_path: Path, t2_path: Path, *, bias_type: str, split: str,
                     f"{t2_path} row {r}: misaligned pair — its 'comments' column is {row['comments']!r} but row {r} of "
                     f"{Path(t1_path).name} is {a!r} (row i of the T2 file must be the counterfactual of row i of the T1 file)"
                 )
+    for r, (a, c) in enumerate(zip(biased, counter), start=1):
+        if min(len(a.split()), len(c.split())) >= 3 and _word_overlap(a, c) < MIN_WORD_OVERLAP:
+            raise ValueError(
+                f"{t2_path} row {r}: misaligned pair — {c!r} shares too few words with row {r} of "
+                f"{Path(t1_path).name} ({a!r}); a counterfactual only swaps target terms, so the rows are probably "
+                "out of order"
+            )
     s1 = s2 = None
     if need_stored_ppl:  # only read (and checked) when used
         for path, h in ((t1_path, h1), (t2_path, h2)):

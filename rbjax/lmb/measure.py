@@ -15,8 +15,11 @@ from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types
 from rbjax.lmb import stats
 from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
 
-CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier"]
+#: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
+#: that was not tested (reason in ``note``, e.g. an unscorable phrase)
+CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier", "note"]
 STATE_FILE = ".rbjax_measure_run.json"  # what produced the CSVs of an out folder (for --resume)
+STORED_LABEL = "stored perplexities (the data files' perplexity columns)"
 
 
 def _read_state(out: Path) -> dict | None:
@@ -42,11 +45,11 @@ def _reuse_csv(out: Path, pairs: PhrasePairs):
         return None
     b, c, notes = np.empty(len(pairs)), np.empty(len(pairs)), []
     for i, r in enumerate(rows[1:]):
-        if len(r) != 5 or r[0] != pairs.biased[i] or r[1] != pairs.counterfactual[i]:
+        if len(r) != len(CSV_HEADER) or r[0] != pairs.biased[i] or r[1] != pairs.counterfactual[i]:
             return None
-        if r[4].startswith("unscorable"):
+        if r[4] == "excluded":
             b[i] = c[i] = np.nan
-            notes.append(r[4])
+            notes.append(r[5])
             continue
         try:
             b[i], c[i] = float(r[2]), float(r[3])
@@ -67,6 +70,7 @@ class LoadedModel:
 
         self.name = str(model)
         folder = resolve_model_dir(model)
+        self.folder = folder
         self.config, params = load_pretrained(folder)
         if tokenizer is None:
             try:
@@ -85,6 +89,19 @@ class LoadedModel:
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
+
+    def fingerprint(self) -> dict:
+        """What identifies the weights and tokenizer on disk (names, sizes, modification times)."""
+        from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
+
+        files = {}
+        for d in {Path(self.folder), Path(self.tokenizer.source)}:
+            for f in ("config.json", *WEIGHT_FILES, *TOKENIZER_FILES):
+                p = d / f
+                if p.exists():
+                    st = p.stat()
+                    files[str(p.resolve())] = [st.st_size, st.st_mtime_ns]
+        return files
 
 
 def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int = 64) -> np.ndarray:
@@ -108,14 +125,22 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
     n = len(pairs)
     if model is None:
         return np.asarray(pairs.stored_biased_ppl), np.asarray(pairs.stored_counter_ppl), [""] * n
+    from rbjax.lmb.perplexity import PhraseError
+
     with _progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", show_progress) as bar:
-        sb = model.score(pairs.biased, progress=bar.update)
-        sc = model.score(pairs.counterfactual, progress=bar.update)
+        try:
+            sb = model.score(pairs.biased, progress=bar.update)
+        except PhraseError as e:
+            raise ValueError(f"{pairs.locate(e.index)}: biased phrase has {e.problem}") from None
+        try:
+            sc = model.score(pairs.counterfactual, progress=bar.update)
+        except PhraseError as e:
+            raise ValueError(f"{pairs.locate(e.index)}: counterfactual phrase has {e.problem}") from None
     notes = [""] * n
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:
         side = "biased" if not sb.scorable[i] else "counterfactual"
-        notes[i] = f"unscorable: {side} phrase has fewer than 2 tokens"
+        notes[i] = f"unscorable: the {side} phrase has fewer than 2 tokens"
     if len(bad) and not skip_unscorable:
         i = int(bad[0])
         raise ValueError(f"{pairs.locate(i)}: {notes[i]} (it has no perplexity); "
@@ -155,7 +180,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         batch_size: phrases per compiled batch.
         seed: bootstrap seed.
         bos: prepend ``<|endoftext|>`` and score every token (not the reference's choice).
-        stored_perplexities: use the released ``perplexity`` columns (DialoGPT-small) instead of a model.
+        stored_perplexities: use the data files' ``perplexity`` columns instead of a model (in the released
+            RedditBias files: DialoGPT-small, per the upstream README).
         skip_unscorable: exclude pairs with a < 2-token phrase instead of failing.
         outlier_removal: apply the 3σ pair rule before the primary test. ``None`` (auto):
             on when perplexities come from a model; off for ``stored_perplexities``, because
@@ -163,8 +189,10 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so
             applying it again would be a second pass the paper never made.
         resume: reuse the ``<type>_perplexities.csv`` files already in ``out_dir`` from an
-            interrupted run with the same model, tokenizer, split and ``bos`` (each CSV is written
-            as soon as its bias type is scored; ``lmb.json`` only when every type is done).
+            interrupted run with the same model and tokenizer files (path, size and modification time
+            of config, weights and tokenizer files), split and ``bos``; each CSV is written as soon as
+            its bias type is scored, ``lmb.json`` only when every type is done. A hidden
+            ``.rbjax_measure_run.json`` in ``out_dir`` records what produced the CSVs.
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -175,42 +203,66 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError("give either a model or --stored-perplexities, not both")
     if not stored_perplexities and model is None:
         raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
+    if stored_perplexities and (tokenizer is not None or bos):
+        raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+    if not n_std > 0:
+        raise ValueError(f"n_std must be > 0, got {n_std}")
+    if not (isinstance(n_bootstrap, int) and n_bootstrap >= 0):
+        raise ValueError(f"n_bootstrap must be an integer >= 0 (0 = no bootstrap CI), got {n_bootstrap!r}")
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
     types = expand_bias_types(bias_types)
     data = RedditBiasData(data_dir)
     all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
-    model_name = "stored perplexities (released RedditBias files; DialoGPT-small)" if stored_perplexities else str(model)
+    model_name = STORED_LABEL if stored_perplexities else str(model)
     out = None if out_dir is None else Path(out_dir)
     if out is not None and out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
-    run_key = {"model": model_name, "tokenizer": None if tokenizer is None else str(tokenizer), "bos": bos,
-               "split": split, "data_root": str(data.root)}
-    reusable = resume and out is not None and _read_state(out) == run_key
     loaded: LoadedModel | None = None
-    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
-                "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
-                "stored_perplexities": stored_perplexities, "tokenizer": None if tokenizer is None else str(tokenizer),
-                "data": {"root": str(data.root), "upstream_commit": data.commit}}
     if not stored_perplexities:
         loaded = LoadedModel(model, tokenizer, batch_size, bos)  # fail on a bad model before touching out_dir
-        settings["tokenizer"] = loaded.tokenizer.source
+    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
+                "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
+                "stored_perplexities": stored_perplexities,
+                "tokenizer": None if loaded is None else loaded.tokenizer.source,
+                "data": {"root": str(data.root), "upstream_commit": data.commit}}
+    run_key = {"model": model_name, "split": split, "bos": bos, "data_root": str(data.root),
+               "files": None if loaded is None else loaded.fingerprint()}
+    reusable = False
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "lmb.json").unlink(missing_ok=True)  # a stale lmb.json must not sit beside new CSVs
+        reusable = resume and _read_state(out) == run_key
+        if resume and not reusable:
+            print(f"rbjax: --resume: {out} holds no run of this model/tokenizer/split (or its files changed); "
+                  "scoring everything", file=sys.stderr)
+        # results of an earlier run must not sit beside this one's as if complete
+        stale = ["lmb.json", "lmb.png"] + ([] if reusable else [f"{p.bias_type}_perplexities.csv" for p in all_pairs])
+        for name in stale:
+            (out / name).unlink(missing_ok=True)
         atomic_write_json(out / STATE_FILE, run_key)
     meta = versions()
     records = []
     for pairs in all_pairs:
-        prev = _reuse_csv(out, pairs) if reusable and not stored_perplexities else None
+        prev = _reuse_csv(out, pairs) if reusable else None
         if prev is not None:
+            print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from "
+                  f"{out / (pairs.bias_type + '_perplexities.csv')}", file=sys.stderr)
             b, c, notes = prev
-            if notes.count("") < len(notes) and not skip_unscorable:
+            if any(notes) and not skip_unscorable:
                 i = next(k for k, n in enumerate(notes) if n)
                 raise ValueError(f"{pairs.locate(i)}: {notes[i]}; pass --skip-unscorable to exclude such pairs")
         else:
             b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
         keep = np.array([not n for n in notes], dtype=bool)
+        if not keep.all():
+            print(f"rbjax: {pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
+                  f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV", file=sys.stderr)
         st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
                                   n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
         mask = np.zeros(len(pairs), dtype=bool)
@@ -225,7 +277,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             atomic_write_csv(out / f"{pairs.bias_type}_perplexities.csv", CSV_HEADER, [
                 [pairs.biased[i], pairs.counterfactual[i],
                  "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
-                 notes[i] or ("true" if mask[i] else "false")]
+                 "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
                 for i in range(len(pairs))])
     adj = stats.adjust_pvalues([r["p_value"] for r in records])
     for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
@@ -240,8 +292,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
 
 
 def _short_label(name: str) -> str:
-    if name.startswith("stored perplexities"):
-        return "DialoGPT-small (stored)"
+    if name == STORED_LABEL:
+        return "stored perplexities"
     return Path(name).name or name
 
 

@@ -55,6 +55,15 @@ def token_nll(params, input_ids, attention_mask, config: GPT2Config):
     return nll.sum(-1), tmask.sum(-1).astype(jnp.int32)
 
 
+class PhraseError(ValueError):
+    """A phrase that cannot be scored; ``index`` is its position in the input list."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"phrase {index}: {message}")
+        self.index = index
+        self.problem = message
+
+
 @dataclasses.dataclass(frozen=True)
 class PhraseScores:
     """Scores of a list of phrases, in input order.
@@ -121,11 +130,12 @@ class PerplexityScorer:
         max_pos = self.config.n_positions
         too_long = np.nonzero(lengths > max_pos)[0]
         if len(too_long):
-            raise ValueError(f"phrase {int(too_long[0])} has {int(lengths[too_long[0]])} tokens; the model takes at most {max_pos}")
+            i = int(too_long[0])
+            raise PhraseError(i, f"{int(lengths[i])} tokens, but the model takes at most {max_pos}")
         vmax = self.config.vocab_size
         for i, s in enumerate(seqs):
             if s and (min(s) < 0 or max(s) >= vmax):
-                raise ValueError(f"phrase {i} has a token id outside the model vocabulary [0, {vmax})")
+                raise PhraseError(i, f"a token id outside the model vocabulary [0, {vmax})")
         nll_sum = np.zeros(n, dtype=np.float64)
         n_scored = np.zeros(n, dtype=np.int64)
         # Sort by length and cut into consecutive batches; each batch is padded to the bucket of

@@ -146,7 +146,8 @@ def lmb_statistics(biased_ppl, counter_ppl, *, n_std: float = 3.0, ddof: int = D
     paired t-test of biased vs counterfactual perplexities. Also: Welch's t-test on the
     filtered lists, the reference script's ``ttest_rel`` on the *unfiltered* lists,
     paired Cohen's d on the filtered perplexities, and a bootstrap CI of the mean
-    log-perplexity difference (filtered pairs).
+    log-perplexity difference (filtered pairs) at level ``1 − alpha`` (95% by default; ``n_bootstrap=0``
+    skips it).
 
     Args:
         biased_ppl, counter_ppl: (N,) finite positive perplexities, pair-aligned.
@@ -169,7 +170,7 @@ def lmb_statistics(biased_ppl, counter_ppl, *, n_std: float = 3.0, ddof: int = D
     bf, cf = b[~mask], c[~mask]
     primary = paired_ttest(bf, cf)
     logdiff = np.log(bf) - np.log(cf)
-    ci = bootstrap_ci(logdiff, 1 - alpha, n_bootstrap, seed)
+    ci = bootstrap_ci(logdiff, 1 - alpha, n_bootstrap, seed) if n_bootstrap > 0 else None
     significant = primary["p_value"] is not None and primary["p_value"] < alpha
     return {
         "n_pairs": int(b.size),
@@ -189,7 +190,8 @@ def lmb_statistics(biased_ppl, counter_ppl, *, n_std: float = 3.0, ddof: int = D
         "reference": {**paired_ttest(b, c), "test": "scipy.stats.ttest_rel on unfiltered perplexities (official measure_bias.py)"},
         "cohens_d_paired": cohens_d_paired(bf, cf),
         "mean_log_ppl_diff": float(logdiff.mean()) if logdiff.size else None,
-        "mean_log_ppl_diff_ci95": None if ci is None else list(ci),
+        "mean_log_ppl_diff_ci": None if ci is None else list(ci),
+        "ci_level": 1 - alpha,
         "mean_biased_ppl": float(bf.mean()) if bf.size else None,
         "mean_counterfactual_ppl": float(cf.mean()) if cf.size else None,
         "_outlier_mask": mask,

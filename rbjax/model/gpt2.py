@@ -61,11 +61,23 @@ class GPT2Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPT2Config":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
         # older configs spell the context size n_ctx only
         if "n_positions" not in d and "n_ctx" in d:
             kw["n_positions"] = d["n_ctx"]
+        ints = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "bos_token_id", "eos_token_id")
+        for k, v in kw.items():
+            if k in ints and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise ValueError(f"config field {k} must be a non-negative integer, got {v!r}")
+            if k in ("layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range") and not (
+                    isinstance(v, (int, float)) and not isinstance(v, bool)):
+                raise ValueError(f"config field {k} must be a number, got {v!r}")
+        if kw.get("n_inner") is not None and not (isinstance(kw["n_inner"], int) and kw["n_inner"] > 0):
+            raise ValueError(f"config field n_inner must be a positive integer or null, got {kw['n_inner']!r}")
+        for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            if k in kw and kw[k] < 1:
+                raise ValueError(f"config field {k} must be >= 1, got {kw[k]}")
         cfg = cls(**kw)
         if cfg.n_embd % cfg.n_head:
             raise ValueError(f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")
@@ -80,12 +92,17 @@ class GPT2Config:
         path = Path(path)
         try:
             d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: invalid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: expected a JSON object")
         mt = d.get("model_type", "gpt2")
         if mt != "gpt2":
             raise ValueError(f"{path}: model_type is {mt!r}; rbjax supports GPT-2 checkpoints (model_type 'gpt2')")
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def to_hf_dict(self) -> dict:
         """The ``config.json`` content that ``transformers.GPT2Config`` reads."""

@@ -148,13 +148,17 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
     try:
         return load_file(str(path))
-    except Exception as e:  # bf16 tensors cannot be read by the numpy backend
-        try:
-            import torch  # noqa: F401
-            from safetensors.torch import load_file as load_torch
-        except ImportError:
-            raise ValueError(f"{path}: cannot read safetensors file ({e})") from None
+    except Exception as e:  # bf16 tensors cannot be read by the numpy backend; a broken file by neither
+        first = e
+    try:
+        import torch  # noqa: F401
+        from safetensors.torch import load_file as load_torch
+    except ImportError:
+        raise ValueError(f"{path}: cannot read safetensors file ({first})") from None
+    try:
         return {k: v.float().numpy() for k, v in load_torch(str(path)).items()}
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read safetensors file ({e}); truncated or corrupted download?") from None
 
 
 def _read_weights(folder: Path, cfg: GPT2Config) -> dict:

@@ -82,12 +82,17 @@ def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = 
     """
     p = Path(source).expanduser()
     if not p.exists():
-        from rbjax.model.hf import resolve_model_dir
+        from rbjax.model.hf import _looks_like_hub_id, resolve_model_dir
 
+        if not _looks_like_hub_id(str(source)):
+            raise FileNotFoundError(f"tokenizer folder not found: {source}")
         p = resolve_model_dir(str(source))
     if not p.is_dir():
         raise FileNotFoundError(f"{p}: expected a tokenizer folder (vocab.json + merges.txt or tokenizer.json)")
-    tok = _from_folder(p)
+    try:
+        tok = _from_folder(p)
+    except Exception as e:  # the tokenizers library raises plain Exceptions on malformed files
+        raise ValueError(f"{p}: cannot read the tokenizer files ({e}); truncated or mismatched vocab.json/merges.txt?") from None
     if tok is None:
         raise FileNotFoundError(f"{p}: no tokenizer files (need tokenizer.json, or vocab.json and merges.txt)")
     t = GPT2BPETokenizer(tok, str(p))

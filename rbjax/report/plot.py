@@ -23,6 +23,8 @@ def load_results(folder: str | os.PathLike) -> list[dict]:
         raise ValueError(f"{f}: not valid JSON ({e})") from None
     if not isinstance(recs, list) or not all(isinstance(r, dict) and "bias_type" in r and "t_value" in r for r in recs):
         raise ValueError(f"{f}: expected a list of LMB records with 'bias_type' and 't_value'")
+    if not recs:
+        raise ValueError(f"{f}: no LMB records")
     return recs
 
 
@@ -39,6 +41,11 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
         results: label → records (as in ``lmb.json``).
         out_path: PNG path (written atomically).
     """
+    out = Path(out_path)
+    if out.is_dir():
+        raise ValueError(f"{out} is a folder; give the PNG file to write (e.g. {out / 'lmb.png'})")
+    if not any(results.values()):
+        raise ValueError("nothing to plot: no LMB records")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +93,6 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
         uniq = dict(zip(labs, handles))
         ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="best")
     fig.tight_layout()
-    out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.png")
     fig.savefig(tmp, dpi=150)
