@@ -9,7 +9,7 @@ import json
 import pytest
 import zstandard
 
-from rbjax.data.dumps import DumpStats, iter_lines, iter_records, parse_time, write_zst
+from rbjax.data.dumps import DumpStats, UnreadableDumpsError, iter_lines, iter_records, parse_time, write_zst
 
 THREE = [
     '{"id":"c1","body":"plain text one"}',
@@ -96,6 +96,119 @@ def test_truncated_stream_reported_not_fatal(tmp_path):
     assert 0 < len(recs) < 5001
     assert recs[-1]["id"] == "after"  # the next file is still read
     assert len(stats.errors) == 1 and "damaged or truncated" in stats.errors[0]
+    assert stats.unreadable == []  # records came out of cut.zst: it is damaged, not unreadable
+
+
+def _blocks(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) byte ranges of the blocks of a single-frame zstd file (RFC 8878 §3.1.1.2)."""
+    pos, out = zstandard.frame_header_size(data), []
+    while True:
+        h = int.from_bytes(data[pos : pos + 3], "little")
+        size = 1 if (h >> 1) & 3 == 1 else h >> 3
+        out.append((pos, pos + 3 + size))
+        pos += 3 + size
+        if h & 1:
+            return out
+
+
+def _multi_block(tmp_path):
+    recs = [{"id": f"x{i}", "body": f"comment number {i} " * 5} for i in range(5000)]
+    p = tmp_path / "t.zst"
+    write_zst(recs, p)
+    text = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in recs)
+    data = p.read_bytes()
+    blocks = _blocks(data)
+    assert len(blocks) >= 4 and zstandard.ZstdDecompressor().decompressobj().decompress(data) == text
+    return recs, text, data, blocks
+
+
+def test_truncated_zst_streams_every_complete_block(tmp_path):
+    """Field failure: a cut .zst reported 'truncated after line 0'. Every line of the complete
+    blocks before the cut comes out; the message says how many and why the rest is lost."""
+    recs, text, data, blocks = _multi_block(tmp_path)
+    cut = tmp_path / "cut.zst"
+    cut.write_bytes(data[: (blocks[2][0] + blocks[2][1]) // 2])  # in the middle of the third block
+    n_lines = text[: 2 * (128 << 10)].count(b"\n")  # two complete blocks of 128 KiB of text
+    stats = DumpStats()
+    got = list(iter_records(cut, stats=stats))
+    assert [r["id"] for r in got] == [r["id"] for r in recs[:n_lines]]
+    assert stats.corrupt == 1 and "incomplete line where the compressed data breaks off" in stats.corrupt_examples[0]
+    (err,) = stats.errors
+    assert f"after line {n_lines:,}: input ends in the middle of a zstd frame" in err
+    assert f"the {n_lines:,} lines before that point were read" in err
+    assert "zstd decodes whole blocks of up to 128 KiB" in err
+
+
+def test_damaged_zst_keeps_the_blocks_before_the_damage(tmp_path):
+    """A damaged block used to lose the text of every block decoded in the same 128 KiB read."""
+    recs, text, data, blocks = _multi_block(tmp_path)
+    bad = bytearray(data)
+    start = blocks[2][0]
+    bad[start : start + 2] = bytes(b ^ 0xFF for b in bad[start : start + 2])  # the third block's header
+    p = tmp_path / "bad.zst"
+    p.write_bytes(bytes(bad))
+    stats = DumpStats()
+    n_lines = text[: 2 * (128 << 10)].count(b"\n")
+    assert [r["id"] for r in iter_records(p, stats=stats)] == [r["id"] for r in recs[:n_lines]]
+    assert len(stats.errors) == 1 and f"after line {n_lines:,}" in stats.errors[0]
+
+
+def test_truncated_in_first_block_says_nothing_was_decodable(tmp_path):
+    p = tmp_path / "small.zst"
+    write_zst(({"id": f"x{i}", "body": "some text"} for i in range(50)), p)
+    cut = tmp_path / "smallcut.zst"
+    cut.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    stats = DumpStats()
+    with pytest.raises(UnreadableDumpsError) as e:
+        list(iter_records(cut, stats=stats))
+    msg = str(e.value)
+    assert "every file failed to decompress or parse" in msg and "smallcut.zst" in msg
+    assert "no complete line could be decoded before that point" in msg
+    assert "zstd decodes whole blocks" in msg
+    assert e.value.stats is stats and len(stats.unreadable) == 1
+
+
+@pytest.mark.parametrize("suffix,name", [(".zst", "zstd"), (".gz", "gzip"), (".bz2", "bzip2"), (".xz", "xz")])
+def test_not_compressed_at_all_is_unreadable(tmp_path, suffix, name):
+    """Field failure: garbage bytes named .zst gave an empty, successful read."""
+    p = tmp_path / f"garbage{suffix}"
+    p.write_bytes(b"this is not compressed\n" + bytes(range(256)))
+    with pytest.raises(UnreadableDumpsError, match=rf"garbage\{suffix}: cannot be read: not {name}-compressed data"):
+        list(iter_records(p))
+    # with a readable file next to it, the garbage is reported and the read succeeds
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id":"g","body":"fine"}\n', encoding="utf-8")
+    stats = DumpStats()
+    assert [r["id"] for r in iter_records([p, good], stats=stats)] == ["g"]
+    assert len(stats.unreadable) == 1 and len(stats.errors) == 1 and str(p) in stats.errors[0]
+
+
+@pytest.mark.parametrize("use_prefilter", [False, True])
+def test_only_corrupt_lines_is_unreadable_even_behind_a_prefilter(tmp_path, use_prefilter):
+    p = tmp_path / "junk.jsonl"
+    p.write_bytes(b"hello world\n\x00\x01 binary\n[1, 2]\n")
+    pf = (lambda line: b"zorbs" in line) if use_prefilter else None
+    stats = DumpStats()
+    with pytest.raises(UnreadableDumpsError, match=r"junk.jsonl: none of its 3 lines is a JSON object \(first: "):
+        list(iter_records(p, prefilter=pf, stats=stats))
+    assert stats.corrupt == 3 and stats.prefiltered == 0
+
+
+def test_readable_without_records_is_not_an_error(tmp_path):
+    empty = tmp_path / "empty.zst"
+    write_zst([], empty)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    subs = tmp_path / "subs.jsonl"  # JSON objects, but no comment body
+    subs.write_text('{"id":"s1","title":"a submission"}\n', encoding="utf-8")
+    stats = DumpStats()
+    assert list(iter_records([empty, tmp_path / "empty.jsonl", subs], stats=stats)) == []
+    assert stats.unreadable == [] and stats.no_body == 1
+    # behind a prefilter that rejects everything: still readable (the skipped lines are JSON objects)
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"id":"a","body":"x"}\nnot json\n{"id":"b","body":"y"}\n', encoding="utf-8")
+    stats = DumpStats()
+    assert list(iter_records(ok, prefilter=lambda line: False, stats=stats)) == []
+    assert stats.unreadable == [] and stats.prefiltered == 3 and stats.corrupt == 0
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".ndjson", ".gz", ".bz2", ".zst"])

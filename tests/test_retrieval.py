@@ -268,3 +268,53 @@ def test_non_ascii_query_disables_prefilter(tmp_path):
     out = tmp_path / "c.csv"
     retrieve(s, dump, out, progress=False)
     assert [(r["phrase"], r["attribute"]) for r in _rows(out)] == [("cafés are lazy places", "lazy")]
+
+
+def test_unreadable_dump_is_an_error_and_writes_no_csv(tmp_path, capsys):
+    """Field failure: a .zst of garbage bytes as the only dump gave exit 0 and a header-only CSV."""
+    spec = _spec_file(tmp_path)
+    garbage = tmp_path / "RC_garbage.zst"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    out = tmp_path / "candidates.csv"
+    with pytest.raises(ValueError, match=r"every file failed to decompress or parse; no candidates CSV was written"):
+        retrieve(load_spec(spec), garbage, out, progress=False)
+    assert not out.exists() and list(tmp_path.glob(".candidates.csv*")) == []
+    rc = cli_main(["retrieve", "--bias", str(spec), "--dump", str(garbage), "--out", str(out), "--no-progress"])
+    assert rc == 1 and not out.exists()
+    err = capsys.readouterr().err
+    assert "RC_garbage.zst: cannot be read: not zstd-compressed data" in err and "Traceback" not in err
+    # an existing output is left as it was
+    out.write_text("old\n", encoding="utf-8")
+    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(garbage), "--out", str(out), "--no-progress"]) == 1
+    assert out.read_text(encoding="utf-8") == "old\n"
+    # a readable dump without any match is still a success, with a header-only CSV
+    plain = tmp_path / "RC_plain.zst"
+    write_zst([{"id": "p1", "body": "nothing to see here"}], plain)
+    capsys.readouterr()
+    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress"]) == 0
+    assert _rows(out) == []
+    # garbage next to a readable dump: success, with the garbage reported
+    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(garbage), "--dump", str(plain), "--out", str(out),
+                     "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "stream error: " + str(garbage) in captured.out and "warning: some dump files" in captured.err
+
+
+def test_output_under_a_file_is_a_clear_error(tmp_path, capsys):
+    """Field failure: --out <a file>/x.csv ended in a NotADirectoryError traceback."""
+    spec = _spec_file(tmp_path)
+    dump = tmp_path / "d.jsonl"
+    dump.write_text('{"id":"a","body":"zorbs are lazy"}\n', encoding="utf-8")
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x", encoding="utf-8")
+    for out in (blocker / "x.csv", blocker / "sub" / "x.csv"):
+        with pytest.raises(ValueError, match=rf"cannot write output CSV {out}: {blocker} exists and is not a folder"):
+            retrieve(load_spec(spec), dump, out, progress=False)
+        rc = cli_main(["retrieve", "--bias", str(spec), "--dump", str(dump), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 1 and f"{blocker} exists and is not a folder" in err and "Traceback" not in err
+    assert blocker.read_text(encoding="utf-8") == "x"
+    # a missing dump is named before any output folder is created
+    with pytest.raises(FileNotFoundError, match="nope.zst"):
+        retrieve(load_spec(spec), tmp_path / "nope.zst", tmp_path / "new_dir" / "c.csv", progress=False)
+    assert not (tmp_path / "new_dir").exists()

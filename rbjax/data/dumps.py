@@ -12,7 +12,11 @@ This module reads such files line by line in bounded memory:
   is read as one JSON array, which is *not* bounded in memory: arrays are for small files).
 * Lines that are not valid JSON objects are counted as corrupt and reported (file, line
   number, reason); they never stop the read. A compressed stream that ends early or is
-  damaged is reported in :attr:`DumpStats.errors`, and the read goes on with the next file.
+  damaged is read up to the damage (every line decoded before it is kept), reported in
+  :attr:`DumpStats.errors` with how many lines were read, and the read goes on with the next
+  file. When *no* file gives a single JSON record because every one of them failed to
+  decompress or parse, :func:`iter_records` raises :class:`UnreadableDumpsError` at the end
+  (a readable file without matching records is not an error).
 * Optional filters: a ``created_utc`` range and a set of subreddits; ``[deleted]`` /
   ``[removed]`` bodies are dropped by default.
 * Optional *prefilter*: a function on the raw (undecoded) line; lines for which it returns
@@ -67,6 +71,8 @@ class DumpStats:
         yielded: records handed to the caller.
         corrupt_examples: up to :data:`MAX_EXAMPLES` ``"file:line: reason"`` strings.
         errors: stream-level problems (damaged or truncated compressed data), one per file.
+        unreadable: files from which not one JSON record could be decoded because of a
+            stream error or corrupt lines (one ``"file: reason"`` each).
     """
 
     files: int = 0
@@ -81,6 +87,7 @@ class DumpStats:
     yielded: int = 0
     corrupt_examples: list[str] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
+    unreadable: list[str] = dataclasses.field(default_factory=list)
 
     def add_corrupt(self, path: str | Path, line_no: int, reason: str) -> None:
         self.corrupt += 1
@@ -138,11 +145,27 @@ def parse_time(value: str | int | float | _dt.date | None) -> float | None:
     return d.timestamp()
 
 
+#: The first four bytes of a zstd frame (``28 b5 2f fd``).
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Compressed bytes handed to the zstd decompressor at a time. Small pieces keep what a
+#: damaged block costs small: the text of blocks completed earlier in the same piece is
+#: lost with the error, everything before the piece has already been handed out.
+ZSTD_PIECE = 1 << 13
+
+
+def _is_zstd_start(head: bytes) -> bool:
+    """True when ``head`` starts like a zstd frame or a skippable frame (``5? 2a 4d 18``)."""
+    return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
+
+
 class _ZstdReader(io.RawIOBase):
     """Decompress a zstd stream (several frames, windows up to 2 GiB) and notice truncation.
 
     ``stream_reader`` returns a silent EOF when the input stops in the middle of a frame;
     this reader raises :class:`zstandard.ZstdError` instead, so a cut download is reported.
+    Errors are raised only after all text decoded before them has been read: a damaged or
+    cut file is streamed up to the last complete zstd block before the damage (zstd decodes
+    whole blocks of up to 128 KiB of text; a partial block cannot be decoded at all).
     """
 
     def __init__(self, fh, read_size: int = 1 << 17):
@@ -154,28 +177,44 @@ class _ZstdReader(io.RawIOBase):
         self._pos = 0
         self._read_size = read_size
         self._eof = False
+        self._error: zstandard.ZstdError | None = None  # raised once the text before it is read
+        self._started = False
 
     def readable(self) -> bool:
         return True
 
     def _fill(self) -> None:
-        while self._pos >= len(self._buf) and not self._eof:
+        while self._pos >= len(self._buf):
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+            if self._eof:
+                return
             data = self._fh.read(self._read_size)
+            if not self._started:
+                self._started = True
+                if data and not _is_zstd_start(data):
+                    self._eof = True
+                    raise zstandard.ZstdError(
+                        f"not zstd-compressed data (the file starts with bytes {data[:4].hex(' ')}, "
+                        f"not the zstd magic number {ZSTD_MAGIC.hex(' ')})")
             if not data:
                 self._eof = True
                 if self._in_frame:
                     raise zstandard.ZstdError("input ends in the middle of a zstd frame (truncated file)")
                 return
             out = []
-            while data:
-                self._in_frame = True
-                out.append(self._obj.decompress(data))
-                if self._obj.eof:  # frame complete; the rest belongs to the next frame
-                    data = self._obj.unused_data
-                    self._obj = self._dctx.decompressobj()
-                    self._in_frame = False
-                else:
-                    data = b""
+            try:
+                while data:
+                    self._in_frame = True
+                    piece, data = data[:ZSTD_PIECE], data[ZSTD_PIECE:]
+                    out.append(self._obj.decompress(piece))
+                    if self._obj.eof:  # frame complete; the rest belongs to the next frame
+                        data = self._obj.unused_data + data
+                        self._obj = self._dctx.decompressobj()
+                        self._in_frame = False
+            except zstandard.ZstdError as e:  # hand out the text decoded before the damage first
+                self._error, self._eof = e, True
             self._buf, self._pos = b"".join(out), 0
 
     def read(self, size: int = -1) -> bytes:
@@ -233,6 +272,58 @@ def open_dump(path: str | Path):
             yield fh
 
 
+#: Leading bytes of each compressed format, to tell "not this format at all" from damage.
+_MAGIC = {".gz": ("gzip", b"\x1f\x8b"), ".bz2": ("bzip2", b"BZh"), ".xz": ("xz", b"\xfd7zXZ\x00")}
+
+
+def _not_format(path: Path) -> str | None:
+    """``"not gzip-compressed data (...)"`` when a compressed file lacks its format's magic bytes."""
+    suffix = path.suffix.lower()
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if suffix in (".zst", ".zstd"):
+        ok, name, magic = _is_zstd_start(head), "zstd", ZSTD_MAGIC
+    elif suffix in _MAGIC:
+        name, magic = _MAGIC[suffix]
+        ok = head.startswith(magic)
+    else:
+        return None
+    if ok or not head:
+        return None
+    hint = ""
+    if head.lstrip()[:1] in (b"{", b"["):
+        hint = "; it looks like uncompressed JSON: name it .jsonl"
+    return (f"not {name}-compressed data (the file starts with bytes {head[:len(magic)].hex(' ')}, "
+            f"not the {name} magic number {magic.hex(' ')}{hint})")
+
+
+def _stream_error(path: Path, error: BaseException, line_no: int) -> str:
+    """The :attr:`DumpStats.errors` entry of a damaged, truncated or mislabelled compressed file."""
+    msg = str(error) or type(error).__name__
+    if "Frame requires too much memory" in msg:
+        msg += " (window larger than 2 GiB)"
+    if line_no == 0:
+        wrong = _not_format(path)
+        if wrong is not None:
+            return f"{path}: cannot be read: {wrong}"
+    out = f"{path}: compressed data damaged or truncated after line {line_no:,}: {msg}; "
+    if line_no:
+        out += f"the {line_no:,} lines before that point were read, the rest of the file is lost"
+    else:
+        out += "no complete line could be decoded before that point"
+    if path.suffix.lower() in (".zst", ".zstd"):
+        out += (" (zstd decodes whole blocks of up to 128 KiB of text: the text of the block in which the "
+                "data breaks off cannot be recovered)")
+    return out
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # includes UnicodeDecodeError
+        return False
+
+
 def iter_lines(
     path: str | Path,
     stats: DumpStats | None = None,
@@ -243,8 +334,14 @@ def iter_lines(
 
     Memory stays bounded by :data:`CHUNK_SIZE` plus the longest line; a line longer than
     :data:`MAX_LINE_BYTES` is dropped and counted as corrupt. A damaged or truncated
-    compressed stream ends the file: the problem goes to ``stats.errors`` (a partial last
-    line is still yielded, and is then normally counted as corrupt by the parser).
+    compressed stream ends the file: every line decoded before the damage is yielded first,
+    then the problem goes to ``stats.errors`` (with how many lines were read); the line cut
+    off at that point is yielded when it is a complete JSON object, else counted as corrupt.
+
+    With a ``prefilter``, lines it rejects are decoded as JSON until one of them turns out
+    to be a JSON object (normally the first): until then a rejected line that is not one is
+    yielded anyway, so that the parser reports it as corrupt. A file of garbage is thus
+    seen as corrupt even when nothing in it passes the prefilter.
 
     Args:
         path: dump file (see :func:`open_dump`).
@@ -259,20 +356,20 @@ def iter_lines(
     Raises:
         FileNotFoundError: ``path`` does not exist.
     """
+    path = Path(path)
     stats = stats if stats is not None else DumpStats()
     stats.files += 1
     line_no = 0
     carry = b""
     skipping = False  # inside an over-long line that is being dropped
+    checking = prefilter is not None  # no prefilter-rejected line decoded as a JSON object yet
+    error: BaseException | None = None
     with open_dump(path) as f:
         while True:
             try:
                 chunk = f.read(CHUNK_SIZE)
             except (zstandard.ZstdError, OSError, EOFError, lzma.LZMAError) as e:
-                msg = str(e)
-                if "Frame requires too much memory" in msg:
-                    msg += " (window larger than 2 GiB)"
-                stats.errors.append(f"{path}: compressed data damaged or truncated after line {line_no}: {msg}")
+                error = e
                 break
             if not chunk:
                 break
@@ -300,17 +397,34 @@ def iter_lines(
                 for i, ln in enumerate(parts, base + 1):
                     if ln:
                         yield i, ln
+                continue
+            if checking:
+                hits = []
+                for i, ln in enumerate(parts):
+                    if not ln:
+                        continue
+                    if prefilter(ln):
+                        hits.append(i)
+                    elif checking:
+                        if _is_json_object(ln):
+                            checking = False  # the file holds records: skip unchecked from now on
+                        else:
+                            hits.append(i)  # not a record: let the parser report it as corrupt
             else:
                 hits = [i for i, ln in enumerate(parts) if ln and prefilter(ln)]
-                stats.prefiltered += n_lines - len(hits)
-                for i in hits:
-                    yield base + i + 1, parts[i]
+            stats.prefiltered += n_lines - len(hits)
+            for i in hits:
+                yield base + i + 1, parts[i]
+    if error is not None:
+        stats.errors.append(_stream_error(path, error, line_no))
     if carry and not skipping:
         line_no += 1
         stats.lines += 1
         if progress is not None:
             progress.update(1)
-        if prefilter is None or prefilter(carry):
+        if error is not None and not _is_json_object(carry):
+            stats.add_corrupt(path, line_no, "incomplete line where the compressed data breaks off, dropped")
+        elif prefilter is None or prefilter(carry) or (checking and not _is_json_object(carry)):
             yield line_no, carry
         else:
             stats.prefiltered += 1
@@ -337,6 +451,21 @@ def parse_line(line: bytes, path: str | Path, line_no: int, stats: DumpStats) ->
         return None
     stats.parsed += 1
     return rec
+
+
+class UnreadableDumpsError(ValueError):
+    """Every dump file failed to decompress or parse: not one JSON record could be read.
+
+    Attributes:
+        stats: the :class:`DumpStats` of the read (``unreadable`` names each file's problem).
+    """
+
+    def __init__(self, stats: DumpStats, note: str | None = None):
+        self.stats = stats
+        super().__init__(
+            "no record could be read from the dump file(s): every file failed to decompress or parse"
+            + (f"; {note}" if note else "") + "\n" + "\n".join(f"  {u}" for u in stats.unreadable)
+        )
 
 
 class RecordFilter:
@@ -411,12 +540,13 @@ def check_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 def iter_raw(paths: Iterable[Path], stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[Path, int, bytes | dict]]:
     """``(path, line_no, raw_line_or_record)`` over several files (``.json`` arrays give dicts)."""
     for path in paths:
-        if path.suffix.lower() == ".json" and _starts_with_array(path):
-            for i, rec in _iter_json_array(path, stats):
-                yield path, i, rec
-        else:
-            for i, ln in iter_lines(path, stats, progress, prefilter):
-                yield path, i, ln
+        yield from ((path, i, ln) for i, ln in _iter_file(path, stats, progress, prefilter))
+
+
+def _iter_file(path: Path, stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[int, bytes | dict]]:
+    if path.suffix.lower() == ".json" and _starts_with_array(path):
+        return _iter_json_array(path, stats)
+    return iter_lines(path, stats, progress, prefilter)
 
 
 def iter_records(
@@ -450,21 +580,40 @@ def iter_records(
     Raises:
         FileNotFoundError: a path does not exist (raised before reading anything).
         ValueError: a date bound cannot be parsed.
+        UnreadableDumpsError: (a ``ValueError``, raised after the last file) not one JSON
+            record could be decoded from any of the files, because each of them is damaged,
+            truncated before its first complete block, not in the format its name says, or
+            made only of corrupt lines. Files that are readable but hold no (matching) record
+            are not an error.
     """
     paths = check_paths(paths)
     stats = stats if stats is not None else DumpStats()
     filt = RecordFilter(start, end, subreddits, drop_deleted)
-    for path, line_no, line in iter_raw(paths, stats, progress, prefilter):
-        if isinstance(line, dict):
-            rec = line
-            stats.parsed += 1
-        else:
-            rec = parse_line(line, path, line_no, stats)
-            if rec is None:
-                continue
-        if filt.accept(rec, stats):
-            stats.yielded += 1
-            yield rec
+    for path in paths:
+        parsed, prefiltered, corrupt = stats.parsed, stats.prefiltered, stats.corrupt
+        n_errors, n_examples, lines = len(stats.errors), len(stats.corrupt_examples), stats.lines
+        for line_no, line in _iter_file(path, stats, progress, prefilter):
+            if isinstance(line, dict):
+                rec = line
+                stats.parsed += 1
+            else:
+                rec = parse_line(line, path, line_no, stats)
+                if rec is None:
+                    continue
+            if filt.accept(rec, stats):
+                stats.yielded += 1
+                yield rec
+        # readable: a record was decoded, or a line skipped by the prefilter (iter_lines
+        # only skips once a skipped line decoded as a JSON object)
+        if stats.parsed == parsed and stats.prefiltered == prefiltered:
+            if len(stats.errors) > n_errors:
+                stats.unreadable.append(stats.errors[-1])
+            elif stats.corrupt > corrupt:
+                first = stats.corrupt_examples[n_examples] if len(stats.corrupt_examples) > n_examples else ""
+                stats.unreadable.append(f"{path}: none of its {stats.lines - lines:,} lines is a JSON object"
+                                        + (f" (first: {first})" if first else ""))
+    if len(stats.unreadable) == len(paths):
+        raise UnreadableDumpsError(stats)
 
 
 def _starts_with_array(path: Path) -> bool:

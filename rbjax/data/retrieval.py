@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from rbjax.data.dumps import DumpStats, iter_records
+from rbjax.data.dumps import DumpStats, UnreadableDumpsError, check_paths, iter_records
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -443,20 +443,81 @@ class _Progress:
             self.bar.close()
 
 
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The first of ``folder`` and its parents that exists, when it is not a folder."""
+    for p in (folder, *folder.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def check_output_dir(folder: str | Path, what: str = "output folder") -> Path:
+    """Check that ``folder`` is, or can be created as, a folder (nothing is created).
+
+    Raises:
+        ValueError: ``folder`` or one of its parents exists and is not a folder (named).
+    """
+    folder = Path(folder)
+    p = _file_in_the_way(folder)
+    if p == folder:
+        raise ValueError(f"{what} {folder} exists and is not a folder")
+    if p is not None:
+        raise ValueError(f"cannot create {what} {folder}: {p} exists and is not a folder")
+    return folder
+
+
+def check_output_file(path: str | Path, what: str = "output file") -> Path:
+    """Check that ``path`` can be written as a file: it is not a folder, and its folder
+    exists or can be created. Nothing is created.
+
+    Raises:
+        ValueError: ``path`` is a folder, or a parent of it exists and is not a folder (named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; give a file name")
+    p = _file_in_the_way(path.parent)
+    if p is not None:
+        raise ValueError(f"cannot write {what} {path}: {p} exists and is not a folder")
+    return path
+
+
+def _make_parent(path: Path) -> None:
+    check_output_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
 @contextlib.contextmanager
 def atomic_csv_writer(path: str | Path, header: Sequence[str]):
     """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
 
     On an exception the temporary file is removed and ``path`` is left untouched.
+
+    Raises:
+        ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
+            created (the message names the path).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _make_parent(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(header)
             yield w
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -525,7 +586,11 @@ def retrieve(
 
     Raises:
         FileNotFoundError: a dump file is missing.
-        ValueError: bad date bound, cleaning mode, or a spec without queries/attributes.
+        ValueError: bad date bound, cleaning mode, or a spec without queries/attributes; an
+            output path that is a folder or lies under a file; or not one record could be
+            read from any dump (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file
+            failed to decompress or parse; then no CSV is written). A readable dump without
+            matches is not an error: the CSV then has only its header.
     """
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
@@ -536,7 +601,10 @@ def retrieve(
         raise ValueError(f"bias types given more than once: {names}")
     matchers = [QueryMatcher(s, window=window) for s in specs]
     pf = make_prefilter(matchers) if prefilter else None
+    dumps = check_paths(dumps)  # missing dump files are named before anything is created
     paths = output_paths(out, names)
+    for p in paths.values():
+        check_output_file(p, "output CSV")
     stats = DumpStats()
     counts = {n: 0 for n in names}
     matched = {n: 0 for n in names}
@@ -546,49 +614,53 @@ def retrieve(
     too_long = empty = 0
     bar = _Progress(progress)
     t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        writers = {n: stack.enter_context(atomic_csv_writer(paths[n], CANDIDATE_COLUMNS)) for n in names}
-        records = iter_records(dumps, start=start, end=end, subreddits=subreddits, prefilter=pf,
-                               stats=stats, progress=bar)
-        for rec in records:
-            text = clean_comment(rec["body"], clean_mode)
-            if not text:
-                empty += 1
-                continue
-            if len(text) >= max_chars:
-                too_long += 1
-                continue
-            cid = str(rec.get("id", ""))
-            for m in matchers:
-                wins = m.match(text)
-                if not wins:
+    try:
+        with contextlib.ExitStack() as stack:
+            writers = {n: stack.enter_context(atomic_csv_writer(paths[n], CANDIDATE_COLUMNS)) for n in names}
+            records = iter_records(dumps, start=start, end=end, subreddits=subreddits, prefilter=pf,
+                                   stats=stats, progress=bar)
+            for rec in records:
+                text = clean_comment(rec["body"], clean_mode)
+                if not text:
+                    empty += 1
                     continue
-                name = m.name
-                if dedupe and cid:
-                    if cid in seen_ids[name]:
-                        dups[name] += len(wins)
+                if len(text) >= max_chars:
+                    too_long += 1
+                    continue
+                cid = str(rec.get("id", ""))
+                for m in matchers:
+                    wins = m.match(text)
+                    if not wins:
                         continue
-                    seen_ids[name].add(cid)
-                comment_attrs = "|".join(m.attributes_in(text))
-                wrote = False
-                for phrase, target, query, attrs, a_in, q_in in wins:
-                    if require_attribute_in_window and not a_in:
-                        continue
-                    if dedupe:
-                        if phrase in seen_phrases[name]:
-                            dups[name] += 1
+                    name = m.name
+                    if dedupe and cid:
+                        if cid in seen_ids[name]:
+                            dups[name] += len(wins)
                             continue
-                        seen_phrases[name].add(phrase)
-                    writers[name].writerow(Candidate(
-                        id=cid, bias_type=name, subreddit=str(rec.get("subreddit") or ""),
-                        created_utc=str(rec.get("created_utc") if rec.get("created_utc") is not None else ""),
-                        comment=text, phrase=phrase, target=target, query=query, attribute="|".join(attrs),
-                        comment_attributes=comment_attrs, attribute_in_window=a_in, query_in_window=q_in,
-                    ).row())
-                    counts[name] += 1
-                    wrote = True
-                if wrote:
-                    matched[name] += 1
-    bar.close()
+                        seen_ids[name].add(cid)
+                    comment_attrs = "|".join(m.attributes_in(text))
+                    wrote = False
+                    for phrase, target, query, attrs, a_in, q_in in wins:
+                        if require_attribute_in_window and not a_in:
+                            continue
+                        if dedupe:
+                            if phrase in seen_phrases[name]:
+                                dups[name] += 1
+                                continue
+                            seen_phrases[name].add(phrase)
+                        writers[name].writerow(Candidate(
+                            id=cid, bias_type=name, subreddit=str(rec.get("subreddit") or ""),
+                            created_utc=str(rec.get("created_utc") if rec.get("created_utc") is not None else ""),
+                            comment=text, phrase=phrase, target=target, query=query, attribute="|".join(attrs),
+                            comment_attributes=comment_attrs, attribute_in_window=a_in, query_in_window=q_in,
+                        ).row())
+                        counts[name] += 1
+                        wrote = True
+                    if wrote:
+                        matched[name] += 1
+    except UnreadableDumpsError as err:  # nothing was moved into place
+        raise UnreadableDumpsError(err.stats, note="no candidates CSV was written") from None
+    finally:
+        bar.close()
     return RetrievalResult(stats=stats, candidates=counts, comments_matched=matched, duplicates=dups,
                            too_long=too_long, empty=empty, seconds=time.perf_counter() - t0, outputs=paths)
