@@ -191,3 +191,120 @@ def test_cli_annotate(tmp_path, capsys):
     assert "Krippendorff's alpha (phrase level): undefined (every label is 'biased' (1)" in out
     assert (tmp_path / "agg.csv").exists()
     assert cli_main(["annotate"]) == 2
+
+
+# ---------------------------------------------------------------- import checks (fresh-user findings)
+def _rewrite(path, *, drop_column=None, keep_rows=None, extra_item=None):
+    with open(path, newline="", encoding="utf-8") as f:
+        r = csv.DictReader(f)
+        header, rows = list(r.fieldnames), list(r)
+    if drop_column:
+        header.remove(drop_column)
+        for row in rows:
+            row.pop(drop_column)
+    if keep_rows is not None:
+        rows = [rows[i] for i in keep_rows]
+    if extra_item is not None:
+        rows.append(dict(rows[0], item=extra_item))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, header)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _filled_export(tmp_path, names=("alice", "bob"), n=4, **kw):
+    paths = export_for_annotation(_candidates(tmp_path, n=n), tmp_path / "exp", list(names), **kw)
+    for a in names:
+        with open(paths[a], newline="", encoding="utf-8") as f:
+            k = sum(1 for _ in csv.DictReader(f))
+        _fill(paths[a], ["biased", "unbiased"] * k, ["unbiased", "biased"] * k)
+    return paths
+
+
+@pytest.mark.parametrize("column", ["phrase_label", "comment_label"])
+def test_missing_label_column_is_an_error(tmp_path, column):
+    """Field failure: a file without phrase_label was read with every phrase label 'empty'."""
+    paths = _filled_export(tmp_path)
+    _rewrite(paths["bob"], drop_column=column)
+    with pytest.raises(ValueError, match=rf"bob.csv: no '{column}' column \(an annotator file needs both"):
+        read_annotations([paths["alice"], paths["bob"]])
+    # the released layout needs both of its columns too
+    released = tmp_path / "released.csv"
+    released.write_text("id,phrase,bias_phrase\nc1,some phrase,1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"released.csv: no 'bias_sent' column"):
+        read_annotations([released])
+
+
+def test_file_lacking_items_warns(tmp_path, capsys):
+    paths = _filled_export(tmp_path, n=5)
+    _rewrite(paths["bob"], keep_rows=[0, 2, 4])  # items 2 and 4 gone
+    ann = read_annotations([paths["alice"], paths["bob"]])
+    assert len(ann.warnings) == 1
+    assert ann.warnings[0].startswith(f"{paths['bob']} lacks 2 of its 5 items (item 2, 4)")
+    assert ann.phrase[1] == [0, None, 0, None, 0]  # missing values, not an error
+    assert read_annotations([paths["alice"], paths["bob"]], items=paths["items"]).warnings == ann.warnings
+    capsys.readouterr()
+    assert cli_main(["annotate", "import", str(paths["alice"]), str(paths["bob"]), "--items", str(paths["items"])]) == 0
+    assert f"warning: {paths['bob']} lacks 2 of its 5 items" in capsys.readouterr().err
+
+
+def test_overlap_export_does_not_warn_about_items_given_to_others(tmp_path):
+    paths = _filled_export(tmp_path, n=10, overlap=2)
+    assert paths["assignment"].name == "assignment.json"
+    ann = read_annotations([paths["alice"], paths["bob"]], items=paths["items"])
+    assert ann.warnings == [] and len(ann.items) == 10
+    _rewrite(paths["alice"], keep_rows=[0])  # now alice lacks some of *her* items
+    (w,) = read_annotations([paths["alice"], paths["bob"]]).warnings
+    assert w.startswith(f"{paths['alice']} lacks 5 of its 6 items")
+
+
+def test_unknown_item_is_named_before_anything_is_computed(tmp_path, capsys):
+    """Field failure: item 9999 printed the full summary first, then blamed items.csv."""
+    paths = _filled_export(tmp_path)
+    _rewrite(paths["bob"], extra_item="9999")
+    with pytest.raises(ValueError, match=rf"bob.csv row 6: item '9999' is not in {paths['items']}"):
+        read_annotations([paths["alice"], paths["bob"]], items=paths["items"])
+    capsys.readouterr()
+    out = tmp_path / "agg.csv"
+    rc = cli_main(["annotate", "import", str(paths["alice"]), str(paths["bob"]), "--items", str(paths["items"]),
+                   "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.out == "" and not out.exists()
+    assert "bob.csv row 6: item '9999' is not in" in captured.err
+    # the Python API without items up front: write_aggregated names the annotator file and row too
+    ann = read_annotations([paths["alice"], paths["bob"]])
+    with pytest.raises(ValueError, match=r"bob.csv row 6: item '9999' is not in"):
+        write_aggregated(ann, aggregate(ann), out, items=paths["items"])
+    assert not out.exists()
+
+
+def test_same_file_twice_is_an_error(tmp_path, capsys):
+    """Field failure: the same file twice was renamed alice_ and gave alpha = 1.000."""
+    paths = _filled_export(tmp_path)
+    with pytest.raises(ValueError, match=r"the same file given twice: .*alice.csv"):
+        read_annotations([paths["alice"], paths["bob"], paths["alice"]])
+    other_spelling = paths["alice"].parent / ".." / paths["alice"].parent.name / "alice.csv"
+    with pytest.raises(ValueError, match=r"the same file given twice: "):
+        read_annotations([paths["alice"], other_spelling])
+    capsys.readouterr()
+    assert cli_main(["annotate", "import", str(paths["alice"]), str(paths["alice"])]) == 1
+    assert "the same file given twice" in capsys.readouterr().err
+    # two different files with the same name keep the rename
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "alice.csv").write_bytes(paths["bob"].read_bytes())
+    assert read_annotations([paths["alice"], copy / "alice.csv"]).annotators == ["alice", "alice_"]
+
+
+def test_outputs_under_a_file_are_clear_errors(tmp_path, capsys):
+    paths = _filled_export(tmp_path)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x", encoding="utf-8")
+    capsys.readouterr()
+    assert cli_main(["annotate", "export", "--candidates", str(_candidates(tmp_path)), "--out-dir", str(blocker)]) == 1
+    assert f"--out-dir {blocker} exists and is not a folder" in capsys.readouterr().err
+    assert cli_main(["annotate", "import", str(paths["alice"]), str(paths["bob"]), "--out", str(blocker / "a.csv")]) == 1
+    captured = capsys.readouterr()
+    assert f"cannot write --out {blocker / 'a.csv'}: {blocker} exists and is not a folder" in captured.err
+    assert captured.out == "" and "Traceback" not in captured.err

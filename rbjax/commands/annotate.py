@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> None:
@@ -26,7 +27,9 @@ def register(subparsers) -> None:
                         "default: everyone labels everything")
     i = sub.add_parser("import", help="read annotators' files: agreement and majority labels")
     i.add_argument("files", nargs="+", help="one CSV per annotator")
-    i.add_argument("--items", default=None, help="items.csv of the export (carries every candidate column)")
+    i.add_argument("--items", default=None,
+                   help="items.csv of the export (carries every candidate column; every annotator row must name "
+                        "one of its items)")
     i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
     i.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
                    help="a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no label")
@@ -46,8 +49,14 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from rbjax.data.annotation import aggregate, read_annotations, write_aggregated
+    from rbjax.data.retrieval import check_output_file
 
-    ann = read_annotations(args.files, unknown=args.unknown_labels)
+    if args.out:
+        check_output_file(args.out, "--out")
+    # every file is checked (columns, labels, items) before anything is computed
+    ann = read_annotations(args.files, unknown=args.unknown_labels, items=args.items)
+    for w in ann.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"{len(ann.items)} items, {len(ann.annotators)} annotators")
     for name, c in ann.counts.items():
         print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in c.items()))

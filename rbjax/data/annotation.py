@@ -5,7 +5,9 @@
   a master ``items.csv`` with every candidate column, and ``GUIDELINES.txt`` (App. B).
 * **Import** (:func:`read_annotations`): several annotators' files, aligned on ``item``.
   Files in the released layout (``bias_sent`` / ``bias_phrase`` with 1 / 0 / empty) are
-  read too.
+  read too. Everything is checked before anything is computed: both label columns present,
+  every item known to ``items.csv`` (when given), no file given twice. A file that lacks
+  some of its items is read (α treats them as missing values) with a warning.
 * **Agreement** (:func:`krippendorff_alpha`): nominal Krippendorff's α with the maintained
   ``krippendorff`` package, at comment and at phrase level. When α is undefined (no item
   with two labels, or every pairable label the same so that the expected disagreement is
@@ -19,18 +21,22 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import math
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from rbjax.data.retrieval import atomic_csv_writer
+from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
+from rbjax.report.io import atomic_write_text
 
 #: The guideline's labels (paper App. B).
 LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")
 #: Columns of an annotator's file.
 ANNOTATOR_COLUMNS: tuple[str, ...] = ("item", "id", "comment", "phrase", "comment_label", "phrase_label", "note")
+#: File of the export recording which items each annotator was given (read back by the import).
+ASSIGNMENT_FILE = "assignment.json"
 #: Extra columns of an aggregated file (after the item's own columns).
 AGGREGATE_COLUMNS: tuple[str, ...] = ("bias_sent", "bias_phrase", "comment_votes", "phrase_votes",
                                       "comment_tie", "phrase_tie", "n_annotators")
@@ -162,6 +168,9 @@ class Annotations:
         phrase: annotators × items, 1 / 0 / None.
         counts: per annotator, ``{"biased": n, "unbiased": n, "skip": n, "empty": n}`` over
             both levels.
+        origin: per item, ``"FILE row R"`` where it was first seen.
+        warnings: problems that do not stop the import (a file lacking some items), one
+            line each, naming the file.
     """
 
     annotators: list[str]
@@ -170,6 +179,8 @@ class Annotations:
     comment: list[list[int | None]]
     phrase: list[list[int | None]]
     counts: dict[str, dict[str, int]]
+    origin: dict[str, str] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def alpha(self) -> dict[str, AlphaResult]:
         """α at comment and phrase level."""
@@ -189,46 +200,115 @@ def read_csv_file(path: str | Path) -> tuple[list[str], list[dict]]:
     return [h for h in header if h is not None], rows
 
 
-def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error") -> Annotations:
-    """Read several annotators' files and align them on items.
+def read_items(items: str | Path) -> tuple[list[str], dict[str, dict]]:
+    """Read the master ``items.csv`` of an export -> (header, rows by item key).
 
-    Each file needs ``phrase`` and labels in ``comment_label``/``phrase_label`` (our export)
-    or ``bias_sent``/``bias_phrase`` (the released layout). Items are keyed by ``item``
-    when the column is there, else by row position.
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: no ``item`` column, or an empty / repeated item key (file and row named).
+    """
+    items = Path(items)
+    if not items.is_file():
+        raise FileNotFoundError(f"items file not found: {items}")
+    header, rows = read_csv_file(items)
+    if "item" not in header:
+        raise ValueError(f"{items}: no 'item' column (pass the items.csv written by 'rbjax annotate export')")
+    master: dict[str, dict] = {}
+    for r, row in enumerate(rows, start=2):
+        key = (row.get("item") or "").strip()
+        if not key:
+            raise ValueError(f"{items} row {r}: empty 'item'")
+        if key in master:
+            raise ValueError(f"{items} row {r}: item {key!r} appears twice")
+        master[key] = row
+    return header, master
+
+
+def _assignment(folder: Path) -> dict[str, set[str]] | None:
+    """``{annotator: items given to them}`` from an export's :data:`ASSIGNMENT_FILE`, if there is one."""
+    f = folder / ASSIGNMENT_FILE
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+        return {str(a): {str(k) for k in keys} for a, keys in data["annotators"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{f}: not an assignment file written by 'rbjax annotate export' ({e})") from None
+
+
+def _label_columns(path: Path, header: list[str]) -> tuple[str, str]:
+    for cols in (("comment_label", "phrase_label"), ("bias_sent", "bias_phrase")):
+        present = [c for c in cols if c in header]
+        if present:
+            missing = [c for c in cols if c not in header]
+            if missing:
+                raise ValueError(
+                    f"{path}: no {missing[0]!r} column (an annotator file needs both {cols[0]!r} and {cols[1]!r}; "
+                    f"its header is {', '.join(header)})"
+                )
+            return cols
+    raise ValueError(f"{path}: no label columns (expected comment_label/phrase_label or bias_sent/bias_phrase; "
+                     f"its header is {', '.join(header)})")
+
+
+def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error",
+                     items: str | Path | None = None) -> Annotations:
+    """Read several annotators' files, check them, and align them on items.
+
+    Each file needs ``phrase`` and labels in both ``comment_label`` and ``phrase_label`` (our
+    export) or both ``bias_sent`` and ``bias_phrase`` (the released layout). Items are keyed
+    by ``item`` when the column is there, else by row position. All files are checked
+    before anything is returned, so nothing is computed on a bad set.
+
+    A file that lacks some items gets a warning in :attr:`Annotations.warnings` (its labels
+    for them are missing values, which α handles). The items a file should have: the ones
+    its annotator was given (the export's ``assignment.json`` next to ``items``, or next to
+    the file, when it lists the file's name), else every item of ``items``, else every
+    item seen in any of the files.
 
     Args:
         paths: one file per annotator.
         unknown: ``"error"`` or ``"skip"`` for labels outside the guideline (see :func:`parse_label`).
+        items: the export's ``items.csv``; every item of every file must be in it, with the
+            same phrase.
 
     Returns:
         :class:`Annotations`.
 
     Raises:
         FileNotFoundError: a file is missing.
-        ValueError: missing columns, an unknown label, a duplicated item, or the same item
-            with a different phrase in two files (message names file, row and problem).
+        ValueError: the same file given twice, a missing column, an unknown label, a
+            duplicated item, an item not in ``items``, or the same item with a different
+            phrase in two files (message names file, row and problem).
     """
     if not paths:
         raise ValueError("no annotation files given")
+    paths = [Path(p) for p in paths]
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"annotation file not found: {path}")
+        real = path.resolve()
+        if real in seen:
+            same = f"{path}" if str(seen[real]) == str(path) else f"{seen[real]} and {path}"
+            raise ValueError(f"the same file given twice: {same}; give each annotator's file once")
+        seen[real] = path
+    master: dict[str, dict] | None = None
+    if items is not None:
+        _, master = read_items(items)
     names: list[str] = []
     per_file: list[dict[str, tuple[int | None, int | None]]] = []
     info: dict[str, dict] = {}
+    origin: dict[str, str] = {}
     order: list[str] = []
     counts: dict[str, dict[str, int]] = {}
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise FileNotFoundError(f"annotation file not found: {path}")
+    for path in paths:
         header, rows = read_csv_file(path)
-        if "comment_label" in header or "phrase_label" in header:
-            c_col, p_col = "comment_label", "phrase_label"
-        elif "bias_phrase" in header:
-            c_col, p_col = "bias_sent", "bias_phrase"
-        else:
-            raise ValueError(f"{path}: no label columns (expected comment_label/phrase_label or bias_sent/bias_phrase)")
+        c_col, p_col = _label_columns(path, header)
         if "phrase" not in header:
             raise ValueError(f"{path}: no 'phrase' column")
         name = path.stem
-        while name in names:
+        while name in names:  # distinct files with the same name (e.g. from two folders)
             name += "_"
         names.append(name)
         cnt = {"biased": 0, "unbiased": 0, "skip": 0, "empty": 0}
@@ -239,29 +319,54 @@ def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error") -> 
                 raise ValueError(f"{path} row {r}: empty 'item'")
             if key in labels:
                 raise ValueError(f"{path} row {r}: item {key!r} appears twice")
+            phrase = row.get("phrase") or ""
+            if master is not None:
+                if key not in master:
+                    raise ValueError(f"{path} row {r}: item {key!r} is not in {items} (the items of the export); "
+                                     f"was the row added or its item changed?")
+                if "phrase" in master[key] and (master[key].get("phrase") or "") != phrase:
+                    raise ValueError(f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {items} has "
+                                     f"{master[key].get('phrase') or ''!r} (files must come from the same export)")
             pair = []
             for col in (c_col, p_col):
-                cell = row.get(col) if col in header else ""
+                cell = row.get(col)
                 lab = parse_label(cell, where=f"{path} row {r} column {col}", unknown=unknown)
                 pair.append(lab)
                 s = (cell or "").strip().lower()
                 cnt["empty" if not s else "biased" if lab == 1 else "unbiased" if lab == 0 else "skip"] += 1
             labels[key] = (pair[0], pair[1])
-            phrase = row.get("phrase") or ""
             if key in info:
                 if info[key].get("phrase", "") != phrase:
                     raise ValueError(
-                        f"{path} row {r}: item {key!r} has phrase {phrase!r}, but another file has "
+                        f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {origin[key]} has "
                         f"{info[key].get('phrase', '')!r} (files must come from the same export)"
                     )
             else:
                 info[key] = {h: (row.get(h) or "") for h in header if h not in (c_col, p_col, "note")}
+                origin[key] = f"{path} row {r}"
                 order.append(key)
         per_file.append(labels)
         counts[name] = cnt
+    warnings = []
+    everything = set(master) if master is not None else set(order)
+    for path, labels in zip(paths, per_file):
+        folder = Path(items).parent if items is not None else path.parent
+        given = _assignment(folder)
+        expected = given[path.stem] if given is not None and path.stem in given else everything
+        lacking = [k for k in sorted(expected, key=_item_order) if k not in labels]
+        if lacking:
+            warnings.append(
+                f"{path} lacks {len(lacking)} of its {len(expected)} items (item "
+                + ", ".join(lacking[:10]) + (" ..." if len(lacking) > 10 else "")
+                + "); they count as missing labels for this annotator"
+            )
     comment = [[lab.get(k, (None, None))[0] for k in order] for lab in per_file]
     phrase = [[lab.get(k, (None, None))[1] for k in order] for lab in per_file]
-    return Annotations(names, order, info, comment, phrase, counts)
+    return Annotations(names, order, info, comment, phrase, counts, origin, warnings)
+
+
+def _item_order(key: str):
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
 @dataclasses.dataclass
@@ -316,18 +421,20 @@ def write_aggregated(ann: Annotations, agg: Aggregated, out: str | Path, items: 
 
     Raises:
         FileNotFoundError: ``items`` is missing.
-        ValueError: ``items`` lacks an item of the annotations.
+        ValueError: ``items`` lacks an item of the annotations (naming the annotator file and
+            row it came from; :func:`read_annotations` with ``items`` checks this up front),
+            or ``out`` is a folder / lies under a file.
     """
+    check_output_file(out, "output file")
     base = {k: dict(v) for k, v in ann.info.items()}
     cols: list[str] = []
     if items is not None:
-        header, rows = read_csv_file(Path(items))
-        if "item" not in header:
-            raise ValueError(f"{items}: no 'item' column (pass the items.csv written by the export)")
-        master = {r["item"]: r for r in rows}
+        header, master = read_items(items)
         missing = [k for k in ann.items if k not in master]
         if missing:
-            raise ValueError(f"{items}: item {missing[0]!r} of the annotations is not in this file")
+            where = ann.origin.get(missing[0])
+            raise ValueError(f"{where + ': ' if where else ''}item {missing[0]!r} is not in {items} "
+                             f"(the items of the export)")
         base = {k: {h: master[k].get(h) or "" for h in header} for k in ann.items}
         cols = [h for h in header if h not in AGGREGATE_COLUMNS]
     else:
@@ -373,11 +480,14 @@ def export_for_annotation(
             everyone, for the agreement study (the paper used 100 double-annotated items).
 
     Returns:
-        ``{"items": path, "guidelines": path, <annotator>: path, ...}``.
+        ``{"items": path, "guidelines": path, "assignment": path, <annotator>: path, ...}``;
+        ``assignment.json`` records which items each annotator got (the import uses it to
+        warn about a file that lacks some of *its* items).
 
     Raises:
         FileNotFoundError: ``candidates`` is missing.
-        ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range.
+        ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range,
+            ``out_dir`` is a file or lies under one.
     """
     candidates = Path(candidates)
     if not candidates.is_file():
@@ -387,8 +497,11 @@ def export_for_annotation(
         if col not in header:
             raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")
     names = [a.strip() for a in annotators]
-    if not names or any(not a or "/" in a or a in ("items", "GUIDELINES") for a in names) or len(set(names)) != len(names):
-        raise ValueError(f"annotator names must be distinct, non-empty, without '/', not 'items': {annotators!r}")
+    if (not names or any(not a or "/" in a or "\\" in a or a in ("items", "GUIDELINES", "assignment") for a in names)
+            or len(set(names)) != len(names)):
+        raise ValueError(f"annotator names must be distinct, non-empty, without '/', not 'items', 'GUIDELINES' "
+                         f"or 'assignment': {annotators!r}")
+    check_output_dir(out_dir, "--out-dir")
     rng = np.random.default_rng(seed)
     idx = np.arange(len(rows))
     if sample is not None:
@@ -397,9 +510,9 @@ def export_for_annotation(
         idx = np.sort(rng.choice(len(rows), size=sample, replace=False))
     chosen = [rows[i] for i in idx]
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     keys = [f"{j + 1}" for j in range(len(chosen))]
-    paths: dict[str, Path] = {"items": out_dir / "items.csv", "guidelines": out_dir / "GUIDELINES.txt"}
+    paths: dict[str, Path] = {"items": out_dir / "items.csv", "guidelines": out_dir / "GUIDELINES.txt",
+                              "assignment": out_dir / ASSIGNMENT_FILE}
     item_cols = ["item"] + [h for h in header if h != "item"]
     with atomic_csv_writer(paths["items"], item_cols) as w:
         for k, r in zip(keys, chosen):
@@ -420,4 +533,7 @@ def export_for_annotation(
                 r = chosen[j]
                 w.writerow([keys[j], r.get("id") or "", r.get("comment") or "", r.get("phrase") or "", "", "", ""])
         paths[a] = p
+    record = {"candidates": str(candidates), "items": len(chosen), "sample": sample, "seed": seed, "overlap": overlap,
+              "annotators": {a: [keys[j] for j in assign[a]] for a in names}}
+    atomic_write_text(paths["assignment"], json.dumps(record, indent=1) + "\n")
     return paths
