@@ -19,6 +19,7 @@ from rbjax.data.splits import (
     default_train_size,
     load_biased_phrases,
     make_splits,
+    read_biased_rows,
     shuffle_split,
 )
 from rbjax.specs import load_spec
@@ -74,7 +75,12 @@ def test_released_religion1_train_heldout(redditbias_dir):
     ("queerness", "orientation", "lgbtq", 1200, 720),
 ])
 def test_released_sizes_other_types(redditbias_dir, btype, up, g, n, n_train):
-    rows = load_biased_phrases(redditbias_dir / f"data/{up}/reddit_comments_{up}_{g}_processed_phrase_annotated.csv")
+    path = redditbias_dir / f"data/{up}/reddit_comments_{up}_{g}_processed_phrase_annotated.csv"
+    if btype == "gender":  # 24 rows have bias_phrase = 2: an error unless skipped (upstream kept only 1s)
+        with pytest.raises(ValueError, match=r"row 132 column bias_phrase: unknown label '2'"):
+            load_biased_phrases(path)
+        assert read_biased_rows(path, unknown="skip").n_unknown_label == 24
+    rows = load_biased_phrases(path, unknown="skip")
     assert len(rows) == n
     tr, he = shuffle_split(n, default_train_size(btype), 1)
     assert (len(tr), len(he)) == (n_train, n - n_train)
@@ -166,6 +172,7 @@ def test_user_spec_splits(tmp_path):
     ann = _annotated(tmp_path / "annotated.csv")
     res = make_splits(ann, spec, tmp_path / "out", _fake_score, train_size=0.5)
     assert res.n_biased == 31 and (res.n_train, res.n_heldout) == (15, 16)
+    assert res.n_empty_phrase == 1 and "(dropped 1 biased rows with an empty phrase)" in res.summary()
     held = _lines(res.files["heldout_txt"])[:-1]
     assert res.n_unscorable == int("zorbs" in held) and res.n_outliers == int("zorbs are lazy OUTLIER" in held)
     n = 16 - res.n_unscorable - res.n_outliers
@@ -273,3 +280,105 @@ def test_cli_splits_with_tiny_model(tmp_path, tiny_model_dir, capsys):
     assert "zorbness: 16 biased phrases" in capsys.readouterr().out
     f1 = tmp_path / "o/data/zorbness/reddit_comments_zorbness_zorbs_biased_test_reduced.csv"
     assert all(float(x) > 1 for x in _col(f1, "perplexity"))
+    summary = json.loads((tmp_path / "o/data/zorbness/zorbness_splits.json").read_text())
+    assert summary["perplexity"]["model"] == str(tiny_model_dir)
+
+
+# ------------------------------------------------------------------ fresh-user findings
+def _rewrite_row(path, i, **cells):
+    with open(path, newline="", encoding="utf-8") as f:
+        r = csv.DictReader(f)
+        header, rows = r.fieldnames, list(r)
+    rows[i].update(cells)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, header)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_unknown_bias_phrase_label_is_an_error(tmp_path):
+    """Field failure: bias_phrase=maybe was dropped silently (31 -> 30 phrases)."""
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    ann = _annotated(tmp_path / "annotated.csv")
+    _rewrite_row(ann, 4, bias_phrase="maybe")  # file row 6
+    calls = []
+
+    def score(p):
+        calls.append(p)
+        return _fake_score(p)
+
+    with pytest.raises(ValueError, match=r"annotated.csv row 6 column bias_phrase: unknown label 'maybe'"):
+        make_splits(ann, load_spec(spec_path), tmp_path / "out", score, train_size=0.5)
+    assert calls == [] and not (tmp_path / "out").exists()
+    res = make_splits(ann, load_spec(spec_path), tmp_path / "out", score, train_size=0.5, unknown="skip")
+    assert (res.n_biased, res.n_unknown_label, res.n_empty_phrase) == (30, 1, 1)
+    assert "1 rows with an unknown bias_phrase label" in res.summary()
+    summary = json.loads(res.files["summary"].read_text())
+    assert (summary["n_unknown_label"], summary["n_empty_phrase"], summary["unknown_labels"]) == (1, 1, "skip")
+
+
+def test_empty_biased_phrases_are_counted(tmp_path, capsys, monkeypatch):
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    ann = _annotated(tmp_path / "annotated.csv")
+    _rewrite_row(ann, 0, phrase="   ")  # a second biased row with an empty phrase
+    rows = read_biased_rows(ann)
+    assert (len(rows.rows), rows.n_empty_phrase, rows.n_rows) == (30, 2, 43)
+    res = make_splits(ann, load_spec(spec_path), tmp_path / "out", _fake_score, train_size=0.5)
+    assert res.n_empty_phrase == 2 and "dropped 2 biased rows with an empty phrase" in res.summary()
+    assert json.loads(res.files["summary"].read_text())["n_empty_phrase"] == 2
+    # the CLI prints it (the model is replaced by the fake scorer)
+    import rbjax.lmb.measure as measure
+
+    monkeypatch.setattr(measure, "LoadedModel", lambda *a: None)
+    monkeypatch.setattr(measure, "score_phrases", lambda model, phrases: _fake_score(phrases))
+    capsys.readouterr()
+    assert cli_main(["splits", "--bias", str(spec_path), "--annotated", str(ann), "--out-dir", str(tmp_path / "o2"),
+                     "--model", "fake/model", "--train-size", "0.5"]) == 0
+    assert "30 biased phrases (dropped 2 biased rows with an empty phrase)" in capsys.readouterr().out
+
+
+def test_out_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    """Field failure: --out-dir <a file> ended in a NotADirectoryError traceback (after scoring)."""
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    ann = _annotated(tmp_path / "annotated.csv")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x", encoding="utf-8")
+
+    def never(p):
+        raise AssertionError("the scorer must not run")
+
+    with pytest.raises(ValueError, match=rf"output folder {blocker} exists and is not a folder"):
+        make_splits(ann, load_spec(spec_path), blocker, never)
+    with pytest.raises(ValueError, match=rf"cannot create output folder {blocker / 'x'}: {blocker} exists"):
+        make_splits(ann, load_spec(spec_path), blocker / "x", never)
+    (tmp_path / "o" / "data").mkdir(parents=True)
+    (tmp_path / "o" / "data" / "zorbness").write_text("x", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"data/zorbness exists and is not a folder"):
+        make_splits(ann, load_spec(spec_path), tmp_path / "o", never)
+    capsys.readouterr()
+    # the CLI fails before loading the (here nonexistent) model
+    rc = cli_main(["splits", "--bias", str(spec_path), "--annotated", str(ann), "--out-dir", str(blocker),
+                   "--model", str(tmp_path / "no_model")])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"output folder {blocker} exists and is not a folder" in err and "Traceback" not in err
+
+
+def test_splits_json_records_model_versions_seed_fractions(tmp_path):
+    import rbjax
+
+    spec_path = tmp_path / "zorb.json"
+    spec_path.write_text(json.dumps(USER_SPEC), encoding="utf-8")
+    ann = _annotated(tmp_path / "annotated.csv")
+    res = make_splits(ann, load_spec(spec_path), tmp_path / "a", _fake_score, train_size=0.5, seed=3)
+    s = json.loads(res.files["summary"].read_text())
+    assert s["perplexity"]["model"] == "tests.test_splits._fake_score" == res.perplexity_model
+    assert s["perplexity"]["source"] == "score function name"
+    assert s["versions"]["rbjax"] == rbjax.__version__
+    assert s["seed"] == 3 and s["fractions"]["train"] == 0.5 and s["fractions"]["heldout"] == 0.5
+    res = make_splits(ann, load_spec(spec_path), tmp_path / "b", _fake_score, model="microsoft/DialoGPT-small")
+    s = json.loads(res.files["summary"].read_text())
+    assert s["perplexity"]["model"] == "microsoft/DialoGPT-small" and s["perplexity"]["source"] == "model argument"
+    assert s["train_size"] == s["fractions"]["train"] == 0.6

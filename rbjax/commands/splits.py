@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=1, help="random_state of both splits (paper: 1)")
     p.add_argument("--n-std", type=float, default=3.0, help="outlier interval in standard deviations")
     p.add_argument("--ddof", type=int, default=0, choices=(0, 1), help="std convention: 0 population (reference), 1 sample")
+    p.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
+                   help="a bias_phrase value other than 1/0/biased/unbiased/skip/empty: fail (default) or drop the "
+                        "row (upstream kept only rows equal to 1; the released gender file has 24 rows labelled 2)")
     p.add_argument("--swap-mode", choices=("paper", "reference"), default="paper",
                    help="counterfactuals: word-level pairs (paper) or the official substring rules (reference)")
     p.set_defaults(func=run)
@@ -41,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
             loaded.append(LoadedModel(args.model, args.tokenizer, args.batch_size))
         return score_phrases(loaded[0], phrases)
 
+    # make_splits checks the annotated file and --out-dir before the model is loaded
     res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
-                      n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode)
+                      n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode, unknown=args.unknown_labels,
+                      model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})")
     print(res.summary())
     for role, path in res.files.items():
         print(f"  {role}: {path}")

@@ -1,7 +1,9 @@
 """Train / valid / test splits from annotated phrases, the paper's procedure (``docs/reference-data.md`` §4).
 
 1. Biased set: annotated rows with ``bias_phrase == 1`` and a non-empty ``phrase`` (which
-   becomes ``comments_processed``).
+   becomes ``comments_processed``). Biased rows with an empty phrase are dropped, as
+   upstream did, and counted; a ``bias_phrase`` value that is not a label is an error
+   (or, with ``unknown="skip"``, dropped and counted: the released gender file has ``2``).
 2. Train / held-out split of these T1 rows: fraction 0.6 train (gender 0.75), seed 1.
 3. Counterfactuals of the held-out phrases: T1 terms swapped for T2 terms
    (:func:`rbjax.data.swap.swap_targets`).
@@ -31,17 +33,16 @@ queerness, or a user spec's ``name``; ``<T1>``/``<T2>`` = the group names)::
     OUT/text_files/<type>/<type>_bias_manual_train.txt            (train phrases)
     OUT/text_files/<type>/<type>_bias_manual_valid.txt            (held-out, before reduction; upstream's name)
     OUT/text_files/<type>/<type>_<T>_biased_{valid,test}_reduced.txt   (comments_processed, T = T1 and T2)
-    OUT/data/<type>/<type>_splits.json                            (sizes, seed, settings)
+    OUT/data/<type>/<type>_splits.json                            (sizes, seed, fractions, settings, the
+                                                                   model behind the perplexity columns, versions)
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
+import functools
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -49,7 +50,7 @@ import numpy as np
 
 from rbjax.specs import layout_names
 from rbjax.data.annotation import parse_label, read_csv_file
-from rbjax.data.retrieval import atomic_csv_writer
+from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -90,22 +91,48 @@ def shuffle_split(n: int, train_size: float, seed: int = 1) -> tuple[np.ndarray,
     return perm[n_test:], perm[:n_test]
 
 
-def load_biased_phrases(annotated: str | Path) -> list[dict]:
-    """Rows of an annotated file labelled biased at phrase level (paper §2.3, ``reference-data.md`` §4 step 2).
+@dataclasses.dataclass
+class BiasedRows:
+    """The biased rows of an annotated file and what was dropped on the way.
+
+    Attributes:
+        rows: rows with ``bias_phrase`` = 1 and a non-empty phrase (dicts, file order).
+        n_rows: data rows in the file.
+        n_empty_phrase: rows labelled biased whose phrase is empty (dropped, as upstream did).
+        n_unknown_label: rows whose ``bias_phrase`` is not a label (dropped; only with
+            ``unknown="skip"``, otherwise they are an error).
+    """
+
+    rows: list[dict]
+    n_rows: int
+    n_empty_phrase: int
+    n_unknown_label: int
+
+
+def read_biased_rows(annotated: str | Path, *, unknown: str = "error") -> BiasedRows:
+    """Rows of an annotated file labelled biased at phrase level, with the counts of what was dropped.
 
     Reads the released ``*_processed_phrase_annotated.csv`` files (UTF-8 or latin-1, CRLF)
-    and the output of ``rbjax annotate import``. A row is kept when ``bias_phrase`` is 1
-    (``1`` or ``1.0``) and ``phrase`` is not empty; other ``bias_phrase`` values (0, empty,
-    free text) drop the row.
+    and the output of ``rbjax annotate import``. ``bias_phrase`` holds 1 (``1``, ``1.0``,
+    ``biased``), 0 (``0``, ``0.0``, ``unbiased``) or nothing (empty, ``skip``: not labelled),
+    see :func:`rbjax.data.annotation.parse_label`. A row is kept when it is 1 and ``phrase``
+    is not empty (``reference-data.md`` §4 step 2: biased rows with an empty phrase are
+    dropped; they are counted in :attr:`BiasedRows.n_empty_phrase`).
 
-    Returns:
-        A list of dicts (all columns as strings, file order).
+    Args:
+        annotated: the annotated CSV.
+        unknown: a ``bias_phrase`` value that is not a label: ``"error"`` (default) or
+            ``"skip"`` (drop the row and count it; upstream kept only the rows equal to 1, so
+            the released gender file's 24 rows labelled ``2`` are skipped this way).
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: no ``phrase``/``bias_phrase`` column, a phrase with a line break (the
-            text files are line-based), or no biased phrase at all.
+        ValueError: no ``phrase``/``bias_phrase`` column, an unknown ``bias_phrase`` value
+            (file, row, column and value named), a phrase with a line break (the text files
+            are line-based), or no biased phrase at all.
     """
+    if unknown not in ("error", "skip"):
+        raise ValueError(f"unknown must be 'error' or 'skip', got {unknown!r}")
     path = Path(annotated)
     if not path.is_file():
         raise FileNotFoundError(f"annotated file not found: {path}")
@@ -114,18 +141,38 @@ def load_biased_phrases(annotated: str | Path) -> list[dict]:
         if col not in header:
             raise ValueError(f"{path}: no {col!r} column (expected an annotated file: phrase, bias_phrase, ...)")
     out = []
+    n_empty = n_unknown = 0
     for r, row in enumerate(rows, start=2):
-        if parse_label(row.get("bias_phrase"), unknown="skip") != 1:
+        try:
+            label = parse_label(row.get("bias_phrase"), where=f"{path} row {r} column bias_phrase")
+        except ValueError as e:
+            if unknown == "error":
+                raise ValueError(f"{e} (--unknown-labels skip, or unknown='skip', drops such rows; upstream kept "
+                                 f"only the rows equal to 1)") from None
+            n_unknown += 1
+            continue
+        if label != 1:
             continue
         phrase = row.get("phrase") or ""
         if not phrase.strip():
+            n_empty += 1
             continue
         if "\n" in phrase or "\r" in phrase:
             raise ValueError(f"{path} row {r}: the phrase contains a line break; the text files need one phrase per line")
         out.append(row)
     if not out:
-        raise ValueError(f"{path}: no row has bias_phrase = 1")
-    return out
+        raise ValueError(f"{path}: no row has bias_phrase = 1 and a phrase"
+                         + (f" ({n_empty} biased rows have an empty phrase)" if n_empty else ""))
+    return BiasedRows(out, len(rows), n_empty, n_unknown)
+
+
+def load_biased_phrases(annotated: str | Path, *, unknown: str = "error") -> list[dict]:
+    """The rows of :func:`read_biased_rows` (biased at phrase level, non-empty phrase), file order.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`read_biased_rows`.
+    """
+    return read_biased_rows(annotated, unknown=unknown).rows
 
 
 def _changed_words(a: str, b: str) -> tuple[list[str], list[str]]:
@@ -152,6 +199,9 @@ class SplitResult:
         n_outliers: pairs dropped by the outlier rule.
         n_valid, n_test: pairs in the valid / test halves.
         files: written paths by role (``t1_valid``, ``t2_test``, ``train_txt`` ...).
+        n_empty_phrase: biased rows dropped because their phrase is empty.
+        n_unknown_label: rows dropped because ``bias_phrase`` was not a label (``unknown="skip"``).
+        perplexity_model: the model (or score function) behind the ``perplexity`` columns.
     """
 
     bias_type: str
@@ -166,26 +216,44 @@ class SplitResult:
     n_valid: int
     n_test: int
     files: dict[str, Path]
+    n_empty_phrase: int = 0
+    n_unknown_label: int = 0
+    perplexity_model: str = ""
 
     def summary(self) -> str:
+        dropped = []
+        if self.n_empty_phrase:
+            dropped.append(f"{self.n_empty_phrase} biased rows with an empty phrase")
+        if self.n_unknown_label:
+            dropped.append(f"{self.n_unknown_label} rows with an unknown bias_phrase label")
         return (
-            f"{self.bias_type}: {self.n_biased} biased phrases -> train {self.n_train} / held-out {self.n_heldout}; "
+            f"{self.bias_type}: {self.n_biased} biased phrases"
+            + (f" (dropped {' and '.join(dropped)})" if dropped else "")
+            + f" -> train {self.n_train} / held-out {self.n_heldout}; "
             f"{self.n_unchanged} counterfactuals unchanged by the swap; removed {self.n_unscorable} unscorable and "
             f"{self.n_outliers} outlier pairs; valid {self.n_valid} / test {self.n_test} pairs"
+            + (f"; perplexities of {self.perplexity_model}" if self.perplexity_model else "")
         )
 
 
 def _atomic_text(path: Path, lines: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write("".join(s + "\n" for s in lines))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    from rbjax.report.io import atomic_write_text
+
+    check_output_file(path, "output file")
+    atomic_write_text(path, "".join(s + "\n" for s in lines))
+
+
+def scorer_name(score_fn) -> str:
+    """A readable name of a score function: ``module.qualname`` (``partial(...)`` unwrapped)."""
+    fn, wrap = score_fn, ""
+    if isinstance(fn, functools.partial):
+        fn, wrap = fn.func, "partial"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        return repr(score_fn)
+    mod = getattr(fn, "__module__", None)
+    full = f"{mod}.{name}" if mod else name
+    return f"{wrap}({full})" if wrap else full
 
 
 def _scores(score_fn: ScoreFn, phrases: list[str], what: str) -> np.ndarray:
@@ -207,6 +275,8 @@ def make_splits(
     ddof: int = 0,
     swap_mode: str = "paper",
     swap_direction: str | None = None,
+    unknown: str = "error",
+    model: str | None = None,
 ) -> SplitResult:
     """Build the train / valid / test files of one bias type from annotated phrases (``reference-data.md`` §4).
 
@@ -225,6 +295,10 @@ def make_splits(
             rules; reproduces the released counterfactuals), see :func:`rbjax.data.swap.swap_targets`.
         swap_direction: paper-mode direction; ``None`` = the one closest to the reference
             (:func:`rbjax.data.swap.reference_direction`: two-way for the religion and race types).
+        unknown: a ``bias_phrase`` value that is not a label: ``"error"`` or ``"skip"``
+            (see :func:`read_biased_rows`).
+        model: what produced the perplexities (the ``--model`` of the CLI), recorded in
+            ``<type>_splits.json``; ``None`` = the score function's name.
 
     Returns:
         :class:`SplitResult`.
@@ -232,13 +306,22 @@ def make_splits(
     Raises:
         FileNotFoundError: the annotated file is missing.
         ValueError: bad columns or labels, a split with an empty side, a scorer returning the
-            wrong shape, no pair left after reduction, or an unusable spec name.
+            wrong shape, no pair left after reduction, an unusable spec name, or ``out_dir``
+            (or a parent of it) is a file. Inputs and ``out_dir`` are checked before the
+            scorer is called.
     """
     from rbjax.data.swap import reference_direction, swap_targets
     from rbjax.lmb.stats import outlier_pairs
+    from rbjax.report.io import versions
 
     btype, g1, g2 = layout_names(spec)
-    rows = load_biased_phrases(annotated)
+    out = check_output_dir(out_dir, "output folder")
+    ddir, tdir = out / "data" / btype, out / "text_files" / btype
+    for d in (ddir, tdir):
+        check_output_dir(d, "output folder")
+    biased = read_biased_rows(annotated, unknown=unknown)
+    rows = biased.rows
+    model_name = str(model) if model is not None else scorer_name(score_fn)
     frac = default_train_size(spec.name) if train_size is None else float(train_size)
     train_idx, held_idx = shuffle_split(len(rows), frac, seed)
     train = [rows[i]["phrase"] for i in train_idx]
@@ -263,8 +346,6 @@ def make_splits(
         raise ValueError(f"only {kept.size} pair(s) left after removing unscorable and outlier pairs; cannot split")
     valid_pos, test_pos = shuffle_split(kept.size, 0.5, seed)
 
-    out = Path(out_dir)
-    ddir, tdir = out / "data" / btype, out / "text_files" / btype
     files: dict[str, Path] = {}
     for split, pos in (("valid", valid_pos), ("test", test_pos)):
         sel = kept[pos]
@@ -290,10 +371,22 @@ def make_splits(
     _atomic_text(files["heldout_txt"], held)
 
     res = SplitResult(btype, g1, g2, len(rows), len(train), len(held), n_unchanged, int((~finite).sum()),
-                      int(drop.sum()), int(valid_pos.size), int(test_pos.size), files)
+                      int(drop.sum()), int(valid_pos.size), int(test_pos.size), files,
+                      n_empty_phrase=biased.n_empty_phrase, n_unknown_label=biased.n_unknown_label,
+                      perplexity_model=model_name)
     summary = {k: v for k, v in dataclasses.asdict(res).items() if k != "files"}
-    summary.update(annotated=str(annotated), train_size=frac, seed=seed, n_std=n_std, ddof=ddof, swap_mode=swap_mode,
-                   files={k: str(v.relative_to(out)) for k, v in files.items()})
+    summary.update(
+        annotated=str(annotated), n_annotated_rows=biased.n_rows,
+        perplexity={"model": model_name, "source": "model argument" if model is not None else "score function name",
+                    "columns": "the 'perplexity' columns of the *_reduced.csv files are this model's perplexities, "
+                               "the ones the outlier reduction used"},
+        seed=seed, train_size=frac,
+        fractions={"train": frac, "heldout": 1.0 - frac,
+                   "valid_of_reduced_heldout": "floor(n/2) pairs", "test_of_reduced_heldout": "the rest"},
+        n_std=n_std, ddof=ddof, swap_mode=swap_mode, unknown_labels=unknown,
+        versions=versions(),
+        files={k: str(v.relative_to(out)) for k, v in files.items()},
+    )
     files["summary"] = ddir / f"{btype}_splits.json"
     _atomic_text(files["summary"], [json.dumps(summary, indent=2)])
     return res
