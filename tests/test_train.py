@@ -221,6 +221,25 @@ def test_few_steps_reduce_the_method_loss(tiny_model_dir, tokenizer_dir, redditb
         assert after < 0.95 * before, (before, after)
 
 
+def test_fused_step_equals_micro_step_plus_update(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    from rbjax.debias.train import apply_update, dropout_key, train_step
+
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="add")
+    tr = Trainer(cfg)
+    batch = tr.make_batch(tr.batch_rows(0, 0))
+    kw, okw = tr.step_kwargs(), dict(b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
+    lam, lr, tt, key = jnp.asarray(tr.lambdas), np.float32(1e-3), np.float32(4), dropout_key(0, 0, 0)
+    p1 = jax.device_put(tr.init_params)
+    p1, _, m1, g1 = train_step(p1, tr.new_opt_state(p1), batch, tr.shared, lam, key, lr, tt, **kw, **okw)
+    p2 = jax.device_put(tr.init_params)
+    acc, m2 = micro_step(p2, jax.tree.map(jnp.zeros_like, p2), batch, tr.shared, lam, np.float32(1), key, **kw)
+    p2, _, g2 = apply_update(p2, tr.new_opt_state(p2), acc, lr, tt, **okw)
+    np.testing.assert_allclose(np.asarray(m1), np.asarray(m2), rtol=1e-5)
+    assert float(g1) == pytest.approx(float(g2), rel=1e-4)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- kill and resume
 def _read_metrics(out):
     return [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -358,13 +377,14 @@ def test_sweep_reuses_the_compiled_step(tiny_model_dir, tokenizer_dir, redditbia
 
     base = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method="lmd", max_steps=2, lmp=True,
                 lmp_max_lines=16)
-    grid = {"batch_size": (4,), "grad_accum": (1, 2), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
+    grid = {"batch_size": (4,), "grad_accum": (2, 3), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
     run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=40)
     n_compiled = micro_step._cache_size()
     sel = run_sweep(base, tmp_path / "sw", grid=grid, max_points=3, progress=False, n_bootstrap=100,
                     dev_max_pairs=40)  # resumes: the first point is not run again
-    assert micro_step._cache_size() == n_compiled  # other λ and accumulation: no new compilation
+    assert micro_step._cache_size() == n_compiled  # another λ, another accumulation: no new compilation
     lines = (tmp_path / "sw" / "sweep.jsonl").read_text().splitlines()
     assert len(lines) == 3 and sel["n_runs"] == 3
     assert {sel["reference"]["id"], sel["default"]["id"]} <= {json.loads(ln)["id"] for ln in lines}
     assert (tmp_path / "sw" / "sweep.csv").exists() and (tmp_path / "sw" / "baseline.json").exists()
+

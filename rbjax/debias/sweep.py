@@ -6,9 +6,9 @@ Grid (debias_lm_grid.py:448-452): batch size {4, 8, 16} × gradient accumulation
 do not apply and collapse to one value (9 runs).
 
 Compilation: λ_LM, λ_D, the learning rate, ``t_total`` and the accumulation scale are traced arguments of the jitted
-micro-batch and update steps (:mod:`rbjax.debias.train`), and gradient accumulation is a host loop over one
-compiled micro-batch step, so the whole grid compiles one micro-batch step per batch size (3) and one update step.
-Points are run in grid order with the batch size outermost.
+steps (:mod:`rbjax.debias.train`), and gradient accumulation is a host loop over one compiled micro-batch step, so
+the whole grid compiles, per batch size, one fused step (accumulation 1) and one micro-batch step (accumulation 5
+and 8), plus one update step: 7 programs for 54 runs. Points are run in grid order with the batch size outermost.
 
 After every run: LMB on the *valid* split of the debiased bias type (the released ``*_valid_reduced`` files) and the
 Reddit-6K perplexity (LMP). One line per run goes to ``OUT/sweep.jsonl`` (a killed sweep resumes: finished points

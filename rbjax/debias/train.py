@@ -21,7 +21,8 @@ Training setup (paper §5.1 and the reference Trainer, reference-debias.md §7)
       ``max_steps``), as HF's ``get_linear_schedule_with_warmup(0, t_total)``.
     * Gradient accumulation: the gradients of ``grad_accum`` micro-batches are averaged (each micro-batch loss is
       scaled by ``1/grad_accum``, as the reference Trainer does), then clipped and applied. The micro-batch step and
-      the update step are two jitted functions, so accumulation does not change any compiled shape.
+      the update step are two jitted functions, so accumulation does not change any compiled shape; with
+      accumulation 1 a fused :func:`train_step` does the whole update in one program.
       Micro-batches left over at the end of an epoch (#batches not divisible by accum): ``leftover="drop"`` (paper
       semantics default) drops them; ``leftover="carry"`` (reference semantics default) reproduces the reference
       Trainer: they are added to the first update of the next epoch (which then sums more than ``accum``
@@ -67,7 +68,7 @@ from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
 
 __all__ = [
     "METHODS", "TrainConfig", "TrainResult", "Trainer", "train", "make_optimizer", "linear_schedule",
-    "update_plan", "epoch_permutation", "tokenize_lines", "lm_loss", "micro_step", "apply_update",
+    "update_plan", "epoch_permutation", "tokenize_lines", "lm_loss", "micro_step", "apply_update", "train_step",
     "Checkpointer", "load_training_texts",
 ]
 
@@ -442,6 +443,26 @@ def apply_update(params, opt_state, grads, learning_rate, t_total, *, b1: float,
     return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
 
 
+@partial(jax.jit, static_argnames=("config", "method", "semantics", "dropout", "b1", "b2", "eps", "max_grad_norm"),
+         donate_argnames=("params", "opt_state"))
+def train_step(params, opt_state, batch: dict, shared: dict, lambdas, rng, learning_rate, t_total, *,
+               config: GPT2Config, method: str, semantics: str, dropout: bool, b1: float, b2: float, eps: float,
+               max_grad_norm: float):
+    """A whole update from one micro-batch (accumulation 1): gradient, clip, Adam, in one compiled program.
+
+    Equivalent to ``micro_step`` (scale 1, zero accumulator) followed by :func:`apply_update`, without
+    materialising the accumulator (one pass less over the parameters' memory per update).
+
+    Returns:
+        ``(params, opt_state, metrics (3,) = [lm, debias, total], grad_norm)``.
+    """
+    fn = partial(batch_losses, config=config, method=method, semantics=semantics, dropout=dropout)
+    (tot, (lm, deb)), g = jax.value_and_grad(fn, has_aux=True)(params, batch, shared, lambdas, rng)
+    tx = make_optimizer(learning_rate, t_total, b1=b1, b2=b2, eps=eps, max_grad_norm=max_grad_norm)
+    updates, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, jnp.stack([lm, deb, tot]), optax.tree.norm(g)
+
+
 def dropout_key(seed: int, epoch: int, batch_index: int) -> jax.Array:
     """Dropout key of one micro-batch: ``fold_in(fold_in(key(seed), epoch), batch_index)``.
 
@@ -711,8 +732,8 @@ class Trainer:
         Args:
             stop_after: stop once this many updates are done in total (a checkpoint is written), as if the run
                 had been killed there; a later ``run()`` resumes.
-            callback: called after every micro-batch with ``{"kind": "micro", "update", "micro_batch", "epoch",
-                "batch_index", "rows", "params", "metrics"}`` (``params``: the parameters the gradient was taken at) and after every update with ``{"kind": "update", "update", "params",
+            callback: called before every micro-batch with ``{"kind": "micro", "update", "micro_batch", "epoch",
+                "batch_index", "rows", "params"}`` (``params``: the parameters the gradient is taken at) and after every update with ``{"kind": "update", "update", "params",
                 "lr", "grad_norm", ...}`` (``params`` are donated to the next update: copy what you keep).
             checkpoints: use orbax checkpoints under ``OUT/checkpoints`` (off: no resume, nothing written).
 
@@ -758,19 +779,32 @@ class Trainer:
             win_tok, win_t = 0, time.perf_counter()
             for u in range(start, end):
                 t0 = time.perf_counter()
-                acc = _zeros_like(params)
                 ms, tokens = [], 0
-                for j, (e, b) in enumerate(self.plan[u]):
+                lr = self.lr_at(u)
+                if len(self.plan[u]) == 1:  # accumulation 1: one fused program
+                    (e, b), = self.plan[u]
                     rows = self.batch_rows(e, b)
                     batch = self.make_batch(rows)
                     tokens += int(batch["attention_mask"].sum())
-                    acc, m = micro_step(params, acc, batch, shared, lambdas, scale, dropout_key(cfg.seed, e, b), **kw)
-                    ms.append(m)
                     if callback is not None:
-                        callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e, "batch_index": b,
-                                  "rows": rows, "params": params, "metrics": np.asarray(m)})
-                lr = self.lr_at(u)
-                params, opt_state, gnorm = apply_update(params, opt_state, acc, lr0, tt, **okw)
+                        callback({"kind": "micro", "update": u + 1, "micro_batch": 0, "epoch": e, "batch_index": b,
+                                  "rows": rows, "params": params, "metrics": None})
+                    params, opt_state, m, gnorm = train_step(params, opt_state, batch, shared, lambdas,
+                                                             dropout_key(cfg.seed, e, b), lr0, tt, **kw, **okw)
+                    ms.append(m)
+                else:
+                    acc = _zeros_like(params)
+                    for j, (e, b) in enumerate(self.plan[u]):
+                        rows = self.batch_rows(e, b)
+                        batch = self.make_batch(rows)
+                        tokens += int(batch["attention_mask"].sum())
+                        if callback is not None:
+                            callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
+                                      "batch_index": b, "rows": rows, "params": params, "metrics": None})
+                        acc, m = micro_step(params, acc, batch, shared, lambdas, scale, dropout_key(cfg.seed, e, b),
+                                            **kw)
+                        ms.append(m)
+                    params, opt_state, gnorm = apply_update(params, opt_state, acc, lr0, tt, **okw)
                 mean = np.asarray(jnp.mean(jnp.stack(ms), axis=0))  # syncs with the device
                 now = time.perf_counter()
                 if summary["first_update_s"] is None:
@@ -851,9 +885,12 @@ def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
         folder = resolve_model_dir(src)
     except (FileNotFoundError, RuntimeError):
         return None
-    if (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists()):
-        return folder
-    return None
+    return folder if _has_tokenizer(folder) else None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    folder = Path(folder)
+    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
 
 
 def _lmb_summary(rec: dict) -> dict:
@@ -879,6 +916,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
             types = [cfg.bias_type] + types
         t0 = time.perf_counter()
         recs = measure_bias(model=model_dir, bias_types=types, split="valid", data_dir=cfg.data_dir,
+                            tokenizer=None if _has_tokenizer(model_dir) else cfg.tokenizer,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", batch_size=cfg.eval_batch_size,
                             seed=cfg.seed, progress=cfg.progress)
         res["lmb_valid"] = {
@@ -937,7 +975,8 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         trainer: a prepared :class:`Trainer` for ``cfg`` (the sweep reuses loaded weights).
 
     Returns:
-        the ``results.json`` content (``{"status": "stopped", ...}`` after ``stop_after``).
+        the ``results.json`` content (``{"status": "stopped", ...}`` after ``stop_after``). When ``OUT/results.json``
+        already holds this very configuration's finished run, it is returned as it is.
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: bad inputs (messages name the file / setting).
@@ -956,6 +995,17 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
             elif p.exists():
                 p.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    done = out / "results.json"
+    if stop_after is None and done.exists():
+        try:
+            prev = json.loads(done.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            prev = {}
+        ignore = ("progress", "save_every", "keep_checkpoints", "eval_batch_size")
+        same = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k not in ignore}
+        if prev.get("status") == "done" and {k: v for k, v in (prev.get("config") or {}).items()
+                                             if k not in ignore} == same:
+            return prev  # this very run is complete: nothing to redo (--overwrite starts again)
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
     write_config(cfg, trainer)

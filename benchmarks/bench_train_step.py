@@ -1,0 +1,356 @@
+"""Train-step benchmark (issue 3): rbjax vs PyTorch at the full DialoGPT-small shape, batch 8 x 36 tokens.
+
+One training update (forward, LM loss + debiasing loss, backward, clip 1.0, Adam 5e-5) for the plain LM loss and
+for each debiasing loss (LMD, ADD, HD; paper semantics; HD also in reference semantics, whose running sum is the
+costliest), in rbjax (:func:`rbjax.debias.train.train_step`, the trainer's update at accumulation 1) and in PyTorch (``transformers.GPT2LMHeadModel`` with the same weights, the same batch, the same
+trigger arrays, the loss written with torch ops, ``clip_grad_norm_`` and ``AdamW(weight_decay=0)``).
+
+* Weights: random GPT-2 117M (12 layers, width 768, vocabulary 50257) built in-process with rbjax's initialiser
+  and copied into the PyTorch model, so both compute the same function (the first losses are printed side by side).
+* Batch: 8 RedditBias religion1 training phrases, tokenised and right-padded to 36 tokens, with their triggers;
+  tokens/s counts all 8 x 36 positions.
+* rbjax figures: compile time (first update minus the steady median) and steady-state tokens/s (median of the timed
+  updates). PyTorch: eager mode, steady-state tokens/s after warm-up updates. Dropout 0.1 is on in both.
+* Each framework runs in its own process, one after the other (in one process, the idle thread pool of one
+  slows the other); inside it, the timed updates run in interleaved rounds (every method, round after round) on one
+  set of weights and optimizer state, so that load from other processes affects every method alike.
+
+Usage::
+
+    python benchmarks/bench_train_step.py [--steps 4] [--warmup 1] [--methods lm,lmd,add,hd,hd-ref]
+
+The last line printed is a JSON object with the figures and ratios (rbjax/PyTorch tokens/s per method; each
+debiasing loss's step time relative to the plain LM step, per framework).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+
+B, L = 8, 36
+
+
+def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
+    import numpy as np
+
+    from rbjax.debias.cda import read_train_phrases
+    from rbjax.debias.train import tokenize_lines
+    from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
+    from rbjax.specs import load_spec
+
+    texts = read_train_phrases("religion1", str(data_dir))[:B]
+    ids, mask, _ = tokenize_lines(texts, tokenizer, L, tokenizer.eos_id)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    shared = {}
+    if method in ("lmd", "add", "hd"):
+        tb = TriggerBuilder(load_spec("religion1"), tokenizer, semantics=semantics)
+        pid, pmask = tb.pair_ids("lmd" if method == "lmd" else "add_hd")
+        shared = {"pair_ids": pid.astype(np.int32), "pair_mask": pmask}
+        if method == "lmd":
+            t = tb.lmd(ids, mask)
+            batch.update(lmd_mask=t.mask, norm=t.norm)
+        else:
+            o = tb.attributes(ids, mask)
+            o = tb.attributes(ids, mask, max_occurrences=pad_occurrences(int(o.mask.sum(1).max())))
+            batch.update(occ_weights=o.weights, occ_mask=o.mask)
+    return batch, shared
+
+
+# ------------------------------------------------------------------------------------------------------ rbjax
+class RbjaxStep:
+    """The trainer's update at accumulation 1: :func:`rbjax.debias.train.train_step` (gradient, clip, Adam)."""
+
+    def __init__(self, config, params, lambdas=(0.01, 10.0)):
+        import jax
+        import jax.numpy as jnp
+
+        from rbjax.debias.train import make_optimizer
+
+        self.config = config
+        self.p = jax.device_put(params)
+        self.opt = make_optimizer(5e-5, 1000).init(self.p)
+        self.lam = jnp.asarray(lambdas, jnp.float32)
+        self.i = 0
+
+    def __call__(self, batch, shared, method, semantics) -> float:
+        import jax
+        import numpy as np
+
+        from rbjax.debias.train import dropout_key, train_step
+
+        t0 = time.perf_counter()
+        self.p, self.opt, m, _ = train_step(self.p, self.opt, batch, shared, self.lam, dropout_key(0, 0, self.i),
+                                            np.float32(5e-5), np.float32(1000), config=self.config, method=method,
+                                            semantics=semantics, dropout=True, b1=0.9, b2=0.999, eps=1e-8,
+                                            max_grad_norm=1.0)
+        np.asarray(m)
+        jax.block_until_ready(self.p)
+        self.i += 1
+        return time.perf_counter() - t0
+
+
+def rbjax_eval_losses(config, params, batch, shared, method, semantics, lambdas=(0.01, 10.0)):
+    import jax
+    import numpy as np
+
+    from rbjax.debias.train import batch_losses
+
+    tot, (lm, deb) = jax.jit(lambda p: batch_losses(p, batch, shared, np.asarray(lambdas, np.float32), None,
+                                                    config=config, method=method, semantics=semantics,
+                                                    dropout=False))(params)
+    return [float(lm), float(deb), float(tot)]
+
+
+# ---------------------------------------------------------------------------------------------------- PyTorch
+def torch_losses(model, batch, shared, method, semantics, lambdas, torch):
+    """LM loss + the paper's debiasing losses in torch ops (the same formulas as rbjax.debias.losses)."""
+    F = torch.nn.functional
+    ids = batch["input_ids"]
+    mask = batch["attention_mask"]
+    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    logits, h = out.logits, out.hidden_states[-1]  # last hidden state is after ln_f
+    tm = (mask[:, 1:] * mask[:, :-1]).float()
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                          reduction="none").view(tm.shape)
+    lm = (nll * tm).sum() / tm.sum().clamp(min=1)
+    if method == "lm":
+        return lm, lm.new_zeros(()), lm
+    wte = model.transformer.wte.weight
+    pm = shared["pair_mask"].float()
+    rows = wte[shared["pair_ids"]]  # (P, 2, W, d)
+    e = (rows * pm[..., None]).sum(-2) / pm.sum(-1, keepdim=True).clamp(min=1)
+    if semantics == "reference":
+        e = e.detach()
+    if method == "lmd":
+        m = batch["lmd_mask"]
+        gap = torch.einsum("bld,pd->blp", h, e[:, 0] - e[:, 1]).abs()
+        cnt = m.sum(-1)
+        hit = cnt > 0
+        per = (m * gap).sum(-1) / cnt.clamp(min=1)
+        deb = per[hit].sum() / hit.sum().clamp(min=1)
+    else:
+        ha = torch.einsum("bnl,bld->bnd", batch["occ_weights"], h)
+        valid = batch["occ_mask"]
+        if method == "add":
+            def cos(x, y):
+                xx, yy = (x * x).sum(-1), (y * y).sum(-1)
+                ok = (xx > 0) & (yy > 0)
+                c = (x * y).sum(-1) / (xx.clamp(min=1e-30).sqrt() * yy.clamp(min=1e-30).sqrt())
+                return torch.where(ok, c, torch.zeros_like(c))
+
+            c = cos(ha[:, :, None, None, :], e[None, None])
+            deb = (valid * (c[..., 1] - c[..., 0]).abs().sum(-1)).sum()
+        else:
+            ed = e.detach()
+            cmat = (ed[:, 0] - ed[:, 1]) / 2 if semantics == "paper" else (ed[:, 1] - ed[:, 0]) / 2
+            _, s, vh = torch.linalg.svd(cmat, full_matrices=False)
+            s2 = s * s
+            before = (torch.cumsum(s2, 0) - s2) / s2.sum()
+            keep = (before < 0.5) if semantics == "paper" else (before <= 0.5)
+            basis = vh.T * keep.float()
+            coef = torch.einsum("bnd,dm->bnm", ha, basis)
+            if semantics == "paper":
+                deb = (valid * coef.abs().sum(-1)).sum()
+            else:
+                proj = torch.einsum("bnm,dm->bnd", coef, basis) * valid[..., None]
+                run = torch.cumsum(proj.reshape(-1, proj.shape[-1]), 0)
+                deb = (valid.reshape(-1) * run.abs().sum(-1)).sum()
+    lam_lm, lam_d = lambdas
+    if semantics == "reference":
+        total = lam_lm * lm + lam_d * deb if float(deb) != 0 else lm
+    else:
+        total = lam_lm * lm + lam_d * deb
+    return lm, deb, total
+
+
+class TorchStep:
+    """A PyTorch update with the same weights: forward, LM + debias loss, backward, clip 1.0, AdamW(wd 0)."""
+
+    def __init__(self, config, params, lambdas=(0.01, 10.0)):
+        import numpy as np
+        import torch
+        import transformers
+
+        from rbjax.model.hf import params_to_state_dict
+
+        torch.manual_seed(0)
+        self.torch = torch
+        tcfg = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_positions,
+                                       n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)
+        self.model = transformers.GPT2LMHeadModel(tcfg)
+        sd = {k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, config).items()}
+        missing, _ = self.model.load_state_dict(sd, strict=False)
+        assert not [k for k in missing if not k.endswith(("attn.bias", "attn.masked_bias", "lm_head.weight"))], missing
+        self.model.tie_weights()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=5e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        self.lambdas = lambdas
+
+    def convert(self, batch_np, shared_np):
+        import numpy as np
+
+        torch = self.torch
+        conv = {k: torch.tensor(np.asarray(v)) for k, v in batch_np.items()}
+        conv["input_ids"] = conv["input_ids"].long()
+        conv["attention_mask"] = conv["attention_mask"].long()
+        for k in ("lmd_mask", "occ_weights", "occ_mask", "norm"):
+            if k in conv:
+                conv[k] = conv[k].float()
+        sh = {"pair_ids": torch.tensor(np.asarray(shared_np["pair_ids"])).long(),
+              "pair_mask": torch.tensor(np.asarray(shared_np["pair_mask"]))} if shared_np else {}
+        return conv, sh
+
+    def eval_losses(self, conv, sh, method, semantics):
+        self.model.eval()
+        with self.torch.no_grad():
+            out = [float(x) for x in torch_losses(self.model, conv, sh, method, semantics, self.lambdas, self.torch)]
+        self.model.train()
+        return out
+
+    def __call__(self, conv, sh, method, semantics) -> float:
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        _, _, total = torch_losses(self.model, conv, sh, method, semantics, self.lambdas, self.torch)
+        total.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return time.perf_counter() - t0
+
+
+def worker(args) -> dict:
+    """One framework's figures for every method (runs in its own process)."""
+    import jax
+    import numpy as np
+
+    from rbjax.model.gpt2 import GPT2Config, init_params
+    from rbjax.model.tokenizer import load_tokenizer
+
+    config = GPT2Config()  # DialoGPT-small / GPT-2 117M shape
+    t0 = time.perf_counter()
+    params = jax.device_get(init_params(config, seed=0))
+    init_s = time.perf_counter() - t0
+    tok = load_tokenizer(args.tokenizer)
+    names = args.methods.split(",")
+    variants = {}
+    for name in names:
+        method, semantics = (name[:-4], "reference") if name.endswith("-ref") else (name, "paper")
+        batch, shared = build_batch(method, semantics, tok, Path(args.data_dir))
+        variants[name] = [method, semantics, batch, shared]
+    fw = args.worker
+    res = {n: {"method": v[0], "semantics": v[1], "steps_s": []} for n, v in variants.items()}
+    if fw == "rbjax":
+        step = RbjaxStep(config, params)
+        for name, (method, semantics, batch, shared) in variants.items():
+            res[name]["eval_losses"] = rbjax_eval_losses(config, params, batch, shared, method, semantics)
+        for name, (method, semantics, batch, shared) in variants.items():  # compile: the first update
+            res[name]["first_update_s"] = step(batch, shared, method, semantics)
+            print(f"[rbjax {name}] first update (compile + run) {res[name]['first_update_s']:.1f} s", file=sys.stderr,
+                  flush=True)
+        call = lambda v: step(v[2], v[3], v[0], v[1])  # noqa: E731
+    else:
+        import torch
+
+        step = TorchStep(config, params)
+        for name, v in variants.items():
+            v[2], v[3] = step.convert(v[2], v[3])
+            res[name]["eval_losses"] = step.eval_losses(v[2], v[3], v[0], v[1])
+        for name, v in variants.items():
+            for _ in range(args.warmup):
+                step(v[2], v[3], v[0], v[1])
+        call = lambda v: step(v[2], v[3], v[0], v[1])  # noqa: E731
+        res["_threads"] = torch.get_num_threads()
+        res["_torch"] = torch.__version__
+    for k in range(args.steps):  # interleaved rounds: drifting load hits every method alike
+        for name, v in variants.items():
+            res[name]["steps_s"].append(call(v))
+        print(f"[{fw}] round {k + 1}/{args.steps}: " + ", ".join(
+            f"{n} {res[n]['steps_s'][-1]:.2f} s" for n in variants), file=sys.stderr, flush=True)
+    for name in variants:
+        r = res[name]
+        r["step_s"] = statistics.median(r["steps_s"])
+        r["min_step_s"] = min(r["steps_s"])
+        r["tokens_per_s"] = B * L / r["step_s"]
+        if fw == "rbjax":
+            r["compile_s"] = r["first_update_s"] - r["step_s"]
+    res["_init_s"] = init_s
+    res["_n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=4, help="timed updates per method and framework (interleaved rounds)")
+    ap.add_argument("--warmup", type=int, default=1, help="PyTorch warm-up updates per method")
+    ap.add_argument("--methods", default="lm,lmd,add,hd,hd-ref")
+    ap.add_argument("--data-dir", default=str(SHARED / "redditbias"))
+    ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--worker", choices=["rbjax", "torch"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if "lm" not in args.methods.split(","):
+        args.methods = "lm," + args.methods
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+
+    import subprocess
+
+    from rbjax.report.io import versions
+
+    # each framework in its own process, one after the other: their thread pools never compete
+    out = {}
+    for fw in ["rbjax"] + ([] if args.no_torch else ["torch"]):
+        cmd = [sys.executable, __file__, "--worker", fw, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--methods", args.methods, "--data-dir", args.data_dir, "--tokenizer", args.tokenizer]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            print(f"{fw} worker failed (exit {p.returncode})", file=sys.stderr)
+            return 1
+        out[fw] = json.loads(p.stdout.strip().splitlines()[-1])
+    rj = out["rbjax"]
+    names = args.methods.split(",")
+    for n in names:
+        line = (f"[{n}] rbjax: compile {rj[n]['compile_s']:.1f} s, step {rj[n]['step_s']:.3f} s "
+                f"(min {rj[n]['min_step_s']:.3f}), {rj[n]['tokens_per_s']:.0f} tok/s")
+        if "torch" in out:
+            t = out["torch"][n]
+            line += f" | torch: step {t['step_s']:.3f} s (min {t['min_step_s']:.3f}), {t['tokens_per_s']:.0f} tok/s"
+        print(line)
+    v = versions()
+    summary = {
+        "shape": {"n_layer": 12, "n_embd": 768, "vocab": 50257, "n_params": rj["_n_params"], "batch": B, "block": L},
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or None,
+                    "cpu_count": os.cpu_count(), "jax_backend": v.get("jax_backend")},
+        "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")},
+        "steps": args.steps,
+        "rbjax_tokens_per_s": {n: rj[n]["tokens_per_s"] for n in names},
+        "rbjax_step_s": {n: rj[n]["step_s"] for n in names},
+        "rbjax_compile_s": {n: rj[n]["compile_s"] for n in names},
+        "rbjax_debias_overhead": {n: rj[n]["step_s"] / rj["lm"]["step_s"] - 1 for n in names},
+    }
+    if "torch" in out:
+        th = out["torch"]
+        summary["versions"]["torch"] = th["_torch"]
+        summary["torch_threads"] = th["_threads"]
+        summary["torch_tokens_per_s"] = {n: th[n]["tokens_per_s"] for n in names}
+        summary["torch_step_s"] = {n: th[n]["step_s"] for n in names}
+        summary["rbjax_over_torch"] = {n: rj[n]["tokens_per_s"] / th[n]["tokens_per_s"] for n in names}
+        summary["torch_debias_overhead"] = {n: th[n]["step_s"] / th["lm"]["step_s"] - 1 for n in names}
+        summary["loss_parity_max_rel"] = {
+            n: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(rj[n]["eval_losses"], th[n]["eval_losses"]))
+            for n in names}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
