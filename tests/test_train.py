@@ -376,12 +376,12 @@ def test_sweep_reuses_the_compiled_step(tiny_model_dir, tokenizer_dir, redditbia
     from rbjax.debias.sweep import run_sweep
 
     base = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method="lmd", max_steps=2, lmp=True,
-                lmp_max_lines=16)
+                lmp_max_lines=8, eval_batch_size=16)
     grid = {"batch_size": (4,), "grad_accum": (2, 3), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
-    run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=40)
+    run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=24)
     n_compiled = micro_step._cache_size()
     sel = run_sweep(base, tmp_path / "sw", grid=grid, max_points=3, progress=False, n_bootstrap=100,
-                    dev_max_pairs=40)  # resumes: the first point is not run again
+                    dev_max_pairs=24)  # resumes: the first point is not run again
     assert micro_step._cache_size() == n_compiled  # another λ, another accumulation: no new compilation
     lines = (tmp_path / "sw" / "sweep.jsonl").read_text().splitlines()
     assert len(lines) == 3 and sel["n_runs"] == 3

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import shutil
 import sys
 import time
@@ -176,6 +177,19 @@ def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float
     }
 
 
+def _finite(o):
+    """Non-finite floats (and numpy scalars) made JSON-safe: NaN/inf become None."""
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -291,7 +305,7 @@ def run_sweep(base: TrainConfig, out_dir: str | Path, *, grid: dict[str, Sequenc
                    "updates": res.updates_done, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
                    "last": res.summary.get("last")}
             with open(jpath, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, allow_nan=False, default=float) + "\n")
+                f.write(json.dumps(_finite(rec), allow_nan=False, default=float) + "\n")
             records.append(rec)
             if not keep_checkpoints:
                 shutil.rmtree(pdir / "checkpoints", ignore_errors=True)
