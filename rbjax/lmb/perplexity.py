@@ -24,8 +24,44 @@ import numpy as np
 
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
 
-#: default length buckets (GPT-2 tokens); longer phrases go to multiples of 64
-DEFAULT_BUCKETS: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+#: default length buckets (GPT-2 tokens; RedditBias phrases have 4-26): fine where phrases are dense, so little
+#: compute goes to padding, and few enough that a run compiles a handful of programs (≈1 s each at the
+#: DialoGPT-small shape on CPU); longer phrases go to multiples of 64
+DEFAULT_BUCKETS: tuple[int, ...] = (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)
+
+
+#: vocabulary columns per step of the chunked log-sum-exp (see :func:`chunked_logsumexp`)
+HEAD_CHUNK = 8192
+
+
+def chunked_logsumexp(h, emb, chunk: int = HEAD_CHUNK):
+    """``logsumexp(h @ emb.T, axis=-1)`` without materialising the (N, V) logits.
+
+    The tied LM head of GPT-2 has V = 50257 columns; for a batch of 1024 positions its logits
+    are 200 MB, and writing and re-reading them dominates scoring on CPU. This streams over
+    ``chunk`` columns at a time with a running max / sum (exact up to fp32 rounding).
+
+    Args:
+        h: (N, d) float32 states; emb: (V, d) output embeddings.
+    Returns:
+        (N,) float32.
+    """
+    V = emb.shape[0]
+    chunk = min(chunk, V)
+    n = -(-V // chunk)
+
+    def body(carry, i):
+        m, s = carry
+        start = jnp.minimum(i * chunk, V - chunk)  # the last chunk overlaps; its repeated columns are masked
+        lg = h @ jax.lax.dynamic_slice_in_dim(emb, start, chunk, 0).T
+        lg = jnp.where((start + jnp.arange(chunk))[None, :] >= i * chunk, lg, -jnp.inf)
+        mn = jnp.maximum(m, lg.max(-1))
+        s = s * jnp.exp(m - mn) + jnp.exp(lg - mn[:, None]).sum(-1)
+        return (mn, s), None
+
+    init = (jnp.full(h.shape[:1], -jnp.inf, h.dtype), jnp.zeros(h.shape[:1], h.dtype))
+    (m, s), _ = jax.lax.scan(body, init, jnp.arange(n))
+    return m + jnp.log(s)
 
 
 @partial(jax.jit, static_argnames=("config",))
@@ -33,7 +69,8 @@ def token_nll(params, input_ids, attention_mask, config: GPT2Config):
     """Summed next-token NLL and scored-token count per row.
 
     Works for right- or left-padded rows (positions are counted from the first real
-    token). Target j is scored when tokens j-1 and j are both real.
+    token). Target j is scored when tokens j-1 and j are both real. The LM head's
+    normaliser is computed by :func:`chunked_logsumexp`.
 
     Args:
         params: GPT-2 params pytree.
@@ -45,12 +82,15 @@ def token_nll(params, input_ids, attention_mask, config: GPT2Config):
     """
     model = GPT2LMHeadModel(config)
     pos = position_ids_from_mask(attention_mask)
-    logits, _ = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos)
-    logits = logits[:, :-1]
+    _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos,
+                            return_logits=False)
+    B, L, d = hidden.shape
+    h = hidden[:, :-1].astype(jnp.float32)
+    emb = params["wte"]["embedding"].astype(jnp.float32)
     targets = input_ids[:, 1:]
     tmask = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    lse = chunked_logsumexp(h.reshape(-1, d), emb).reshape(B, L - 1)
+    tgt = jnp.einsum("bld,bld->bl", h, emb[targets])
     nll = (lse - tgt) * tmask
     return nll.sum(-1), tmask.sum(-1).astype(jnp.int32)
 

@@ -192,6 +192,7 @@ class GPT2LMHeadModel(nn.Module):
             With left padding, pass ``position_ids`` too (see :func:`position_ids_from_mask`).
         position_ids: optional int array (B, L); default ``arange(L)``.
         deterministic: disable dropout (inference). Training needs ``rngs={'dropout': key}``.
+        return_logits: ``False`` skips the LM head and returns ``(None, hidden)``.
 
     Returns:
         ``(logits, hidden)``: logits (B, L, V) in float32 (next-token scores; position i
@@ -203,7 +204,8 @@ class GPT2LMHeadModel(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True):
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
+                 return_logits: bool = True):
         cfg = self.config
         B, L = input_ids.shape
         wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=nn.initializers.normal(cfg.initializer_range),
@@ -219,6 +221,8 @@ class GPT2LMHeadModel(nn.Module):
         for i in range(cfg.n_layer):
             x = _Block(cfg, name=f"h_{i}")(x, bias, deterministic)
         hidden = nn.LayerNorm(cfg.layer_norm_epsilon, name="ln_f")(x)
+        if not return_logits:  # callers that only need states (or compute the head themselves, chunked)
+            return None, hidden
         logits = wte.attend(hidden.astype(self.dtype)).astype(jnp.float32)
         return logits, hidden
 
