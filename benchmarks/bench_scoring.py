@@ -5,7 +5,8 @@ Scores real RedditBias test phrases (all five bias types, both sides) with
   * PyTorch, padded batches of 64 in file order,
   * PyTorch, padded batches of 64 after sorting by length,
   * rbjax (jit, length buckets, fixed batch), compile time reported separately,
-checks that rbjax's perplexities equal PyTorch's, and prints phrases/s; the last line is JSON.
+checks that rbjax's perplexities equal PyTorch's, and prints phrases/s (median of interleaved rounds, so that a
+change in machine load hits every method alike); the last line is JSON.
 
     python benchmarks/bench_scoring.py [--n-phrases 600 | --all] [--batch-size 64]
 """
@@ -39,10 +40,11 @@ def phrases_from(data_dir: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-phrases", type=int, default=600, help="evenly spaced sample of the test phrases")
+    ap.add_argument("--n-phrases", type=int, default=320, help="evenly spaced sample of the test phrases")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per method (median reported)")
     ap.add_argument("--all", action="store_true", help="score all test phrases (≈2.4k)")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--n-loop", type=int, default=150,
+    ap.add_argument("--n-loop", type=int, default=60,
                     help="phrases for the slow one-at-a-time PyTorch loop (a rate; evenly spaced subsample)")
     ap.add_argument("--data-dir", default=str(SHARED / "redditbias"))
     ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
@@ -76,20 +78,33 @@ def main() -> None:
         cfg, params = load_pretrained(d)
 
     res: dict = {}
+    from rbjax.lmb.perplexity import _bucket, token_nll
 
-    # --- PyTorch, one at a time (reference loop) ---
-    loop_idx = np.linspace(0, n - 1, min(args.n_loop, n)).astype(int)
+    scorer = PerplexityScorer(params, cfg, batch_size=args.batch_size)
+    # compile time, measured on its own: ahead-of-time lowering + compilation of every bucket shape a run uses
+    shapes = sorted({_bucket(len(s), scorer.buckets) for s in ids if len(s) >= 2})
     t0 = time.perf_counter()
-    ref_ppl = []
-    with torch.inference_mode():
-        for i in loop_idx:
-            x = torch.tensor([ids[i]])
-            ref_ppl.append(math.exp(tmodel(x, labels=x).loss.item()))
-    res["torch_one_at_a_time"] = len(loop_idx) / (time.perf_counter() - t0)
+    for L in shapes:
+        z = np.zeros((args.batch_size, L), np.int32)
+        token_nll.lower(scorer.params, z, z, cfg).compile()
+    res["rbjax_compile_s"] = time.perf_counter() - t0
+    res["rbjax_programs"] = len(shapes)
+    t0 = time.perf_counter()
+    scorer.score_ids(ids)  # first call through jit (warm-up)
+    res["rbjax_first_call_s"] = time.perf_counter() - t0
+
+    loop_idx = np.linspace(0, n - 1, min(args.n_loop, n)).astype(int)
+
+    def torch_loop():
+        out = []
+        with torch.inference_mode():
+            for i in loop_idx:
+                x = torch.tensor([ids[i]])
+                out.append(math.exp(tmodel(x, labels=x).loss.item()))
+        return np.array(out)
 
     def torch_batched(order):
         out = np.zeros(n)
-        t0 = time.perf_counter()
         with torch.inference_mode():
             for k in range(0, n, args.batch_size):
                 rows = order[k:k + args.batch_size]
@@ -103,31 +118,29 @@ def main() -> None:
                 nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
                 tm = (m[:, 1:] * m[:, :-1]).float()
                 out[rows] = torch.exp((nll * tm).sum(1) / tm.sum(1)).numpy()
-        return n / (time.perf_counter() - t0), out
+        return out
 
-    res["torch_batched"], _ = torch_batched(list(range(n)))
-    res["torch_batched_sorted"], sorted_ppl = torch_batched(list(np.argsort([len(s) for s in ids], kind="stable")))
+    sorted_order = list(np.argsort([len(s) for s in ids], kind="stable"))
+    runs = {
+        "torch_one_at_a_time": (torch_loop, len(loop_idx)),
+        "torch_batched": (lambda: torch_batched(list(range(n))), n),
+        "torch_batched_sorted": (lambda: torch_batched(sorted_order), n),
+        "rbjax": (lambda: scorer.score_ids(ids).perplexity, n),
+    }
+    # rounds interleave the methods, so a change in machine load hits all of them; the median round is reported
+    rates: dict = {k: [] for k in runs}
+    outputs = {}
+    for _ in range(args.rounds):
+        for k, (fn, count) in runs.items():
+            t0 = time.perf_counter()
+            outputs[k] = fn()
+            rates[k].append(count / (time.perf_counter() - t0))
+    for k, v in rates.items():
+        res[k] = float(np.median(v))
+        res[k + "_rounds"] = [round(x, 2) for x in v]
+    ref_ppl, sorted_ppl, ours = outputs["torch_one_at_a_time"], outputs["torch_batched_sorted"], outputs["rbjax"]
 
-    # --- rbjax ---
-    from rbjax.lmb.perplexity import _bucket, token_nll
-
-    scorer = PerplexityScorer(params, cfg, batch_size=args.batch_size)
-    # compile time, measured on its own: ahead-of-time lowering + compilation of every bucket shape a run uses
-    shapes = sorted({_bucket(len(s), scorer.buckets) for s in ids if len(s) >= 2})
-    t0 = time.perf_counter()
-    for L in shapes:
-        z = np.zeros((args.batch_size, L), np.int32)
-        token_nll.lower(scorer.params, z, z, cfg).compile()
-    res["rbjax_compile_s"] = time.perf_counter() - t0
-    res["rbjax_programs"] = len(shapes)
-    t0 = time.perf_counter()
-    scorer.score_ids(ids)  # first call through jit (its own compile, then scoring)
-    res["rbjax_first_call_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ours = scorer.score_ids(ids).perplexity
-    res["rbjax"] = n / (time.perf_counter() - t0)
-
-    rel = np.abs(ours[loop_idx] - np.array(ref_ppl)) / np.array(ref_ppl)
+    rel = np.abs(ours[loop_idx] - ref_ppl) / ref_ppl
     res["max_rel_diff_vs_torch"] = float(rel.max())  # vs the reference formula, one phrase at a time
     res["max_rel_diff_vs_torch_batched"] = float((np.abs(ours - sorted_ppl) / sorted_ppl).max())
     res["n_phrases"] = n
