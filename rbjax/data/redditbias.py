@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, canonical_bias_type, is_spec_path, layout_names, load_spec
+from rbjax.report.io import sha256_file
 
 SPLITS = ("test", "valid", "valid+test")
 ENV_DATA_DIR = "RBJAX_DATA_DIR"
@@ -44,13 +44,6 @@ def manifest() -> dict:
 def cache_root() -> Path:
     return Path(os.environ.get(ENV_CACHE_DIR, Path.home() / ".cache" / "rbjax")).expanduser()
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class RedditBiasData:
@@ -101,7 +94,7 @@ class RedditBiasData:
         meta = self._files.get(rel)
         if meta is None:
             raise FileNotFoundError(f"{rel}: not a file of umanlp/RedditBias@{self.commit[:7]}")
-        if p.exists() and p.stat().st_size == meta["bytes"] and _sha256(p) == meta["sha256"]:
+        if p.exists() and p.stat().st_size == meta["bytes"] and sha256_file(p) == meta["sha256"]:
             return p
         if not self.download:
             raise FileNotFoundError(f"{p}: not in the cache and downloading is disabled")
@@ -122,7 +115,7 @@ class RedditBiasData:
                     f"cannot download {url} ({e}). Without network access, point rbjax at a local copy of "
                     f"umanlp/RedditBias: --data-dir on the command line, data_dir= in Python, or {ENV_DATA_DIR}."
                 ) from None
-            got = _sha256(Path(tmp))
+            got = sha256_file(Path(tmp))
             if got != meta["sha256"]:
                 raise RuntimeError(f"{url}: checksum mismatch (sha256 {got}, expected {meta['sha256']}); not cached")
             os.replace(tmp, dest)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from rbjax.data.dumps import DumpStats, UnreadableDumpsError, check_paths, iter_records
+from rbjax.report.io import file_mode
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -490,11 +491,6 @@ def _make_parent(path: Path) -> None:
         raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
 
 
-def _umask() -> int:
-    m = os.umask(0)
-    os.umask(m)
-    return m
-
 
 @contextlib.contextmanager
 def atomic_csv_writer(path: str | Path, header: Sequence[str]):
@@ -517,7 +513,7 @@ def atomic_csv_writer(path: str | Path, header: Sequence[str]):
             w = csv.writer(fh)
             w.writerow(header)
             yield w
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
+        os.chmod(tmp, file_mode())  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -21,13 +21,13 @@ targets would be NaN) and counted in ``n_unscorable``.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from rbjax.report.io import sha256_file
 
 __all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
 
@@ -153,13 +153,6 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
                      block_size: int = BLOCK_SIZE, batch_size: int = 64, max_lines: int | None = None,
@@ -194,5 +187,5 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     finally:
         if bar is not None:
             bar.close()
-    out.update(file=str(path), sha256=_sha256(Path(path)), max_lines=max_lines)
+    out.update(file=str(path), sha256=sha256_file(Path(path)), max_lines=max_lines)
     return out

@@ -20,7 +20,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
+        os.chmod(tmp, file_mode())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -32,6 +32,22 @@ def _umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+def file_mode() -> int:
+    """Permissions for a result file: what ``open()`` would give (``mkstemp`` makes 0600)."""
+    return 0o666 & ~_umask()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _json_default(o):
