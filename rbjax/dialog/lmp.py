@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
 from rbjax.report.io import sha256_file
 
 __all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
