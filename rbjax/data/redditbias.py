@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import os
-import tempfile
 import urllib.request
 from importlib import resources
 from pathlib import Path
 
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, canonical_bias_type, is_spec_path, layout_names, load_spec
-from rbjax.report.io import sha256_file
+from rbjax.report.io import atomic_file, sha256_file
 
 SPLITS = ("test", "valid", "valid+test")
 ENV_DATA_DIR = "RBJAX_DATA_DIR"
@@ -103,25 +103,21 @@ class RedditBiasData:
 
     def _fetch(self, rel: str, dest: Path, meta: dict) -> None:
         url = self._url.rstrip("/") + "/" + rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-        try:
+        with atomic_file(dest, "wb") as f:  # nothing reaches the cache unless the checksum matches
+            h = hashlib.sha256()
             try:
-                with urllib.request.urlopen(url, timeout=60) as r, os.fdopen(fd, "wb") as f:
+                with urllib.request.urlopen(url, timeout=60) as r:
                     while chunk := r.read(1 << 20):
                         f.write(chunk)
+                        h.update(chunk)
             except OSError as e:
                 raise RuntimeError(
                     f"cannot download {url} ({e}). Without network access, point rbjax at a local copy of "
                     f"umanlp/RedditBias: --data-dir on the command line, data_dir= in Python, or {ENV_DATA_DIR}."
                 ) from None
-            got = sha256_file(Path(tmp))
-            if got != meta["sha256"]:
-                raise RuntimeError(f"{url}: checksum mismatch (sha256 {got}, expected {meta['sha256']}); not cached")
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            if h.hexdigest() != meta["sha256"]:
+                raise RuntimeError(f"{url}: checksum mismatch (sha256 {h.hexdigest()}, expected {meta['sha256']}); "
+                                   "not cached")
 
     # -- file names -------------------------------------------------------------------
     @staticmethod

@@ -35,16 +35,14 @@ import contextlib
 import csv
 import dataclasses
 import html
-import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from rbjax.data.dumps import DumpStats, UnreadableDumpsError, check_paths, iter_records
-from rbjax.report.io import file_mode
+from rbjax.report.io import atomic_file
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -504,21 +502,14 @@ def atomic_csv_writer(path: str | Path, header: Sequence[str]):
     """
     path = Path(path)
     _make_parent(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(header)
-            yield w
-        os.chmod(tmp, file_mode())  # mkstemp makes 0600; outputs are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with contextlib.ExitStack() as stack:
+        try:
+            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline=""))
+        except OSError as e:
+            raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+        w = csv.writer(fh)
+        w.writerow(header)
+        yield w
 
 
 def output_paths(out: str | Path, names: Sequence[str]) -> dict[str, Path]:

@@ -1,6 +1,7 @@
 """Atomic result files and run metadata (versions, settings) stored with every result."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -12,20 +13,33 @@ from importlib import metadata
 from pathlib import Path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs):
+    """A file object on a temporary file next to ``path``, moved into place when the block succeeds.
+
+    On an exception in the block (a failed check included) the temporary file is removed and
+    ``path`` is left untouched, so nobody ever sees a half-written result. The file gets the
+    permissions ``open()`` would give (``mkstemp`` makes 0600). Creates ``path``'s folder.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.chmod(tmp, file_mode())  # mkstemp makes 0600; results are ordinary files
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
+    with atomic_file(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    return Path(path)
 
 
 def _umask() -> int:
