@@ -1,7 +1,6 @@
 """``rbjax measure``: language model bias (LMB) of a model on RedditBias (paper §3.1)."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]

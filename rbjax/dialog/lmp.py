@@ -98,8 +98,9 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
                       batch_size: int = 64, progress: Callable[[int], None] | None = None) -> dict:
     """LMP of a GPT-2 on reference lines (paper §3.2).
 
-    Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored in fixed
-    ``(batch_size, block_size)`` batches (one compiled program; padding is masked out of attention and loss).
+    Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored by the LMB scorer
+    (:class:`rbjax.lmb.perplexity.PerplexityScorer`: length-sorted batches, padding masked out of attention and
+    loss); the per-line NLL sums are pooled by :func:`lmp_from_counts`.
 
     Args:
         params: GPT-2 params pytree (numpy or jax arrays).
@@ -117,9 +118,7 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     Raises:
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
     """
-    import jax
-
-    from rbjax.lmb.perplexity import token_nll
+    from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 
     if not lines:
         raise ValueError("no lines to score")
@@ -128,27 +127,13 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     toks = tokenizer.encode_batch(list(lines))
     n_trunc = sum(len(t) > block_size for t in toks)
     toks = [t[:block_size] for t in toks]
-    for i, t in enumerate(toks):
-        if t and max(t) >= config.vocab_size:
-            raise ValueError(f"line {i + 1}: token id {max(t)} outside the model vocabulary ({config.vocab_size})")
     n = len(toks)
-    nll = np.zeros(n, np.float64)
-    cnt = np.zeros(n, np.int64)
     lens = np.array([len(t) for t in toks], np.int64)
-    dev_params = jax.device_put(params)
-    with jax.default_matmul_precision("highest"):
-        for start in range(0, n, batch_size):
-            rows = toks[start:start + batch_size]
-            ids = np.zeros((batch_size, block_size), np.int32)
-            mask = np.zeros((batch_size, block_size), np.int32)
-            for r, t in enumerate(rows):
-                ids[r, :len(t)] = t
-                mask[r, :len(t)] = 1
-            s, c = token_nll(dev_params, ids, mask, config)
-            nll[start:start + len(rows)] = np.asarray(s, np.float64)[:len(rows)]
-            cnt[start:start + len(rows)] = np.asarray(c)[:len(rows)]
-            if progress is not None:
-                progress(len(rows))
+    try:
+        scores = PerplexityScorer(params, config, batch_size=batch_size).score_ids(toks, progress=progress)
+    except PhraseError as e:
+        raise ValueError(f"line {e.index + 1}: {e.problem}") from None
+    nll, cnt = scores.nll_sum, scores.n_scored
     out = lmp_from_counts(nll, cnt, lens)
     out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size))
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -112,11 +112,14 @@ class PhraseScores:
         mean_nll: float64 (N,), mean next-token NLL in nats (NaN when unscorable).
         n_scored: int (N,), number of scored tokens (0 = unscorable).
         n_tokens: int (N,), phrase length in tokens (without an added BOS).
+        nll_sum: float64 (N,), summed next-token NLL in nats (0 when unscorable); corpus-level
+            estimators (e.g. LMP) pool these.
     """
 
     mean_nll: np.ndarray
     n_scored: np.ndarray
     n_tokens: np.ndarray
+    nll_sum: np.ndarray
 
     @property
     def perplexity(self) -> np.ndarray:
@@ -204,7 +207,7 @@ class PerplexityScorer:
             unscored = int(np.sum(lengths < 2))
             if unscored:
                 progress(unscored)
-        return PhraseScores(mean_nll=mean, n_scored=n_scored, n_tokens=n_tok)
+        return PhraseScores(mean_nll=mean, n_scored=n_scored, n_tokens=n_tok, nll_sum=nll_sum)
 
     def score_texts(self, texts: Sequence[str], tokenizer, progress=None) -> PhraseScores:
         """Tokenise (no special tokens, as the reference) and score ``texts``."""
