@@ -189,8 +189,9 @@ class GPT2LMHeadModel(nn.Module):
         input_ids: int array (B, L) of token ids.
         attention_mask: optional (B, L) array, 1 for real tokens and 0 for padding. Padded
             keys are never attended to; padded query positions give junk that callers mask.
-            With left padding, pass ``position_ids`` too (see :func:`position_ids_from_mask`).
-        position_ids: optional int array (B, L); default ``arange(L)``.
+        position_ids: optional int array (B, L). Default: with ``attention_mask``, the k-th real token of a
+            row gets position k (:func:`position_ids_from_mask`), so a left- or right-padded row gives the same
+            outputs at its real positions as the unpadded row; without a mask, ``arange(L)``.
         deterministic: disable dropout (inference). Training needs ``rngs={'dropout': key}``.
         return_logits: ``False`` skips the LM head and returns ``(None, hidden)``.
 
@@ -212,7 +213,8 @@ class GPT2LMHeadModel(nn.Module):
                        name="wte")
         wpe = nn.Embed(cfg.n_positions, cfg.n_embd, embedding_init=nn.initializers.normal(0.01), name="wpe")
         if position_ids is None:
-            position_ids = jnp.broadcast_to(jnp.arange(L), (B, L))
+            position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
+                            else position_ids_from_mask(attention_mask))
         x = (wte(input_ids) + wpe(position_ids)).astype(self.dtype)
         x = nn.Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
         causal = jnp.tril(jnp.ones((L, L), dtype=bool))[None, None]
