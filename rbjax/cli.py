@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("rbjax: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # rbjax.interrupt.Interrupted carries what was saved and how to resume
+        print(str(e) if str(e) else f"rbjax {args.command}: interrupted", file=sys.stderr)
         return 130
     except (CLIError, OSError, ValueError, RuntimeError) as e:
         # Errors raised by rbjax carry the file/row/problem; show them without a traceback.

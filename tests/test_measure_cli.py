@@ -111,7 +111,7 @@ def test_plot_several_result_folders(redditbias_dir, tmp_path):
     assert main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
 
 
-def test_interrupted_run_resumes(tiny_model_dir, redditbias_dir, tmp_path, monkeypatch):
+def test_interrupted_run_resumes(tiny_model_dir, redditbias_dir, tmp_path, monkeypatch, capsys):
     import rbjax.lmb.measure as m
 
     out = tmp_path / "o"
@@ -129,6 +129,8 @@ def test_interrupted_run_resumes(tiny_model_dir, redditbias_dir, tmp_path, monke
     monkeypatch.setattr(m, "_perplexities_for", dies_on_gender)
     assert main(args) == 130
     assert (out / "race_perplexities.csv").exists() and not (out / "lmb.json").exists()
+    err = capsys.readouterr().err
+    assert "--resume" in err and "race" in err and "Traceback" not in err, err
     monkeypatch.setattr(m, "_perplexities_for", lambda pairs, *a, **k: (calls.append(pairs.bias_type), real(pairs, *a, **k))[1])
     assert main(args + ["--resume"]) == 0
     assert calls == ["race", "gender", "gender"]  # race was not scored again
@@ -183,7 +185,56 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
     os.utime(model / "model.safetensors", ns=(1, 1))
     capsys.readouterr()
     assert main(args + ["--resume"]) == 0
-    assert "scoring everything" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "produced by other inputs" in err and "model.safetensors" in err, err
     assert json.loads((out / "lmb.json").read_text())[0]["t_value"] != first
     assert main(args + ["--resume"]) == 0
     assert "reusing 236 scored pairs of religion2" in capsys.readouterr().err
+
+
+def test_resume_never_relabels_another_models_perplexities(tiny_model_dir, redditbias_dir, tmp_path, capsys):
+    """Issue 7 field case: model A scores every type into X; model B scores religion1 into X; then B with
+    --resume on all types must score race (and the others) itself: only B's religion1 CSV is reused, and every
+    record equals a fresh run of B."""
+    import shutil
+
+    from tests.conftest import make_torch_gpt2_folder
+
+    a = tiny_model_dir
+    b = make_torch_gpt2_folder(tmp_path / "b", seed=11)
+    shutil.copy(a / "vocab.json", b / "vocab.json")
+    shutil.copy(a / "merges.txt", b / "merges.txt")
+    out = tmp_path / "x"
+    common = ["--data-dir", str(redditbias_dir), "--out", str(out), "--no-progress", "--n-bootstrap", "0"]
+    assert main(["measure", "--model", str(a), "--bias", "religion1,race"] + common) == 0
+    a_race = json.loads((out / "lmb.json").read_text())[1]
+    assert main(["measure", "--model", str(b), "--bias", "religion1"] + common) == 0
+    capsys.readouterr()
+    assert main(["measure", "--model", str(b), "--bias", "religion1,race", "--resume"] + common) == 0
+    err = capsys.readouterr().err
+    assert "reusing 238 scored pairs of religion1" in err
+    assert "race_perplexities.csv was produced by other inputs" in err and "reusing" not in err.split("race")[1]
+    resumed = json.loads((out / "lmb.json").read_text())
+    assert [r["reused_perplexities"] for r in resumed] == [True, False]
+    fresh_out = tmp_path / "fresh"
+    assert main(["measure", "--model", str(b), "--bias", "religion1,race", "--data-dir", str(redditbias_dir),
+                 "--out", str(fresh_out), "--no-progress", "--n-bootstrap", "0"]) == 0
+    fresh = json.loads((fresh_out / "lmb.json").read_text())
+    for r, f in zip(resumed, fresh):
+        assert r["t_value"] == f["t_value"] and r["model"] == f["model"] == str(b)
+    assert resumed[1]["t_value"] != a_race["t_value"]
+    # the data files are part of the key too: a changed test file is rescored, not reused
+    data2 = tmp_path / "data2"
+    shutil.copytree(redditbias_dir, data2)
+    import csv as _csv
+
+    f1 = data2 / "data" / "religion1" / "reddit_comments_religion1_christians_biased_test_reduced.csv"
+    rows = list(_csv.reader(open(f1, newline="", encoding="utf-8")))
+    col = rows[0].index("comments_processed")
+    rows[1][col] = rows[1][col] + " indeed"
+    with open(f1, "w", newline="", encoding="utf-8") as fh:
+        _csv.writer(fh).writerows(rows)
+    capsys.readouterr()
+    assert main(["measure", "--model", str(b), "--bias", "religion1", "--resume", "--data-dir", str(data2),
+                 "--out", str(out), "--no-progress", "--n-bootstrap", "0"]) == 0
+    assert "produced by other inputs" in capsys.readouterr().err

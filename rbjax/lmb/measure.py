@@ -4,6 +4,7 @@ data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,17 +19,25 @@ from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
 #: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
 CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier", "note"]
-STATE_FILE = ".rbjax_measure_run.json"  # what produced the CSVs of an out folder (for --resume)
+STATE_FILE = ".rbjax_measure_run.json"  # what produced each CSV of an out folder (per bias type; for --resume)
+STATE_VERSION = 2
 STORED_LABEL = "stored perplexities (the data files' perplexity columns)"
 
 
-def _read_state(out: Path) -> dict | None:
-    import json
+def _read_state(out: Path) -> dict:
+    """``{bias_type: key}`` of the CSVs in ``out`` (empty for a missing, damaged or older-format state file)."""
 
     try:
-        return json.loads((out / STATE_FILE).read_text())
+        st = json.loads((out / STATE_FILE).read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    if not isinstance(st, dict) or st.get("version") != STATE_VERSION or not isinstance(st.get("types"), dict):
+        return {}
+    return st["types"]
+
+
+def _write_state(out: Path, types: dict) -> None:
+    atomic_write_json(out / STATE_FILE, {"version": STATE_VERSION, "types": types})
 
 
 def _reuse_csv(out: Path, pairs: PhrasePairs):
@@ -91,17 +100,20 @@ class LoadedModel:
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
 
     def fingerprint(self) -> dict:
-        """What identifies the weights and tokenizer on disk (names, sizes, modification times)."""
-        from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
+        """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``.
 
-        files = {}
-        for d in {Path(self.folder), Path(self.tokenizer.source)}:
-            for f in ("config.json", *WEIGHT_FILES, *TOKENIZER_FILES):
-                p = d / f
-                if p.exists():
-                    st = p.stat()
-                    files[str(p.resolve())] = [st.st_size, st.st_mtime_ns]
-        return files
+        Content, not path or modification time: the same weights copied elsewhere are the same model, and weights
+        rewritten in place are another one (see :mod:`rbjax.report.provenance`).
+        """
+        from rbjax.model.hf import TOKENIZER_FILES
+        from rbjax.report.provenance import files_key, model_files_key
+
+        if getattr(self, "_fingerprint", None) is None:
+            tok = Path(self.tokenizer.source)
+            self._fingerprint = {"model": model_files_key(self.folder),
+                                 "tokenizer": files_key(tok / f for f in TOKENIZER_FILES) if tok.is_dir()
+                                 else {"source": str(self.tokenizer.source)}}
+        return self._fingerprint
 
 
 def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int = 64) -> np.ndarray:
@@ -188,11 +200,12 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             the released ``*_reduced`` files are the *output* of that rule applied to exactly
             these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so
             applying it again would be a second pass the paper never made.
-        resume: reuse the ``<type>_perplexities.csv`` files already in ``out_dir`` from an
-            interrupted run with the same model and tokenizer files (path, size and modification time
-            of config, weights and tokenizer files), split and ``bos``; each CSV is written as soon as
+        resume: reuse a ``<type>_perplexities.csv`` already in ``out_dir`` when it was produced by exactly
+            these inputs: the same model and tokenizer file *contents* (sha256 of config, weights and tokenizer
+            files), the same data files (sha256), split, ``bos`` and unscorable-pair rule. The key is checked per
+            bias type; a CSV of any other run is scored again, never relabelled. Each CSV is written as soon as
             its bias type is scored, ``lmb.json`` only when every type is done. A hidden
-            ``.rbjax_measure_run.json`` in ``out_dir`` records what produced the CSVs.
+            ``.rbjax_measure_run.json`` in ``out_dir`` records, per bias type, what produced its CSV.
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -232,53 +245,85 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                 "stored_perplexities": stored_perplexities,
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
-    run_key = {"model": model_name, "split": split, "bos": bos, "data_root": str(data.root),
-               "files": None if loaded is None else loaded.fingerprint()}
-    reusable = False
+    model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
+    scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable}
+
+    def type_key(pairs: PhrasePairs) -> dict:
+        """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""
+        from rbjax.report.provenance import files_key
+
+        data_files = sorted({f for src in pairs.sources for f in src[:2]})
+        return {"model": model_key, "data": files_key(data_files), "bias_type": pairs.bias_type, **scoring}
+
+    state: dict = {}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        reusable = resume and _read_state(out) == run_key
-        if resume and not reusable:
-            print(f"rbjax: --resume: {out} holds no run of this model/tokenizer/split (or its files changed); "
-                  "scoring everything", file=sys.stderr)
+        state = _read_state(out)
         # results of an earlier run must not sit beside this one's as if complete
-        stale = ["lmb.json", "lmb.png"] + ([] if reusable else [f"{p.bias_type}_perplexities.csv" for p in all_pairs])
-        for name in stale:
+        for name in ("lmb.json", "lmb.png"):
             (out / name).unlink(missing_ok=True)
-        atomic_write_json(out / STATE_FILE, run_key)
     meta = versions()
     records = []
-    for pairs in all_pairs:
-        prev = _reuse_csv(out, pairs) if reusable else None
-        if prev is not None:
-            print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from "
-                  f"{out / (pairs.bias_type + '_perplexities.csv')}", file=sys.stderr)
-            b, c, notes = prev
-            if any(notes) and not skip_unscorable:
-                i = next(k for k, n in enumerate(notes) if n)
-                raise ValueError(f"{pairs.locate(i)}: {notes[i]}; pass --skip-unscorable to exclude such pairs")
-        else:
-            b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
-        keep = np.array([not n for n in notes], dtype=bool)
-        if not keep.all():
-            print(f"rbjax: {pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
-                  f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV", file=sys.stderr)
-        st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
-                                  n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
-        mask = np.zeros(len(pairs), dtype=bool)
-        mask[np.nonzero(keep)[0]] = st.pop("_outlier_mask")
-        rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
-               "n_pairs_unscorable": int((~keep).sum()),
-               "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
-               "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta}
-        rec["n_pairs"] = len(pairs)
-        records.append(rec)
-        if out is not None:  # written per type, so an interrupted run can --resume
-            atomic_write_csv(out / f"{pairs.bias_type}_perplexities.csv", CSV_HEADER, [
-                [pairs.biased[i], pairs.counterfactual[i],
-                 "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
-                 "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
-                for i in range(len(pairs))])
+    try:
+        for pairs in all_pairs:
+            key = type_key(pairs)
+            csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
+            prev = None
+            if resume and out is not None:
+                from rbjax.report.provenance import describe_difference
+
+                old = state.get(pairs.bias_type)
+                if old == json.loads(json.dumps(key)):
+                    prev = _reuse_csv(out, pairs)
+                    if prev is None:
+                        print(f"rbjax: --resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again",
+                              file=sys.stderr)
+                elif old is None:
+                    print(f"rbjax: --resume: no finished {pairs.bias_type} perplexities of this run in {out}; scoring",
+                          file=sys.stderr)
+                else:
+                    print(f"rbjax: --resume: {csv_path} was produced by other inputs "
+                          f"({describe_difference(old, key)}); scoring {pairs.bias_type} again", file=sys.stderr)
+            if prev is not None:
+                print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
+                      "(same model and tokenizer files, data files, split and settings)", file=sys.stderr)
+                b, c, notes = prev
+            else:
+                if out is not None and state.pop(pairs.bias_type, None) is not None:
+                    _write_state(out, state)  # the CSV about to be replaced is no longer described by the state
+                b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
+            keep = np.array([not n for n in notes], dtype=bool)
+            if not keep.all():
+                print(f"rbjax: {pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
+                      f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV", file=sys.stderr)
+            st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
+                                      n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
+            mask = np.zeros(len(pairs), dtype=bool)
+            mask[np.nonzero(keep)[0]] = st.pop("_outlier_mask")
+            rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
+                   "n_pairs_unscorable": int((~keep).sum()),
+                   "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
+                   "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta,
+                   "reused_perplexities": prev is not None}
+            rec["n_pairs"] = len(pairs)
+            records.append(rec)
+            if out is not None and prev is None:  # written per type, so an interrupted run can --resume
+                atomic_write_csv(csv_path, CSV_HEADER, [
+                    [pairs.biased[i], pairs.counterfactual[i],
+                     "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
+                     "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
+                    for i in range(len(pairs))])
+                state[pairs.bias_type] = json.loads(json.dumps(key))
+                _write_state(out, state)
+    except KeyboardInterrupt:
+        from rbjax.interrupt import Interrupted
+
+        if out is None:
+            raise
+        done = [r["bias_type"] for r in records]
+        kept = f"the perplexities of {', '.join(done)} are kept in {out}" if done else "no bias type was finished"
+        raise Interrupted(f"rbjax measure: interrupted; {kept}. Run the same command with --resume to reuse "
+                          "them and score the rest.") from None
     adj = stats.adjust_pvalues([r["p_value"] for r in records])
     for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
         r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}

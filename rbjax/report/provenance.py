@@ -1,0 +1,104 @@
+"""What produced a result: content digests of files, arrays and settings, so that anything a later run reuses is
+keyed on everything that made it.
+
+A cache hit on different inputs is a wrong result that looks right. Every reusable artefact of rbjax (per-type
+perplexity CSVs, sweep points, debiasing checkpoints and finished runs, evaluation results) stores a *key*: a
+digest of the model files' contents, the tokenizer files, the data files, the split and the settings. A later run
+reuses the artefact only when its own key is identical; otherwise it recomputes and says why
+(:func:`describe_difference`).
+
+Files are identified by content (sha256), not by path or modification time: the same weights copied elsewhere are
+the same model, and weights rewritten in place are a different one. Digests of large files are cached per process
+by (path, size, mtime) so a file is read once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from rbjax.report.io import sha256_file
+
+__all__ = ["file_digest", "files_key", "model_files_key", "tree_digest", "digest", "describe_difference"]
+
+_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's content, cached per process by (resolved path, size, mtime).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    p = Path(path).resolve()
+    st = p.stat()
+    k = (str(p), st.st_size, st.st_mtime_ns)
+    d = _CACHE.get(k)
+    if d is None:
+        d = _CACHE[k] = sha256_file(p)
+    return d
+
+
+def files_key(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
+    """``{file name: sha256}`` of the files that exist among ``paths`` (names, not full paths: content decides)."""
+    out = {}
+    for p in paths:
+        p = Path(p)
+        if p.is_file():
+            out[p.name] = file_digest(p)
+    return out
+
+
+def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
+    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files."""
+    from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
+
+    folder = Path(folder)
+    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
+    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
+    return files_key(folder / n for n in names)
+
+
+def tree_digest(tree) -> str:
+    """sha256 of a pytree of arrays: structure, shapes, dtypes and bytes (e.g. in-memory parameters)."""
+    import jax
+    import numpy as np
+
+    leaves, treedef = jax.tree.flatten(tree)
+    h = hashlib.sha256(str(treedef).encode())
+    for x in leaves:
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _canonical(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def digest(obj: Any) -> str:
+    """sha256 of a JSON-serialisable description (keys sorted; non-JSON values by ``str``)."""
+    return hashlib.sha256(json.dumps(_canonical(obj), sort_keys=True).encode()).hexdigest()
+
+
+def describe_difference(old: Any, new: Any, *, limit: int = 6) -> str:
+    """A short human-readable account of what differs between two keys (nested dicts), for "recomputing because …"."""
+    old, new = _canonical(old), _canonical(new)
+    parts: list[str] = []
+
+    def walk(a, b, where):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))
+        elif a != b:
+            short = lambda v: (v[:12] + "…") if isinstance(v, str) and len(v) == 64 else v  # noqa: E731 (digests)
+            parts.append(f"{where or 'key'}: {short(a)!r} → {short(b)!r}")
+
+    walk(old, new, "")
+    if not parts:
+        return "nothing"
+    more = f" (+{len(parts) - limit} more)" if len(parts) > limit else ""
+    return "; ".join(parts[:limit]) + more
