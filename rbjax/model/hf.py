@@ -193,6 +193,24 @@ def _looks_like_hub_id(s: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s)) and not s.startswith((".", "/"))
 
 
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """``None`` when the Hugging Face endpoint answers a TCP connection, else the reason (offline mode included)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if getattr(constants, "HF_HUB_OFFLINE", False):
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or e}"
+    return None
+
+
 def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     """Return a local folder for a model: the folder itself, or a hub download (cached).
 
@@ -211,13 +229,23 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
+    # Offline, huggingface_hub retries with back-off for ~25 s per file before it gives up; see at once whether the
+    # hub can be reached, and if not, use the local cache only (a model downloaded before still works).
+    offline = _hub_unreachable()
+
     def fetch(filename: str) -> Path | None:
         try:
-            return Path(hf_hub_download(s, filename))
+            return Path(hf_hub_download(s, filename, local_files_only=offline is not None))
         except Exception as e:
             if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
                 return None  # the repository has no such file (LocalEntryNotFound = hub unreachable)
             # offline, unknown repo, gated repo, ... : say what and how to fix it
+            if offline is not None:
+                raise RuntimeError(
+                    f"cannot download {filename!r} of hub model {s!r}: the hub is not reachable ({offline}) and the "
+                    "file is not in the local Hugging Face cache. Pass a local folder with config.json and model "
+                    "weights, or run once with network access."
+                ) from None
             raise RuntimeError(
                 f"cannot download {filename!r} of hub model {s!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
                 "Check the name and your network, or pass a local folder with config.json and model weights."
@@ -306,6 +334,12 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
                 src = Path(tokenizer_dir) / f
                 if src.exists():
                     shutil.copy2(src, tmp / f)
+        # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
+        from rbjax.report.io import dir_mode, file_mode
+
+        os.chmod(tmp, dir_mode())
+        for f in tmp.iterdir():
+            os.chmod(f, file_mode())
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -53,6 +53,11 @@ def file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def dir_mode() -> int:
+    """Permissions for a result folder: what ``mkdir()`` would give (``mkdtemp`` makes 0700)."""
+    return 0o777 & ~_umask()
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     import hashlib
