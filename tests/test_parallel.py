@@ -71,6 +71,14 @@ def test_bad_arguments():
     assert run_tasks(square, []) == []
 
 
+def test_ray_missing_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    with pytest.raises(RuntimeError, match=r"needs Ray, an optional extra: pip install 'rbjax\[ray\]'"):
+        run_tasks(square, [1], executor="ray")
+
+
 def test_plan_jobs_memory_bound(monkeypatch):
     gib = 2**30
     monkeypatch.setattr(parallel, "available_cpus", lambda: 8)
@@ -85,6 +93,7 @@ def test_plan_jobs_memory_bound(monkeypatch):
     assert plan_jobs(20, 2 * gib) == (8, None)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")  # ray.init: fork+exec
 def test_ray_executor_on_a_local_cluster():
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

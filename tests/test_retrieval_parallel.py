@@ -216,6 +216,7 @@ def test_globs_and_file_mode_layout(corpus, tmp_path, capsys):
     assert "no dump file matches" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")  # ray.init: fork+exec
 def test_ray_executor_gives_the_same_output(corpus, tmp_path):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -28,6 +28,15 @@ or with non-ASCII letters whose lower case is ASCII (the Kelvin sign).
 
 Output (CSV, written to a temporary file and moved into place at the end) has the columns
 of :data:`CANDIDATE_COLUMNS`.
+
+Many files (:func:`retrieve`): each dump file is one task (:func:`scan_dump`), run in this
+process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.parallel`). A task
+returns every window of its file *before* de-duplication; the calling process writes it as a
+part (``<parts>/<file name>-<hash of its path>/windows_<k>.csv`` + ``part.json``, the record
+of what produced it, written last) as soon as it comes back. The merge then replays the
+de-duplication over the parts in file order, exactly as one pass over the files would, so
+the candidates CSV is byte-identical whatever the number of jobs, the executor or the order
+in which files finish.
 """
 from __future__ import annotations
 
@@ -1064,6 +1073,7 @@ def retrieve(
     for s in specs:
         QueryMatcher(s, window=window)  # a spec without queries/attributes is named now
     filt = RecordFilter(start, end, subreddits)  # bad dates are named before anything is read
+    dumps = [dumps] if isinstance(dumps, (str, os.PathLike)) else list(dumps)
     files = expand_paths(dumps)  # missing dump files are named before anything is created
     layout = output_layout(out, names)
     for p in layout.csvs.values():
@@ -1124,8 +1134,9 @@ def retrieve(
             on_file(entries[i])
 
     try:
-        parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs, resources=resources,
-                           ray_address=ray_address, on_result=on_result)
+        if todo:  # (all reused: no worker, no Ray cluster)
+            parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs, resources=resources,
+                               ray_address=ray_address, on_result=on_result)
     finally:
         bar.close()
 
@@ -1163,7 +1174,7 @@ def retrieve(
         "totals": totals, "corrupt_examples": stats.corrupt_examples, "stream_errors": stats.errors,
         "unreadable": stats.unreadable,
         "settings": {**settings.record(), "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
-                     "dumps": [str(d) for d in ([dumps] if isinstance(dumps, (str, os.PathLike)) else dumps)]},
+                     "dumps": [str(d) for d in dumps]},
         "run": {"executor": executor, "jobs": n_jobs, "seconds": seconds, "lines_read": lines_read,
                 "comments_per_second": res.comments_per_second if lines_read else None,
                 "files_read": sum(e["status"] == "read" for e in entries),
