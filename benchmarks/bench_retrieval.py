@@ -13,15 +13,24 @@ each run in a fresh subprocess so that its peak RSS is its own.
   (``zstd --long=31``: the decoder then holds up to 2 GiB of history, whatever the code does).
 * Peak memory is the child's own ``VmHWM`` (``ru_maxrss`` would include the parent's RSS).
 
+* Many files (issue 12): ``--files`` dumps of ``--file-size`` comments, compressed with 2 GiB
+  windows like the monthly dumps, read with 1 and 2 local jobs and on a local Ray cluster
+  (2 CPUs, started before the clock starts), in interleaved rounds; the best round of each
+  is reported, with the scaling efficiency (rate with 2 jobs / rate with 1 job / 2), each
+  worker's peak RSS (``VmHWM``, from the run's per-file records) and a check that all runs
+  wrote byte-identical candidates.
+
 Usage::
 
     python benchmarks/bench_retrieval.py [--sizes 250000 1000000] [--keep DIR]
+    python benchmarks/bench_retrieval.py --only-parallel [--files 4 --file-size 250000 --no-ray]
 
 The last line printed is a JSON object with the figures.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -143,6 +152,89 @@ def run_child(dump: Path, outdir: Path, prefilter: bool = True) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+PAR_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+from rbjax.data.retrieval import retrieve, peak_rss_mib
+from rbjax.specs import load_spec
+executor, jobs = {executor!r}, {jobs!r}
+if executor == "ray":
+    import ray
+    t = time.perf_counter()
+    ray.init(num_cpus={ray_cpus!r}, include_dashboard=False, log_to_driver=False)
+    ray_start = time.perf_counter() - t
+specs = [load_spec(b) for b in {types!r}]
+t0 = time.perf_counter()
+res = retrieve(specs, {dumps!r}, {out!r}, progress=False, jobs=jobs, executor=executor, resume=False)
+wall = time.perf_counter() - t0
+files = res.files
+out = {{"executor": executor, "jobs": res.jobs, "files": len(files), "lines": res.lines_read, "wall_s": wall,
+       "comments_per_s": res.lines_read / wall,
+       "cpu_s_workers": sum(f["cpu_seconds"] for f in files),
+       "comments_per_cpu_s": res.lines_read / sum(f["cpu_seconds"] for f in files),
+       "candidates": sum(res.candidates.values()),
+       "worker_peak_rss_mib": max(f["worker"]["peak_rss_mib"] or 0 for f in files),
+       "workers": sorted({{(f["worker"]["host"], f["worker"]["pid"]) for f in files}}).__len__(),
+       "driver_peak_rss_mib": peak_rss_mib()}}
+if executor == "ray":
+    out["ray_start_s"] = ray_start
+    ray.shutdown()
+print(json.dumps(out))
+"""
+
+
+def run_parallel(dumps: list[Path], outdir: Path, executor: str, jobs, ray_cpus: int = 2) -> dict:
+    """One multi-file retrieval in a fresh process; Ray (if any) is started before the clock starts."""
+    code = PAR_CHILD.format(root=str(ROOT), types=BIAS_TYPES, dumps=[str(d) for d in dumps], out=str(outdir),
+                            executor=executor, jobs=jobs, ray_cpus=ray_cpus)
+    load0 = os.getloadavg()[0]
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"benchmark child failed:\n{p.stderr[-3000:]}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["load_avg_1min"] = [load0, os.getloadavg()[0]]  # before, after: how busy the machine was
+    return res
+
+
+def parallel_bench(base: Path, tmp: Path, n_files: int, n_per_file: int, ray: bool, rounds: int) -> dict:
+    """Issue 12: ``n_files`` dumps (2 GiB windows like the monthly files) with 1 and 2 local jobs
+    and on a local Ray cluster (2 CPUs); the candidates must be byte-identical across runs."""
+    dumps = []
+    for k in range(n_files):
+        d = base / f"RC_par_{k}_{n_per_file}_long31.zst"
+        if not d.exists():
+            generate(d, n_per_file, seed=100 + k, window_log=31)
+        dumps.append(d)
+    configs = [("local", 1), ("local", 2)] + ([("ray", None)] if ray else [])
+    runs, digests = [], set()
+    for r in range(rounds):  # interleaved rounds: a busy neighbour hits every configuration alike
+        for executor, jobs in configs:
+            out = tmp / f"par_{executor}_{jobs}_{r}"
+            res = run_parallel(dumps, out, executor, jobs)
+            res["round"] = r
+            digests.add(hashlib.sha256(b"".join(p.read_bytes() for p in sorted(out.glob("candidates_*.csv"))))
+                        .hexdigest())
+            runs.append(res)
+            print(f"  round {r} {executor:5} jobs={res['jobs']}: {res['comments_per_s']:,.0f} comments/s wall, "
+                  f"{res['comments_per_cpu_s']:,.0f} comments/CPU-s, worker peak RSS "
+                  f"{res['worker_peak_rss_mib']:.0f} MiB, load {res['load_avg_1min'][0]:.1f}", file=sys.stderr)
+    best = {}
+    for res in runs:
+        key = f"{res['executor']}_{res['jobs']}"
+        if key not in best or res["comments_per_s"] > best[key]["comments_per_s"]:
+            best[key] = res
+    one = best["local_1"]["comments_per_s"]
+    summary = {"files": n_files, "comments_per_file": n_per_file, "window_log": 31,
+               "identical_outputs": len(digests) == 1, "runs": runs, "best": best,
+               "speedup_2_jobs": best["local_2"]["comments_per_s"] / one,
+               "efficiency_2_jobs": best["local_2"]["comments_per_s"] / one / 2,
+               # work per CPU-second in each worker with 2 jobs vs 1: what scaling would be on idle cores
+               "cpu_efficiency_2_jobs": best["local_2"]["comments_per_cpu_s"] / best["local_1"]["comments_per_cpu_s"]}
+    if ray:
+        summary["speedup_ray_2_cpus"] = best["ray_None"]["comments_per_s"] / one
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000])
@@ -151,7 +243,14 @@ def main(argv=None) -> int:
     ap.add_argument("--long-window-size", type=int, default=250_000,
                     help="also time this many comments compressed with a 2 GiB window (zstd --long=31) (0 = skip)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated dumps in this folder")
+    ap.add_argument("--files", type=int, default=4, help="multi-file runs (issue 12): dump files (0 = skip)")
+    ap.add_argument("--file-size", type=int, default=250_000, help="multi-file runs: comments per file")
+    ap.add_argument("--rounds", type=int, default=2, help="multi-file runs: interleaved rounds (best reported)")
+    ap.add_argument("--no-ray", action="store_true", help="multi-file runs: skip the local Ray cluster")
+    ap.add_argument("--only-parallel", action="store_true", help="only the multi-file runs")
     args = ap.parse_args(argv)
+    if args.only_parallel:
+        args.sizes, args.no_prefilter_size, args.long_window_size = [], 0, 0
     results = {"machine": f"{os.cpu_count()} CPU cores, no GPU; Python {sys.version.split()[0]}",
                "bias_types": list(BIAS_TYPES), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,6 +284,15 @@ def main(argv=None) -> int:
             results["runs"].append(r)
             print(f"{n:>9,} comments, 2 GiB window: {r['comments_per_cpu_s']:,.0f} comments/CPU-s, "
                   f"peak RSS {r['peak_rss_mib']:.0f} MiB (the zstd window buffer)", file=sys.stderr)
+        if args.files:
+            print(f"{args.files} files x {args.file_size:,} comments (2 GiB windows), 1 and 2 jobs"
+                  + ("" if args.no_ray else ", local Ray cluster (2 CPUs)") + ":", file=sys.stderr)
+            par = parallel_bench(base, Path(tmp), args.files, args.file_size, not args.no_ray, args.rounds)
+            results["parallel"] = par
+            print(f"  2 jobs: {par['speedup_2_jobs']:.2f}x one job (efficiency {par['efficiency_2_jobs']:.0%}, "
+                  f"per CPU-second {par['cpu_efficiency_2_jobs']:.0%})"
+                  + ("" if args.no_ray else f"; Ray, 2 CPUs: {par['speedup_ray_2_cpus']:.2f}x")
+                  + f"; outputs identical: {par['identical_outputs']}", file=sys.stderr)
     print(json.dumps(results))
     return 0
 

@@ -308,3 +308,46 @@ def test_chunk_boundaries_and_long_lines(tmp_path, monkeypatch):
     assert stats.corrupt == 1 and stats.corrupt_examples[0].startswith(f"{p}:11: line longer than 200 bytes")
     nums = [n for n, _ in iter_lines(p)]
     assert nums == [i for i in range(1, 31) if i != 11]
+
+
+def test_expand_paths_globs_order_and_repeats(tmp_path):
+    from rbjax.data.dumps import expand_paths
+
+    for name in ("RC_2019-02.zst", "RC_2019-01.zst", "RC_2018-12.zst", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "RC_dir.zst").mkdir()
+    got = expand_paths([tmp_path / "RC_2019-*.zst", tmp_path / "RC_2018-12.zst", str(tmp_path / "RC_2019-01.zst")])
+    assert [p.name for p in got] == ["RC_2019-01.zst", "RC_2019-02.zst", "RC_2018-12.zst"]  # sorted, repeat dropped
+    assert [p.name for p in expand_paths(tmp_path / "RC_*.zst")] == ["RC_2018-12.zst", "RC_2019-01.zst",
+                                                                      "RC_2019-02.zst"]  # the folder is skipped
+    with pytest.raises(FileNotFoundError, match=r"no dump file matches '.*RC_2020-\*\.zst'"):
+        expand_paths([tmp_path / "RC_2019-01.zst", tmp_path / "RC_2020-*.zst"])
+    with pytest.raises(FileNotFoundError, match="dump file not found: .*missing.zst"):
+        expand_paths(tmp_path / "missing.zst")
+    with pytest.raises(ValueError, match="is a folder"):
+        expand_paths(tmp_path / "RC_dir.zst")
+    with pytest.raises(ValueError, match="no dump file given"):
+        expand_paths([])
+
+
+def test_decoder_memory_reads_the_frame_window(tmp_path):
+    from rbjax.data.dumps import decoder_memory
+
+    write_zst(THREE, tmp_path / "long.zst", window_log=31)
+    write_zst(THREE, tmp_path / "short.zst", window_log=20)
+    (tmp_path / "bad.zst").write_bytes(b"garbage, not zstd")
+    (tmp_path / "a.jsonl").write_text(THREE[0] + "\n", encoding="utf-8")
+    assert decoder_memory(tmp_path / "long.zst") == 2**31  # like the monthly dumps (zstd --long=31)
+    assert decoder_memory(tmp_path / "short.zst") == 2**20
+    assert decoder_memory(tmp_path / "bad.zst") == 2**31  # unknown: assume the largest window
+    assert decoder_memory(tmp_path / "a.jsonl") < 2**21
+
+
+def test_stats_add_and_round_trip(tmp_path):
+    a = DumpStats(files=1, lines=5, corrupt=9, corrupt_examples=[f"a:{i}" for i in range(9)], errors=["a: cut"])
+    b = DumpStats(files=1, lines=7, corrupt=3, corrupt_examples=["b:1", "b:2", "b:3"], unreadable=["b: bad"])
+    total = DumpStats().add(a).add(b)
+    assert (total.files, total.lines, total.corrupt) == (2, 12, 12)
+    assert total.corrupt_examples == [f"a:{i}" for i in range(9)] + ["b:1"]  # first ten, in file order
+    assert total.errors == ["a: cut"] and total.unreadable == ["b: bad"]
+    assert DumpStats.from_dict(json.loads(json.dumps(total.to_dict()))) == total

@@ -6,23 +6,31 @@ import sys
 
 
 def register(subparsers) -> None:
+    from rbjax.cli import HelpFormatter
+
     p = subparsers.add_parser(
         "retrieve",
         help="retrieve candidate comments/phrases for a bias type from Reddit comment dumps",
+        formatter_class=HelpFormatter,
         description=(
             "Stream Reddit comment dumps (.zst with windows up to 2 GiB, .jsonl, .json, .gz, .bz2, .xz) "
             "and keep comments that contain a T1 query (with the spec's forms of 'to be') and an A1 "
             "attribute; clean them (URLs, user names, extra spaces, lower case), keep those shorter than "
-            "150 characters, and write one CSV row per ±7-token window around a T1 target term."
+            "150 characters, and write one CSV row per ±7-token window around a T1 target term. Files are read in "
+            "parallel (--jobs, or --executor ray); each finished file is kept as a part, so a rerun skips the files "
+            "already done with the same inputs; the parts are merged in file order into one deterministic result."
         ),
     )
     p.add_argument("--bias", action="append", required=True, metavar="NAME_OR_SPEC",
                    help="bias type (religion1, religion2, race, gender, queerness) or a spec JSON file; "
                         "repeat for several types in one pass")
-    p.add_argument("--dump", action="append", required=True, metavar="FILE",
-                   help="dump file; repeat for several (read in order)")
+    p.add_argument("--dump", action="extend", nargs="+", required=True, metavar="FILE_OR_GLOB",
+                   help="dump file(s) or quoted glob patterns ('RC_2019-*.zst', each sorted by name); repeatable. "
+                        "Files are merged in this order")
     p.add_argument("--out", required=True,
-                   help="output CSV; with several --bias, use {bias} in the name (or a directory)")
+                   help="output folder (candidates_<bias>.csv, summary.json and per-file parts/ go there), or an "
+                        "output CSV (parts and summary.json then go to <out>.parts/); with several --bias and a CSV, "
+                        "use {bias} in the name")
     p.add_argument("--start", default=None, help="keep comments created at or after this (YYYY-MM-DD or epoch s, UTC)")
     p.add_argument("--end", default=None, help="keep comments created before this (exclusive)")
     p.add_argument("--subreddit", action="append", default=None, metavar="NAME",
@@ -35,6 +43,19 @@ def register(subparsers) -> None:
                    help="drop windows without an A1 attribute (upstream did this for all types but religion1)")
     p.add_argument("--keep-duplicates", action="store_true", help="do not drop repeated phrases / comment ids")
     p.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; counts every corrupt line)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="files read at once. Local: worker processes (default: the cores available, bounded by "
+                        "memory: a worker needs its file's zstd window, up to 2 GiB; 1 = this process). Ray: files in "
+                        "flight (default: all; the cluster schedules them)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="'local': processes on this machine; 'ray': one task per file on a Ray cluster (needs "
+                        "pip install 'rbjax[ray]'; the dumps must be at the same absolute path on every node)")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="Ray cluster to attach to ('auto', 'ray://host:10001'); default: RAY_ADDRESS, else a new "
+                        "local cluster")
+    p.add_argument("--fresh", action="store_true",
+                   help="read every file again instead of reusing the per-file parts of an earlier run with the "
+                        "same inputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -48,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--window must be at least 1, got {args.window}")
     if args.max_chars < 1:
         raise ValueError(f"--max-chars must be at least 1, got {args.max_chars}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     res = retrieve(
         specs,
         args.dump,
@@ -62,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         dedupe=not args.keep_duplicates,
         prefilter=not args.no_prefilter,
         progress=False if args.no_progress else None,
+        jobs=args.jobs,
+        executor=args.executor,
+        ray_address=args.ray_address,
+        resume=not args.fresh,
     )
     print(res.summary())
     if res.stats.errors:

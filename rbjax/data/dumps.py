@@ -30,6 +30,7 @@ import bz2
 import contextlib
 import dataclasses
 import datetime as _dt
+import glob
 import gzip
 import io
 import json
@@ -93,6 +94,27 @@ class DumpStats:
         self.corrupt += 1
         if len(self.corrupt_examples) < MAX_EXAMPLES:
             self.corrupt_examples.append(f"{path}:{line_no}: {reason}")
+
+    def add(self, other: "DumpStats") -> "DumpStats":
+        """Add ``other``'s counters to these (``other`` read after this one: its examples come
+        after, and the examples stay capped at :data:`MAX_EXAMPLES`). Returns ``self``."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            else:
+                setattr(self, f.name, mine + theirs)
+        del self.corrupt_examples[MAX_EXAMPLES:]
+        return self
+
+    def to_dict(self) -> dict:
+        """The counters as a JSON-able dict (:meth:`from_dict` reads it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DumpStats":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: (list(v) if isinstance(v, list) else v) for k, v in d.items() if k in names})
 
     def summary(self) -> str:
         """A short human-readable report (several lines)."""
@@ -535,6 +557,74 @@ def check_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
         if not p.is_file():
             raise FileNotFoundError(f"dump file not found: {p}")
     return out
+
+
+def expand_paths(patterns: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Dump files named by paths and glob patterns, in the order given, each pattern sorted.
+
+    ``"RC_2019-*.zst"`` gives the matching files sorted by name; a path without ``*``, ``?`` or
+    ``[`` (or one that exists as written) is taken as it is. A file named twice (by two
+    patterns, or a path and a pattern) is kept once, at its first place.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or a pattern matches no file (named).
+        ValueError: nothing given, or a path or pattern matches only folders.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    given = 0
+    for pat in patterns:
+        given += 1
+        s = str(pat)
+        if Path(s).exists() or not any(c in s for c in "*?["):
+            found = [Path(s)]
+            if not found[0].exists():
+                raise FileNotFoundError(f"dump file not found: {s}")
+        else:
+            found = [Path(p) for p in sorted(glob.glob(os.path.expanduser(s)))]
+            if not found:
+                raise FileNotFoundError(f"no dump file matches {s!r}")
+        files = [p for p in found if p.is_file()]
+        if not files:
+            raise ValueError(f"{s} is a folder, not a dump file" if len(found) == 1 and found[0] == Path(s)
+                             else f"{s!r} matches only folders, no dump file")
+        for p in files:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    if not given:
+        raise ValueError("no dump file given")
+    return out
+
+
+#: Memory a retrieval worker needs besides the decoder's window (interpreter, chunks, rows).
+WORKER_BASE_BYTES = 256 << 20
+
+
+def decoder_memory(path: str | Path) -> int:
+    """Bytes of history the decoder of ``path`` may hold: the window of a ``.zst`` file's first
+    frame (up to 2 GiB for the monthly dumps; capped by the frame's size when the header gives
+    it), a few hundred KiB for the other formats.
+
+    A ``.zst`` header that cannot be read counts as a 2 GiB window (the reader reports the problem).
+    """
+    p = Path(path)
+    if p.suffix.lower() not in (".zst", ".zstd"):
+        return 1 << 20
+    try:
+        with open(p, "rb") as f:
+            head = f.read(18)
+        params = zstandard.get_frame_parameters(head)
+    except (OSError, zstandard.ZstdError):
+        return MAX_WINDOW_SIZE
+    window = int(params.window_size) or MAX_WINDOW_SIZE
+    size = int(params.content_size)
+    if 0 < size < window and size != zstandard.CONTENTSIZE_UNKNOWN:
+        window = size
+    return window
 
 
 def iter_raw(paths: Iterable[Path], stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[Path, int, bytes | dict]]:

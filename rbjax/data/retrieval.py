@@ -28,21 +28,41 @@ or with non-ASCII letters whose lower case is ASCII (the Kelvin sign).
 
 Output (CSV, written to a temporary file and moved into place at the end) has the columns
 of :data:`CANDIDATE_COLUMNS`.
+
+Many files (:func:`retrieve`): each dump file is one task (:func:`scan_dump`), run in this
+process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.parallel`). A task
+returns every window of its file *before* de-duplication; the calling process writes it as a
+part (``<parts>/<file name>-<hash of its path>/windows_<k>.csv`` + ``part.json``, the record
+of what produced it, written last) as soon as it comes back. The merge then replays the
+de-duplication over the parts in file order, exactly as one pass over the files would, so
+the candidates CSV is byte-identical whatever the number of jobs, the executor or the order
+in which files finish.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
 import dataclasses
+import functools
 import html
+import json
+import os
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
-from rbjax.data.dumps import DumpStats, UnreadableDumpsError, check_paths, iter_records
-from rbjax.report.io import atomic_file
+from rbjax.data.dumps import (
+    WORKER_BASE_BYTES,
+    DumpStats,
+    RecordFilter,
+    UnreadableDumpsError,
+    decoder_memory,
+    expand_paths,
+    iter_records,
+)
+from rbjax.report.io import atomic_file, atomic_write_json, sha256_file
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -376,72 +396,6 @@ def make_prefilter(matchers: Sequence[QueryMatcher]):
     return prefilter
 
 
-@dataclasses.dataclass
-class RetrievalResult:
-    """Summary of one retrieval run.
-
-    Attributes:
-        stats: the dump reader's counters (:class:`rbjax.data.dumps.DumpStats`).
-        candidates: rows written, per bias type.
-        comments_matched: comments with at least one window, per bias type.
-        duplicates: windows dropped as repeated phrases (or repeated comment ids), per type.
-        too_long: records whose cleaned body had ``max_chars`` characters or more.
-        empty: records whose cleaned body was empty.
-        seconds: wall time of the read.
-        outputs: output path per bias type.
-    """
-
-    stats: DumpStats
-    candidates: dict[str, int]
-    comments_matched: dict[str, int]
-    duplicates: dict[str, int]
-    too_long: int
-    empty: int
-    seconds: float
-    outputs: dict[str, Path]
-
-    @property
-    def comments_per_second(self) -> float:
-        """Lines (comments) read per second, including those skipped by the prefilter."""
-        return self.stats.lines / self.seconds if self.seconds > 0 else float("nan")
-
-    def summary(self) -> str:
-        lines = [
-            f"read {self.stats.lines:,} comments in {self.seconds:.1f} s ({self.comments_per_second:,.0f} comments/s)",
-            self.stats.summary(),
-            f"cleaned body too long (>= limit): {self.too_long:,}; empty after cleaning: {self.empty:,}",
-        ]
-        for name, n in self.candidates.items():
-            lines.append(
-                f"{name}: {n:,} candidates from {self.comments_matched[name]:,} comments "
-                f"({self.duplicates[name]:,} duplicates dropped) -> {self.outputs[name]}"
-            )
-        return "\n".join(lines)
-
-
-class _Progress:
-    """Adapter: the dump reader calls ``update(n)`` once per chunk of lines."""
-
-    def __init__(self, enabled: bool | None):
-        self.bar = None
-        if enabled is False:
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:  # pragma: no cover
-            return
-        self.bar = tqdm(unit=" comments", unit_scale=True, disable=None if enabled is None else not enabled,
-                        file=sys.stderr, desc="retrieve", smoothing=0.1)
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _file_in_the_way(folder: Path) -> Path | None:
     """The first of ``folder`` and its parents that exists, when it is not a folder."""
     for p in (folder, *folder.parents):
@@ -491,10 +445,12 @@ def _make_parent(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_csv_writer(path: str | Path, header: Sequence[str]):
+def atomic_csv_writer(path: str | Path, header: Sequence[str], errors: str | None = None):
     """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
 
     On an exception the temporary file is removed and ``path`` is left untouched.
+    ``errors``: the UTF-8 encoder's error handler (``None`` = strict; retrieval writes lone
+    surrogates from ``\\ud800`` escapes in the dumps as ``backslashreplace`` text).
 
     Raises:
         ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
@@ -504,7 +460,7 @@ def atomic_csv_writer(path: str | Path, header: Sequence[str]):
     _make_parent(path)
     with contextlib.ExitStack() as stack:
         try:
-            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline=""))
+            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline="", errors=errors))
         except OSError as e:
             raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
         w = csv.writer(fh)
@@ -513,22 +469,513 @@ def atomic_csv_writer(path: str | Path, header: Sequence[str]):
 
 
 def output_paths(out: str | Path, names: Sequence[str]) -> dict[str, Path]:
-    """Output file per bias type.
+    """Output CSV per bias type (see :func:`output_layout`)."""
+    return output_layout(out, names).csvs
 
-    One bias type: ``out`` itself. Several: ``out`` may contain ``{bias}`` (formatted with
-    each name); otherwise ``<out stem>_<name><suffix>`` (or ``<out>/<name>.csv`` when
-    ``out`` is an existing directory).
+
+@dataclasses.dataclass(frozen=True)
+class OutputLayout:
+    """Where a retrieval run writes.
+
+    Attributes:
+        csvs: the merged candidates CSV of each bias type.
+        parts_dir: the per-file parts (one sub-folder per dump file).
+        summary: the JSON summary of the run.
+        folder: whether ``--out`` named a folder.
     """
-    out = str(out)
-    if "{bias}" in out:
-        return {n: Path(out.format(bias=n)) for n in names}
-    p = Path(out)
-    if p.is_dir():
-        return {n: p / f"candidates_{n}.csv" for n in names}
-    if len(names) == 1:
-        return {names[0]: p}
-    suffix = p.suffix or ".csv"
-    return {n: p.with_name(f"{p.stem}_{n}{suffix}") for n in names}
+
+    csvs: dict[str, Path]
+    parts_dir: Path
+    summary: Path
+    folder: bool
+
+
+def output_layout(out: str | Path, names: Sequence[str]) -> OutputLayout:
+    """Output files of a run for ``names`` (bias types) from ``--out``.
+
+    * A folder (an existing one, or a path without a file suffix and without ``{bias}``):
+      ``OUT/candidates_<name>.csv`` per type, ``OUT/summary.json`` and ``OUT/parts/``.
+    * A file: one bias type: ``out`` itself; several: ``out`` formatted with ``{bias}``,
+      else ``<stem>_<name><suffix>``. The parts and ``summary.json`` go to ``<out>.parts/``
+      beside it (``{bias}`` there replaced by the names joined with ``+``).
+    """
+    out_s = str(out)
+    names = list(names)
+    p = Path(out_s)
+    if "{bias}" not in out_s and (p.is_dir() or (not p.exists() and not p.suffix)):
+        return OutputLayout({n: p / f"candidates_{n}.csv" for n in names}, p / "parts", p / "summary.json", True)
+    if "{bias}" in out_s:
+        csvs = {n: Path(out_s.format(bias=n)) for n in names}
+        parts = Path(out_s.replace("{bias}", "+".join(names)) + ".parts")
+    else:
+        if len(names) == 1:
+            csvs = {names[0]: p}
+        else:
+            suffix = p.suffix or ".csv"
+            csvs = {n: p.with_name(f"{p.stem}_{n}{suffix}") for n in names}
+        parts = Path(out_s + ".parts")
+    return OutputLayout(csvs, parts, parts / "summary.json", False)
+
+
+# ----------------------------------------------------------------------------------------------
+# One dump file: the work unit of a run (runs in a worker process or on a Ray node)
+
+#: Version of the retrieval logic and of the per-file part format. Parts written under another
+#: version (or by other source code of this module and :mod:`rbjax.data.dumps`) are redone.
+RETRIEVAL_VERSION = 1
+#: Columns of a per-file part: the record's ordinal in the file, then :data:`CANDIDATE_COLUMNS`.
+PART_COLUMNS: tuple[str, ...] = ("record", *CANDIDATE_COLUMNS)
+
+_CODE_DIGEST: str | None = None
+
+
+def code_digest() -> str:
+    """sha256 of the source of this module and :mod:`rbjax.data.dumps`: part of every part's key,
+    and checked against what each worker runs (a Ray node with other rbjax code is refused)."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        import hashlib
+
+        from rbjax.data import dumps
+
+        h = hashlib.sha256()
+        for f in (__file__, dumps.__file__):
+            h.update(Path(f).read_bytes())
+        _CODE_DIGEST = h.hexdigest()
+    return _CODE_DIGEST
+
+
+def _spec_record(spec) -> dict:
+    """The fields of a bias specification that retrieval reads (all of them shape the windows
+    or the prefilter's counters)."""
+    return {"name": spec.name, "queries": list(spec.queries), "targets_t1": list(spec.targets_t1),
+            "targets_t2": list(spec.targets_t2), "pairs": [list(p) for p in spec.pairs],
+            "phrase_words": list(getattr(spec, "phrase_words", ()) or ()),
+            "attributes_a1": list(spec.attributes_a1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanSettings:
+    """Everything besides the dump file that decides what a file gives (see :func:`retrieve`).
+
+    ``start``/``end`` are epoch seconds (``None`` = open), ``subreddits`` normalised names.
+    De-duplication and ``require_attribute_in_window`` are not here: they are applied when the
+    parts are merged, so parts are shared between runs that differ only in them.
+    """
+
+    specs: tuple
+    window: int = WINDOW
+    max_chars: int = MAX_CHARS
+    clean_mode: str = "paper"
+    start: float | None = None
+    end: float | None = None
+    subreddits: tuple[str, ...] | None = None
+    prefilter: bool = True
+
+    def record(self) -> dict:
+        return {"retrieval_version": RETRIEVAL_VERSION, "code_sha256": code_digest(),
+                "specs": [_spec_record(s) for s in self.specs], "window": self.window,
+                "max_chars": self.max_chars, "clean_mode": self.clean_mode, "start": self.start, "end": self.end,
+                "subreddits": None if self.subreddits is None else list(self.subreddits),
+                "drop_deleted": True, "prefilter": self.prefilter}
+
+
+@dataclasses.dataclass(frozen=True)
+class FileTask:
+    """One dump file to scan: absolute path, its size and mtime when the run listed it, settings."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    settings: ScanSettings
+
+    @property
+    def name(self) -> str:  # for rbjax.parallel's messages
+        return self.path
+
+    def inputs(self) -> dict:
+        """The record of what produces this file's part (compared on resume; JSON-normalised)."""
+        rec = {"file": {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns}, **self.settings.record()}
+        return json.loads(json.dumps(rec))
+
+
+@dataclasses.dataclass
+class FilePart:
+    """What one dump file gives, before de-duplication (the result of :func:`scan_dump`).
+
+    Attributes:
+        path, size, mtime_ns: the file as the worker saw it.
+        windows: per bias type, every window of every matching comment in file order, as rows
+            of :data:`PART_COLUMNS` (strings).
+        stats: the reader's counters for this file.
+        too_long, empty: records dropped after cleaning (too long / empty).
+        seconds, cpu_seconds: wall and CPU time of the scan.
+        worker: ``host``, ``pid``, ``peak_rss_mib`` (the worker process's peak so far) and
+            ``code_sha256`` (:func:`code_digest` on the worker).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    windows: dict[str, list[list[str]]]
+    stats: DumpStats
+    too_long: int
+    empty: int
+    seconds: float
+    cpu_seconds: float
+    worker: dict
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory (``VmHWM``) in MiB; ``None`` where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _stat(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def scan_dump(task: FileTask, progress=None) -> FilePart:
+    """Retrieve every window of one dump file, without de-duplication (paper §2.2).
+
+    The work unit of :func:`retrieve`: a top-level function, run in worker processes or as a
+    Ray task on the node that reads the file.
+
+    Args:
+        task: the file and settings.
+        progress: optional object with ``update(n_lines)`` (only in the calling process).
+
+    Returns:
+        A :class:`FilePart`. A file from which not one record can be read is not an error
+        here: its ``stats.unreadable`` says why, and the merge decides.
+
+    Raises:
+        FileNotFoundError: the file is gone.
+        ValueError: the file's size or mtime is not what the run listed (it is being written
+            or was replaced), before or after the scan.
+    """
+    path, s = task.path, task.settings
+    if _stat(path) != (task.size, task.mtime_ns):
+        raise ValueError(f"dump file {path} changed since the run listed it (size or modification time); "
+                         "is it still being written?")
+    matchers = [QueryMatcher(spec, window=s.window) for spec in s.specs]
+    pf = make_prefilter(matchers) if s.prefilter else None
+    stats = DumpStats()
+    windows: dict[str, list[list[str]]] = {m.name: [] for m in matchers}
+    too_long = empty = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    records = iter_records(path, start=s.start, end=s.end, subreddits=s.subreddits, prefilter=pf, stats=stats,
+                           progress=progress)
+    try:
+        for k, rec in enumerate(records):
+            text = clean_comment(rec["body"], s.clean_mode)
+            if not text:
+                empty += 1
+                continue
+            if len(text) >= s.max_chars:
+                too_long += 1
+                continue
+            row_head = None
+            for m in matchers:
+                wins = m.match(text)
+                if not wins:
+                    continue
+                if row_head is None:
+                    created = rec.get("created_utc")
+                    row_head = (str(k), str(rec.get("id", "")), str(rec.get("subreddit") or ""),
+                                "" if created is None else str(created))
+                comment_attrs = "|".join(m.attributes_in(text))
+                rk, cid, sub, created_s = row_head
+                out = windows[m.name]
+                for phrase, target, query, attrs, a_in, q_in in wins:
+                    out.append([rk, cid, m.name, sub, created_s, text, phrase, target, query, "|".join(attrs),
+                                comment_attrs, str(a_in), str(q_in)])
+    except UnreadableDumpsError:
+        pass  # stats.unreadable names the problem
+    if _stat(path) != (task.size, task.mtime_ns):
+        raise ValueError(f"dump file {path} changed while it was read (size or modification time)")
+    import socket
+
+    return FilePart(path=path, size=task.size, mtime_ns=task.mtime_ns, windows=windows, stats=stats,
+                    too_long=too_long, empty=empty, seconds=time.perf_counter() - t0,
+                    cpu_seconds=time.process_time() - c0,
+                    worker={"host": socket.gethostname(), "pid": os.getpid(), "peak_rss_mib": peak_rss_mib(),
+                            "code_sha256": code_digest()})
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-file parts on disk (the driver writes them as results come back) and the merge
+
+PART_RECORD = "part.json"
+
+
+def part_folder(parts_dir: Path, path: str) -> Path:
+    """Sub-folder of ``parts_dir`` for the dump file ``path`` (its name plus a hash of its full path)."""
+    import hashlib
+
+    return parts_dir / f"{Path(path).name}-{hashlib.sha1(path.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
+
+def _write_part(folder: Path, part: FilePart, inputs: dict, names: Sequence[str]) -> dict:
+    """Write a file's windows and record; the record goes last, so it exists only for a complete part."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PART_RECORD).unlink(missing_ok=True)
+    windows = {}
+    for j, name in enumerate(names):
+        fname = f"windows_{j}.csv"
+        with atomic_csv_writer(folder / fname, PART_COLUMNS, errors="backslashreplace") as w:
+            w.writerows(part.windows[name])
+        windows[name] = {"file": fname, "rows": len(part.windows[name]), "sha256": sha256_file(folder / fname)}
+    record = {"format": RETRIEVAL_VERSION, "inputs": inputs, "windows": windows, "stats": part.stats.to_dict(),
+              "too_long": part.too_long, "empty": part.empty, "seconds": part.seconds,
+              "cpu_seconds": part.cpu_seconds, "worker": part.worker,
+              "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_json(folder / PART_RECORD, record)
+    return record
+
+
+def _changed(old: dict, new: dict) -> list[str]:
+    what = []
+    of, nf = old.get("file") or {}, new["file"]
+    what += [k for k in ("path", "size", "mtime_ns") if of.get(k) != nf[k]]
+    what += [k for k in new if k != "file" and old.get(k) != new[k]]
+    return what
+
+
+def _load_part(folder: Path, inputs: dict, names: Sequence[str]) -> tuple[dict | None, str]:
+    """``(record, "reused")`` when ``folder`` holds a complete part made from ``inputs``, else
+    ``(None, why it must be read)``."""
+    f = folder / PART_RECORD
+    if not f.is_file():
+        return None, "new"
+    try:
+        rec = json.loads(f.read_text(encoding="utf-8"))
+        old = rec["inputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "part record unreadable"
+    changed = _changed(old, inputs)
+    if changed:
+        return None, "changed: " + ", ".join(changed)
+    for name in names:
+        w = (rec.get("windows") or {}).get(name)
+        if not w or not (folder / w["file"]).is_file() or sha256_file(folder / w["file"]) != w["sha256"]:
+            return None, "part files damaged"
+    return rec, "reused"
+
+
+def _file_entry(path: str, rec: dict, status: str, reason: str) -> dict:
+    st = rec["stats"]
+    return {"path": path, "size": rec["inputs"]["file"]["size"], "mtime_ns": rec["inputs"]["file"]["mtime_ns"],
+            "status": status, "reason": reason, "lines": st["lines"], "prefiltered": st["prefiltered"],
+            "parsed": st["parsed"], "corrupt": st["corrupt"], "no_body": st["no_body"], "deleted": st["deleted"],
+            "out_of_range": st["out_of_range"], "other_subreddit": st["other_subreddit"], "kept": st["yielded"],
+            "too_long": rec["too_long"], "empty": rec["empty"],
+            "windows": {n: w["rows"] for n, w in rec["windows"].items()},
+            "errors": st["errors"], "unreadable": st["unreadable"], "seconds": rec["seconds"],
+            "cpu_seconds": rec["cpu_seconds"], "worker": rec["worker"], "part": None}
+
+
+def _replay(rows: Iterable[list[str]], writer, state: dict, dedupe: bool, require_attribute_in_window: bool) -> None:
+    """Apply de-duplication to one part's windows, exactly as one pass over the files in order
+    would: a comment id seen before drops all the comment's windows (and does not mark its
+    phrases); a window without an attribute is dropped before its phrase is marked."""
+    seen_ids, seen_phrases = state["ids"], state["phrases"]
+    group: list[list[str]] = []
+    current = None
+
+    def flush():
+        if not group:
+            return
+        cid = group[0][1]
+        if dedupe and cid:
+            if cid in seen_ids:
+                state["duplicates"] += len(group)
+                return
+            seen_ids.add(cid)
+        wrote = False
+        for row in group:
+            if require_attribute_in_window and row[11] != "True":
+                continue
+            if dedupe:
+                phrase = row[6]
+                if phrase in seen_phrases:
+                    state["duplicates"] += 1
+                    continue
+                seen_phrases.add(phrase)
+            writer.writerow(row[1:])
+            state["candidates"] += 1
+            wrote = True
+        if wrote:
+            state["matched"] += 1
+
+    for row in rows:
+        if row[0] != current:
+            flush()
+            group = []
+            current = row[0]
+        group.append(row)
+    flush()
+
+
+def _read_part_rows(path: Path) -> Iterator[list[str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        r = csv.reader(f)
+        header = next(r, None)
+        if tuple(header or ()) != PART_COLUMNS:
+            raise ValueError(f"{path}: not a retrieval part (header {header})")
+        yield from r
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclasses.dataclass
+class RetrievalResult:
+    """Summary of one retrieval run.
+
+    Attributes:
+        stats: the dump reader's counters, summed over all files (reused ones included).
+        candidates: rows written, per bias type.
+        comments_matched: comments with at least one window written, per bias type.
+        duplicates: windows dropped as repeated phrases (or repeated comment ids), per type.
+        too_long: records whose cleaned body had ``max_chars`` characters or more.
+        empty: records whose cleaned body was empty.
+        seconds: wall time of the run.
+        outputs: output CSV per bias type.
+        files: one dict per dump file, in merge order: ``path``, ``status`` (``"read"`` or
+            ``"reused"``), ``reason``, the counters (``lines``, ``prefiltered``, ``parsed``,
+            ``corrupt``, ``kept`` ...), ``windows`` per type (before de-duplication),
+            ``errors``, ``seconds``, ``worker`` and ``part`` (its folder).
+        lines_read: lines read in this run (files reused from an earlier run not counted).
+        jobs: worker processes (local) or the in-flight limit (Ray, ``None`` = all).
+        executor: ``"local"`` or ``"ray"``.
+        summary_path: the JSON summary of the run.
+    """
+
+    stats: DumpStats
+    candidates: dict[str, int]
+    comments_matched: dict[str, int]
+    duplicates: dict[str, int]
+    too_long: int
+    empty: int
+    seconds: float
+    outputs: dict[str, Path]
+    files: list[dict] = dataclasses.field(default_factory=list)
+    lines_read: int | None = None
+    jobs: int | None = 1
+    executor: str = "local"
+    summary_path: Path | None = None
+
+    @property
+    def comments_per_second(self) -> float:
+        """Lines (comments) read per second in this run, including those skipped by the prefilter."""
+        n = self.stats.lines if self.lines_read is None else self.lines_read
+        return n / self.seconds if self.seconds > 0 else float("nan")
+
+    def summary(self, per_file_limit: int = 20) -> str:
+        read = [f for f in self.files if f["status"] == "read"]
+        reused = [f for f in self.files if f["status"] == "reused"]
+        n_read = self.stats.lines if self.lines_read is None else self.lines_read
+        how = f"{self.executor}, {self.jobs} job{'s' if self.jobs != 1 else ''}" if self.jobs else self.executor
+        lines = [f"read {n_read:,} comments from {len(read)} file{'s' if len(read) != 1 else ''} in "
+                 f"{self.seconds:.1f} s ({self.comments_per_second:,.0f} comments/s; {how})"]
+        if reused:
+            lines.append(f"reused {len(reused)} file{'s' if len(reused) != 1 else ''} done by an earlier run with "
+                         f"the same inputs ({sum(f['lines'] for f in reused):,} comments)")
+        lines += [self.stats.summary(),
+                  f"cleaned body too long (>= limit): {self.too_long:,}; empty after cleaning: {self.empty:,}"]
+        if 1 < len(self.files) <= per_file_limit:
+            lines.append("per file:")
+            for f in self.files:
+                lines.append(f"  {f['path']}: {f['status']}, lines {f['lines']:,}, prefiltered {f['prefiltered']:,}, "
+                             f"corrupt {f['corrupt']:,}, kept {f['kept']:,}, windows "
+                             + ", ".join(f"{n} {k:,}" for n, k in f["windows"].items())
+                             + (", stream error" if f["errors"] else ""))
+        for name, n in self.candidates.items():
+            lines.append(
+                f"{name}: {n:,} candidates from {self.comments_matched[name]:,} comments "
+                f"({self.duplicates[name]:,} duplicates dropped) -> {self.outputs[name]}"
+            )
+        if self.summary_path is not None:
+            lines.append(f"summary (per file and total counters): {self.summary_path}")
+        return "\n".join(lines)
+
+
+class _RunProgress:
+    """tqdm bar over the compressed bytes of the files to read: files done/total, comments/s
+    overall and the time left. In-process runs also pass line counts while a file is read."""
+
+    def __init__(self, enabled: bool | None, n_files: int, n_done: int, total_bytes: int):
+        self.bar = None
+        self.n_files, self.done = n_files, n_done
+        self.lines_done = 0  # lines of files finished in this run
+        self.lines_live = 0  # lines of the file being read in this process
+        self.t0 = self._shown = time.perf_counter()
+        if enabled is False:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover
+            return
+        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                        disable=None if enabled is None else not enabled, smoothing=0.1, desc=self._desc())
+
+    def _desc(self) -> str:
+        return f"retrieve: files {self.done}/{self.n_files}"
+
+    def _postfix(self) -> None:
+        if self.bar is not None:
+            dt = time.perf_counter() - self.t0
+            n = self.lines_done + self.lines_live
+            self.bar.set_postfix_str(f"{n:,} comments, {n / dt if dt > 0 else 0:,.0f}/s", refresh=False)
+
+    def update(self, n: int) -> None:
+        """Lines read in the current (in-process) file."""
+        self.lines_live += n
+        if self.bar is not None:
+            now = time.perf_counter()
+            if now - self._shown > 0.5:
+                self._shown = now
+                self._postfix()
+                self.bar.refresh()
+
+    def file_done(self, size: int, lines: int) -> None:
+        self.done += 1
+        self.lines_done += lines
+        self.lines_live = 0
+        if self.bar is not None:
+            self.bar.set_description_str(self._desc(), refresh=False)
+            self._postfix()
+            self.bar.update(size)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _versions() -> dict:
+    import platform
+
+    from rbjax import __version__
+
+    out = {"rbjax": __version__, "retrieval_version": RETRIEVAL_VERSION, "python": platform.python_version(),
+           "platform": platform.platform()}
+    try:
+        import zstandard
+
+        out["zstandard"] = zstandard.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return out
 
 
 def retrieve(
@@ -546,16 +993,31 @@ def retrieve(
     dedupe: bool = True,
     prefilter: bool = True,
     progress: bool | None = None,
+    jobs: int | None = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
+    resume: bool = True,
+    on_file: Callable[[dict], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> RetrievalResult:
     """Retrieve candidate comments and windows for one or more bias types (paper §2.2).
 
-    Streams the dumps once (bounded memory: a chunk of the decompressed stream plus the set
-    of phrases already written, for de-duplication) and writes one CSV per bias type.
+    Each dump file is scanned on its own (:func:`scan_dump`: in this process, in worker
+    processes, or as a Ray task) and its windows and counters are written as a *part* under
+    the parts folder (:func:`output_layout`) with a record of what produced them: the file's
+    absolute path, size and mtime, the bias specifications, the settings and the retrieval
+    code (:data:`RETRIEVAL_VERSION`, :func:`code_digest`). A rerun reuses the parts whose
+    record matches and reads again the files whose inputs changed, so an interrupted run loses
+    at most the files in flight. The parts are then merged in file order, with
+    de-duplication, into one CSV per bias type: the result does not depend on ``jobs``, the
+    executor or the order in which files finish.
 
     Args:
         specs: a :class:`~rbjax.specs.BiasSpec` or a list of them.
-        dumps: dump file(s): ``.zst`` (2 GiB windows accepted), ``.jsonl``, ``.json`` ...
-        out: output CSV (see :func:`output_paths` for several bias types).
+        dumps: dump file(s) or glob patterns (``"RC_2019-*.zst"``, each pattern sorted; see
+            :func:`rbjax.data.dumps.expand_paths`): ``.zst`` (2 GiB windows accepted),
+            ``.jsonl``, ``.json`` ... Files are merged in this order.
+        out: output CSV, or a folder (see :func:`output_layout`).
         start, end: ``created_utc`` range, ``start`` inclusive, ``end`` exclusive (ISO date
             or epoch seconds); ``None`` = open.
         subreddits: keep only these subreddits; ``None`` = all.
@@ -564,90 +1026,160 @@ def retrieve(
         clean_mode: ``"paper"`` or ``"reference"`` (see :func:`clean_comment`).
         require_attribute_in_window: drop windows without an A1 attribute (what upstream did
             for every type except religion1); default keeps them, flagged.
-        dedupe: keep each phrase once per bias type, and each comment id once.
+        dedupe: keep each phrase once per bias type, and each comment id once (over all files).
         prefilter: use the raw-bytes target-word prefilter (exact; see the module notes).
         progress: tqdm bar on stderr; ``None`` = only when stderr is a terminal.
+        jobs: local executor: worker processes (``1`` = this process; ``None`` = the cores
+            available, bounded by memory, see :func:`rbjax.parallel.plan_jobs`: a worker
+            needs the zstd window of its file, up to 2 GiB). Ray: the most files in flight
+            (``None`` = all; each task asks Ray for 1 CPU and its file's memory).
+        executor: ``"local"`` or ``"ray"`` (files must be at the same absolute path on every node).
+        ray_address: Ray cluster to attach to (see :func:`rbjax.parallel.as_completed`).
+        resume: reuse the parts of files already done with the same inputs; ``False`` reads
+            every file again.
+        on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
+            after its part is written.
+        log: where notes go (the jobs bound); default: stderr.
 
     Returns:
-        A :class:`RetrievalResult` (counts, timing, output paths).
+        A :class:`RetrievalResult` (counts, timing, output paths, per-file entries).
 
     Raises:
-        FileNotFoundError: a dump file is missing.
-        ValueError: bad date bound, cleaning mode, or a spec without queries/attributes; an
-            output path that is a folder or lies under a file; or not one record could be
-            read from any dump (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file
-            failed to decompress or parse; then no CSV is written). A readable dump without
-            matches is not an error: the CSV then has only its header.
+        FileNotFoundError: a dump file is missing, or a pattern matches nothing.
+        ValueError: bad date bound, cleaning mode, ``jobs``, executor, or a spec without
+            queries/attributes; an output path that is a folder or lies under a file; a file
+            that changes while it is read; or not one record could be read from any dump
+            (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
+            or parse; then no CSV is written). A readable dump without matches is not an
+            error: the CSV then has only its header.
+        rbjax.parallel.TaskError: a file's scan failed or its worker died (parts of the files
+            finished before are kept).
+        RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
     """
+    from rbjax import parallel
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     if clean_mode not in ("paper", "reference"):
         raise ValueError(f"unknown cleaning mode {clean_mode!r}; expected 'paper' or 'reference'")
+    if executor not in parallel.EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(parallel.EXECUTORS)}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"bias types given more than once: {names}")
-    matchers = [QueryMatcher(s, window=window) for s in specs]
-    pf = make_prefilter(matchers) if prefilter else None
-    dumps = check_paths(dumps)  # missing dump files are named before anything is created
-    paths = output_paths(out, names)
-    for p in paths.values():
+    for s in specs:
+        QueryMatcher(s, window=window)  # a spec without queries/attributes is named now
+    filt = RecordFilter(start, end, subreddits)  # bad dates are named before anything is read
+    dumps = [dumps] if isinstance(dumps, (str, os.PathLike)) else list(dumps)
+    files = expand_paths(dumps)  # missing dump files are named before anything is created
+    layout = output_layout(out, names)
+    for p in layout.csvs.values():
         check_output_file(p, "output CSV")
-    stats = DumpStats()
-    counts = {n: 0 for n in names}
-    matched = {n: 0 for n in names}
-    dups = {n: 0 for n in names}
-    seen_phrases: dict[str, set[str]] = {n: set() for n in names}
-    seen_ids: dict[str, set[str]] = {n: set() for n in names}
-    too_long = empty = 0
-    bar = _Progress(progress)
+    check_output_dir(layout.parts_dir, "parts folder")
+    settings = ScanSettings(specs=tuple(specs), window=int(window), max_chars=int(max_chars), clean_mode=clean_mode,
+                            start=filt.t0, end=filt.t1,
+                            subreddits=None if filt.subs is None else tuple(sorted(filt.subs)), prefilter=bool(prefilter))
     t0 = time.perf_counter()
+    tasks = []
+    for p in files:
+        size, mtime = _stat(str(p))
+        tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
+    entries: list[dict | None] = [None] * len(tasks)
+    records: list[dict | None] = [None] * len(tasks)
+    todo: list[int] = []
+    reasons: dict[int, str] = {}
+    for i, task in enumerate(tasks):
+        folder = part_folder(layout.parts_dir, task.path)
+        rec, why = _load_part(folder, task.inputs(), names) if resume else (None, "resume off")
+        if rec is not None:
+            records[i] = rec
+            entries[i] = dict(_file_entry(task.path, rec, "reused", why), part=str(folder))
+        else:
+            todo.append(i)
+            reasons[i] = why
+    # how many workers
+    resources = None
+    if executor == "local":
+        need = max((decoder_memory(tasks[i].path) for i in todo), default=0) + WORKER_BASE_BYTES
+        n_jobs, note = parallel.plan_jobs(len(todo), need, jobs)
+        n_jobs = min(n_jobs, max(1, len(todo)))
+        if note:
+            log(f"rbjax retrieve: {note}")
+    else:
+        n_jobs = jobs
+
+        def resources(task: FileTask) -> dict:
+            return {"num_cpus": 1, "memory": decoder_memory(task.path) + WORKER_BASE_BYTES}
+
+    bar = _RunProgress(progress, len(tasks), len(tasks) - len(todo), sum(tasks[i].size for i in todo))
+    in_process = executor == "local" and n_jobs == 1
+    fn = functools.partial(scan_dump, progress=bar) if in_process else scan_dump
+    digest = code_digest()
+
+    def on_result(k: int, part: FilePart) -> None:
+        i = todo[k]
+        task = tasks[i]
+        if part.worker.get("code_sha256") != digest:
+            raise RuntimeError(f"the worker that read {task.path} (host {part.worker.get('host')}) runs other rbjax "
+                               "retrieval code than this machine; install the same rbjax version on every node")
+        folder = part_folder(layout.parts_dir, task.path)
+        rec = _write_part(folder, part, task.inputs(), names)
+        records[i] = rec
+        entries[i] = dict(_file_entry(task.path, rec, "read", reasons[i]), part=str(folder))
+        bar.file_done(task.size, part.stats.lines)
+        if on_file is not None:
+            on_file(entries[i])
+
     try:
-        with contextlib.ExitStack() as stack:
-            writers = {n: stack.enter_context(atomic_csv_writer(paths[n], CANDIDATE_COLUMNS)) for n in names}
-            records = iter_records(dumps, start=start, end=end, subreddits=subreddits, prefilter=pf,
-                                   stats=stats, progress=bar)
-            for rec in records:
-                text = clean_comment(rec["body"], clean_mode)
-                if not text:
-                    empty += 1
-                    continue
-                if len(text) >= max_chars:
-                    too_long += 1
-                    continue
-                cid = str(rec.get("id", ""))
-                for m in matchers:
-                    wins = m.match(text)
-                    if not wins:
-                        continue
-                    name = m.name
-                    if dedupe and cid:
-                        if cid in seen_ids[name]:
-                            dups[name] += len(wins)
-                            continue
-                        seen_ids[name].add(cid)
-                    comment_attrs = "|".join(m.attributes_in(text))
-                    wrote = False
-                    for phrase, target, query, attrs, a_in, q_in in wins:
-                        if require_attribute_in_window and not a_in:
-                            continue
-                        if dedupe:
-                            if phrase in seen_phrases[name]:
-                                dups[name] += 1
-                                continue
-                            seen_phrases[name].add(phrase)
-                        writers[name].writerow(Candidate(
-                            id=cid, bias_type=name, subreddit=str(rec.get("subreddit") or ""),
-                            created_utc=str(rec.get("created_utc") if rec.get("created_utc") is not None else ""),
-                            comment=text, phrase=phrase, target=target, query=query, attribute="|".join(attrs),
-                            comment_attributes=comment_attrs, attribute_in_window=a_in, query_in_window=q_in,
-                        ).row())
-                        counts[name] += 1
-                        wrote = True
-                    if wrote:
-                        matched[name] += 1
-    except UnreadableDumpsError as err:  # nothing was moved into place
-        raise UnreadableDumpsError(err.stats, note="no candidates CSV was written") from None
+        if todo:  # (all reused: no worker, no Ray cluster)
+            parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs, resources=resources,
+                               ray_address=ray_address, on_result=on_result)
     finally:
         bar.close()
-    return RetrievalResult(stats=stats, candidates=counts, comments_matched=matched, duplicates=dups,
-                           too_long=too_long, empty=empty, seconds=time.perf_counter() - t0, outputs=paths)
+
+    stats = DumpStats()
+    too_long = empty = 0
+    for rec in records:
+        stats.add(DumpStats.from_dict(rec["stats"]))
+        too_long += rec["too_long"]
+        empty += rec["empty"]
+    if len(stats.unreadable) == len(tasks):
+        raise UnreadableDumpsError(stats, note="no candidates CSV was written")
+    states = {n: {"ids": set(), "phrases": set(), "candidates": 0, "matched": 0, "duplicates": 0} for n in names}
+    with contextlib.ExitStack() as stack:
+        writers = {n: stack.enter_context(atomic_csv_writer(layout.csvs[n], CANDIDATE_COLUMNS,
+                                                            errors="backslashreplace")) for n in names}
+        for n in names:
+            for task, rec in zip(tasks, records):
+                folder = part_folder(layout.parts_dir, task.path)
+                _replay(_read_part_rows(folder / rec["windows"][n]["file"]), writers[n], states[n], dedupe,
+                        require_attribute_in_window)
+    seconds = time.perf_counter() - t0
+    lines_read = sum(e["lines"] for e in entries if e["status"] == "read")
+    res = RetrievalResult(
+        stats=stats, candidates={n: states[n]["candidates"] for n in names},
+        comments_matched={n: states[n]["matched"] for n in names},
+        duplicates={n: states[n]["duplicates"] for n in names}, too_long=too_long, empty=empty, seconds=seconds,
+        outputs=dict(layout.csvs), files=entries, lines_read=lines_read, jobs=n_jobs, executor=executor,
+        summary_path=layout.summary)
+    totals = {k: v for k, v in stats.to_dict().items() if not isinstance(v, list)}
+    totals.update(kept=stats.yielded, too_long=too_long, empty=empty)
+    atomic_write_json(layout.summary, {
+        "bias_types": names,
+        "outputs": {n: str(p) for n, p in layout.csvs.items()},
+        "candidates": res.candidates, "comments_matched": res.comments_matched, "duplicates": res.duplicates,
+        "totals": totals, "corrupt_examples": stats.corrupt_examples, "stream_errors": stats.errors,
+        "unreadable": stats.unreadable,
+        "settings": {**settings.record(), "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
+                     "dumps": [str(d) for d in dumps]},
+        "run": {"executor": executor, "jobs": n_jobs, "seconds": seconds, "lines_read": lines_read,
+                "comments_per_second": res.comments_per_second if lines_read else None,
+                "files_read": sum(e["status"] == "read" for e in entries),
+                "files_reused": sum(e["status"] == "reused" for e in entries)},
+        "files": entries,
+        "versions": _versions(),
+    })
+    return res
