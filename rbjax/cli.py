@@ -25,6 +25,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _subparser_class():
+    import simple_parsing
+
+    class SubParser(simple_parsing.ArgumentParser):
+        """Subcommand parser: argparse plus simple_parsing's ``add_arguments(dataclass)`` (debias and sweep build
+        their options from :class:`rbjax.debias.config.TrainConfig`). Options are spelled with dashes, there is
+        no ``--config_path``, and help shows ``(default: X)`` only where the help text does not say it."""
+
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("add_option_string_dash_variants", simple_parsing.DashVariant.DASH)
+            kwargs.setdefault("add_config_path_arg", False)
+            kwargs["formatter_class"] = HelpFormatter
+            super().__init__(*args, **kwargs)
+
+    return SubParser
+
+
 class CLIError(Exception):
     """An error the user can fix; printed without a traceback."""
 
@@ -37,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="RedditBias in JAX: measure (LMB) and reduce (LMD/ADD/HD/CDA) social bias in dialog language models.",
     )
     parser.add_argument("--version", action="version", version=f"rbjax {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_subparser_class())
     for name in COMMANDS:
         try:
             mod = importlib.import_module(f"rbjax.commands.{name}")
@@ -51,7 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)  # options built from a config dataclass are validated while parsing
+    except (ValueError, FileNotFoundError) as e:
+        cmd = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), "")
+        print(f"rbjax {cmd}: error: {e}", file=sys.stderr)
+        return 1
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

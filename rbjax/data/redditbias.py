@@ -133,22 +133,29 @@ class RedditBiasData:
 
     @staticmethod
     def train_file(bias_type: str) -> str:
-        """Relative path of the debiasing training phrases (religion2: the lower-cased file)."""
-        b = canonical_bias_type(bias_type)
-        up = UPSTREAM_NAME[b]
-        if b == "religion2":
+        """Relative path of the debiasing training phrases (religion2: the lower-cased file); for a bias-spec file,
+        ``text_files/<name>/<name>_bias_manual_train.txt`` (what ``rbjax splits`` writes)."""
+        up = _type_folder(bias_type)
+        if up == "religion2" and not is_spec_path(bias_type):
             return f"text_files/{up}/{up}_bias_manual_lowercase_train.txt"
         return f"text_files/{up}/{up}_bias_manual_train.txt"
 
     @staticmethod
     def swapped_targets_train_file(bias_type: str) -> str:
         """The reference's CDA training set (phrases followed by their target-swapped copies)."""
-        up = UPSTREAM_NAME[canonical_bias_type(bias_type)]
+        up = _type_folder(bias_type)
         return f"text_files/{up}/{up}_bias_manual_swapped_targets_train.txt"
 
     def reddit_reference_file(self) -> Path:
         """The 6K Reddit reference utterances (DialoGPT's human.ref.6k) used for LMP (paper §3.2)."""
         return self.path("text_files/humanref6k.txt")
+
+
+def _type_folder(bias_type: str) -> str:
+    """The file-name stem of a bias type: the upstream name of a packaged type, a spec file's own ``name``."""
+    if is_spec_path(bias_type):
+        return layout_names(load_spec(bias_type))[0]
+    return UPSTREAM_NAME[canonical_bias_type(bias_type)]
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ import os
 
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.data.swap import reference_direction, swap_targets
-from rbjax.specs import BiasSpec, canonical_bias_type, load_spec
+from rbjax.specs import BiasSpec, canonical_bias_type, is_spec_path, load_spec
 
 __all__ = ["BOS_PREFIX", "read_train_phrases", "augment", "augmented_training_set", "CrossCheck", "cross_check"]
 
@@ -38,7 +38,7 @@ def read_train_phrases(bias_type: str, data: RedditBiasData | str | os.PathLike 
     """The debiasing training phrases of a bias type (non-empty lines of its train file).
 
     Args:
-        bias_type: one of the five bias types (``orientation`` = queerness).
+        bias_type: one of the five bias types (``orientation`` = queerness) or a bias-spec file.
         data: a :class:`RedditBiasData`, a folder, or ``None`` (``$RBJAX_DATA_DIR`` / download cache).
         strip_bos: remove the literal ``"<bos> "`` line prefix of the queerness file.
 
@@ -85,10 +85,14 @@ def augmented_training_set(bias_type: str, data: RedditBiasData | str | os.PathL
     Raises:
         ValueError: unknown bias type or mode. FileNotFoundError / RuntimeError: data missing.
     """
-    b = canonical_bias_type(bias_type)
+    b = bias_type if is_spec_path(bias_type) else canonical_bias_type(bias_type)
     if mode not in ("paper", "reference"):
         raise ValueError(f"mode must be 'paper' or 'reference', got {mode!r}")
-    return augment(read_train_phrases(b, data), load_spec(b), mode, direction)
+    spec = load_spec(b)
+    if mode == "reference" and not spec.reference:
+        raise ValueError(f"{b}: reference-mode swapping uses the official code's substring rules, which exist only "
+                         "for the five packaged bias types; use paper mode for a bias type of your own")
+    return augment(read_train_phrases(b, data), spec, mode, direction)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""Orbax checkpoints of a train state (one run, or a stacked grid chunk) with JSON metadata.
+
+A checkpoint holds the whole :class:`rbjax.debias.step.TrainState` (parameters, optimiser state, update count,
+per-run hyper-parameters) and a metadata record (the run's key, the update count, the last metrics). It is restored
+into the pytree structure of a fresh state (namedtuples, not the lists/dicts an untyped restore gives), and it is
+never written with non-finite parameters.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Checkpointer", "NonFiniteParameters"]
+
+
+class NonFiniteParameters(RuntimeError):
+    """The parameters hold inf or NaN: nothing is saved (the message names the update)."""
+
+
+def _state_dict(state) -> dict:
+    return {"params": state.params, "opt_state": state.opt_state,
+            "scalars": {"step": state.step, "lambdas": state.lambdas, "lr": state.lr, "t_total": state.t_total}}
+
+
+class Checkpointer:
+    """Orbax ``CheckpointManager`` for train states + JSON metadata.
+
+    Args:
+        directory: checkpoint folder (made absolute).
+        keep: checkpoints kept (older ones are deleted).
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 2):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.directory = Path(directory).resolve()
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, meta: dict) -> None:
+        """Save ``state`` at ``step`` (number of updates done); blocks until written.
+
+        Raises:
+            NonFiniteParameters: a parameter is inf or NaN (nothing is written).
+        """
+        finite = jax.tree.reduce(jnp.logical_and, jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), state.params))
+        if not bool(finite):
+            raise NonFiniteParameters(f"update {step}: the parameters hold inf or NaN; no checkpoint was written")
+        ocp = self._ocp
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_state_dict(state)), meta=ocp.args.JsonSave(meta)), force=True)
+        self.manager.wait_until_finished()
+
+    def restore_meta(self, step: int) -> dict:
+        """The metadata of checkpoint ``step`` only (cheap: no arrays are read)."""
+        ocp = self._ocp
+        r = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(r["meta"])
+
+    def restore(self, step: int, like) -> tuple[Any, dict]:
+        """Restore checkpoint ``step`` into the structure (and shapes/dtypes/shardings) of the state ``like``.
+
+        Raises:
+            ValueError: the checkpoint does not fit the given structure.
+        """
+        ocp = self._ocp
+        target = _state_dict(like)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        try:
+            r = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises several types for a structure mismatch
+            raise ValueError(f"{self.directory}/{step}: checkpoint does not match this run's model/optimizer "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        d = r["state"]
+        if jax.tree.structure(d["opt_state"]) != jax.tree.structure(like.opt_state):
+            raise ValueError(f"{self.directory}/{step}: restored optimizer state has another pytree structure")
+        s = d["scalars"]
+        state = like.replace(params=d["params"], opt_state=d["opt_state"], step=s["step"], lambdas=s["lambdas"],
+                             lr=s["lr"], t_total=s["t_total"])
+        return state, dict(r["meta"])
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

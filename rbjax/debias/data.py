@@ -1,0 +1,352 @@
+"""Host-side data of a debiasing run: training phrases → token ids → trigger arrays → the batches of each update.
+
+Everything here is numpy on the host and is computed **once**: the phrases are tokenised once per run, the trigger
+arrays of the debiasing losses once per example (paper semantics: a phrase's triggers do not depend on its batch
+mates) or once per micro-batch of a batch plan (reference semantics: the code's attribute windows end at the longest
+sentence of the micro-batch), and every grid point that shares a batch plan shares the same stream. No regular
+expression runs inside the step loop.
+
+Order and randomness (paper §5.1 and the reference Trainer, docs/reference-debias.md §7)
+    * Data order: a seeded permutation per epoch, ``numpy.random.default_rng([seed, epoch])``; micro-batch ``b`` of
+      epoch ``e`` holds rows ``perm[b·B:(b+1)·B]``. The last, smaller micro-batch is filled with empty rows (zero
+      mask), which contribute nothing, so the result equals the reference's smaller last batch.
+    * Dropout key of a micro-batch: ``fold_in(fold_in(key(seed, impl="rbg"), epoch), b)``. Both are functions of the
+      position in the run only, so a resumed run sees exactly the same batches and dropout masks.
+    * Updates (:func:`update_plan`): ``grad_accum`` consecutive micro-batches per update; ``t_total =
+      ⌊#batches/accum⌋·epochs`` (or ``max_steps``); leftovers at an epoch's end are dropped (paper) or carried into
+      the next epoch's first update (reference).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rbjax.debias.config import LOSS_METHODS, TrainConfig, bias_spec
+
+__all__ = ["load_training_texts", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key",
+           "TrainingData", "BatchPlan"]
+
+
+# ----------------------------------------------------------------------------------------------------- texts
+def load_training_texts(cfg: TrainConfig, data=None) -> tuple[list[str], dict]:
+    """The training phrases of a run and a description of where they came from.
+
+    * ``train_file`` set: its non-empty lines (for ``cda``, followed by their swapped copies).
+    * ``cda``: :func:`rbjax.debias.cda.augmented_training_set` (phrases + our swapped copies; mode = semantics).
+    * otherwise: the bias type's training phrases (:meth:`RedditBiasData.train_file`: the released file of a
+      packaged type — the lower-case file for religion2 — or ``text_files/<name>/<name>_bias_manual_train.txt`` of a
+      spec file's data folder, as ``rbjax splits`` writes it); in paper semantics the literal ``"<bos> "`` prefix of
+      the queerness lines is removed (an artefact of the data preparation), in reference semantics it is kept and
+      tokenised as text, as the reference grid does.
+
+    Returns:
+        ``(texts, info)`` with ``info = {"files": [...], "n_lines": ..., ...}``.
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing or empty data.
+    """
+    from rbjax.data.redditbias import RedditBiasData
+    from rbjax.debias import cda
+
+    if cfg.train_file is not None:
+        p = Path(cfg.train_file)
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: training file not found" if not p.exists() else f"{p}: not a file")
+        texts = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln and not ln.isspace()]
+        if not texts:
+            raise ValueError(f"{p}: no non-empty line to train on")
+        info = {"files": [str(p)], "source": "train_file"}
+        if cfg.method == "cda":
+            texts = cda.augment(texts, bias_spec(cfg.bias_type), mode=cfg.semantics)
+            info["source"] = f"train_file, CDA augmented ({cfg.semantics} swapping)"
+        info["n_lines"] = len(texts)
+        return texts, info
+    if data is None or not isinstance(data, RedditBiasData):
+        data = RedditBiasData(data if data is not None else cfg.data_dir)
+    rel = RedditBiasData.train_file(cfg.bias_type)
+    if cfg.method == "cda":
+        texts = cda.augmented_training_set(cfg.bias_type, data, mode=cfg.semantics)
+        info = {"files": [str(data.path(rel))], "source": f"CDA augmented ({cfg.semantics} swapping)",
+                "n_original": len(texts) // 2}
+        try:
+            cc = cda.cross_check(cfg.bias_type, data, cfg.semantics)
+            info["released_cross_check"] = {"file": RedditBiasData.swapped_targets_train_file(cfg.bias_type),
+                                            "n_identical": cc.n_identical, "n_released": cc.n_released,
+                                            "agreement": cc.agreement}
+        except (FileNotFoundError, RuntimeError, ValueError) as e:  # the released file is only a cross-check
+            info["released_cross_check"] = {"error": str(e)}
+    else:
+        texts = cda.read_train_phrases(cfg.bias_type, data, strip_bos=cfg.semantics == "paper")
+        info = {"files": [str(data.path(rel))], "source": "training phrases of the bias type"}
+    info["n_lines"] = len(texts)
+    return texts, info
+
+
+def tokenize_lines(texts: list[str], tokenizer, block_size: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Tokenise each line on its own (no special tokens), cut to ``block_size``, right-pad.
+
+    Args:
+        texts: (N,) phrases. tokenizer: ``encode_batch``. block_size: tokens kept per phrase. pad_id: filler id
+            (never scored or attended; the reference's ``<pad>`` row is not added to the vocabulary).
+
+    Returns:
+        ``(ids, mask, stats)``: int32 ``(N', block_size)`` ids and 0/1 mask, where lines with no token are dropped
+        (N' ≤ N), and ``{"n_dropped_empty", "n_truncated", "n_tokens"}``.
+
+    Raises:
+        ValueError: no line has a token.
+    """
+    toks = tokenizer.encode_batch(list(texts))
+    keep = [t for t in toks if len(t) > 0]
+    if not keep:
+        raise ValueError("no training line has a token")
+    ids = np.full((len(keep), block_size), pad_id, np.int32)
+    mask = np.zeros((len(keep), block_size), np.int32)
+    n_trunc = 0
+    for r, t in enumerate(keep):
+        n_trunc += len(t) > block_size
+        t = t[:block_size]
+        ids[r, :len(t)] = t
+        mask[r, :len(t)] = 1
+    return ids, mask, {"n_dropped_empty": len(toks) - len(keep), "n_truncated": int(n_trunc),
+                       "n_tokens": int(mask.sum())}
+
+
+# ------------------------------------------------------------------------------------------------ order, plan
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The example order of an epoch: ``numpy.random.default_rng([seed, epoch]).permutation(n)``."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch)]).permutation(n)
+
+
+def update_plan(n_batches: int, grad_accum: int, epochs: int, leftover: str = "drop",
+                max_steps: int | None = None) -> tuple[list[list[tuple[int, int]]], int]:
+    """Which micro-batches make up each update, and the schedule length.
+
+    Args:
+        n_batches: micro-batches per epoch (``ceil(N / batch_size)``).
+        grad_accum: micro-batches per update.
+        epochs: passes over the data.
+        leftover: ``drop`` (leftover micro-batches of each epoch are skipped) or ``carry`` (reference Trainer: they
+            join the first update of the next epoch; the last epoch's are discarded).
+        max_steps: cap on updates; when given, ``t_total = max_steps`` and more epochs are planned if needed
+            (as HF's ``max_steps``).
+
+    Returns:
+        ``(plan, t_total)``: ``plan[u]`` = list of ``(epoch, batch_index)`` of update ``u`` (0-based);
+        ``t_total = ⌊n_batches/grad_accum⌋·epochs`` (or ``max_steps``).
+
+    Raises:
+        ValueError: fewer micro-batches per epoch than ``grad_accum`` (no update would happen).
+    """
+    per_epoch = n_batches // grad_accum
+    if per_epoch == 0:
+        raise ValueError(f"{n_batches} micro-batch(es) per epoch is fewer than grad_accum={grad_accum}: no update "
+                         "would happen; lower --batch-size or --grad-accum")
+    t_total = per_epoch * epochs if max_steps is None else int(max_steps)
+    n_epochs = epochs if max_steps is None else max(epochs, -(-int(max_steps) // per_epoch))
+    plan: list[list[tuple[int, int]]] = []
+    carry: list[tuple[int, int]] = []
+    for e in range(n_epochs):
+        cur = list(carry) if leftover == "carry" else []
+        k = 0
+        for b in range(n_batches):
+            cur.append((e, b))
+            k += 1
+            if k == grad_accum:
+                plan.append(cur)
+                cur, k = [], 0
+        carry = cur
+    return plan[:t_total], t_total
+
+
+def dropout_key(seed: int, epoch: int, batch_index: int):
+    """Dropout key of one micro-batch: ``fold_in(fold_in(key(seed), epoch), batch_index)`` (raw key data, uint32).
+
+    The key uses JAX's ``rbg`` implementation (XLA's RngBitGenerator): deterministic on a given backend, and on CPU
+    it compiles the dropout masks of a GPT-2 step about twice as fast as the default threefry. Returned as raw key
+    data so that batches stack with numpy; :func:`rbjax.debias.step.train_step` wraps it back.
+    """
+    import jax
+
+    k = jax.random.key(int(seed) & 0xFFFFFFFF, impl="rbg")
+    return np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.fold_in(k, int(epoch)), int(batch_index))))
+
+
+# ------------------------------------------------------------------------------------------------ data, plans
+def _sha256_arrays(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class TrainingData:
+    """The tokenised training set of a run and its trigger arrays, shared by every grid point.
+
+    Args:
+        cfg: the run's settings (method, bias type, semantics, block size, training file, data folder).
+        tokenizer: the GPT-2 tokenizer (``encode_batch``, ``eos_id``, ``vocab_size``).
+        vocab_size: the model's vocabulary size (target ids are checked against it).
+        texts: the training phrases (default: :func:`load_training_texts`).
+
+    Attributes:
+        ids, mask: int32 ``(N, block_size)``. n_examples: N. pad_id: filler id. info: where the data came from.
+        shared: target-pair arrays of the loss methods (``pair_ids``/``pair_mask`` ``(P, 2, W)``), else ``{}``.
+        trigger_stats: trigger coverage over the whole set. n_occ: size of the occurrence axis (ADD/HD).
+        key: content digest of everything here (tokens, triggers, bias specification), for resume keys.
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing or bad data.
+    """
+
+    def __init__(self, cfg: TrainConfig, tokenizer, vocab_size: int, texts: list[str] | None = None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        if texts is None:
+            texts, self.info = load_training_texts(cfg)
+        else:
+            self.info = {"source": "given texts", "n_lines": len(texts)}
+        self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.block_size, self.pad_id)
+        self.info.update(tstats)
+        self.info["sha256_tokens"] = _sha256_arrays(self.ids, self.mask)
+        self.n_examples = len(self.ids)
+        self.spec = bias_spec(cfg.bias_type)
+        self.shared: dict[str, np.ndarray] = {}
+        self.trigger_stats: dict[str, Any] = {}
+        self.n_occ = 0
+        self.tb = None
+        self._per_example: dict[str, np.ndarray] | None = None
+        if cfg.method in LOSS_METHODS:
+            self._setup_triggers(vocab_size)
+        from rbjax.report.provenance import digest
+
+        self.key = digest({"tokens": self.info["sha256_tokens"], "spec": dataclasses.asdict(self.spec),
+                           "triggers": None if self._per_example is None else _sha256_arrays(
+                               *[self._per_example[k] for k in sorted(self._per_example)]),
+                           "shared": {k: v.tolist() for k, v in self.shared.items()}})
+
+    def _setup_triggers(self, vocab_size: int) -> None:
+        from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
+
+        cfg = self.cfg
+        self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics, pad_id=self.pad_id)
+        ids, mask = self.tb.pair_ids("lmd" if cfg.method == "lmd" else "add_hd")
+        if ids.max(initial=0) >= vocab_size:
+            raise ValueError(f"a target-pair token id ({int(ids.max())}) is outside the model vocabulary")
+        self.shared = {"pair_ids": ids.astype(np.int32), "pair_mask": mask.astype(bool)}
+        # one pass over the whole training set: trigger coverage, the occurrence-axis size and (paper semantics,
+        # where a phrase's triggers do not depend on its batch) the per-example trigger arrays themselves
+        if cfg.method == "lmd":
+            t = self.tb.lmd(self.ids, self.mask)
+            fired = t.mask.sum(axis=(1, 2)) > 0
+            self.trigger_stats = {"sentences_triggered": int(fired.sum()), "n_sentences": self.n_examples,
+                                  "triggered_positions": int((t.mask.sum(-1) > 0).sum()),
+                                  "unpredicted_term_occurrences": int(t.unpredicted.sum())}
+            if cfg.semantics == "paper":
+                self._per_example = {"lmd_mask": t.mask, "norm": t.norm}
+        else:
+            o = self.tb.attributes(self.ids, self.mask, max_occurrences=None)
+            per = o.mask.sum(1)
+            self.n_occ = pad_occurrences(int(per.max(initial=0)))
+            self.trigger_stats = {"sentences_triggered": int((per > 0).sum()), "n_sentences": self.n_examples,
+                                  "occurrences": int(per.sum()), "max_per_sentence": int(per.max(initial=0)),
+                                  "zero_vector_occurrences": int(((o.weights.sum(-1) == 0) & (o.mask > 0)).sum())}
+            if cfg.semantics == "paper":
+                w = np.zeros((self.n_examples, self.n_occ, o.weights.shape[-1]), np.float32)
+                m = np.zeros((self.n_examples, self.n_occ), np.float32)
+                w[:, :o.weights.shape[1]], m[:, :o.mask.shape[1]] = o.weights, o.mask
+                self._per_example = {"occ_weights": w, "occ_mask": m}
+
+    def triggers(self, ids: np.ndarray, mask: np.ndarray, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The method's trigger arrays of a micro-batch (``ids``/``mask`` ``(B, L)``, ``rows`` its example indices).
+
+        Paper semantics: gathered from the per-example arrays computed once (filler rows get zeros); reference
+        semantics: computed from the micro-batch itself (it depends on the batch's longest sentence).
+        """
+        if self.tb is None:
+            return {}
+        B = ids.shape[0]
+        if self._per_example is not None and rows is not None:
+            out = {}
+            for k, v in self._per_example.items():
+                a = np.zeros((B,) + v.shape[1:], v.dtype)
+                a[:len(rows)] = v[rows]
+                out[k] = a
+            return out
+        if self.cfg.method == "lmd":
+            t = self.tb.lmd(ids, mask)
+            return {"lmd_mask": t.mask, "norm": t.norm}
+        o = self.tb.attributes(ids, mask, max_occurrences=self.n_occ)
+        return {"occ_weights": o.weights, "occ_mask": o.mask}
+
+
+class BatchPlan:
+    """The micro-batches and updates of one batch plan (batch size, accumulation, epochs, seed): shared by every
+    grid point with these settings (the paper's 6 λ combinations at each of the 9 (batch, accumulation) pairs).
+
+    Args:
+        data: the run's :class:`TrainingData`.
+        batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.debias.config.TrainConfig`.
+
+    Attributes:
+        n_batches: micro-batches per epoch. plan: ``plan[u]`` = ``[(epoch, batch_index), ...]`` of update u.
+        t_total: schedule length in updates.
+    """
+
+    def __init__(self, data: TrainingData, batch_size: int, grad_accum: int, epochs: int, seed: int,
+                 leftover: str = "drop", max_steps: int | None = None):
+        self.data = data
+        self.batch_size, self.grad_accum, self.seed = int(batch_size), int(grad_accum), int(seed)
+        self.n_batches = -(-data.n_examples // self.batch_size)
+        self.plan, self.t_total = update_plan(self.n_batches, self.grad_accum, epochs, leftover, max_steps)
+        self._perms: dict[int, np.ndarray] = {}
+        self._cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        p = self._perms.get(epoch)
+        if p is None:
+            p = self._perms[epoch] = epoch_permutation(self.data.n_examples, self.seed, epoch)
+        return p
+
+    def batch_rows(self, epoch: int, index: int) -> np.ndarray:
+        """Example indices of micro-batch ``index`` of ``epoch``."""
+        B = self.batch_size
+        return self.epoch_rows(epoch)[index * B:(index + 1) * B]
+
+    def make_batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Host batch of examples ``rows``: ``(batch_size, block_size)`` ids/mask (empty filler rows) + triggers."""
+        d = self.data
+        B, Lb = self.batch_size, d.ids.shape[1]
+        ids = np.full((B, Lb), d.pad_id, np.int32)
+        mask = np.zeros((B, Lb), np.int32)
+        ids[:len(rows)] = d.ids[rows]
+        mask[:len(rows)] = d.mask[rows]
+        return {"input_ids": ids, "attention_mask": mask, **d.triggers(ids, mask, rows)}
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        """Micro-batch ``index`` of ``epoch`` with its dropout key (``rng``), built once and cached (a grid chunk
+        smaller than the plan's λ combinations goes over the same stream again)."""
+        k = (epoch, index)
+        b = self._cache.get(k)
+        if b is None:
+            b = self.make_batch(self.batch_rows(epoch, index))
+            b["rng"] = dropout_key(self.seed, epoch, index)
+            self._cache[k] = b
+        return b
+
+    def update_batch(self, u: int) -> dict[str, np.ndarray]:
+        """The micro-batches of update ``u`` stacked on a leading axis: arrays ``(A_u, B, ...)``, A_u = their
+        number (``grad_accum``, more for a reference-semantics update that carries an epoch's leftovers)."""
+        mbs = [self.micro_batch(e, b) for e, b in self.plan[u]]
+        return {k: np.stack([m[k] for m in mbs]) for k in mbs[0]}
+
+    def tokens(self, u: int) -> int:
+        """Real tokens in update ``u``."""
+        return int(sum(self.data.mask[self.batch_rows(e, b)].sum() for e, b in self.plan[u]))

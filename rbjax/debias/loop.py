@@ -1,0 +1,399 @@
+"""The training loop of a debiasing run: one batch plan, one run or a chunk of grid points trained together.
+
+:class:`Trainer` drives :func:`rbjax.debias.step.train_step` (one run) or :func:`~rbjax.debias.step.grid_train_step`
+(a chunk of grid points that share a batch plan, vmapped over a stacked state) over the updates of a
+:class:`~rbjax.debias.data.BatchPlan`, on a device mesh (:mod:`rbjax.mesh`), and owns everything around it:
+
+* **Checkpoints** (orbax, :mod:`rbjax.debias.checkpoint`) every ``save_every`` updates, every ``save_every_s``
+  seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
+  aborts at once). The interrupt is then raised as :class:`rbjax.interrupt.Interrupted`, whose message says what was
+  saved and how to resume.
+* **Resume**: a run started again with the same folder restores its last checkpoint and goes on; data order and
+  dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
+  used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
+  training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
+  difference named.
+* **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
+  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s.
+* **Non-finite gradients**: an update with ``inf``/``NaN`` in its gradient is skipped and counted (per point); after
+  :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.data import BatchPlan, TrainingData
+from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, grid_train_step, init_state, micro_batch_grads,
+                               micro_batch_losses, train_step_jit, unstack_state)
+
+__all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
+
+#: a run stops when a point skipped this many updates in a row for non-finite gradients
+MAX_CONSECUTIVE_SKIPS = 25
+#: bumped when the checkpoint content changes incompatibly (older checkpoints are then not resumed)
+CHECKPOINT_FORMAT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHparams:
+    """The per-run hyper-parameters of one point of a chunk (the ones a chunk's points may differ in)."""
+
+    lambda_lm: float
+    lambda_d: float
+    learning_rate: float
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :meth:`Trainer.run` returns.
+
+    Attributes:
+        state: final (or, after ``stop_after``, current) train state, stacked on a leading axis for a chunk.
+        updates_done: updates applied in total (including those before a resume). t_total: schedule length.
+        finished: all ``t_total`` updates done. resumed_from: update count restored from a checkpoint (``None`` for
+        a fresh start). summary: timings, last metrics, skipped updates. n_points: points trained (1 for a run).
+    """
+
+    state: Any
+    updates_done: int
+    t_total: int
+    finished: bool
+    resumed_from: int | None
+    summary: dict
+    n_points: int = 1
+
+    @property
+    def params(self):
+        """The parameters of a single run (of point 0 of a chunk)."""
+        return self.state.params if self.n_points == 1 and not _stacked(self.state) else self.point_params(0)
+
+    def point_params(self, i: int):
+        return unstack_state(self.state, i).params
+
+
+def _stacked(state) -> bool:
+    return np.ndim(state.step) == 1
+
+
+def load_start(cfg: TrainConfig):
+    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder or hub id).
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
+    """
+    from rbjax.model.hf import load_pretrained, resolve_model_dir
+    from rbjax.model.tokenizer import load_tokenizer
+    from rbjax.report.provenance import digest, model_files_key
+
+    model_dir = resolve_model_dir(cfg.model)
+    config, params = load_pretrained(model_dir)
+    src = cfg.tokenizer if cfg.tokenizer is not None else model_dir
+    try:
+        tokenizer = load_tokenizer(src, expected_vocab_size=None)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{src}: no tokenizer files (vocab.json + merges.txt or tokenizer.json); "
+                                "pass --tokenizer") from None
+    return model_dir, config, params, tokenizer, digest(model_files_key(model_dir))
+
+
+def _tokenizer_key(tokenizer) -> str:
+    from rbjax.model.hf import TOKENIZER_FILES
+    from rbjax.report.provenance import digest, files_key
+
+    src = Path(str(getattr(tokenizer, "source", "")))
+    return digest(files_key(src / f for f in TOKENIZER_FILES) if src.is_dir() else {"source": str(src)})
+
+
+class Trainer:
+    """A debiasing run (or a chunk of grid points sharing one batch plan): data, model, loop (module docstring).
+
+    Args:
+        cfg: the run's :class:`TrainConfig` (for a chunk: the shared settings; batch size, accumulation, epochs,
+            seed and leftover rule define the batch plan).
+        points: the chunk's per-point hyper-parameters (``None``: one run with ``cfg``'s λ and learning rate, trained
+            with the unvmapped step).
+        model_config, params, model_key: the starting model (default: loaded from ``cfg.model``); ``model_key`` is
+            a content digest (default: of the model files, or of ``params`` when given).
+        tokenizer: a loaded tokenizer (default: ``cfg.tokenizer`` or the model folder).
+        texts, data, plan: the training phrases / a prepared :class:`TrainingData` / :class:`BatchPlan` (shared by
+            the chunks of a sweep).
+        mesh: device mesh (default: :func:`rbjax.mesh.grid_mesh` over all devices).
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing model/data, bad settings.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, points: list[RunHparams] | None = None, model_config=None, params=None,
+                 model_key: str | None = None, tokenizer=None, texts: list[str] | None = None,
+                 data: TrainingData | None = None, plan: BatchPlan | None = None, mesh=None):
+        from rbjax.report.provenance import tree_digest
+
+        self.cfg = cfg
+        self.model_dir = None
+        if params is None:
+            self.model_dir, model_config, params, tok, key = load_start(cfg)
+            tokenizer = tokenizer or tok
+            model_key = model_key or key
+        elif model_config is None:
+            raise ValueError("params given without model_config")
+        if tokenizer is None:
+            from rbjax.model.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else cfg.model,
+                                       expected_vocab_size=None)
+        self.config = model_config
+        self.init_params = params
+        self.model_key = model_key or tree_digest(params)
+        if cfg.block_size > self.config.n_positions:
+            raise ValueError(f"block_size {cfg.block_size} exceeds the model's n_positions {self.config.n_positions}")
+        self.tokenizer = tokenizer
+        if tokenizer.vocab_size > self.config.vocab_size:
+            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
+        self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
+        self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
+                                      cfg.resolved_leftover, cfg.max_steps)
+        self.stacked = points is not None
+        self.points = list(points) if points is not None else [RunHparams(cfg.lambda_lm, cfg.lambda_d,
+                                                                         cfg.learning_rate)]
+        self.spec = StepSpec(config=self.config, method=cfg.method, semantics=cfg.semantics, dropout=cfg.dropout,
+                             grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                             max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
+        from rbjax.mesh import grid_mesh, padded_points
+
+        self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
+                                                            cfg.batch_size)
+        self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1
+
+    # -- compatibility accessors -------------------------------------------------------------------------------
+    n_examples = property(lambda self: self.data.n_examples)
+    n_batches = property(lambda self: self.plan.n_batches)
+    t_total = property(lambda self: self.plan.t_total)
+    shared = property(lambda self: self.data.shared)
+    trigger_stats = property(lambda self: self.data.trigger_stats)
+    data_info = property(lambda self: self.data.info)
+    n_occ = property(lambda self: self.data.n_occ)
+
+    def batch_rows(self, epoch: int, index: int) -> np.ndarray:
+        return self.plan.batch_rows(epoch, index)
+
+    def make_batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers)."""
+        return {**self.plan.make_batch(rows), **self.data.shared}
+
+    @property
+    def lambdas(self) -> np.ndarray:
+        return np.asarray([self.cfg.lambda_lm, self.cfg.lambda_d], np.float32)
+
+    def losses(self, params, batch: dict) -> dict:
+        """``{lm, debias, total}`` of a host micro-batch (:meth:`make_batch`) without dropout."""
+        tot, (lm, deb) = micro_batch_losses(params, batch, self.lambdas, self.spec)
+        return {"lm": float(lm), "debias": float(deb), "total": float(tot)}
+
+    def grads(self, params, batch: dict, rng=None):
+        """Unscaled gradient of one micro-batch's total loss (dropout as configured when ``rng`` is given)."""
+        return micro_batch_grads(params, batch, self.lambdas, rng, self.spec)
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def key(self) -> dict:
+        """Everything that determines the trajectory (a checkpoint is resumed only when this matches)."""
+        traj = self.cfg.trajectory()
+        if self.stacked:
+            for k in ("lambda_lm", "lambda_d", "learning_rate"):
+                traj.pop(k, None)
+        return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": self.model_key,
+                "tokenizer": _tokenizer_key(self.tokenizer), "data": self.data.key, "t_total": self.t_total,
+                "n_examples": self.n_examples,
+                "points": [dataclasses.asdict(p) for p in self.points] if self.stacked else None}
+
+    def initial_state(self) -> TrainState:
+        """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
+        from rbjax.mesh import shard_state
+
+        p0 = self.points[0]
+        one = jax.device_get(init_state(self.init_params, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,
+                                        lr=p0.learning_rate, t_total=self.t_total))
+        if not self.stacked:
+            return shard_state(one, self.mesh, False)
+        pts = self.points + [self.points[-1]] * (self.n_padded - len(self.points))
+        M = len(pts)
+        state = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (M,) + np.shape(x)), one)
+        state = state.replace(lambdas=np.asarray([[p.lambda_lm, p.lambda_d] for p in pts], np.float32),
+                              lr=np.asarray([p.learning_rate for p in pts], np.float32))
+        return shard_state(state, self.mesh, True)
+
+    def lr_at(self, u: int, point: int = 0) -> float:
+        """Learning rate of update ``u`` (0-based count of updates already applied) of a point."""
+        return float(self.points[point].learning_rate * max(0.0, 1.0 - u / max(self.t_total, 1)))
+
+    # -- loop -------------------------------------------------------------------------------------------------
+    def run(self, *, stop_after: int | None = None, callback: Callable[[dict], None] | None = None,
+            checkpoints: bool = True, out_dir: str | Path | None = None) -> TrainResult:
+        """Train (resuming from ``OUT/checkpoints`` when there is a checkpoint of the same run).
+
+        Args:
+            stop_after: stop once this many updates are done in total (a checkpoint is written), as if the run
+                had been killed there; a later ``run()`` resumes.
+            callback: called before every micro-batch with ``{"kind": "micro", "update", "micro_batch", "epoch",
+                "batch_index", "rows", "params"}`` (``params``: the parameters the gradient is taken at) and after
+                every update with ``{"kind": "update", "update", "params", "lr", "grad_norm", "metrics"}``.
+            checkpoints: use orbax checkpoints under ``OUT/checkpoints`` (off: no resume, nothing written).
+            out_dir: folder for checkpoints and metrics (default: ``cfg.out_dir``).
+
+        Returns:
+            :class:`TrainResult`.
+
+        Raises:
+            ValueError: a checkpoint from a different run is in ``OUT/checkpoints``.
+            rbjax.interrupt.Interrupted: SIGINT/SIGTERM (after saving a checkpoint).
+            RuntimeError: too many consecutive non-finite updates.
+        """
+        from rbjax.debias.checkpoint import Checkpointer
+        from rbjax.interrupt import Interrupted, deferred_interrupts
+        from rbjax.mesh import shard_batch
+        from rbjax.report.progress import progress_bar
+        from rbjax.report.provenance import describe_difference
+
+        cfg = self.cfg
+        out = Path(out_dir if out_dir is not None else cfg.out_dir)
+        state = self.initial_state()
+        start, resumed = 0, None
+        ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
+        key = json.loads(json.dumps(self.key()))
+        if ckpt is not None and ckpt.latest_step() is not None:
+            step = ckpt.latest_step()
+            meta = ckpt.restore_meta(step)
+            if meta.get("key") != key:
+                ckpt.close()
+                raise ValueError(
+                    f"{ckpt.directory}: holds checkpoints of a different run "
+                    f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+            state, meta = ckpt.restore(step, state)
+            start = resumed = int(meta["update"])
+        metrics_path = out / "metrics.jsonl"
+        if checkpoints:
+            out.mkdir(parents=True, exist_ok=True)
+            _truncate_metrics(metrics_path, start)
+        n_pts = len(self.points)
+        end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
+        summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
+                                   "skipped_updates": [0] * n_pts}
+        consecutive = np.zeros(n_pts, np.int64)
+        t_run = last_save = time.perf_counter()
+        last: list[dict] = []
+        mf = open(metrics_path, "a", encoding="utf-8") if checkpoints else None
+        desc = f"{cfg.method} {Path(cfg.bias_type).stem if cfg.bias_type.endswith('.json') else cfg.bias_type}"
+        if self.stacked:
+            desc += f" ×{n_pts}"
+        bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
+        step_fn = grid_train_step if self.stacked else train_step_jit
+        saved_at = start
+
+        def save(done: int) -> None:
+            nonlocal last_save, saved_at
+            if ckpt is not None and saved_at != done:
+                ckpt.save(done, state, {"update": done, "key": key, "metrics": last})
+                saved_at, last_save = done, time.perf_counter()
+
+        try:
+            with deferred_interrupts(enabled=True) as flag:
+                for u in range(start, end):
+                    t0 = time.perf_counter()
+                    if callback is not None:
+                        for j, (e, b) in enumerate(self.plan.plan[u]):
+                            callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
+                                      "batch_index": b, "rows": self.plan.batch_rows(e, b), "params": state.params})
+                    host = {**self.plan.update_batch(u), **self.data.shared}
+                    batch = shard_batch(host, self.mesh, row_axis=1, shared_keys=SHARED_KEYS)
+                    state, m = step_fn(state, batch, spec=self.spec)
+                    m = {k: np.asarray(v) for k, v in jax.device_get(m).items()}  # syncs with the device
+                    now = time.perf_counter()
+                    tokens = self.plan.tokens(u)
+                    if summary["first_update_s"] is None:
+                        summary["first_update_s"] = now - t0
+                    summary["tokens"] += tokens
+                    e_last, b_last = self.plan.plan[u][-1]
+                    epoch = round(e_last + (b_last + 1) / self.n_batches, 4)
+                    last = []
+                    for i in range(n_pts):
+                        g = (lambda k: float(m[k][i])) if self.stacked else (lambda k: float(m[k]))
+                        rec = {"step": u + 1, "epoch": epoch, "lm_loss": g("lm"), "debias_loss": g("debias"),
+                               "total": g("total"), "lr": g("lr"), "grad_norm": g("grad_norm"),
+                               "skipped": bool(g("skipped")), "tokens": tokens,
+                               "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run}
+                        if self.stacked:
+                            rec = {"point": i, **rec}
+                        last.append(rec)
+                        if rec["skipped"]:
+                            summary["skipped_updates"][i] += 1
+                            consecutive[i] += 1
+                        else:
+                            consecutive[i] = 0
+                    if mf is not None:
+                        mf.write("".join(json.dumps(r) + "\n" for r in last))
+                        mf.flush()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{last[0]['total']:.4g}", lm=f"{last[0]['lm_loss']:.3f}",
+                                    deb=f"{last[0]['debias_loss']:.3g}", tok_s=f"{last[0]['tokens_per_s']:.0f}")
+                    if callback is not None:
+                        callback({"kind": "update", "update": u + 1, "params": state.params, "lr": last[0]["lr"],
+                                  "grad_norm": last[0]["grad_norm"], "metrics": last[0] if not self.stacked else last})
+                    done = u + 1
+                    if consecutive.max() >= MAX_CONSECUTIVE_SKIPS:
+                        i = int(consecutive.argmax())
+                        raise RuntimeError(
+                            f"update {done}: {MAX_CONSECUTIVE_SKIPS} updates in a row had non-finite gradients"
+                            f"{f' (grid point {i})' if self.stacked else ''} and were skipped; the last good "
+                            f"checkpoint is kept in {out / 'checkpoints'} — lower the learning rate or λ_D")
+                    if flag:
+                        save(done)
+                        where = (f"a checkpoint of update {done}/{self.t_total} is saved in {out / 'checkpoints'}; "
+                                 "run the same command again to resume from it") if ckpt is not None else \
+                            "nothing was saved (checkpoints are off)"
+                        raise Interrupted(f"rbjax: {flag.signal_name} — training stopped after update "
+                                          f"{done}/{self.t_total}; {where}.")
+                    if ckpt is not None and (done % cfg.save_every == 0 or done == end or (
+                            cfg.save_every_s and time.perf_counter() - last_save >= cfg.save_every_s)):
+                        save(done)
+        finally:
+            bar.close()
+            if mf is not None:
+                mf.close()
+            if ckpt is not None:
+                ckpt.close()
+        summary["train_s"] = time.perf_counter() - t_run
+        summary["last"] = last[0] if (last and not self.stacked) else (last or None)
+        n_upd = end - start
+        if summary["tokens"] and summary["train_s"] > 0:
+            steady = summary["train_s"] - (summary["first_update_s"] or 0.0)
+            summary["tokens_per_s"] = summary["tokens"] * n_pts / summary["train_s"]
+            summary["steady_tokens_per_s"] = (summary["tokens"] * n_pts * (n_upd - 1) / max(n_upd, 1) / steady
+                                              if n_upd > 1 and steady > 0 else None)
+        if self.stacked and self.n_padded > n_pts:  # drop the padding points (on the host)
+            state = jax.tree.map(lambda x: np.asarray(x)[:n_pts], jax.device_get(state))
+        return TrainResult(state=state, updates_done=max(end, start), t_total=self.t_total,
+                           finished=max(end, start) >= self.t_total, resumed_from=resumed, summary=summary,
+                           n_points=n_pts if self.stacked else 1)
+
+
+def _truncate_metrics(path: Path, upto: int) -> None:
+    """Keep only the metric lines of updates ≤ ``upto`` (those after the resumed checkpoint are redone)."""
+    if not path.exists():
+        return
+    keep = []
+    for ln in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(ln).get("step", 0) <= upto:
+                keep.append(ln)
+        except json.JSONDecodeError:
+            break  # a line cut by a kill: drop it and everything after
+    from rbjax.report.io import atomic_write_text
+
+    atomic_write_text(path, "".join(k + "\n" for k in keep))

@@ -1,0 +1,234 @@
+"""The pure training step of the debiasing runs: a train state and ``train_step(state, batch) -> (state, metrics)``.
+
+Importable without orbax, tqdm or any I/O: this is what people unit-test, ``vmap`` over a hyper-parameter grid and
+shard over a device mesh. One compiled program per *batch plan* (micro-batch size × accumulation): the per-run
+hyper-parameters λ_LM, λ_D and the peak learning rate live in the state as arrays, so the 6 λ combinations of the
+paper's grid at one (batch, accumulation) setting share a program, vmapped over a stacked state
+(:func:`grid_train_step`).
+
+One update (paper §5.1; docs/reference-debias.md §1.7-§1.8, §7)::
+
+    for each of the update's A micro-batches:       (lax.scan; A = grad_accum, more for a carried-over update)
+        total = λ_LM·L_LM + λ_D·L_D  (eq. 2; losses.total_loss, the reference's λ rule under reference semantics)
+        grad += ∇ total / grad_accum               (the reference Trainer's scaling)
+    direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad is not finite)
+    params -= learning_rate(step, lr, t_total) · direction
+
+Losses of a micro-batch: ``lm`` = mean next-token cross-entropy over its real targets; ``debias`` = the method's
+loss from :mod:`rbjax.debias.losses` on the final hidden states (after ``ln_f``) with the batch's trigger arrays;
+CDA and plain LM fine-tuning use ``lm`` alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from rbjax.debias import losses as L
+from rbjax.debias.config import LOSS_METHODS
+from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
+
+__all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
+           "train_step", "train_step_jit", "grid_train_step", "micro_batch_losses", "micro_batch_grads"]
+
+#: arrays of a batch that are shared by all micro-batches (not stacked on the micro-batch axis)
+SHARED_KEYS = ("pair_ids", "pair_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static settings of a step (hashable; one compiled program per distinct value and batch shape).
+
+    Attributes:
+        config: the model's :class:`GPT2Config`. method: ``lmd``/``add``/``hd``/``cda``/``lm``.
+        semantics: ``paper``/``reference``. dropout: dropout active. grad_accum: micro-batches per update (each
+        micro-batch loss is scaled by ``1/grad_accum``). b1, b2, eps, max_grad_norm: Adam and clip settings.
+        precision: ``fp32`` or ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
+    """
+
+    config: GPT2Config
+    method: str
+    semantics: str = "paper"
+    dropout: bool = True
+    grad_accum: int = 1
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    precision: str = "fp32"
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
+
+    @property
+    def compute_dtype(self):
+        return jnp.bfloat16 if self.precision == "bf16" else jnp.float32
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during a run, as arrays (a pytree; stack it on a leading axis for a grid).
+
+    Attributes:
+        params: GPT-2 parameters. opt_state: the optimiser state (:func:`rbjax.debias.optim.make_optimizer`).
+        step: int32, updates done (the next update's learning rate is ``learning_rate(step, lr, t_total)``).
+        lambdas: float32 ``(2,)``, ``[λ_LM, λ_D]`` of eq. 2. lr: float32 peak learning rate.
+        t_total: float32, schedule length in updates.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    lambdas: jax.Array
+    lr: jax.Array
+    t_total: jax.Array
+
+
+def init_state(params, spec: StepSpec, *, lambda_lm: float, lambda_d: float, lr: float, t_total: int) -> TrainState:
+    """A fresh state for one run (step 0, a new optimiser state)."""
+    return TrainState(params=params, opt_state=spec.optimizer.init(params), step=jnp.zeros((), jnp.int32),
+                      lambdas=jnp.asarray([lambda_lm, lambda_d], jnp.float32), lr=jnp.asarray(lr, jnp.float32),
+                      t_total=jnp.asarray(t_total, jnp.float32))
+
+
+def stack_states(states: list[TrainState]) -> TrainState:
+    """Stack states of several runs on a leading grid axis (for :func:`grid_train_step`)."""
+    return jax.tree.map(lambda *x: jnp.stack(x), *states)
+
+
+def unstack_state(state: TrainState, i: int) -> TrainState:
+    """Point ``i`` of a stacked state."""
+    return jax.tree.map(lambda x: x[i], state)
+
+
+# ------------------------------------------------------------------------------------------------------ losses
+def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """Causal LM loss: mean next-token cross-entropy (nats) over the real targets of a batch.
+
+    Logit ``i`` is scored against token ``i+1``; a target counts when both tokens are real (right padding).
+
+    Args:
+        logits: ``(B, L, V)`` float32. input_ids, attention_mask: ``(B, L)``.
+
+    Returns:
+        scalar; 0 when the batch has no target.
+    """
+    lg = logits[:, :-1].astype(jnp.float32)
+    tgt = input_ids[:, 1:]
+    m = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
+    nll = jax.nn.logsumexp(lg, axis=-1) - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def _debias_loss(spec: StepSpec, params, hidden, batch):
+    targets = L.gather_targets(params["wte"]["embedding"], batch["pair_ids"], batch["pair_mask"])
+    if spec.method == "lmd":
+        return L.equalising_loss(hidden, targets, batch["lmd_mask"], batch["norm"], semantics=spec.semantics)
+    if spec.method == "add":
+        return L.attribute_distance_loss(hidden, targets, batch["occ_weights"], batch["occ_mask"],
+                                         semantics=spec.semantics)
+    basis, basis_mask = L.bias_subspace(targets, semantics=spec.semantics)
+    return L.neutralisation_loss(hidden, batch["occ_weights"], batch["occ_mask"], basis, basis_mask,
+                                 semantics=spec.semantics)
+
+
+def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
+    """``(total, (lm, debias))`` of one micro-batch (differentiable in ``params``).
+
+    Args:
+        params: GPT-2 params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
+            (``lmd_mask`` ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask``
+            ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``.
+        lambdas: ``(2,)`` ``[λ_LM, λ_D]``. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
+        spec: static settings. dropout: override ``spec.dropout``.
+    """
+    drop = spec.dropout if dropout is None else dropout
+    drop = drop and rng is not None
+    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
+    logits, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
+                                 deterministic=not drop, rngs=rngs)
+    hidden = hidden.astype(jnp.float32)
+    lm = lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+    if spec.method not in LOSS_METHODS:
+        return lm, (lm, jnp.zeros((), jnp.float32))
+    deb = _debias_loss(spec, params, hidden, batch)
+    return L.total_loss(lm, deb, lambdas[0], lambdas[1], spec.semantics), (lm, deb)
+
+
+# ------------------------------------------------------------------------------------------------------- step
+def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
+    """One update from the micro-batches of ``batch`` (pure; jit with ``spec`` static, see :data:`train_step_jit`).
+
+    Args:
+        state: the run's :class:`TrainState`.
+        batch: the update's micro-batches stacked on a leading axis A (``input_ids`` ``(A, B, L)``, masks, trigger
+            arrays, ``rng`` ``(A, 4)`` uint32 dropout keys) plus the unstacked target pairs ``pair_ids``/
+            ``pair_mask`` of the loss methods.
+        spec: static settings.
+
+    Returns:
+        ``(state, metrics)`` with float32 metrics ``lm``, ``debias``, ``total`` (means over the micro-batches),
+        ``grad_norm`` (global norm of the accumulated gradient before clipping, overflow-free), ``lr`` (the learning
+        rate this update used) and ``skipped`` (1.0 when the gradient was not finite and the update was skipped).
+    """
+    shared = {k: batch[k] for k in SHARED_KEYS if k in batch}
+    micro = {k: v for k, v in batch.items() if k not in SHARED_KEYS}
+    scale = jnp.float32(1.0 / spec.grad_accum)
+
+    def one(mb):
+        fn = lambda p: batch_losses(p, {**mb, **shared}, state.lambdas, mb["rng"], spec)  # noqa: E731
+        (tot, (lm, deb)), g = jax.value_and_grad(fn, has_aux=True)(state.params)
+        return jax.tree.map(lambda x: x * scale, g), jnp.stack([lm, deb, tot])
+
+    n_micro = micro["input_ids"].shape[0]
+    if n_micro == 1:
+        grads, m = one(jax.tree.map(lambda x: x[0], micro))
+    else:
+        def body(acc, mb):
+            g, m = one(mb)
+            return jax.tree.map(jnp.add, acc, g), m
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grads, ms = jax.lax.scan(body, zeros, micro)
+        m = ms.mean(axis=0)
+    gnorm = global_norm(grads)
+    direction, opt_state = spec.optimizer.update(grads, state.opt_state, state.params)
+    lr = learning_rate(state.step, state.lr, state.t_total)
+    params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), state.params, direction)
+    skipped = jnp.logical_not(jnp.isfinite(gnorm)).astype(jnp.float32)
+    new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new, {"lm": m[0], "debias": m[1], "total": m[2], "grad_norm": gnorm, "lr": lr, "skipped": skipped}
+
+
+#: :func:`train_step` compiled (``spec`` static, the state donated): one program per (spec, batch shape)
+train_step_jit = jax.jit(train_step, static_argnames=("spec",), donate_argnames=("state",))
+
+
+@partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def grid_train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
+    """:func:`train_step` vmapped over a stacked state (leading grid axis); every point sees the same ``batch``.
+
+    A point whose gradient is not finite skips its update without touching the others.
+    """
+    return jax.vmap(lambda s: train_step(s, batch, spec=spec))(state)
+
+
+# ------------------------------------------------------------------------------------ for tests and evaluation
+@partial(jax.jit, static_argnames=("spec",))
+def micro_batch_losses(params, batch: dict, lambdas, spec: StepSpec):
+    """``(total, (lm, debias))`` of one micro-batch without dropout."""
+    return batch_losses(params, batch, lambdas, None, spec, dropout=False)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def micro_batch_grads(params, batch: dict, lambdas, rng, spec: StepSpec):
+    """Unscaled gradient of one micro-batch's total loss (with dropout when ``rng`` is given and the spec has it)."""
+    return jax.grad(lambda p: batch_losses(p, batch, lambdas, rng, spec)[0])(params)

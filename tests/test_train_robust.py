@@ -1,0 +1,271 @@
+"""The trainer under stress: non-finite gradients, vmapped grid points = sequential runs, Ctrl-C saves and resumes,
+reruns keep their records, resume keys on the starting model's content, and a bias type of one's own trains."""
+import json
+import os
+import signal
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.loop import RunHparams, Trainer
+from rbjax.debias.optim import global_norm, make_optimizer
+from rbjax.debias.step import TrainState, grid_train_step, train_step_jit
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+
+
+def _cfg(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
+    base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
+                data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
+                export=False, evaluate=False, lmp=False, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _train_file(redditbias_dir, tmp_path, n):
+    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    f = tmp_path / f"train{n}.txt"
+    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
+    return str(f)
+
+
+# ------------------------------------------------------------------------------------- non-finite gradients
+def _one_update(params, grads, lr=5e-5):
+    tx = make_optimizer()
+    st = tx.init(params)
+    d, st = tx.update(grads, st, params)
+    return jax.tree.map(lambda p, u: p - lr * u, params, d), st
+
+
+def test_failure_case_overflowing_gradient_norm():
+    """Clip 1.0 + Adam (lr 5e-5) on ones(100) with gradient full(100, 1e20): the global norm is 1e21 (its sum of
+    squares overflows float32, the norm must not), each clipped entry is 0.1, each weight moves by about −5e-5."""
+    params = {"w": jnp.ones(100, jnp.float32)}
+    grads = {"w": jnp.full(100, 1e20, jnp.float32)}
+    assert float(optax.tree.norm(grads)) == np.inf  # the naive norm overflows ...
+    np.testing.assert_allclose(float(global_norm(grads)), 1e21, rtol=1e-6)  # ... ours does not
+    from rbjax.debias.optim import clip_by_global_norm
+
+    clipped, _ = clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    np.testing.assert_allclose(np.asarray(clipped["w"]), 0.1, rtol=1e-6)
+    new, st = _one_update(params, grads)
+    np.testing.assert_allclose(np.asarray(new["w"]) - 1.0, -5e-5, rtol=1e-3)
+    assert int(st.total_notfinite) == 0
+
+
+def test_failure_case_non_finite_gradient_is_skipped():
+    """A gradient holding inf or NaN never reaches the parameters or the Adam moments; the skip is counted."""
+    params = {"w": jnp.array([1.0, 2.0]), "b": jnp.array([0.5])}
+    for bad in (np.inf, np.nan):
+        grads = {"w": jnp.array([bad, 1.0]), "b": jnp.array([0.0])}
+        assert not np.isfinite(float(global_norm(grads)))
+        new, st = _one_update(params, grads)
+        for k in params:
+            assert np.array_equal(np.asarray(new[k]), np.asarray(params[k]))
+        assert int(st.total_notfinite) == 1 and int(st.notfinite_count) == 1
+        adam = st.inner_state[1]
+        assert all(float(jnp.abs(x).sum()) == 0.0 for x in jax.tree.leaves((adam.mu, adam.nu)))
+        assert int(adam.count) == 0
+
+
+def test_non_finite_point_of_a_grid_does_not_touch_the_others(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """Vmapped grid: a point whose loss weight is inf gets non-finite gradients and skips its updates; the other
+    point trains exactly as it would alone."""
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method="add",
+               train_file=_train_file(redditbias_dir, tmp_path, 8), max_steps=2, dropout=False)
+    good, bad = RunHparams(0.01, 10.0, 1e-3), RunHparams(0.01, float("inf"), 1e-3)
+    tr = Trainer(cfg, points=[good, bad])
+    res = tr.run(checkpoints=False)
+    assert res.summary["skipped_updates"] == [0, 2]
+    init = tr.init_params
+    for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(res.point_params(1))):
+        assert np.array_equal(np.asarray(a), np.asarray(b))  # the bad point never moved
+    alone = Trainer(cfg.replace(lambda_lm=0.01, lambda_d=10.0, learning_rate=1e-3)).run(checkpoints=False)
+    for a, b in zip(jax.tree.leaves(alone.params), jax.tree.leaves(res.point_params(0))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_is_never_written_with_non_finite_parameters(tmp_path):
+    from rbjax.debias.checkpoint import Checkpointer, NonFiniteParameters
+
+    p = {"w": jnp.array([1.0, np.nan])}
+    st = TrainState(params=p, opt_state=make_optimizer().init(p), step=jnp.int32(3), lambdas=jnp.ones(2),
+                    lr=jnp.float32(1e-3), t_total=jnp.float32(5))
+    ck = Checkpointer(tmp_path / "ck")
+    with pytest.raises(NonFiniteParameters, match="update 3"):
+        ck.save(3, st, {"update": 3})
+    assert ck.latest_step() is None
+    ck.close()
+
+
+# ------------------------------------------------------------------------------------ grid = sequential runs
+@pytest.mark.parametrize("method,accum", [("lmd", 1), ("hd", 2)])
+def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path,
+                                                         method, accum):
+    """Three grid points of one batch plan trained as one vmapped program equal each point trained alone (with
+    dropout: every point sees the same data and dropout stream), to float32 tolerance."""
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method=method, grad_accum=accum,
+               train_file=_train_file(redditbias_dir, tmp_path, 12), max_steps=3)
+    pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4), RunHparams(0.01, 50.0, 1e-4)]
+    grid = Trainer(cfg, points=pts).run(checkpoints=False)
+    for i, p in enumerate(pts):
+        alone = Trainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d, learning_rate=p.learning_rate))
+        res = alone.run(checkpoints=False)
+        for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(grid.point_params(i))):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+
+
+def test_grid_chunk_checkpoint_resumes_bit_identically(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "full", method="lmd",
+               train_file=_train_file(redditbias_dir, tmp_path, 12), max_steps=3, save_every=1)
+    pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4)]
+    full = Trainer(cfg, points=pts).run()
+    cfg_b = cfg.replace(out_dir=str(tmp_path / "killed"))
+    assert not Trainer(cfg_b, points=pts).run(stop_after=2).finished
+    res = Trainer(cfg_b, points=pts).run()
+    assert res.resumed_from == 2
+    for a, b in zip(jax.tree.leaves(full.state.params), jax.tree.leaves(res.state.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="different run.*points"):
+        Trainer(cfg_b, points=pts[:1] + [RunHparams(0.01, 50.0, 5e-4)]).run()
+
+
+# --------------------------------------------------------------------------------------------------- Ctrl-C
+def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """Ctrl-C during a 5-update run with --save-every 100: the update in flight finishes, a checkpoint of it is
+    written, Interrupted says where and how to resume; the rerun ends bit-identical to an uninterrupted run."""
+    from rbjax.interrupt import Interrupted
+
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=5, save_every=100)
+    full = Trainer(cfg).run(checkpoints=False)
+
+    def ctrl_c(ev):
+        if ev["kind"] == "update" and ev["update"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
+    with pytest.raises(Interrupted) as ei:
+        Trainer(cfg_b).run(callback=ctrl_c)
+    msg = str(ei.value)
+    assert "SIGINT" in msg and "update 2/5" in msg and "run the same command again" in msg and "checkpoints" in msg
+    res = Trainer(cfg_b).run()
+    assert res.resumed_from == 2 and res.finished
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()] == \
+        [1, 2, 3, 4, 5]
+
+
+def test_cli_ctrl_c_prints_the_resume_hint_without_traceback(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                             tmp_path, capsys, monkeypatch):
+    from rbjax.cli import main
+    from rbjax.debias import loop
+
+    real = loop.Trainer.run
+
+    def run_and_interrupt(self, **kw):
+        kw["callback"] = lambda ev: ev["kind"] == "update" and ev["update"] == 1 and os.kill(os.getpid(),
+                                                                                             signal.SIGTERM)
+        return real(self, **kw)
+
+    monkeypatch.setattr(loop.Trainer, "run", run_and_interrupt)
+    argv = ["debias", "--method", "lm", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "r"), "--max-steps", "3",
+            "--batch-size", "4", "--no-eval", "--no-lmp", "--no-progress"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "SIGTERM" in err and "update 1/3" in err and "Traceback" not in err
+    monkeypatch.setattr(loop.Trainer, "run", real)
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert res["training"]["resumed_from"] == 1 and res["training"]["updates"] == 3
+
+
+# ----------------------------------------------------------------------------------- reruns keep their records
+def test_rerun_of_a_finished_run_keeps_training_and_adds_evaluations(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                     tmp_path, capsys):
+    from rbjax.cli import main
+
+    out = tmp_path / "run"
+    lmp = str(Path(redditbias_dir) / "text_files" / "humanref6k.txt")
+    base = ["debias", "--method", "hd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--max-steps", "2",
+            "--batch-size", "4", "--lmp-file", lmp, "--lmp-max-lines", "16", "--no-progress"]
+    assert main(base + ["--eval-bias", "religion1"]) == 0
+    first = json.loads((out / "results.json").read_text())
+    assert [r["bias_type"] for r in first["lmb_valid"]["all"]] == ["religion1"]
+    capsys.readouterr()
+    assert main(base + ["--eval-bias", "race"]) == 0  # another evaluation of the same finished run
+    err = capsys.readouterr().err
+    second = json.loads((out / "results.json").read_text())
+    assert "training finished earlier" in err and "added the LMB of race" in err
+    assert second["training"] == first["training"]  # the record of the real training, not a 0-update rerun
+    assert second["training"]["train_s"] > 0 and second["training"]["tokens"] > 0
+    assert second["reused"]["training"] and second["reused"]["lmb_types"] == ["religion1"] and second["reused"]["lmp"]
+    assert {r["bias_type"] for r in second["lmb_valid"]["all"]} == {"religion1", "race"}
+    t_rel1 = next(r["t_value"] for r in first["lmb_valid"]["all"] if r["bias_type"] == "religion1")
+    assert next(r["t_value"] for r in second["lmb_valid"]["all"] if r["bias_type"] == "religion1") == t_rel1
+    assert main(base + ["--eval-bias", "race"]) == 0  # identical rerun: nothing to do, and it says so
+    assert "this run is complete" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text()) == second
+    # another starting model with the same path: refused, never relabelled
+    import shutil
+
+    from tests.conftest import make_torch_gpt2_folder
+
+    other = make_torch_gpt2_folder(tmp_path / "other", seed=5)
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    shutil.copy(other / "model.safetensors", moved / "model.safetensors")
+    assert main([a if a != str(tiny_model_dir) else str(moved) for a in base]) == 1
+    assert "finished run with other inputs" in capsys.readouterr().err
+
+
+def test_checkpoint_of_another_starting_model_is_refused(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """Resume is keyed on the starting model's content: same path, other weights → refused with the reason."""
+    import shutil
+
+    from tests.conftest import make_torch_gpt2_folder
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    cfg = _cfg(model, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=3)
+    Trainer(cfg).run(stop_after=1)
+    other = make_torch_gpt2_folder(tmp_path / "other", seed=9)
+    shutil.copy(other / "model.safetensors", model / "model.safetensors")
+    with pytest.raises(ValueError, match="different run.*model"):
+        Trainer(cfg).run()
+
+
+def test_out_that_is_a_file_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
+    from rbjax.cli import main
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["debias", "--method", "hd", "--bias", "religion1", "--model", str(tiny_model_dir),
+                 "--out", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "exists and is not a folder" in err and "Errno" not in err
+
+
+def test_debias_help_has_no_doubled_defaults_and_every_option_is_explained(capsys):
+    from rbjax.cli import build_parser
+
+    for cmd in ("debias", "sweep"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([cmd, "--help"])
+        text = capsys.readouterr().out
+        assert "(default: None)" not in text and text.count("(default:") > 5
+        import re
+
+        assert not re.search(r"default[^()]*\)\s*\(default:", " ".join(text.split())), text
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for cmd in ("debias", "sweep"):
+        for act in sub.choices[cmd]._actions:
+            assert act.help, f"rbjax {cmd} {act.option_strings} has no help"
