@@ -1,4 +1,5 @@
-"""``rbjax sweep``: the paper's 54-point grid for one method and bias type, selected on the validation split."""
+"""``rbjax sweep``: the paper's 54-point grid for one or more methods and bias types, trained as vmapped programs and
+selected on the validation split."""
 from __future__ import annotations
 
 import argparse
@@ -25,53 +26,89 @@ def register(sub) -> None:
     from rbjax.commands.debias import add_training_arguments
 
     p = sub.add_parser(
-        "sweep", help="run the paper's hyper-parameter grid for one method and bias type and select on the valid split",
+        "sweep", help="run the paper's hyper-parameter grid (methods × bias types) and select on the valid split",
         description="Batch {4,8,16} x accumulation {1,5,8} x λ_LM {0.001,0.01} x λ_D {10,50,100} (54 runs; 9 for cda), "
-                    "each trained from the same model and seed, then LMB on the valid split and the Reddit-6K "
-                    "perplexity. Records OUT/sweep.jsonl (a killed sweep resumes), OUT/sweep.csv and "
+                    "each trained from the same model and seed; the 6 λ combinations of a (batch, accumulation) "
+                    "setting train together as one vmapped program (chunked to fit the device memory, spread over "
+                    "all devices), then LMB on the valid split and the Reddit-6K perplexity of every point. Records "
+                    "OUT/sweep.jsonl (a killed sweep resumes; finished points are never redone), OUT/sweep.csv and "
                     "OUT/selection.json with two selections: the reference rule (highest dev ttest_rel p-value) and "
                     "rbjax's default (smallest |dev t| among runs whose LMP is within --lmp-tolerance of the "
-                    "starting model's). See docs/debiasing.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "starting model's). Several methods and bias types (e.g. --method lmd,add,hd,cda --bias all) "
+                    "run as one study into OUT/<bias type>/<method>/. See docs/debiasing.md and docs/scale.md.")
     add_training_arguments(p, grid=True)
-    p.add_argument("--batch-sizes", type=_ints, default=(4, 8, 16), help="grid axis")
-    p.add_argument("--grad-accums", type=_ints, default=(1, 5, 8), help="grid axis")
-    p.add_argument("--lambda-lms", type=_floats, default=(0.001, 0.01), help="grid axis")
-    p.add_argument("--lambda-ds", type=_floats, default=(10.0, 50.0, 100.0), help="grid axis")
-    p.add_argument("--lmp-tolerance", type=float, default=0.10,
-                   help="default rule: allowed relative LMP increase over the starting model")
-    p.add_argument("--max-points", type=int, help="run only the first N grid points (smoke runs)")
-    p.add_argument("--keep-point-checkpoints", action="store_true", help="keep every point's checkpoints")
-    p.add_argument("--n-bootstrap", type=int, default=1000)
-    p.add_argument("--dev-max-pairs", type=int, help="score only the first N valid pairs (smoke runs)")
-    p.add_argument("--final", choices=["none", "default", "reference", "both"], default="none",
+    g = p.add_argument_group("grid and execution")
+    g.add_argument("--batch-sizes", type=_ints, default=(4, 8, 16), metavar="N,N,..", help="grid axis: batch sizes")
+    g.add_argument("--grad-accums", type=_ints, default=(1, 5, 8), metavar="N,N,..",
+                   help="grid axis: gradient accumulation steps")
+    g.add_argument("--lambda-lms", type=_floats, default=(0.001, 0.01), metavar="X,X,..", help="grid axis: λ_LM")
+    g.add_argument("--lambda-ds", type=_floats, default=(10.0, 50.0, 100.0), metavar="X,X,..", help="grid axis: λ_D")
+    g.add_argument("--lmp-tolerance", type=float, default=0.10, metavar="X",
+                   help="rbjax's selection rule: allowed relative LMP increase over the starting model")
+    g.add_argument("--max-points", type=int, metavar="N", help="run only the first N grid points (smoke runs)")
+    g.add_argument("--keep-point-checkpoints", action="store_true",
+                   help="keep every chunk's checkpoints after its points are recorded")
+    g.add_argument("--n-bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples of each point's dev LMB statistics")
+    g.add_argument("--dev-max-pairs", type=int, metavar="N", help="score only the first N valid pairs (smoke runs)")
+    g.add_argument("--final", choices=["none", "default", "reference", "both"], default="none",
                    help="retrain the selected run(s) with export and full evaluation into OUT/selected_<rule>")
+    g.add_argument("--grid-chunk", type=int, metavar="N",
+                   help="grid points trained together in one vmapped program (when not given: as many of a batch "
+                        "plan's points as fit the free device memory)")
+    g.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: this process, on all its devices; ray: one task per chunk on a Ray cluster "
+                        "(pip install 'rbjax[ray]'; --out must be a path every worker can reach)")
+    g.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to attach to (when not given: $RAY_ADDRESS, else a local cluster is started)")
+    g.add_argument("--jobs", type=int, metavar="N", help="Ray tasks in flight at once (when not given: as many as "
+                                                         "the cluster's resources allow)")
     p.set_defaults(func=run)
 
 
+def _combinations(args) -> list[tuple[str, str]]:
+    from rbjax.data.redditbias import expand_bias_types
+    from rbjax.debias.config import METHODS
+
+    methods = [m.strip() for m in args.config.method.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"--method: unknown method(s) {bad}; expected a comma list of {', '.join(METHODS)}")
+    return [(b, m) for b in expand_bias_types(args.config.bias_type) for m in methods]
+
+
 def run(args) -> int:
+    import shutil
     from pathlib import Path
 
     from rbjax.commands.debias import config_from_args
-    from rbjax.debias.sweep import format_selection, run_sweep
+    from rbjax.debias.sweep import format_selection, run_sweeps
+    from rbjax.specs import is_spec_path
 
-    if args.overwrite:
-        import shutil
-
-        for name in ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json", "points"):
-            p = Path(args.out) / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-    base = config_from_args(args, batch_size=args.batch_sizes[0], grad_accum=args.grad_accums[0],
-                            lambda_lm=args.lambda_lms[0], lambda_d=args.lambda_ds[0])
+    combos = _combinations(args)
+    out = Path(args.config.out_dir)
+    many = len(combos) > 1
+    bases = []
+    for b, m in combos:
+        folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out
+        if args.overwrite:
+            for name in ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json",
+                         "chunks", "points"):
+                q = folder / name
+                if q.is_dir():
+                    shutil.rmtree(q)
+                elif q.exists():
+                    q.unlink()
+        bases.append((config_from_args(args, method=m, bias_type=b, out_dir=str(folder),
+                                       batch_size=args.batch_sizes[0], grad_accum=args.grad_accums[0],
+                                       lambda_lm=args.lambda_lms[0], lambda_d=args.lambda_ds[0]), folder))
     grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
             "lambda_d": args.lambda_ds}
-    sel = run_sweep(base, args.out, grid=grid, lmp_tolerance=args.lmp_tolerance,
-                    keep_checkpoints=args.keep_point_checkpoints, max_points=args.max_points,
-                    n_bootstrap=args.n_bootstrap, final=args.final, dev_max_pairs=args.dev_max_pairs,
-                    progress=not args.no_progress)
-    print(format_selection(sel))
-    print(f"\nwrote {Path(args.out) / 'selection.json'}, {Path(args.out) / 'sweep.csv'}, {Path(args.out) / 'sweep.jsonl'}")
+    sels = run_sweeps(bases, grid=grid, lmp_tolerance=args.lmp_tolerance, keep_checkpoints=args.keep_point_checkpoints,
+                      max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
+                      dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
+                      ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress)
+    for (b, m), (_, folder), sel in zip(combos, bases, sels):
+        print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
+        print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")
     return 0

@@ -1,18 +1,27 @@
-"""The paper's hyper-parameter grid for LMD, ADD and HD, and selection on the validation split (paper §5.1;
-docs/reference-debias.md §7).
+"""The paper's hyper-parameter grid for LMD, ADD and HD, trained as vmapped programs, and selection on the validation
+split (paper §5.1; docs/reference-debias.md §7).
 
 Grid (debias_lm_grid.py:448-452): batch size {4, 8, 16} × gradient accumulation {1, 5, 8} × λ_LM {0.001, 0.01} ×
 λ_D {10, 50, 100} = 54 runs, each from the same starting model with the same seed. For ``cda`` and ``lm`` the λ axes
 do not apply and collapse to one value (9 runs).
 
-Compilation: λ_LM, λ_D, the learning rate, ``t_total`` and the accumulation scale are traced arguments of the jitted
-steps (:mod:`rbjax.debias.train`), and gradient accumulation is a host loop over one compiled micro-batch step, so
-the whole grid compiles, per batch size, one fused step (accumulation 1) and one micro-batch step (accumulation 5
-and 8), plus one update step: 7 programs for 54 runs. Points are run in grid order with the batch size outermost.
-
-After every run: LMB on the *valid* split of the debiased bias type (the released ``*_valid_reduced`` files) and the
-Reddit-6K perplexity (LMP). One line per run goes to ``OUT/sweep.jsonl`` (a killed sweep resumes: finished points
-are skipped; an unfinished point resumes from its own checkpoints under ``OUT/points/<id>/``).
+Execution
+    * Points that share a **batch plan** (batch size, accumulation, data order) train together: the 6 λ combinations
+      of a (batch, accumulation) setting are stacked on a leading axis and trained by one vmapped program
+      (:func:`rbjax.debias.step.grid_train_step`), fed by one data stream; at most one compiled training program per
+      batch plan (9 for the paper's grid; a reference-semantics update that carries an epoch's leftovers adds one).
+    * A plan's points are cut into **chunks** that fit the device memory (``grid_chunk``; ``None`` picks it from the
+      free memory: parameters, Adam moments, gradient and accumulator per point, :func:`auto_grid_chunk`). On several
+      devices a chunk is spread over a ``grid`` × ``data`` mesh (:mod:`rbjax.mesh`).
+    * After a chunk: LMB on the *valid* split of the debiased bias type (the released ``*_valid_reduced`` files) and
+      the Reddit-6K perplexity (LMP) of each of its points, from the parameters in memory.
+    * A chunk is one **task** (:func:`run_chunk`): run in this process (``executor="local"``) or on a Ray cluster
+      (``executor="ray"``, one accelerator per task when the cluster has them; checkpoints and results on a shared
+      path). A chunk resumes from its own checkpoints under ``OUT/chunks/<id>/`` when its worker died; its records go
+      to ``OUT/chunks/<id>/records.json`` and ``OUT/sweep.jsonl``.
+    * Every record carries the **key** of what produced it (starting model, tokenizer, training data, bias
+      specification, trajectory settings, the point); a finished point whose key matches is never redone, and a
+      folder holding a sweep of other inputs is refused.
 
 Selection — both rules are computed and recorded in ``OUT/selection.json``:
 
@@ -25,6 +34,9 @@ Selection — both rules are computed and recorded in ``OUT/selection.json``:
   run with the lowest LMP is chosen and ``constraint_met`` is false. Why: a large p-value can be bought by ruining
   the model (the paper reports LMD raising Reddit perplexity a lot, §5.2) — the reference rule cannot see that —
   and ``|t|`` measures the remaining bias directly, in either direction, on the same statistic the paper reports.
+
+Several bias types and methods are one command (:func:`run_sweeps`): each (bias type, method) pair gets its own
+folder ``OUT/<bias type>/<method>/`` and all their chunks are tasks of one executor.
 """
 from __future__ import annotations
 
@@ -33,14 +45,14 @@ import itertools
 import json
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from rbjax.debias.train import LOSS_METHODS, TrainConfig, Trainer, load_training_texts
+from rbjax.debias.config import LOSS_METHODS, TrainConfig
 
-__all__ = ["PAPER_GRID", "GridPoint", "grid_points", "dev_lmb", "select", "run_sweep"]
+__all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
+           "run_chunk", "auto_grid_chunk", "format_selection"]
 
 PAPER_GRID: dict[str, tuple] = {
     "batch_size": (4, 8, 16),
@@ -202,140 +214,367 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def run_sweep(base: TrainConfig, out_dir: str | Path, *, grid: dict[str, Sequence] | None = None,
-              lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
-              n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
-              progress: bool = True) -> dict:
-    """Run the grid for ``base.method`` / ``base.bias_type``, select on the valid split, write the results.
+def batch_plans(points: Sequence[GridPoint]) -> list[tuple[tuple[int, int], list[GridPoint]]]:
+    """Points grouped by batch plan ``(batch_size, grad_accum)``, in grid order (one compiled program each)."""
+    groups: dict[tuple[int, int], list[GridPoint]] = {}
+    for p in points:
+        groups.setdefault((p.batch_size, p.grad_accum), []).append(p)
+    return list(groups.items())
 
-    Args:
-        base: the run settings shared by every point (its batch size, accumulation and λ are replaced by the
-            grid's; its ``out_dir`` is replaced by ``OUT/points/<id>``).
-        out_dir: sweep folder: ``sweep.jsonl``, ``baseline.json``, ``selection.json``, ``sweep.csv``.
-        grid: axes as :data:`PAPER_GRID` (default: the paper's).
-        lmp_tolerance: LMP budget of the default selection rule.
-        keep_checkpoints: keep each point's checkpoints (default: deleted once the point is recorded).
-        max_points: run only the first N points (smoke runs; selection uses what is finished).
-        n_bootstrap: bootstrap resamples of the dev LMB statistics.
-        dev_max_pairs: score only the first N dev pairs (smoke runs).
-        final: retrain and fully evaluate (export, LMB on all types, LMP) the selected run(s) into
-            ``OUT/selected_<rule>``: ``none``, ``default``, ``reference`` or ``both``.
-        progress: progress bars.
 
-    Returns:
-        the ``selection.json`` content.
+def _param_bytes(params) -> int:
+    import jax
+    import numpy as np
 
-    Raises:
-        ValueError, FileNotFoundError, RuntimeError: bad settings or data.
+    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree.leaves(params)))
+
+
+def free_device_memory(device) -> int | None:
+    """Bytes free on ``device``: the allocator's limit minus what is in use (GPU/TPU), else the host's available
+    memory (CPU; :func:`rbjax.parallel.available_memory`); ``None`` when unknown."""
+    try:
+        st = device.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory stats)
+        st = None
+    if st and "bytes_limit" in st:
+        return int(st["bytes_limit"]) - int(st.get("bytes_in_use", 0))
+    from rbjax.parallel import available_memory
+
+    return available_memory()
+
+
+def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: int = 0) -> tuple[int, str]:
+    """Grid points per chunk that fit the devices, and the reason.
+
+    Per point: parameters, the two Adam moments, the gradient and the accumulator (5 copies of the parameters in
+    fp32: ≈2.5 GB at DialoGPT-small), plus ``activation_bytes``; 70 % of the free memory of the devices (summed over
+    the mesh, which spreads points) is used.
     """
     import jax
 
-    from rbjax.data.redditbias import RedditBiasData
-    from rbjax.debias.train import train
-    from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
-    from rbjax.model.hf import load_pretrained, resolve_model_dir
-    from rbjax.model.tokenizer import load_tokenizer
-    from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
+    devs = list(jax.devices() if devices is None else devices)
+    per = 5 * _param_bytes(params) + int(activation_bytes)
+    free = free_device_memory(devs[0])
+    if free is None:
+        return n_points, "device memory unknown: whole batch plans"
+    fit = max(1, int(0.7 * free * len(devs) // max(per, 1)))
+    n = min(n_points, fit)
+    return n, (f"{n} point(s) per chunk: {per / 2**30:.2f} GiB per point (parameters, Adam moments, gradient, "
+               f"accumulator), {free / 2**30:.1f} GiB free on {devs[0].platform} × {len(devs)} device(s)")
 
-    if final not in ("none", "default", "reference", "both"):
-        raise ValueError(f"final must be none, default, reference or both, got {final!r}")
-    out = Path(out_dir)
+
+# ------------------------------------------------------------------------------------------------ chunk tasks
+_CONTEXT: dict[str, Any] = {}
+
+
+def _context(base: TrainConfig) -> dict:
+    """The starting model, tokenizer, training data and evaluation data of a sweep (loaded once per process)."""
+    from rbjax.data.redditbias import RedditBiasData
+    from rbjax.debias.data import TrainingData
+    from rbjax.debias.loop import load_start
+    from rbjax.report.provenance import digest
+
+    from rbjax.model.hf import resolve_model_dir
+    from rbjax.report.provenance import model_files_key
+
+    # keyed on the model files' content too: weights replaced at the same path are another model
+    k = digest({"model_files": model_files_key(resolve_model_dir(base.model)),
+                **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type", "method",
+                                                  "semantics", "block_size", "lmp", "lmp_file", "lmp_max_lines")}})
+    ctx = _CONTEXT.get(k)
+    if ctx is None:
+        from rbjax.debias.train import lmp_reference_file
+
+        model_dir, config, params, tokenizer, model_key = load_start(base)
+        data = TrainingData(base, tokenizer, config.vocab_size)
+        lines = None
+        lmp_path = None
+        if base.lmp:
+            from rbjax.dialog.lmp import read_reference_lines
+
+            lmp_path = lmp_reference_file(base)
+            lines = read_reference_lines(lmp_path, base.lmp_max_lines)
+        _CONTEXT.clear()  # one sweep's model at a time per process
+        ctx = _CONTEXT[k] = {"model_dir": model_dir, "config": config, "params": params, "tokenizer": tokenizer,
+                             "model_key": model_key, "data": data, "lmp_lines": lines, "lmp_path": lmp_path,
+                             "redditbias": RedditBiasData(base.data_dir)}
+    return ctx
+
+
+def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None):
+    import jax
+
+    params = jax.device_get(params)
+    dev = dev_lmb(params, ctx["config"], ctx["tokenizer"], base.bias_type, ctx["redditbias"],
+                  batch_size=base.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs)
+    lmp = None
+    if ctx["lmp_lines"] is not None:
+        from rbjax.dialog.lmp import reddit_perplexity
+
+        full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
+                                 block_size=base.block_size, batch_size=base.eval_batch_size)
+        lmp = {k: full[k] for k in ("perplexity", "reference_grid", "reference_cda")}
+    return dev, lmp
+
+
+def run_chunk(task: dict) -> list[dict]:
+    """Train one chunk of grid points (one batch plan) and evaluate each point; a top-level function, so that it
+    runs as a task of :mod:`rbjax.parallel` (this process, or a Ray worker reading the same paths).
+
+    Args:
+        task: ``{"base": TrainConfig fields, "plan": [batch_size, grad_accum], "points": [GridPoint fields],
+            "chunk_id", "out" (the sweep folder), "key" (the sweep key), "n_bootstrap", "dev_max_pairs",
+            "keep_checkpoints", "mesh_devices" (None: all)}``.
+
+    Returns:
+        one record per point (``id``, ``point``, ``key``, ``dev``, ``lmp``, ``updates``, ``train_s``, ``eval_s``,
+        ``last``, ``chunk``); also written to ``OUT/chunks/<chunk_id>/records.json``. A chunk whose records file has
+        the same key is not run again; an interrupted chunk resumes from its checkpoints.
+    """
+    import jax
+
+    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.report.io import atomic_write_json
+
+    base = TrainConfig(**task["base"])
+    B, A = task["plan"]
+    pts = [GridPoint(**p) for p in task["points"]]
+    cdir = Path(task["out"]) / "chunks" / task["chunk_id"]
+    keys = [_point_key(task["key"], p) for p in pts]
+    rpath = cdir / "records.json"
+    try:
+        prev = json.loads(rpath.read_text(encoding="utf-8"))
+        if [r.get("key") for r in prev] == keys:
+            return prev
+    except (OSError, ValueError):
+        pass
+    ctx = _context(base)
+    import os
+    import socket
+
+    atomic_write_json(cdir / "running.json", {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
+    cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
+    t0 = time.perf_counter()
+    tr = Trainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
+                 model_config=ctx["config"], params=ctx["params"], model_key=ctx["model_key"],
+                 tokenizer=ctx["tokenizer"], data=ctx["data"])
+    res = tr.run(out_dir=cdir)
+    train_s = time.perf_counter() - t0
+    recs = []
+    last = res.summary.get("last") or []
+    stacked = jax.device_get(res.state.params)
+    for i, (p, k) in enumerate(zip(pts, keys)):
+        t1 = time.perf_counter()
+        dev, lmp = _evaluate(ctx, base, jax.tree.map(lambda x: x[i], stacked),
+                             n_bootstrap=task["n_bootstrap"], dev_max_pairs=task["dev_max_pairs"])
+        recs.append(_finite({"id": p.id, "point": p.as_dict(), "key": k, "dev": dev, "lmp": lmp,
+                             "updates": res.updates_done, "train_s": train_s / len(pts),
+                             "eval_s": time.perf_counter() - t1, "last": last[i] if i < len(last) else None,
+                             "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
+                             "resumed_from": res.resumed_from}))
+    atomic_write_json(rpath, recs)
+    if not task.get("keep_checkpoints"):
+        shutil.rmtree(cdir / "checkpoints", ignore_errors=True)
+    return recs
+
+
+def _point_key(sweep_key: dict, p: GridPoint) -> str:
+    from rbjax.report.provenance import digest
+
+    return digest({"sweep": sweep_key, "point": p.as_dict()})
+
+
+# ------------------------------------------------------------------------------------------------------ sweeps
+def _sweep_key(base: TrainConfig, ctx: dict, dev_max_pairs, n_bootstrap) -> dict:
+    from rbjax.debias.loop import CHECKPOINT_FORMAT, _tokenizer_key
+
+    traj = base.trajectory()
+    for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
+        traj.pop(k)
+    return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx["model_key"],
+            "tokenizer": _tokenizer_key(ctx["tokenizer"]), "data": ctx["data"].key,
+            "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.lmp,
+                           "lmp_file": None if ctx["lmp_path"] is None else str(ctx["lmp_path"]),
+                           "lmp_max_lines": base.lmp_max_lines, "eval_batch_size": base.eval_batch_size}}
+
+
+@dataclasses.dataclass
+class _Sweep:
+    base: TrainConfig
+    out: Path
+    points: list[GridPoint]
+    key: dict
+    settings: dict
+    baseline: dict
+    records: dict[str, dict]
+    tasks: list[dict]
+
+
+def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
+             keep_checkpoints) -> _Sweep:
+    from rbjax.report.io import atomic_write_json, versions
+    from rbjax.report.provenance import describe_difference
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     pts = grid_points(base.method, grid)
     if max_points is not None:
         pts = pts[:max_points]
-    model_dir = resolve_model_dir(base.model)
-    config, params = load_pretrained(model_dir)
-    tok_src = base.tokenizer if base.tokenizer is not None else model_dir
-    tokenizer = load_tokenizer(tok_src, expected_vocab_size=None)
-    data = RedditBiasData(base.data_dir)
-    texts, _ = load_training_texts(base, data)
-    lmp_path = Path(base.lmp_file) if base.lmp_file else data.reddit_reference_file()
-    lines = read_reference_lines(lmp_path, base.lmp_max_lines) if base.lmp else None
-
-    def evaluate(p) -> tuple[dict, dict | None]:
-        dev = dev_lmb(p, config, tokenizer, base.bias_type, data, batch_size=base.eval_batch_size,
-                      n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs)
-        lmp = None
-        if lines is not None:
-            lmp = reddit_perplexity(p, config, tokenizer, lines, block_size=base.block_size,
-                                    batch_size=base.eval_batch_size)
-        return dev, lmp
-
+    ctx = _context(base)
+    key = json.loads(json.dumps(_sweep_key(base, ctx, dev_max_pairs, n_bootstrap)))
     settings = {"method": base.method, "bias_type": base.bias_type, "semantics": base.semantics, "model": base.model,
                 "seed": base.seed, "epochs": base.epochs, "max_steps": base.max_steps,
-                "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()}, "lmp_file": str(lmp_path),
-                "lmp_max_lines": base.lmp_max_lines, "dev_max_pairs": dev_max_pairs}
-    same_run = {k: v for k, v in settings.items() if k != "grid"}
+                "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()},
+                "lmp_file": None if ctx["lmp_path"] is None else str(ctx["lmp_path"]),
+                "lmp_max_lines": base.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
     spath = out / "sweep_settings.json"
     if spath.exists():
         prev = json.loads(spath.read_text())
-        if prev != json.loads(json.dumps(same_run)):
-            diff = {k: (prev.get(k), v) for k, v in json.loads(json.dumps(same_run)).items() if prev.get(k) != v}
-            raise ValueError(f"{out}: holds a sweep with other settings ({diff}); use another --out")
-    else:
-        atomic_write_json(spath, same_run)
+        if prev.get("key") != key:
+            raise ValueError(f"{out}: holds a sweep of other inputs ({describe_difference(prev.get('key'), key)}); "
+                             "use another --out or --overwrite")
+    atomic_write_json(spath, {"key": key, "settings": settings})
     bpath = out / "baseline.json"
     baseline = json.loads(bpath.read_text()) if bpath.exists() else None
-    if baseline is None:
-        dev, lmp = evaluate(params)
-        baseline = {"settings": settings, "dev": dev, "lmp": lmp, "versions": versions()}
+    if baseline is None or baseline.get("key") != key:
+        dev, lmp = _evaluate(ctx, base, ctx["params"], n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs)
+        baseline = {"key": key, "settings": settings, "dev": dev, "lmp": lmp, "versions": versions()}
         atomic_write_json(bpath, baseline)
-    jpath = out / "sweep.jsonl"
-    records = _read_jsonl(jpath)
-    done = {r["id"] for r in records}
-    todo = [p for p in pts if p.id not in done]
-    from tqdm.auto import tqdm
+    done = {r["id"]: r for r in _read_jsonl(out / "sweep.jsonl") if r.get("key") == _point_key(key, _pt(r))}
+    tasks = []
+    import jax
 
-    bar = tqdm(total=len(pts), initial=len(pts) - len(todo), desc=f"sweep {base.method} {base.bias_type}",
-               unit="run", file=sys.stderr, disable=not progress)
-    try:
-        for pt in todo:
-            pdir = out / "points" / pt.id
-            cfg = base.replace(out_dir=str(pdir), batch_size=pt.batch_size, grad_accum=pt.grad_accum,
-                               lambda_lm=pt.lambda_lm, lambda_d=pt.lambda_d, export=False, evaluate=False,
-                               lmp=False, progress=False)
-            t0 = time.perf_counter()
-            trainer = Trainer(cfg, model_config=config, params=params, tokenizer=tokenizer, texts=texts)
-            res = trainer.run()
-            train_s = time.perf_counter() - t0
-            dev, lmp = evaluate(jax.device_get(res.params))
-            rec = {"id": pt.id, "point": pt.as_dict(), "dev": dev,
-                   "lmp": None if lmp is None else {k: lmp[k] for k in ("perplexity", "reference_grid", "reference_cda")},
-                   "updates": res.updates_done, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
-                   "last": res.summary.get("last")}
-            with open(jpath, "a", encoding="utf-8") as f:
-                f.write(json.dumps(_finite(rec), allow_nan=False, default=float) + "\n")
-            records.append(rec)
-            if not keep_checkpoints:
-                shutil.rmtree(pdir / "checkpoints", ignore_errors=True)
-            bar.update(1)
-            bar.set_postfix(t=f"{dev['t_value']:.2f}", lmp=f"{(lmp or {}).get('perplexity') or float('nan'):.1f}")
-    finally:
-        bar.close()
-    wanted = {p.id for p in pts}
-    recs = [r for r in records if r["id"] in wanted]
-    base_lmp = (baseline.get("lmp") or {}).get("perplexity")
+    for (B, A), group in batch_plans(pts):
+        todo = [p for p in group if p.id not in done]
+        if not todo:
+            continue
+        n = grid_chunk or auto_grid_chunk(ctx["params"], len(group))[0]
+        for c in range(0, len(todo), n):
+            chunk = todo[c:c + n]
+            tasks.append({"base": base.to_dict(), "plan": [B, A], "points": [p.as_dict() for p in chunk],
+                          "chunk_id": f"b{B}_a{A}_" + "_".join(f"lm{p.lambda_lm:g}d{p.lambda_d:g}" for p in chunk),
+                          "out": str(out), "key": key, "n_bootstrap": n_bootstrap, "dev_max_pairs": dev_max_pairs,
+                          "keep_checkpoints": keep_checkpoints, "n_devices": len(jax.devices())})
+    return _Sweep(base, out, pts, key, settings, baseline, done, tasks)
+
+
+def _pt(rec: dict) -> GridPoint:
+    return GridPoint(**rec["point"])
+
+
+def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str) -> dict:
+    from rbjax.debias.train import train
+    from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
+
+    recs = [sw.records[p.id] for p in sw.points if p.id in sw.records]
+    base_lmp = (sw.baseline.get("lmp") or {}).get("perplexity")
     sel = select(recs, base_lmp, lmp_tolerance)
-    sel.update(settings=settings, baseline=baseline, n_points_planned=len(pts), versions=versions())
+    sel.update(settings=sw.settings, key=sw.key, baseline=sw.baseline, n_points_planned=len(sw.points),
+               versions=versions())
     header = ["id", "batch_size", "grad_accum", "lambda_lm", "lambda_d", "dev_t", "dev_p", "dev_ref_t", "dev_ref_p",
-              "lmp", "updates", "train_s"]
+              "lmp", "updates", "train_s", "skipped_updates"]
     rows = [[r["id"], r["point"]["batch_size"], r["point"]["grad_accum"], r["point"]["lambda_lm"],
              r["point"]["lambda_d"], r["dev"]["t_value"], r["dev"]["p_value"], r["dev"]["reference"]["t_value"],
              r["dev"]["reference"]["p_value"], (r.get("lmp") or {}).get("perplexity"), r["updates"],
-             round(r["train_s"], 2)] for r in recs]
-    atomic_write_csv(out / "sweep.csv", header, rows)
+             round(r["train_s"], 2), r.get("skipped_updates", 0)] for r in recs]
+    atomic_write_csv(sw.out / "sweep.csv", header, rows)
     rules = {"none": [], "default": ["default"], "reference": ["reference"], "both": ["default", "reference"]}[final]
     for rule in rules:
         if rule == "reference" and "default" in rules and sel["reference"]["id"] == sel["default"]["id"]:
             sel["reference"]["final"] = sel["default"].get("final")
             continue
         p = sel[rule]["point"]
-        cfg = base.replace(out_dir=str(out / f"selected_{rule}"), **p)
+        cfg = sw.base.replace(out_dir=str(sw.out / f"selected_{rule}"), **p)
         res = train(cfg)
         sel[rule]["final"] = {"out_dir": cfg.out_dir, "lmb_valid": res.get("lmb_valid"), "lmp": res.get("lmp")}
-    atomic_write_json(out / "selection.json", sel)
+    atomic_write_json(sw.out / "selection.json", sel)
     return sel
+
+
+def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[str, Sequence] | None = None,
+               lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
+               n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
+               grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
+               jobs: int | None = None, resources: dict | None = None, progress: bool = True) -> list[dict]:
+    """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
+    executor, then select on the valid split in each folder (see the module docstring).
+
+    Args:
+        bases: ``(settings shared by every point, sweep folder)`` per sweep; batch size, accumulation and λ of the
+            settings are replaced by the grid's.
+        grid: axes as :data:`PAPER_GRID` (default: the paper's). lmp_tolerance: LMP budget of the default rule.
+        keep_checkpoints: keep each chunk's checkpoints (default: deleted once its records are written).
+        max_points: run only the first N points of each sweep (smoke runs). n_bootstrap: dev LMB resamples.
+        final: retrain and fully evaluate the selected run(s) into ``OUT/selected_<rule>``: ``none``, ``default``,
+            ``reference`` or ``both``.
+        dev_max_pairs: score only the first N dev pairs (smoke runs).
+        grid_chunk: points per chunk (``None``: :func:`auto_grid_chunk`).
+        executor: ``local`` (this process, chunk after chunk, on all local devices) or ``ray``.
+        ray_address: the Ray cluster (default ``$RAY_ADDRESS`` or a local one). jobs: Ray tasks in flight.
+        resources: Ray resources per task (default: ``{"num_gpus": 1}`` when the cluster has GPUs).
+        progress: progress bars.
+
+    Returns:
+        the ``selection.json`` content of every sweep, in order.
+
+    Raises:
+        ValueError, FileNotFoundError, RuntimeError: bad settings or data; rbjax.parallel.TaskError: a task failed.
+    """
+    from rbjax.report.progress import progress_bar
+
+    if final not in ("none", "default", "reference", "both"):
+        raise ValueError(f"final must be none, default, reference or both, got {final!r}")
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if grid_chunk is not None and grid_chunk < 1:
+        raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
+    sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o), grid=grid,
+                       max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
+                       grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints) for b, o in bases]
+    tasks = [(i, t) for i, sw in enumerate(sweeps) for t in sw.tasks]
+    n_total = sum(len(sw.points) for sw in sweeps)
+    n_done = sum(len(sw.records) for sw in sweeps)
+    if tasks:
+        import contextlib
+
+        from rbjax.parallel import as_completed
+
+        if executor == "ray" and resources is None:
+            resources = _ray_task_resources
+        results = as_completed(run_chunk, [t for _, t in tasks], executor=executor,
+                               jobs=1 if executor == "local" else jobs, resources=resources, ray_address=ray_address)
+        with progress_bar(n_total, "sweep", "point", enabled=progress, initial=n_done, leave=True) as bar, \
+                contextlib.closing(results):
+            for j, recs in results:
+                sw = sweeps[tasks[j][0]]
+                with open(sw.out / "sweep.jsonl", "a", encoding="utf-8") as f:
+                    for r in recs:
+                        f.write(json.dumps(_finite(r), allow_nan=False, default=float) + "\n")
+                        sw.records[r["id"]] = r
+                bar.update(len(recs))
+                r0 = recs[0]
+                bar.set_postfix(last=r0["chunk"], t=f"{r0['dev']['t_value']:.2f}" if r0["dev"]["t_value"] is not None
+                                else "n/a")
+    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final) for sw in sweeps]
+
+
+def _ray_task_resources(task: dict) -> dict:
+    """Ray resources of a chunk task: one GPU when the cluster has GPUs, else one CPU (a TPU host: pass
+    ``resources={"TPU": n}`` for its chips)."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+    return {"num_gpus": 1} if gpus else {"num_cpus": 1}
+
+
+def run_sweep(base: TrainConfig, out_dir: str | Path, **kw) -> dict:
+    """The grid for ``base.method`` / ``base.bias_type`` into ``out_dir`` (:func:`run_sweeps` with one sweep).
+
+    Returns:
+        the ``selection.json`` content.
+    """
+    return run_sweeps([(base, out_dir)], **kw)[0]
 
 
 def format_selection(sel: dict) -> str:
