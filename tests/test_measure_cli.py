@@ -176,9 +176,9 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
     assert main(args) == 0
     first = json.loads((out / "lmb.json").read_text())[0]["t_value"]
     other = tmp_path / "other"
-    from tests.conftest import make_torch_gpt2_folder
+    from tests.conftest import make_rbjax_gpt2_folder
 
-    make_torch_gpt2_folder(other, seed=7)
+    make_rbjax_gpt2_folder(other, seed=7)
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     os.utime(model / "model.safetensors", ns=(1, 1))
     capsys.readouterr()
