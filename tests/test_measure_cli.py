@@ -106,7 +106,9 @@ def test_plot_several_result_folders(redditbias_dir, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     main(["measure", "--stored-perplexities", "--data-dir", str(redditbias_dir), "--out", str(a), "--no-progress", "--n-bootstrap", "100"])
     main(["measure", "--stored-perplexities", "--split", "valid", "--data-dir", str(redditbias_dir), "--out", str(b), "--no-progress", "--n-bootstrap", "100"])
-    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 0
+    # a test-split and a valid-split folder are not comparable: refused unless asked (tests/test_plot.py)
+    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 1
+    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png"), "--allow-mixed"]) == 0
     assert (tmp_path / "fig.png").stat().st_size > 1000
     assert main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
 
