@@ -1,3 +1,17 @@
+"""Shared fixtures: the ../shared data, and small seeded random GPT-2 folders in the real HF format.
+
+* ``tiny_model_dir`` / ``tiny_model_dir_no_tokenizer``: built by rbjax itself (:func:`rbjax.model.gpt2.init_params`
+  + :func:`rbjax.model.hf.save_pretrained`, GPT-2's N(0, 0.02) init), no PyTorch needed: for every test that is not
+  about parity with PyTorch.
+* ``torch_tiny_model_dir``: built and saved by PyTorch ``transformers`` with ``initializer_range`` 0.2, for the
+  parity tests. At GPT-2's 0.02 the activations of a tiny model are so small that the network is nearly linear
+  (``gelu_new`` and exact gelu agree to ~1e-7); at 0.2 the MLP pre-activations have std ≈ 1, so a wrong activation,
+  layer-norm epsilon or attention scale moves the logits far beyond the parity tolerance.
+
+Data: ``../shared`` beside the checkout (``RBJAX_SHARED`` overrides). Without it the data tests skip — unless
+``RBJAX_REQUIRE_SHARED=1`` (set by ``.ci/run``): then a missing folder fails them, so CI cannot pass without the
+data it is meant to test on.
+"""
 import os
 from pathlib import Path
 
@@ -7,27 +21,50 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 REDDITBIAS = SHARED / "redditbias"
 TOKENIZER_DIR = SHARED / "tokenizers" / "gpt2"
+REQUIRE_SHARED = os.environ.get("RBJAX_REQUIRE_SHARED", "") not in ("", "0")
+
+#: initializer_range of the PyTorch-built parity fixtures (see the module docstring)
+PARITY_INIT = 0.2
+
+
+def _need(path: Path, what: str) -> Path:
+    if path.exists():
+        return path
+    msg = f"{what} not found at {path} (set RBJAX_SHARED to the shared data folder)"
+    if REQUIRE_SHARED:
+        pytest.fail(f"RBJAX_REQUIRE_SHARED is set: {msg}", pytrace=False)
+    pytest.skip(msg)
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.exists():
-        pytest.skip(f"../shared not found at {SHARED}")
-    return SHARED
+    return _need(SHARED, "../shared")
 
 
 @pytest.fixture(scope="session")
 def redditbias_dir(shared_dir) -> Path:
-    return shared_dir / "redditbias"
+    return _need(shared_dir / "redditbias", "the RedditBias data")
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(shared_dir) -> Path:
-    return shared_dir / "tokenizers" / "gpt2"
+    return _need(shared_dir / "tokenizers" / "gpt2", "the GPT-2 tokenizer files")
+
+
+def make_rbjax_gpt2_folder(folder: Path, *, n_embd=32, n_layer=2, n_head=2, n_positions=128, vocab_size=50257,
+                           seed=0, initializer_range=0.02, tokenizer_dir: Path | None = None) -> Path:
+    """A seeded random GPT-2 built by rbjax (``init_params``) and saved in the HF format (``save_pretrained``)."""
+    from rbjax.model.gpt2 import GPT2Config, init_params
+    from rbjax.model.hf import save_pretrained
+
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                     initializer_range=initializer_range)
+    return save_pretrained(init_params(cfg, seed), cfg, folder, tokenizer_dir=tokenizer_dir)
 
 
 def make_torch_gpt2_folder(folder: Path, *, n_embd=32, n_layer=2, n_head=2, n_positions=128,
-                           vocab_size=50257, seed=0, tokenizer_dir: Path | None = None) -> Path:
+                           vocab_size=50257, seed=0, initializer_range=0.02,
+                           tokenizer_dir: Path | None = None) -> Path:
     """A seeded random GPT-2 built and saved by PyTorch transformers (the real HF format)."""
     import shutil
 
@@ -36,7 +73,7 @@ def make_torch_gpt2_folder(folder: Path, *, n_embd=32, n_layer=2, n_head=2, n_po
 
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd,
-                                  n_layer=n_layer, n_head=n_head)
+                                  n_layer=n_layer, n_head=n_head, initializer_range=initializer_range)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(folder)
     if tokenizer_dir is not None:
@@ -47,12 +84,22 @@ def make_torch_gpt2_folder(folder: Path, *, n_embd=32, n_layer=2, n_head=2, n_po
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
-    """Small random GPT-2 (2 layers, width 32, GPT-2 vocabulary) as an HF folder, with tokenizer files."""
-    pytest.importorskip("torch")
-    return make_torch_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2"), tokenizer_dir=tokenizer_dir)
+    """Small random GPT-2 (2 layers, width 32, GPT-2 vocabulary) as an HF folder with tokenizer files; built by
+    rbjax, no PyTorch."""
+    return make_rbjax_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2") / "model", tokenizer_dir=tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir_no_tokenizer(tmp_path_factory) -> Path:
+    """As ``tiny_model_dir``, without tokenizer files."""
+    return make_rbjax_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2_bare") / "model")
+
+
+@pytest.fixture(scope="session")
+def torch_tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """Small random GPT-2 built and saved by PyTorch ``transformers`` (init std 0.2), with tokenizer files: for
+    parity tests."""
     pytest.importorskip("torch")
-    return make_torch_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2_bare"))
+    pytest.importorskip("transformers")
+    return make_torch_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2_torch"), initializer_range=PARITY_INIT,
+                                  tokenizer_dir=tokenizer_dir)

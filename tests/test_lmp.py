@@ -49,16 +49,16 @@ def test_the_two_copies_of_the_6k_set_agree(shared_dir):
     assert a == b and len(a) == 6000
 
 
-def test_lmp_matches_pytorch(tiny_model_dir, tokenizer_dir):
+def test_lmp_matches_pytorch(torch_tiny_model_dir, tokenizer_dir):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg, params = hf.load_pretrained(tiny_model_dir)
+    cfg, params = hf.load_pretrained(torch_tiny_model_dir)
     tok = load_tokenizer(tokenizer_dir)
     block = 12  # short, so that lines 3 and 5 are truncated
     out = reddit_perplexity(params, cfg, tok, LINES, block_size=block, batch_size=2)
     assert out["n_lines"] == 5 and out["n_truncated"] == 2 and out["n_unscorable"] == 1  # "ok" is one token
 
-    pt = transformers.GPT2LMHeadModel.from_pretrained(tiny_model_dir).eval()
+    pt = transformers.GPT2LMHeadModel.from_pretrained(torch_tiny_model_dir).eval()
     ids = [tok.encode(s)[:block] for s in LINES]
     nll, npred, ntok, means = [], [], [], []
     with torch.no_grad():

@@ -106,7 +106,9 @@ def test_plot_several_result_folders(redditbias_dir, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     main(["measure", "--stored-perplexities", "--data-dir", str(redditbias_dir), "--out", str(a), "--no-progress", "--n-bootstrap", "100"])
     main(["measure", "--stored-perplexities", "--split", "valid", "--data-dir", str(redditbias_dir), "--out", str(b), "--no-progress", "--n-bootstrap", "100"])
-    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 0
+    # a test-split and a valid-split folder are not comparable: refused unless asked (tests/test_plot.py)
+    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png")]) == 1
+    assert main(["plot", f"test={a}", f"valid={b}", "--out", str(tmp_path / "fig.png"), "--allow-mixed"]) == 0
     assert (tmp_path / "fig.png").stat().st_size > 1000
     assert main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
 
@@ -178,9 +180,9 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
     assert main(args) == 0
     first = json.loads((out / "lmb.json").read_text())[0]["t_value"]
     other = tmp_path / "other"
-    from tests.conftest import make_torch_gpt2_folder
+    from tests.conftest import make_rbjax_gpt2_folder
 
-    make_torch_gpt2_folder(other, seed=7)
+    make_rbjax_gpt2_folder(other, seed=7)
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     os.utime(model / "model.safetensors", ns=(1, 1))
     capsys.readouterr()

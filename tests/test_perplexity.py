@@ -78,19 +78,19 @@ def test_bad_ids_are_refused(tiny):
         sc.score_ids([list(range(cfg.n_positions + 1))])
 
 
-def test_perplexity_matches_pytorch_reference_formula(tiny_model_dir, tiny, redditbias_dir, tokenizer_dir):
+def test_perplexity_matches_pytorch_reference_formula(torch_tiny_model_dir, redditbias_dir, tokenizer_dir):
     """exp(HF GPT-2 loss with labels=ids), one phrase at a time, as the official perplexity_score."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from rbjax.data.redditbias import load_pairs
     from rbjax.model.tokenizer import load_tokenizer
 
-    cfg, params = tiny
+    cfg, params = hf.load_pretrained(torch_tiny_model_dir)
     tok = load_tokenizer(tokenizer_dir)
     pairs = load_pairs("religion1", "test", redditbias_dir)
     phrases = pairs.biased[:20] + pairs.counterfactual[:20]
     ours = PerplexityScorer(params, cfg, batch_size=16).score_texts(phrases, tok).perplexity
-    model = transformers.GPT2LMHeadModel.from_pretrained(tiny_model_dir).eval()
+    model = transformers.GPT2LMHeadModel.from_pretrained(torch_tiny_model_dir).eval()
     ref_tok = transformers.GPT2TokenizerFast.from_pretrained(tokenizer_dir)
     for p, o in zip(phrases, ours):
         ids = ref_tok.convert_tokens_to_ids(ref_tok.tokenize(p))

@@ -56,6 +56,30 @@ def test_paper_single_pass_and_directions(specs):
         swap_targets("x", r1, direction="sideways")
 
 
+def test_both_directions_swap_a_hyphenated_compound_one_way(specs):
+    # Field case: a compound is one mention. With terms of both sides it is swapped T1 -> T2 only, never back.
+    r1, r2, race = specs["religion1"], specs["religion2"], specs["race"]
+    assert swap_targets("the muslim-american community", r2, direction="both") == "the christian-american community"
+    assert swap_targets("The American-Muslim and MUSLIM-AMERICANS", r2, direction="both") == (
+        "The American-Christian and CHRISTIAN-AMERICANS")
+    assert swap_targets("christian-arab", r2, direction="both") == "christian-american"
+    assert swap_targets("black-american families", race, direction="both") == "white-american families"
+    # the rest of the phrase is still swapped both ways; one-sided compounds are swapped as before
+    assert swap_targets("muslim-american and christian people", r2, direction="both") == (
+        "christian-american and muslim people")
+    assert swap_targets("arab-muslim and christian-american", r2, direction="both") == (
+        "american-christian and muslim-arab")
+    assert swap_targets("jewish-americans and christians", r1, direction="both") == "christian-americans and jews"
+    # the one-direction modes are unchanged
+    assert swap_targets("the muslim-american community", r2) == "the christian-american community"
+    assert swap_targets("the muslim-american community", r2, direction="t2_to_t1") == "the muslim-arab community"
+    # CDA's copies (direction "both" for religion2) use the same rule
+    from rbjax.debias.cda import augment
+
+    assert augment(["the muslim-american community"], r2) == ["the muslim-american community",
+                                                             "the christian-american community"]
+
+
 def test_term_regex_wildcards_and_phrases():
     rx = term_regex(["greed*", "beady eyes", "hook-nose"])
     text = "Greedy and greed, beady   eyes, a hook-nose but not ungreedy or beadyeyes"

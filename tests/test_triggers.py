@@ -67,8 +67,9 @@ def test_paper_lmd_positions(tok):
     ids2, am2, _ = batch(tok, s, extra_pad=4)
     np.testing.assert_array_equal(tb.lmd(ids2, am2).mask[:, : ids.shape[1]], r.mask)
     assert tb.lmd(ids2, am2).mask[:, ids.shape[1]:].sum() == 0
-    # attention_mask may be replaced by pad_id
-    np.testing.assert_array_equal(TriggerBuilder(spec, tok, pad_id=PAD).lmd(ids).mask, r.mask)
+    # the mask is never derived from the ids
+    with pytest.raises(ValueError, match="attention_mask is required"):
+        TriggerBuilder(spec, tok, pad_id=PAD).lmd(ids, None)
 
 
 def test_paper_multiword_term(tok):
@@ -118,6 +119,31 @@ def test_paper_needs_tokenizer():
 
 
 # --------------------------------------------------------------------------------------------- reference
+EOS = 50256  # DialoGPT's <|endoftext|>: turn separator and, in many pipelines, the pad id
+
+
+@pytest.mark.parametrize("semantics", ["reference", "paper"])
+def test_mask_is_required_when_pad_is_a_real_token(tok, semantics):
+    # Field case: pad id = eos id and no mask used to give norm [2, 5] (separators dropped) instead of [3, 6].
+    spec = load_spec("religion1")
+    tb = TriggerBuilder(spec, None if semantics == "reference" else tok, semantics=semantics, pad_id=EOS)
+    rows = [tok.encode("hi").ids + [EOS] + tok.encode("hello").ids,
+            tok.encode("jews are greedy").ids + [EOS] + tok.encode("ok").ids]
+    assert [len(r) for r in rows] == [3, 6]
+    ids = np.full((2, 6), EOS, np.int64)
+    am = np.zeros((2, 6), bool)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], am[b, : len(r)] = r, True
+    for call in (lambda: tb.lmd(ids, None), lambda: tb.attributes(ids, None)):
+        with pytest.raises(ValueError, match="attention_mask is required"):
+            call()
+    with pytest.raises(TypeError):
+        tb.lmd(ids)  # no default: a caller must decide what is real
+    assert tb.lmd(ids, am).norm.tolist() == [3, 6]
+    with pytest.raises(ValueError, match="does not match"):
+        tb.lmd(ids, am[:, :5])
+
+
 def test_reference_lmd_fires_on_t1_everywhere():
     spec = load_spec("gender")
     tb = TriggerBuilder(spec, semantics="reference")

@@ -5,10 +5,27 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plot", help="plot LMB t-values of one or more result folders (paper Figure 1)")
-    p.add_argument("folders", nargs="+", help="result folders (each with lmb.json); label with LABEL=FOLDER")
-    p.add_argument("--out", default="lmb.png", help="output PNG")
-    p.add_argument("--alpha", type=float, default=0.05)
+    from rbjax.cli import HelpFormatter
+
+    p = sub.add_parser(
+        "plot", help="plot LMB t-values of one or more result folders (paper Figure 1)",
+        description="One bar per result folder and bias type: the primary t-value of its lmb.json (t < 0: "
+                    "stereotypical), solid and starred when p < alpha, hatched otherwise, 'n/a' where a folder has "
+                    "no t-value for a type; dashed lines at the two-tailed critical t. Every series is labelled "
+                    "with its split and outlier handling; folders that differ in either are refused unless "
+                    "--allow-mixed is given.",
+        formatter_class=HelpFormatter)
+    p.add_argument("folders", nargs="+", metavar="[LABEL=]FOLDER",
+                   help="result folders (or lmb.json files) of 'rbjax measure' or a debias run's lmb_valid; "
+                        "LABEL=FOLDER names the series (default: the folder's name)")
+    p.add_argument("--out", required=True,
+                   help="file to write: .png, .pdf or .svg (required: the plot is never written to an implicit place)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="significance level of the marks and threshold lines (default: the records' own alpha)")
+    p.add_argument("--title", help="plot title (default: a description of the test)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="plot folders with different splits (test/valid) or outlier handling (3σ rule on a model's "
+                        "perplexities vs. the already reduced stored perplexities) together; each series is labelled")
     p.set_defaults(func=run)
 
 
@@ -17,8 +34,13 @@ def run(args) -> int:
 
     results = {}
     for f in args.folders:
-        label, _, path = f.rpartition("=") if "=" in f else (Path(f).name, "", f)
+        named = "=" in f and not Path(f).exists()  # a folder may have "=" in its name
+        label, _, path = f.partition("=") if named else (Path(f).name or f, "", f)
+        if not label or not path:
+            raise ValueError(f"{f!r}: expected FOLDER or LABEL=FOLDER")
+        if label in results:
+            raise ValueError(f"two series are labelled {label!r}; name them with LABEL=FOLDER")
         results[label] = load_results(path)
-    out = plot_lmb(results, args.out, alpha=args.alpha)
-    print(f"wrote {out}")
+    out = plot_lmb(results, args.out, alpha=args.alpha, title=args.title, allow_mixed=args.allow_mixed)
+    print(f"wrote {out.resolve()}")
     return 0

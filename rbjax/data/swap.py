@@ -9,8 +9,10 @@ Two modes:
   terms win ("african-american" before "african"). Case is kept: ``Jews`` -> ``Christians``, ``JEWS`` ->
   ``CHRISTIANS``. All replacements happen in one pass over the original text, so a replacement is never
   replaced again. Directions: ``"t1_to_t2"``; ``"t2_to_t1"`` (a T2 word with several T1 partners maps to the
-  first pair listed in the spec); ``"both"`` (T1 and T2 words exchanged in the same pass). The last two need
-  ``spec.two_way`` (the paper's pairs define an inverse), else :class:`ValueError`. Only words in the pairs are
+  first pair listed in the spec); ``"both"`` (T1 and T2 words exchanged in the same pass; a hyphenated compound
+  is one mention: when it holds terms of both sides it is swapped T1 -> T2 only, so "muslim-american" (religion2)
+  becomes "christian-american", not "christian-arab"). The last two need ``spec.two_way`` (the paper's pairs
+  define an inverse), else :class:`ValueError`. Only words in the pairs are
   changed: pronouns other than she/he (her, his, him) and other inflections are left alone.
 
 * ``mode="reference"``: the official substring rules (``spec.reference["swap_rules"]``, from
@@ -92,17 +94,36 @@ def _paper_map(spec: BiasSpec, direction: str) -> dict[str, str]:
 _REGEX_CACHE: dict[tuple, re.Pattern] = {}
 
 
+_COMPOUND = re.compile(rf"[{_WORD}]+(?:-[{_WORD}]+)+")
+
+
 def _swap_paper(text: str, spec: BiasSpec, direction: str) -> str:
     mapping = _paper_map(spec, direction)
     key = (spec.name, spec.pairs, direction)
     rx = _REGEX_CACHE.get(key)
     if rx is None:
         rx = _REGEX_CACHE[key] = term_regex(mapping)
-
-    def sub(m: re.Match) -> str:
-        return _match_case(m.group(0), mapping[m.group(0).lower()])
-
-    return rx.sub(sub, text)
+    if direction != "both":
+        return rx.sub(lambda m: _match_case(m.group(0), mapping[m.group(0).lower()]), text)
+    # "both": a hyphenated compound is one mention. When it holds terms of both sides ("muslim-american"), it is
+    # swapped in one direction, T1 -> T2 (the T1 role wins, as for a word that is a term of both sides):
+    # "the muslim-american community" -> "the christian-american community", not "christian-arab".
+    fwd = _paper_map(spec, "t1_to_t2")
+    matches = list(rx.finditer(text))
+    one_way: set[int] = set()  # indices of matches inside a mixed compound
+    for c in _COMPOUND.finditer(text):
+        inside = [k for k, m in enumerate(matches) if c.start() <= m.start() and m.end() <= c.end()]
+        sides = {m.group(0).lower() in fwd for m in (matches[k] for k in inside)}
+        if sides == {True, False}:
+            one_way.update(inside)
+    out, pos = [], 0
+    for k, m in enumerate(matches):
+        src = m.group(0)
+        repl = fwd.get(src.lower()) if k in one_way else mapping[src.lower()]
+        out += [text[pos:m.start()], src if repl is None else _match_case(src, repl)]  # None: a T2 term, kept
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _swap_reference(text: str, spec: BiasSpec) -> str:

@@ -8,8 +8,10 @@ Build one :class:`TriggerBuilder` per (bias spec, tokenizer, semantics) and call
     lmd = tb.lmd(input_ids, attention_mask)            # LMDTriggers(mask (B, L, P), norm (B,), ...)
     occ = tb.attributes(input_ids, attention_mask)     # Occurrences(weights (B, N, L), mask (B, N), ...)
 
-``input_ids`` is ``(B, L)`` int, right-padded; ``attention_mask`` ``(B, L)`` is 1 on real tokens (``None``:
-real = ``input_ids != pad_id``). Sentences are one line each, as the reference's ``LineByLineTextDataset``.
+``input_ids`` is ``(B, L)`` int, right-padded; ``attention_mask`` ``(B, L)`` is 1 on real tokens and is required
+in both semantics: a mask derived from ``input_ids != pad_id`` would drop real tokens whenever the pad id is also a
+real token (DialoGPT pads with ``<|endoftext|>``, id 50256, which also separates dialogue turns). Sentences are one
+line each, as the reference's ``LineByLineTextDataset``.
 
 ``semantics="paper"`` (default)
     * Terms are words, matched as whole words on the decoded text (the same boundary rules as
@@ -133,15 +135,15 @@ class _PieceText:
         return "".join(parts), starts
 
 
-def _real_mask(input_ids: np.ndarray, attention_mask, pad_id) -> np.ndarray:
-    if attention_mask is not None:
-        m = np.asarray(attention_mask).astype(bool)
-        if m.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {m.shape} does not match input_ids {input_ids.shape}")
-        return m
-    if pad_id is None:
-        raise ValueError("give attention_mask, or pad_id to derive it")
-    return input_ids != pad_id
+def _real_mask(input_ids: np.ndarray, attention_mask) -> np.ndarray:
+    if attention_mask is None:
+        raise ValueError(
+            "attention_mask is required (1 on real tokens): it is not derived from the ids, because the pad id can "
+            "be a real token (DialoGPT pads with <|endoftext|>, which also separates turns)")
+    m = np.asarray(attention_mask)
+    if m.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {m.shape} does not match input_ids {input_ids.shape}")
+    return m.astype(bool)
 
 
 def _check_right_padded(real: np.ndarray) -> None:
@@ -164,7 +166,7 @@ class TriggerBuilder:
             ``rbjax.model.tokenizer.load_tokenizer(...)`` or a ``tokenizers.Tokenizer`` with a ByteLevel decoder.
             Required in paper mode; unused (may be ``None``) in reference mode.
         semantics: ``"paper"`` or ``"reference"``.
-        pad_id: id used for padding, only needed when ``attention_mask`` is not given.
+        pad_id: accepted for compatibility and not used: every call takes the batch's ``attention_mask``.
 
     Raises:
         ValueError: unknown semantics, missing tokenizer in paper mode, or a spec without reference lists in
@@ -234,24 +236,24 @@ class TriggerBuilder:
         return ids, mask
 
     # ------------------------------------------------------------------------------------------------- LMD
-    def lmd(self, input_ids, attention_mask=None) -> LMDTriggers:
+    def lmd(self, input_ids, attention_mask) -> LMDTriggers:
         """Masks of the equalising loss for a batch (see the module docstring).
 
         Args:
             input_ids: ``(B, L)`` int token ids, right-padded.
-            attention_mask: ``(B, L)`` 1 on real tokens (or ``None`` with ``pad_id``).
+            attention_mask: ``(B, L)`` 1 on real tokens (required).
 
         Returns:
             :class:`LMDTriggers` with ``mask`` ``(B, L, P)``.
 
         Raises:
-            ValueError: ``input_ids`` not 2-D, mismatched ``attention_mask``, neither ``attention_mask`` nor
-                ``pad_id``, or (paper semantics) a batch that is not right-padded.
+            ValueError: ``input_ids`` not 2-D, ``attention_mask`` missing (``None``) or of another shape, or (paper
+                semantics) a batch that is not right-padded.
         """
         ids = np.asarray(input_ids)
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, L), got {ids.shape}")
-        real = _real_mask(ids, attention_mask, self.pad_id)
+        real = _real_mask(ids, attention_mask)
         B, L = ids.shape
         mask = np.zeros((B, L, self.n_pairs), np.float32)
         unpred = np.zeros((B,), np.int32)
@@ -277,12 +279,12 @@ class TriggerBuilder:
         return LMDTriggers(mask, norm, unpred)
 
     # ------------------------------------------------------------------------------------------ attributes
-    def attributes(self, input_ids, attention_mask=None, max_occurrences: int | None = None) -> Occurrences:
+    def attributes(self, input_ids, attention_mask, max_occurrences: int | None = None) -> Occurrences:
         """Attribute occurrences of ADD / HD for a batch (see the module docstring).
 
         Args:
             input_ids: ``(B, L)`` int token ids, right-padded.
-            attention_mask: ``(B, L)`` 1 on real tokens (or ``None`` with ``pad_id``).
+            attention_mask: ``(B, L)`` 1 on real tokens (required).
             max_occurrences: size N of the occurrence axis; ``None`` rounds the batch's maximum up to a multiple
                 of 8 (:func:`pad_occurrences`). A fixed N avoids recompiling the step.
 
@@ -290,13 +292,13 @@ class TriggerBuilder:
             :class:`Occurrences` with ``weights`` ``(B, N, L)``, in the order HD's reference running sum uses.
 
         Raises:
-            ValueError: a sentence has more than ``max_occurrences`` occurrences; a batch that is not right-padded
-                (paper semantics).
+            ValueError: ``attention_mask`` missing or of another shape; a sentence has more than
+                ``max_occurrences`` occurrences; a batch that is not right-padded (paper semantics).
         """
         ids = np.asarray(input_ids)
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, L), got {ids.shape}")
-        real = _real_mask(ids, attention_mask, self.pad_id)
+        real = _real_mask(ids, attention_mask)
         B, L = ids.shape
         if self.semantics == "paper":
             _check_right_padded(real)

@@ -15,9 +15,41 @@ from scipy import stats
 #: The reference code's std convention for the outlier rule (``np.std``, population).
 DEFAULT_DDOF = 0
 
+#: Values whose spread is at most ``ROUNDING_ULPS · eps · scale`` (float64 ``eps``, ``scale`` the largest magnitude
+#: of the inputs they were computed from) are constant up to rounding: a difference ``a − b`` carries an error of
+#: about ``eps·max(|a|, |b|)``, so a spread of that size is rounding, not data. 32 is above scipy's own
+#: precision-loss threshold (10·eps relative to the mean, which is at most ``2·max|x|``), so every input on which
+#: scipy would warn "catastrophic cancellation" is caught as degenerate first.
+ROUNDING_ULPS = 32
+
+
+def constant_up_to_rounding(values, scale: float | None = None) -> bool:
+    """Whether ``values`` are all equal up to float64 rounding of inputs of magnitude ``scale``.
+
+    Args:
+        values: (N,) floats (e.g. paired differences ``a − b``).
+        scale: magnitude of the numbers ``values`` were computed from (e.g. ``max(|a|, |b|)``); default
+            ``max|values|``.
+    Returns:
+        True when ``max|values − mean(values)| <= ROUNDING_ULPS · eps · scale`` (always for N <= 1).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.size <= 1:
+        return True
+    if scale is None:
+        scale = float(np.max(np.abs(v)))
+    spread = float(np.max(np.abs(v - v.mean())))
+    return spread <= ROUNDING_ULPS * np.finfo(np.float64).eps * scale
+
+
+def _scale(*arrays) -> float:
+    return max((float(np.max(np.abs(x))) for x in arrays if np.size(x)), default=0.0)
+
 
 def outliers(values: np.ndarray, n_std: float = 3.0, ddof: int = DEFAULT_DDOF) -> np.ndarray:
     """Mask of values outside ``mean ± n_std·std`` (strict), std with ``ddof`` (0 = population).
+
+    Values that are constant up to rounding (:func:`constant_up_to_rounding`) have no outlier.
 
     Args:
         values: (N,) finite floats.
@@ -25,8 +57,8 @@ def outliers(values: np.ndarray, n_std: float = 3.0, ddof: int = DEFAULT_DDOF) -
         bool (N,), True = outlier.
     """
     v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return np.zeros(0, dtype=bool)
+    if v.size == 0 or constant_up_to_rounding(v):  # a rounding-level spread would make outliers of noise
+        return np.zeros(v.shape, dtype=bool)
     m, s = v.mean(), v.std(ddof=ddof) if v.size > ddof else 0.0
     return (v > m + n_std * s) | (v < m - n_std * s)
 
@@ -60,56 +92,88 @@ def _clean(x) -> float | None:
 def paired_ttest(a, b) -> dict:
     """Two-tailed paired t-test of ``a`` vs ``b`` (``scipy.stats.ttest_rel``), with degenerate cases named.
 
+    The differences ``d = a − b`` are degenerate when they are constant *up to rounding*
+    (:func:`constant_up_to_rounding` with the scale ``max(|a|, |b|)``): e.g. a = [120.3, 85.7, 310.1, 48.9],
+    b = a + 0.1 gives differences that spread by ~1e-14 in float64, on which scipy returns t ≈ −1e13, p ≈ 1e-39.
+
+    Args:
+        a, b: (N,) paired values (biased, counterfactual perplexities).
     Returns:
         ``{"t_value", "p_value", "df", "status"}``; status is ``"ok"``,
-        ``"undefined: every paired difference is zero"`` (t = p = NaN in scipy) or
-        ``"zero variance of the differences"`` (scipy's ±inf, p = 0): in those cases t and
-        p are ``None`` and the result is never significant. ``"too few pairs"`` below 2.
+        ``"undefined: every paired difference is zero"`` (every ``|d|`` within rounding of 0; scipy: t = p = NaN)
+        or ``"zero variance of the differences"`` (``d`` constant but not 0; scipy: ±inf or a huge t, p ≈ 0): in
+        those cases t and p are ``None`` and the result is never significant. ``"too few pairs"`` below 2.
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n = a.size
     if n < 2:
         return {"t_value": None, "p_value": None, "df": max(n - 1, 0), "status": "too few pairs"}
     d = a - b
-    if np.all(d == 0):
-        return {"t_value": None, "p_value": None, "df": n - 1, "status": "undefined: every paired difference is zero"}
-    if np.all(d == d[0]):
-        return {"t_value": None, "p_value": None, "df": n - 1, "status": "zero variance of the differences"}
+    scale = _scale(a, b)
+    if constant_up_to_rounding(d, scale):
+        tol = ROUNDING_ULPS * np.finfo(np.float64).eps * scale
+        status = ("undefined: every paired difference is zero" if abs(float(d.mean())) <= tol
+                  else "zero variance of the differences")
+        return {"t_value": None, "p_value": None, "df": n - 1, "status": status}
     r = stats.ttest_rel(a, b)
     return {"t_value": _clean(r.statistic), "p_value": _clean(r.pvalue), "df": n - 1, "status": "ok"}
 
 
 def welch_ttest(a, b) -> dict:
-    """Two-tailed Welch (unequal-variance, unpaired) t-test, ``ttest_ind(equal_var=False)``."""
+    """Two-tailed Welch (unequal-variance, unpaired) t-test, as ``ttest_ind(equal_var=False)``.
+
+    Computed with ``scipy.stats.ttest_ind_from_stats`` from numpy means and sample std (ddof=1), where a group that
+    is constant up to rounding (:func:`constant_up_to_rounding`, scale ``max(|a|, |b|)``) gets std exactly 0 (a
+    rounding-level variance would otherwise become a huge t, e.g. t = −5.24 for [0.04]×10 vs [0.04]×30).
+
+    Returns:
+        ``{"t_value", "p_value", "status"}``; status ``"ok"``, ``"too few values"`` (a group below 2),
+        ``"undefined: both groups are constant"`` (both constant with the same value) or
+        ``"zero variance in both groups"`` (both constant, different values); t, p ``None`` unless ``"ok"``.
+    """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.size < 2 or b.size < 2:
         return {"t_value": None, "p_value": None, "status": "too few values"}
-    if a.var() == 0 and b.var() == 0:
-        status = "undefined: both groups are constant" if a.mean() == b.mean() else "zero variance in both groups"
+    scale = _scale(a, b)
+    ca, cb = constant_up_to_rounding(a, scale), constant_up_to_rounding(b, scale)
+    if ca and cb:
+        same = constant_up_to_rounding(np.array([a.mean(), b.mean()]), scale)
+        status = "undefined: both groups are constant" if same else "zero variance in both groups"
         return {"t_value": None, "p_value": None, "status": status}
-    r = stats.ttest_ind(a, b, equal_var=False)
+    sa = 0.0 if ca else float(a.std(ddof=1))
+    sb = 0.0 if cb else float(b.std(ddof=1))
+    r = stats.ttest_ind_from_stats(a.mean(), sa, a.size, b.mean(), sb, b.size, equal_var=False)
     return {"t_value": _clean(r.statistic), "p_value": _clean(r.pvalue), "status": "ok"}
 
 
 def cohens_d_paired(a, b) -> float | None:
-    """Paired Cohen's d (d_z): mean(a−b) / std(a−b, ddof=1). ``None`` when undefined."""
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    if d.size < 2:
+    """Paired Cohen's d (d_z): mean(a−b) / std(a−b, ddof=1).
+
+    Returns:
+        ``None`` when undefined: fewer than 2 pairs, or differences constant up to rounding
+        (:func:`constant_up_to_rounding`, scale ``max(|a|, |b|)``).
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    d = a - b
+    if d.size < 2 or constant_up_to_rounding(d, _scale(a, b)):
         return None
-    s = d.std(ddof=1)
-    return None if s == 0 else float(d.mean() / s)
+    return float(d.mean() / d.std(ddof=1))
 
 
-def bootstrap_ci(diff, confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0) -> tuple[float, float] | None:
-    """Bootstrap CI (BCa, ``scipy.stats.bootstrap``) of the mean of paired differences.
+def bootstrap_ci(diff, confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0,
+                 scale: float | None = None) -> tuple[float, float] | None:
+    """Bootstrap CI (BCa, ``scipy.stats.bootstrap(method="BCa")``, its generator seeded with ``seed``) of the mean
+    of paired differences.
 
     Args:
         diff: (N,) paired differences, e.g. log-perplexity of biased minus counterfactual.
+        scale: magnitude of the values the differences were computed from (default ``max|diff|``), for the
+            rounding tolerance of :func:`constant_up_to_rounding`.
     Returns:
-        ``(low, high)``, or ``None`` with fewer than 2 values or zero spread.
+        ``(low, high)``, or ``None`` with fewer than 2 values or differences constant up to rounding.
     """
     d = np.asarray(diff, dtype=np.float64)
-    if d.size < 2 or np.all(d == d[0]):
+    if d.size < 2 or constant_up_to_rounding(d, scale):
         return None
     res = stats.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
                           method="BCa", random_state=np.random.default_rng(seed))
@@ -170,7 +234,8 @@ def lmb_statistics(biased_ppl, counter_ppl, *, n_std: float = 3.0, ddof: int = D
     bf, cf = b[~mask], c[~mask]
     primary = paired_ttest(bf, cf)
     logdiff = np.log(bf) - np.log(cf)
-    ci = bootstrap_ci(logdiff, 1 - alpha, n_bootstrap, seed) if n_bootstrap > 0 else None
+    ci = (bootstrap_ci(logdiff, 1 - alpha, n_bootstrap, seed, scale=_scale(np.log(bf), np.log(cf)))
+          if n_bootstrap > 0 else None)
     significant = primary["p_value"] is not None and primary["p_value"] < alpha
     return {
         "n_pairs": int(b.size),

@@ -1,4 +1,12 @@
-"""Figure-1-style plot of LMB t-values per bias type (and per model), with the significance threshold."""
+"""Figure-1-style plot of LMB t-values per bias type (paper §5.2, Figure 1), one series per result folder.
+
+Every series is labelled with what its numbers mean: the split the phrases came from and how outliers were handled
+(the 3σ pair rule on a model's perplexities, or the released stored perplexities, which are already reduced).
+Series that differ in either are not comparable side by side, and are refused unless ``allow_mixed`` is set.
+Bars of significant results (p < alpha) are solid and marked ``*``, others hatched; a bias type a series has no
+t-value for (not measured, or undefined: see its ``status``) is marked "n/a". The legend, outside the axes,
+explains all of it; no text is drawn on the bars or the frame.
+"""
 from __future__ import annotations
 
 import json
@@ -9,6 +17,12 @@ import numpy as np
 from scipy import stats
 
 from rbjax.specs import BIAS_TYPES
+
+__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "FORMATS"]
+
+#: output formats by file suffix
+FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+HATCH = "//"
 
 
 def load_results(folder: str | os.PathLike) -> list[dict]:
@@ -28,74 +42,180 @@ def load_results(folder: str | os.PathLike) -> list[dict]:
     return recs
 
 
-def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha: float = 0.05,
-             title: str | None = None) -> Path:
-    """Grouped bars of t-values: one group per bias type, one bar per model.
+def _rule_key(r: dict) -> tuple:
+    rule = r.get("outlier_rule") or {}
+    stored = (r.get("settings") or {}).get("stored_perplexities")
+    applied = rule.get("applied")
+    return (stored, applied, rule.get("n_std") if applied else None, rule.get("ddof") if applied else None)
 
-    The dashed lines mark the two-tailed critical t at ``alpha`` (for the smallest
-    degrees of freedom among the records: the most conservative threshold); bars of
-    significant results are drawn solid and starred, others hatched. Negative t =
-    stereotypical direction. Undefined t-values are shown as "n/a".
+
+def _rule_text(key: tuple) -> str:
+    stored, applied, n_std, ddof = key
+    if applied is None:
+        how = "outlier rule unknown"
+    elif applied:
+        how = f"{n_std:g}σ outlier pairs removed" if n_std is not None else "outlier pairs removed"
+        how += "" if ddof in (0, None) else " (sample std)"
+    else:
+        how = "no outlier removal"
+    if stored is None:
+        return f"{how}, perplexity source unknown"
+    return f"stored perplexities, {how}" if stored else how
+
+
+def series_description(records: list[dict]) -> dict:
+    """What a series' t-values mean: ``{"splits": [...], "rules": [...], "text": "test split, 3σ ..."}``.
+
+    ``splits`` are the records' ``split`` values (``"unknown"`` when absent); ``rules`` are descriptions of the
+    outlier handling from ``outlier_rule`` and ``settings.stored_perplexities``.
+    """
+    splits = sorted({str(r.get("split") or "unknown") for r in records})
+    keys = sorted({_rule_key(r) for r in records}, key=repr)
+    rules = [_rule_text(k) for k in keys]
+    return {"splits": splits, "rule_keys": keys, "rules": rules,
+            "text": f"{'+'.join(splits)} split, {'; '.join(rules)}"}
+
+
+def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, dict]:
+    desc = {lab: series_description(recs) for lab, recs in results.items()}
+    if allow_mixed:
+        return desc
+    problems = []
+    splits = {lab: tuple(d["splits"]) for lab, d in desc.items()}
+    if len(set(splits.values())) > 1 or any(len(s) > 1 for s in splits.values()):
+        problems.append("splits (" + ", ".join(f"{lab}: {'+'.join(s)}" for lab, s in splits.items()) + ")")
+    rules = {lab: tuple(d["rule_keys"]) for lab, d in desc.items()}
+    if len(set(rules.values())) > 1 or any(len(k) > 1 for k in rules.values()):
+        problems.append("outlier handling (" + ", ".join(f"{lab}: {'; '.join(d['rules'])}" for lab, d in desc.items())
+                        + ")")
+    if problems:
+        raise ValueError("the results mix " + " and ".join(problems) + ": their t-values are not comparable side by "
+                         "side; pass --allow-mixed (allow_mixed=True) to plot them anyway, each series labelled")
+    return desc
+
+
+def _alpha(results: dict[str, list[dict]], alpha: float | None) -> float:
+    if alpha is not None:
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+        return float(alpha)
+    found = {(r.get("settings") or {}).get("alpha") for recs in results.values() for r in recs} - {None}
+    if len(found) > 1:
+        raise ValueError(f"the records were tested at different alpha levels {sorted(found)}; give alpha (--alpha)")
+    return float(found.pop()) if found else 0.05
+
+
+def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title: str | None = None,
+               allow_mixed: bool = False):
+    """Build the t-value bar chart: one group per bias type, one bar per series (result folder).
 
     Args:
-        results: label → records (as in ``lmb.json``).
-        out_path: PNG path (written atomically).
+        results: series label → LMB records (as in ``lmb.json``).
+        alpha: significance level of the marks and of the threshold lines; ``None``: the records' own
+            ``settings.alpha`` (0.05 if absent).
+        title: axes title (default: a description of the test).
+        allow_mixed: plot series from different splits or outlier handling together instead of refusing.
+
+    Returns:
+        a ``matplotlib.figure.Figure`` (Agg canvas, not registered with pyplot) with one axes. Artists carry
+        ``gid``s for inspection: bars ``"bar:<label>:<bias type>"``, stars ``"star:…"``, n/a marks ``"na:…"``,
+        threshold lines ``"threshold:+"``/``"threshold:-"``.
+
+    Raises:
+        ValueError: no records; mixed splits/outlier handling without ``allow_mixed``; records tested at
+            different alpha levels without an explicit ``alpha``.
     """
-    out = Path(out_path)
-    if out.is_dir():
-        raise ValueError(f"{out} is a folder; give the PNG file to write (e.g. {out / 'lmb.png'})")
-    if not any(results.values()):
+    if not results or not any(results.values()):
         raise ValueError("nothing to plot: no LMB records")
-    import matplotlib
+    from matplotlib import rcParams
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    desc = _check_mix(results, allow_mixed)
+    alpha = _alpha(results, alpha)
     labels = list(results)
     present = {r["bias_type"] for recs in results.values() for r in recs}
     types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
-    dfs = [r.get("df") for recs in results.values() for r in recs if r.get("df")]
-    tcrit = float(stats.t.ppf(1 - alpha / 2, min(dfs))) if dfs else 1.96
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(types) * max(1, len(labels)) ** 0.5), 4))
-    width = 0.8 / max(1, len(labels))
+    dfs = [r["df"] for recs in results.values() for r in recs if r.get("df") and r.get("t_value") is not None]
+    df_min = min(dfs) if dfs else None
+    tcrit = float(stats.t.ppf(1 - alpha / 2, df_min)) if df_min else float(stats.norm.ppf(1 - alpha / 2))
+
+    fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(labels)
     x = np.arange(len(types))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
+    ts = [abs(r["t_value"]) for recs in results.values() for r in recs if r.get("t_value") is not None]
+    top = 1.3 * max([tcrit, *ts])  # room for the stars inside the frame
+    ax.set_ylim(-top, top)
+    ax.set_xlim(-0.5, len(types) - 0.5)
+    handles = []
     for j, lab in enumerate(labels):
+        color = colors[j % len(colors)]
         by = {r["bias_type"]: r for r in results[lab]}
         for i, bt in enumerate(types):
-            r = by.get(bt)
             xpos = x[i] - 0.4 + width * (j + 0.5)
-            if r is None:
-                continue
-            t = r.get("t_value")
+            r = by.get(bt)
+            t = None if r is None else r.get("t_value")
             if t is None:
-                ax.text(xpos, 0, "n/a", ha="center", va="bottom", fontsize=7)
+                ax.text(xpos, 0.02 * top, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray",
+                        gid=f"na:{lab}:{bt}")
                 continue
-            sig = bool(r.get("significant"))
-            ax.bar(xpos, t, width, color=colors[j % len(colors)], alpha=1.0 if sig else 0.55,
-                   hatch=None if sig else "//", edgecolor="black", linewidth=0.5,
-                   label=lab if i == 0 or bt == types[0] else None)
+            p = r.get("p_value")
+            sig = p is not None and p < alpha
+            (bar,) = ax.bar(xpos, t, width, color=color, edgecolor="black", linewidth=0.5,
+                            hatch=None if sig else HATCH, alpha=1.0 if sig else 0.6)
+            bar.set_gid(f"bar:{lab}:{bt}")
             if sig:
-                ax.text(xpos, t, "*", ha="center", va="bottom" if t > 0 else "top", fontsize=12)
-    lo, hi = ax.get_ylim()
-    ax.set_ylim(min(lo, -1.25 * tcrit), max(hi, 1.25 * tcrit))
+                ax.annotate("*", (xpos, t), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
+                            ha="center", va="bottom" if t > 0 else "top", fontsize=12, gid=f"star:{lab}:{bt}")
+        handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
+                             label=f"{lab}: {desc[lab]['text']}"))
     ax.axhline(0, color="black", linewidth=0.8)
-    for s in (tcrit, -tcrit):
-        ax.axhline(s, color="grey", linestyle="--", linewidth=0.8)
-    ax.text(len(types) - 0.5, tcrit, f" p={alpha:g}", va="bottom", ha="right", fontsize=8, color="grey")
+    for sign in (1, -1):
+        ax.axhline(sign * tcrit, color="grey", linestyle="--", linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}")
     ax.set_xticks(x, types)
-    ax.set_ylabel("LMB t-value (negative = stereotypical)")
-    applied = {r.get("outlier_rule", {}).get("applied", True) for recs in results.values() for r in recs}
-    how = "3σ outlier pairs removed" if applied == {True} else ("no outlier removal" if applied == {False} else "")
-    ax.set_title(title or f"Language model bias (two-tailed paired t-test{', ' + how if how else ''})", fontsize=10)
-    handles, labs = ax.get_legend_handles_labels()
-    if len(labels) > 1 or labels:
-        uniq = dict(zip(labs, handles))
-        ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="best")
+    ax.set_ylabel("LMB t-value (t < 0: stereotypical)")
+    ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
+    df_text = f"df = {df_min}" if df_min else "normal approximation"
+    handles += [
+        Patch(facecolor="lightgrey", edgecolor="black", linewidth=0.5, label=f"solid bar: significant, p < {alpha:g}"),
+        Patch(facecolor="white", edgecolor="black", linewidth=0.5, hatch=HATCH,
+              label=f"hatched bar: not significant, p ≥ {alpha:g}"),
+        Line2D([], [], linestyle="none", marker="$*$", markersize=8, color="black",
+               label=f"*: p < {alpha:g} (two-tailed)"),
+        Line2D([], [], color="grey", linestyle="--", linewidth=0.8,
+               label=f"dashed: |t| = {tcrit:.2f}, p = {alpha:g} ({df_text})"),
+        Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray",
+               label="n/a: type not measured, or t undefined (see status)"),
+    ]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
+              frameon=False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp.png")
-    fig.savefig(tmp, dpi=150)
-    plt.close(fig)
-    os.replace(tmp, out)
+    return fig
+
+
+def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha: float | None = None,
+             title: str | None = None, allow_mixed: bool = False) -> Path:
+    """Draw :func:`figure_lmb` and write it to ``out_path`` (PNG, PDF or SVG by suffix), atomically.
+
+    Returns:
+        the path written.
+    Raises:
+        ValueError: ``out_path`` is a folder or has an unsupported suffix, and everything :func:`figure_lmb` raises.
+    """
+    from rbjax.report.io import atomic_file
+
+    out = Path(out_path)
+    if out.is_dir():
+        raise ValueError(f"{out} is a folder; give the file to write (e.g. {out / 'lmb.png'})")
+    fmt = FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"{out}: unsupported plot format {out.suffix!r}; use one of {', '.join(FORMATS)}")
+    fig = figure_lmb(results, alpha=alpha, title=title, allow_mixed=allow_mixed)
+    with atomic_file(out, "wb") as f:
+        fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight")
     return out
