@@ -11,7 +11,7 @@ import importlib
 import sys
 
 #: subcommand modules, in the order shown by ``rbjax --help``
-COMMANDS = ("measure", "plot", "debias", "sweep", "retrieve", "annotate", "splits")
+COMMANDS = ("measure", "plot", "debias", "sweep", "retrieve", "annotate", "splits", "evaluate")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
