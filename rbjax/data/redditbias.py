@@ -46,6 +46,28 @@ def cache_root() -> Path:
 
 
 
+def download_verified(url: str, dest: str | os.PathLike, sha256: str, *, offline_hint: str = "") -> Path:
+    """Download ``url`` to ``dest``, hashing while writing; ``dest`` only appears when the sha256 matches.
+
+    Raises:
+        RuntimeError: the download failed (the message ends with ``offline_hint``) or the checksum differs
+            (nothing is written then).
+    """
+    dest = Path(dest)
+    with atomic_file(dest, "wb") as f:  # nothing reaches the cache unless the checksum matches
+        h = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+                    h.update(chunk)
+        except OSError as e:
+            raise RuntimeError(f"cannot download {url} ({e}). {offline_hint}".rstrip()) from None
+        if h.hexdigest() != sha256:
+            raise RuntimeError(f"{url}: checksum mismatch (sha256 {h.hexdigest()}, expected {sha256}); not cached")
+    return dest
+
+
 class RedditBiasData:
     """A RedditBias data folder, local or the verified download cache.
 
@@ -102,22 +124,9 @@ class RedditBiasData:
         return p
 
     def _fetch(self, rel: str, dest: Path, meta: dict) -> None:
-        url = self._url.rstrip("/") + "/" + rel
-        with atomic_file(dest, "wb") as f:  # nothing reaches the cache unless the checksum matches
-            h = hashlib.sha256()
-            try:
-                with urllib.request.urlopen(url, timeout=60) as r:
-                    while chunk := r.read(1 << 20):
-                        f.write(chunk)
-                        h.update(chunk)
-            except OSError as e:
-                raise RuntimeError(
-                    f"cannot download {url} ({e}). Without network access, point rbjax at a local copy of "
-                    f"umanlp/RedditBias: --data-dir on the command line, data_dir= in Python, or {ENV_DATA_DIR}."
-                ) from None
-            if h.hexdigest() != meta["sha256"]:
-                raise RuntimeError(f"{url}: checksum mismatch (sha256 {h.hexdigest()}, expected {meta['sha256']}); "
-                                   "not cached")
+        download_verified(self._url.rstrip("/") + "/" + rel, dest, meta["sha256"],
+                          offline_hint="Without network access, point rbjax at a local copy of umanlp/RedditBias: "
+                                       f"--data-dir on the command line, data_dir= in Python, or {ENV_DATA_DIR}.")
 
     # -- file names -------------------------------------------------------------------
     @staticmethod
