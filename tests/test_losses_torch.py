@@ -211,7 +211,8 @@ def test_lm_loss_matches_pytorch_labels_on_a_right_padded_batch(torch_tiny_model
 
 
 def test_training_micro_batch_lm_loss_matches_pytorch(torch_tiny_model_dir, tokenizer_dir, tmp_path):
-    from rbjax.debias.train import TrainConfig, Trainer, batch_losses
+    from rbjax.debias.step import batch_losses
+    from rbjax.debias.train import TrainConfig, Trainer
 
     texts = ["jews are greedy", "christians are generous people who like to give",
              "the jewish community is rich", "ok then"]
@@ -222,9 +223,8 @@ def test_training_micro_batch_lm_loss_matches_pytorch(torch_tiny_model_dir, toke
     batch = tr.make_batch(np.arange(len(texts)))  # 4 rows of different lengths + 2 empty filler rows
     lengths = batch["attention_mask"].sum(1)
     assert len(set(lengths[:4].tolist())) == 4 and lengths[4:].sum() == 0 and lengths.max() <= 12
-    kw = {**tr.step_kwargs(), "dropout": False}
-    total, (lm, deb) = batch_losses(tr.init_params, {k: jnp.asarray(v) for k, v in batch.items()}, tr.shared,
-                                    jnp.asarray(tr.lambdas), jax.random.PRNGKey(0), **kw)
+    total, (lm, deb) = batch_losses(tr.init_params, {k: jnp.asarray(v) for k, v in batch.items()},
+                                    jnp.asarray(tr.lambdas), None, tr.spec, dropout=False)
     ref = _torch_lm_loss(torch_tiny_model_dir, np.asarray(batch["input_ids"], np.int64),
                          np.asarray(batch["attention_mask"], np.int64))
     assert float(lm) == pytest.approx(ref, rel=2e-5) and float(total) == pytest.approx(ref, rel=2e-5)

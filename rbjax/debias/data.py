@@ -236,7 +236,7 @@ class TrainingData:
         from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
 
         cfg = self.cfg
-        self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics, pad_id=self.pad_id)
+        self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics)
         ids, mask = self.tb.pair_ids("lmd" if cfg.method == "lmd" else "add_hd")
         if ids.max(initial=0) >= vocab_size:
             raise ValueError(f"a target-pair token id ({int(ids.max())}) is outside the model vocabulary")
