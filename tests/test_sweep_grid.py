@@ -38,15 +38,15 @@ def test_full_grid_compiles_one_program_per_batch_plan(tiny_model_dir, tokenizer
     combinations; batch sizes 1, 2, 4 instead of 4, 8, 16 to keep the tiny run short), 1 update per point: at most 9
     training programs (one per batch plan), 9 chunks of 6 points, every point recorded and selected from; a rerun
     redoes nothing."""
-    from rbjax.debias.step import grid_train_step
+    from rbjax.debias.step import compiled_programs
     from rbjax.debias.sweep import PAPER_GRID, run_sweep
 
     base = _base(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, max_steps=1,
                  train_file=_train_file(redditbias_dir, tmp_path, 32))
     grid = {**PAPER_GRID, "batch_size": (1, 2, 4)}
-    before = grid_train_step._cache_size()
+    before = compiled_programs()
     sel = run_sweep(base, tmp_path / "sw", grid=grid, grid_chunk=6, n_bootstrap=0, dev_max_pairs=6, progress=False)
-    assert grid_train_step._cache_size() - before <= 9
+    assert compiled_programs() - before <= 9
     recs = _jsonl(tmp_path / "sw" / "sweep.jsonl")
     assert len(recs) == 54 and len({r["id"] for r in recs}) == 54 and sel["n_runs"] == 54
     assert len({r["chunk"] for r in recs}) == 9

@@ -13,7 +13,7 @@ import pytest
 from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.data import update_plan
 from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
-from rbjax.debias.step import TrainState, grid_train_step
+from rbjax.debias.step import TrainState, compiled_programs
 from rbjax.debias.train import TrainConfig, Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -358,10 +358,10 @@ def test_sweep_reuses_the_compiled_step(tiny_model_dir, tokenizer_dir, redditbia
                 lmp_max_lines=8, eval_batch_size=16)
     grid = {"batch_size": (4,), "grad_accum": (2, 3), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
     run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=24)
-    n_compiled = grid_train_step._cache_size()
+    n_compiled = compiled_programs()
     sel = run_sweep(base, tmp_path / "sw", grid=grid, max_points=3, progress=False, n_bootstrap=100,
                     dev_max_pairs=24)  # resumes: the first point is not run again
-    assert grid_train_step._cache_size() == n_compiled + 1  # another λ: no new program; accumulation 3: one
+    assert compiled_programs() == n_compiled + 1  # another λ: no new program; accumulation 3: one
     lines = (tmp_path / "sw" / "sweep.jsonl").read_text().splitlines()
     assert len(lines) == 3 and sel["n_runs"] == 3
     assert {sel["reference"]["id"], sel["default"]["id"]} <= {json.loads(ln)["id"] for ln in lines}

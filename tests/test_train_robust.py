@@ -14,7 +14,7 @@ import pytest
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.loop import RunHparams, Trainer
 from rbjax.debias.optim import global_norm, make_optimizer
-from rbjax.debias.step import TrainState, grid_train_step, train_step_jit
+from rbjax.debias.step import TrainState
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 

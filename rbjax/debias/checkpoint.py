@@ -21,6 +21,12 @@ class NonFiniteParameters(RuntimeError):
     """The parameters hold inf or NaN: nothing is saved (the message names the update)."""
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """True when no leaf holds inf or NaN (one program per tree structure)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _state_dict(state) -> dict:
     return {"params": state.params, "opt_state": state.opt_state,
             "scalars": {"step": state.step, "lambdas": state.lambdas, "lr": state.lr, "t_total": state.t_total}}
@@ -51,8 +57,7 @@ class Checkpointer:
         Raises:
             NonFiniteParameters: a parameter is inf or NaN (nothing is written).
         """
-        finite = jax.tree.reduce(jnp.logical_and, jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), state.params))
-        if not bool(finite):
+        if not bool(_all_finite(state.params)):
             raise NonFiniteParameters(f"update {step}: the parameters hold inf or NaN; no checkpoint was written")
         ocp = self._ocp
         self.manager.save(step, args=ocp.args.Composite(

@@ -31,8 +31,8 @@ import numpy as np
 
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.data import BatchPlan, TrainingData
-from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, grid_train_step, init_state, micro_batch_grads,
-                               micro_batch_losses, train_step_jit, unstack_state)
+from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, init_state, micro_batch_grads, micro_batch_losses,
+                               step_on_mesh, unstack_state)
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -293,7 +293,7 @@ class Trainer:
         if self.stacked:
             desc += f" ×{n_pts}"
         bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
-        step_fn = grid_train_step if self.stacked else train_step_jit
+        step_fn = step_on_mesh(self.mesh, self.stacked)
         saved_at = start
 
         def save(done: int) -> None:

@@ -35,7 +35,8 @@ from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
-           "train_step", "train_step_jit", "grid_train_step", "micro_batch_losses", "micro_batch_grads"]
+           "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
+           "micro_batch_losses", "micro_batch_grads"]
 
 #: arrays of a batch that are shared by all micro-batches (not stacked on the micro-batch axis)
 SHARED_KEYS = ("pair_ids", "pair_mask")
@@ -212,13 +213,34 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
 train_step_jit = jax.jit(train_step, static_argnames=("spec",), donate_argnames=("state",))
 
 
-@partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def grid_train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
-    """:func:`train_step` vmapped over a stacked state (leading grid axis); every point sees the same ``batch``.
-
-    A point whose gradient is not finite skips its update without touching the others.
-    """
+def _grid_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
     return jax.vmap(lambda s: train_step(s, batch, spec=spec))(state)
+
+
+#: :func:`train_step` vmapped over a stacked state (leading grid axis; every point sees the same ``batch``), compiled.
+#: A point whose gradient is not finite skips its update without touching the others.
+grid_train_step = jax.jit(_grid_step, static_argnames=("spec",), donate_argnames=("state",))
+
+_ON_MESH: dict = {}
+
+
+def step_on_mesh(mesh, stacked: bool):
+    """The compiled step for a device ``mesh``: the state stays split over ``grid`` (``stacked``: a chunk of grid
+    points) or replicated (one run), whatever layout the compiler would pick for the outputs, so every update reuses
+    the first update's program. One jitted function per (mesh, stacked), shared by every trainer on that mesh."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    f = _ON_MESH.get((mesh, stacked))
+    if f is None:
+        sh = NamedSharding(mesh, PartitionSpec("grid") if stacked else PartitionSpec())
+        f = _ON_MESH[(mesh, stacked)] = jax.jit(_grid_step if stacked else train_step, static_argnames=("spec",),
+                                                donate_argnames=("state",), out_shardings=(sh, sh))
+    return f
+
+
+def compiled_programs() -> int:
+    """Training programs compiled so far in this process (all meshes), e.g. to check one per batch plan."""
+    return sum(f._cache_size() for f in (train_step_jit, grid_train_step, *_ON_MESH.values()))
 
 
 # ------------------------------------------------------------------------------------ for tests and evaluation
