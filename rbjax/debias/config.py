@@ -15,6 +15,9 @@ __all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resol
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
 METHODS = ("lmd", "add", "hd", "cda", "lm")
 LOSS_METHODS = ("lmd", "add", "hd")
+#: fine-tuning tasks of the dialog checks (paper §3.2) that reuse the same trainer: ``dst`` (binary slot-value
+#: classifier, BCE on a linear head) and ``crg`` (causal LM loss on the response tokens only)
+TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
 PRECISIONS = ("fp32", "bf16")
 
@@ -132,7 +135,7 @@ class TrainConfig:
     progress: bool = _f(True, "progress bars", negate="--no-progress")
 
     def __post_init__(self):
-        if self.method not in METHODS:
+        if self.method not in METHODS + TASKS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.batch_size is None:  # the method's default (the reference's CDA run uses batch size 2)
             object.__setattr__(self, "batch_size", 2 if self.method == "cda" else 8)

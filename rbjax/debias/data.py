@@ -28,7 +28,7 @@ import numpy as np
 from rbjax.debias.config import LOSS_METHODS, TrainConfig, bias_spec
 
 __all__ = ["load_training_texts", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key",
-           "TrainingData", "BatchPlan"]
+           "TrainingData", "ArrayData", "BatchPlan"]
 
 
 # ----------------------------------------------------------------------------------------------------- texts
@@ -285,6 +285,50 @@ class TrainingData:
             return {"lmd_mask": t.mask, "norm": t.norm}
         o = self.tb.attributes(ids, mask, max_occurrences=self.n_occ)
         return {"occ_weights": o.weights, "occ_mask": o.mask}
+
+
+class ArrayData:
+    """A training set given as fixed-shape arrays (the dialog fine-tuning tasks: DST, CRG), in the interface of
+    :class:`TrainingData` so that :class:`BatchPlan` and the trainer serve it unchanged.
+
+    Args:
+        arrays: ``input_ids`` and ``attention_mask`` int32 ``(N, L)``, plus any per-example arrays the task's loss
+            reads (DST: ``labels`` ``(N,)``; CRG: ``loss_mask`` ``(N, L)``), all with N rows.
+        pad_id: filler id of empty rows. info: where the data came from (recorded with the run).
+
+    Raises:
+        ValueError: missing ``input_ids``/``attention_mask``, or arrays of different lengths.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], pad_id: int, info: dict | None = None):
+        if "input_ids" not in arrays or "attention_mask" not in arrays:
+            raise ValueError("arrays need input_ids and attention_mask")
+        n = len(arrays["input_ids"])
+        bad = [k for k, v in arrays.items() if len(v) != n]
+        if bad:
+            raise ValueError(f"arrays {bad} do not have {n} rows like input_ids")
+        if n == 0:
+            raise ValueError("no training example")
+        self.ids = np.asarray(arrays["input_ids"], np.int32)
+        self.mask = np.asarray(arrays["attention_mask"], np.int32)
+        self.extra = {k: np.asarray(v) for k, v in arrays.items() if k not in ("input_ids", "attention_mask")}
+        self.pad_id = int(pad_id)
+        self.n_examples = n
+        self.info = dict(info or {})
+        self.info["sha256_arrays"] = _sha256_arrays(self.ids, self.mask, *[self.extra[k] for k in sorted(self.extra)])
+        self.key = self.info["sha256_arrays"]
+        self.shared: dict[str, np.ndarray] = {}
+        self.trigger_stats: dict[str, Any] = {}
+        self.n_occ = 0
+
+    def triggers(self, ids: np.ndarray, mask: np.ndarray, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The per-example arrays of a micro-batch's rows (filler rows get zeros)."""
+        out = {}
+        for k, v in self.extra.items():
+            a = np.zeros((ids.shape[0],) + v.shape[1:], v.dtype)
+            a[:len(rows)] = v[rows]
+            out[k] = a
+        return out
 
 
 class BatchPlan:

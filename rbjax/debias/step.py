@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from rbjax.debias import losses as L
-from rbjax.debias.config import LOSS_METHODS
+from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
 
@@ -110,20 +110,24 @@ def unstack_state(state: TrainState, i: int) -> TrainState:
 
 
 # ------------------------------------------------------------------------------------------------------ losses
-def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,
+            context_mask: jax.Array | None = None) -> jax.Array:
     """Causal LM loss: mean next-token cross-entropy (nats) over the real targets of a batch.
 
     Logit ``i`` is scored against token ``i+1``; a target counts when both tokens are real (right padding).
 
     Args:
         logits: ``(B, L, V)`` float32. input_ids, attention_mask: ``(B, L)``.
+        context_mask: ``(B, L)`` real tokens that may *predict* (default: ``attention_mask``); with it,
+            ``attention_mask`` marks the tokens to be *scored* (e.g. only a response after its context).
 
     Returns:
         scalar; 0 when the batch has no target.
     """
     lg = logits[:, :-1].astype(jnp.float32)
     tgt = input_ids[:, 1:]
-    m = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
+    ctx = attention_mask if context_mask is None else context_mask
+    m = (attention_mask[:, 1:] * ctx[:, :-1]).astype(jnp.float32)
     nll = jax.nn.logsumexp(lg, axis=-1) - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -140,6 +144,28 @@ def _debias_loss(spec: StepSpec, params, hidden, batch):
                                  semantics=spec.semantics)
 
 
+def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
+    """Losses of the dialog fine-tuning tasks (``spec.method`` ``dst`` or ``crg``) that share the trainer."""
+    key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
+    if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
+        from rbjax.dialog.dst import dst_logits, dst_loss
+
+        logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"], spec.config,
+                            pooling=spec.semantics if spec.semantics == "reference" else "last", dropout_rng=key)
+        w = batch.get("weights")
+        if w is None:  # the filler rows of a short last batch (no token) do not count
+            w = (jnp.sum(batch["attention_mask"], axis=-1) > 0).astype(jnp.float32)
+        loss = dst_loss(logits, batch["labels"], w)
+        return loss, (loss, jnp.zeros((), jnp.float32))
+    # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
+    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    logits, _ = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
+                            deterministic=not drop, rngs=None if key is None else {"dropout": key})
+    lm = lm_loss(logits, batch["input_ids"], batch["attention_mask"] * batch["loss_mask"],
+                 context_mask=batch["attention_mask"])
+    return lm, (lm, jnp.zeros((), jnp.float32))
+
+
 def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
     """``(total, (lm, debias))`` of one micro-batch (differentiable in ``params``).
 
@@ -152,6 +178,8 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     """
     drop = spec.dropout if dropout is None else dropout
     drop = drop and rng is not None
+    if spec.method in TASKS:
+        return _task_losses(params, batch, rng, spec, drop)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
     rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
     logits, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
