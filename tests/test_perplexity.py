@@ -45,13 +45,14 @@ def test_tokenizer_gives_the_documented_ids(tokenizer_dir):
     assert tok.encode_batch(["the nurse was kind", "wow! they are kind!", "hello world"]) == PHRASE_IDS
 
 
-def test_batched_equals_one_at_a_time_and_buckets_do_not_matter(tiny):
+def test_batched_equals_one_at_a_time_and_packing_does_not_matter(tiny):
     cfg, params = tiny
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(0, cfg.vocab_size, size=n)) for n in rng.integers(2, 40, size=23)]
-    one = PerplexityScorer(params, cfg, batch_size=1, buckets=(64,)).score_ids(seqs)
+    # short rows (48 slots: the longest phrase, 39 tokens, rounded up to 16), one row per batch
+    one = PerplexityScorer(params, cfg, batch_size=1, row_len=2).score_ids(seqs)
     batched = PerplexityScorer(params, cfg, batch_size=8).score_ids(seqs)
-    other = PerplexityScorer(params, cfg, batch_size=5, buckets=(4, 12, 20, 40)).score_ids(seqs)
+    other = PerplexityScorer(params, cfg, batch_size=5, row_len=128).score_ids(seqs)
     np.testing.assert_allclose(batched.mean_nll, one.mean_nll, rtol=0, atol=1e-5)
     np.testing.assert_allclose(other.mean_nll, one.mean_nll, rtol=0, atol=1e-5)
     assert list(batched.n_scored) == [len(s) - 1 for s in seqs]

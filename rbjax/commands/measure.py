@@ -28,7 +28,11 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="RedditBias data folder laid out like umanlp/RedditBias "
                                       "(default: $RBJAX_DATA_DIR, else download from the pinned commit and cache)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64, help="phrases per compiled batch")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="packed rows per compiled batch (each row holds 64 token slots: several phrases)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
+                        "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--bos", action="store_true", help="prepend <|endoftext|> and score every token (reference: off)")
     p.add_argument("--n-std", type=float, default=3.0, help="outlier interval width in standard deviations")
@@ -53,7 +57,8 @@ def run(args) -> int:
         tokenizer=args.tokenizer, out_dir=args.out, batch_size=args.batch_size, seed=args.seed, bos=args.bos,
         stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
         n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
-        outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress)
+        outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress,
+        precision=args.precision)
     print(format_table(records))
     out = Path(args.out)
     print(f"\nwrote {out / 'lmb.json'}, {out / '<bias_type>_perplexities.csv'}, {out / 'lmb.png'}")

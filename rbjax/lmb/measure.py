@@ -72,7 +72,7 @@ class LoadedModel:
     """A GPT-2 and its tokenizer, loaded once and reused across bias types."""
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
-                 batch_size: int = 64, bos: bool = False):
+                 batch_size: int = 64, bos: bool = False, precision: str = "fp32"):
         from rbjax.lmb.perplexity import PerplexityScorer
         from rbjax.model.hf import load_pretrained, resolve_model_dir
         from rbjax.model.tokenizer import load_tokenizer
@@ -94,7 +94,7 @@ class LoadedModel:
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.scorer = PerplexityScorer(params, self.config, batch_size=batch_size,
-                                       bos_id=self.tokenizer.eos_id if bos else None)
+                                       bos_id=self.tokenizer.eos_id if bos else None, precision=precision)
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
@@ -140,14 +140,11 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
     from rbjax.lmb.perplexity import PhraseError
 
     with _progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", show_progress) as bar:
-        try:
-            sb = model.score(pairs.biased, progress=bar.update)
+        try:  # each pair's common prefix is run once (rbjax.lmb.perplexity)
+            sb, sc = model.scorer.score_text_pairs(pairs.biased, pairs.counterfactual, model.tokenizer,
+                                                   progress=bar.update)
         except PhraseError as e:
-            raise ValueError(f"{pairs.locate(e.index)}: biased phrase has {e.problem}") from None
-        try:
-            sc = model.score(pairs.counterfactual, progress=bar.update)
-        except PhraseError as e:
-            raise ValueError(f"{pairs.locate(e.index)}: counterfactual phrase has {e.problem}") from None
+            raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     notes = [""] * n
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:
@@ -172,7 +169,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                  stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
                  outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
-                 plot: bool = True) -> list[dict]:
+                 plot: bool = True, precision: str = "fp32") -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -189,7 +186,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         tokenizer: tokenizer folder or hub id (default: the model folder).
         out_dir: where to write ``lmb.json``, ``<type>_perplexities.csv`` and ``lmb.png``
             (nothing written when ``None``).
-        batch_size: phrases per compiled batch.
+        batch_size: packed rows per compiled batch (64 token slots each, several phrases per row).
         seed: bootstrap seed.
         bos: prepend ``<|endoftext|>`` and score every token (not the reference's choice).
         stored_perplexities: use the data files' ``perplexity`` columns instead of a model (in the released
@@ -202,10 +199,13 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             applying it again would be a second pass the paper never made.
         resume: reuse a ``<type>_perplexities.csv`` already in ``out_dir`` when it was produced by exactly
             these inputs: the same model and tokenizer file *contents* (sha256 of config, weights and tokenizer
-            files), the same data files (sha256), split, ``bos`` and unscorable-pair rule. The key is checked per
+            files), the same data files (sha256), split, ``bos``, precision and unscorable-pair rule. The key is checked per
             bias type; a CSV of any other run is scored again, never relabelled. Each CSV is written as soon as
             its bias type is scored, ``lmb.json`` only when every type is done. A hidden
             ``.rbjax_measure_run.json`` in ``out_dir`` records, per bias type, what produced its CSV.
+        precision: ``"fp32"`` (default, parity with PyTorch) or ``"bf16"`` compute (float32 accumulation and
+            log-sum-exp; see docs/lmb.md for what it changes); recorded in each record's ``settings`` and part of
+            the resume key.
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -228,6 +228,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError(f"n_bootstrap must be an integer >= 0 (0 = no bootstrap CI), got {n_bootstrap!r}")
     if ddof not in (0, 1):
         raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
     types = expand_bias_types(bias_types)
@@ -239,14 +241,15 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError(f"--out {out} exists and is not a folder")
     loaded: LoadedModel | None = None
     if not stored_perplexities:
-        loaded = LoadedModel(model, tokenizer, batch_size, bos)  # fail on a bad model before touching out_dir
+        loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before touching out_dir
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
-                "stored_perplexities": stored_perplexities,
+                "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
     model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
-    scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable}
+    scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
+               "precision": None if stored_perplexities else precision}
 
     def type_key(pairs: PhrasePairs) -> dict:
         """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -125,80 +125,144 @@ _ACTIVATIONS = {
 
 
 class _Dense(nn.Module):
-    """HF ``Conv1D``: y = x @ kernel + bias, kernel stored (in, out)."""
+    """HF ``Conv1D``: y = x @ kernel + bias, kernel stored (in, out).
+
+    ``dtype`` is the matmul input dtype (the compute precision); the product is accumulated and returned in
+    float32 (``preferred_element_type``), and the bias is added in float32.
+    """
 
     features: int
     init_std: float
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x):
         kernel = self.param("kernel", nn.initializers.normal(self.init_std), (x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        return jnp.dot(x, kernel.astype(x.dtype)) + bias.astype(x.dtype)
+        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
+        return y + bias.astype(jnp.float32)
 
 
 class _Attention(nn.Module):
     config: GPT2Config
+    dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, bias, deterministic: bool):
+    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
+        """x (B, T, d) float32; allowed (B|1, 1, T, S) bool; kv: optional cached ``(k, v)`` (B, S, nh, hd)."""
         cfg = self.config
-        B, L, d = x.shape
-        nh = cfg.n_head
-        qkv = _Dense(3 * d, cfg.initializer_range, name="c_attn")(x)
+        B, T, d = x.shape
+        nh, hd = cfg.n_head, d // cfg.n_head
+        dt = self.dtype
+        qkv = _Dense(3 * d, cfg.initializer_range, dt, name="c_attn")(x)
         q, k, v = jnp.split(qkv, 3, axis=-1)
-        q, k, v = (t.reshape(B, L, nh, d // nh) for t in (q, k, v))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // nh, x.dtype))
-        scores = scores + bias  # (B|1, 1, L, L) additive mask: 0 or a large negative
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(x.dtype)
+        q, k, v = (t.reshape(B, T, nh, hd) for t in (q, k, v))
+        if kv is not None:  # write the new keys/values at the cache's write index, attend over the whole cache
+            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
+            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
+            kv = (k, v)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dt), k.astype(dt), preferred_element_type=jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(hd))
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax in every precision
         probs = nn.Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, L, d)
-        out = _Dense(d, cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, name="c_proj")(out)
-        return nn.Dropout(cfg.resid_pdrop)(out, deterministic=deterministic)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dt), v.astype(dt),
+                         preferred_element_type=jnp.float32).reshape(B, T, d)
+        out = _Dense(d, cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, dt, name="c_proj")(out)
+        return nn.Dropout(cfg.resid_pdrop)(out, deterministic=deterministic), kv
 
 
 class _MLP(nn.Module):
     config: GPT2Config
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
         cfg = self.config
-        h = _Dense(cfg.inner_dim, cfg.initializer_range, name="c_fc")(x)
+        h = _Dense(cfg.inner_dim, cfg.initializer_range, self.dtype, name="c_fc")(x)
         h = _ACTIVATIONS[cfg.activation_function](h)
-        h = _Dense(x.shape[-1], cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, name="c_proj")(h)
+        h = _Dense(x.shape[-1], cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, self.dtype, name="c_proj")(h)
         return nn.Dropout(cfg.resid_pdrop)(h, deterministic=deterministic)
 
 
 class _Block(nn.Module):
     config: GPT2Config
+    dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, bias, deterministic: bool):
+    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
         eps = self.config.layer_norm_epsilon
-        x = x + _Attention(self.config, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), bias, deterministic)
-        x = x + _MLP(self.config, name="mlp")(nn.LayerNorm(eps, name="ln_2")(x), deterministic)
-        return x
+        a, kv = _Attention(self.config, self.dtype, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
+                                                                 deterministic, kv, index)
+        x = x + a
+        x = x + _MLP(self.config, self.dtype, name="mlp")(nn.LayerNorm(eps, name="ln_2")(x), deterministic)
+        return x, kv
+
+
+class KVCache(NamedTuple):
+    """Key/value cache of a GPT-2 for incremental decoding (a pytree: it can be carried through ``jit``,
+    ``lax.while_loop`` and ``scan``).
+
+    Slots are written left to right, one block of ``T`` slots per call; a slot is attended to when it holds a real
+    token (``mask``) and lies at or before the query's own slot. Left padding, or any hole, is therefore just a
+    slot with ``mask`` 0.
+
+    Attributes:
+        keys, values: one array per layer, each (B, S, n_head, head_dim), in the model's compute dtype.
+        mask: bool (B, S), True where the slot holds a real token.
+        index: int32 scalar, the next slot to write (the number of slots written so far).
+    """
+
+    keys: tuple
+    values: tuple
+    mask: jax.Array
+    index: jax.Array
+
+    @property
+    def max_length(self) -> int:
+        return self.mask.shape[1]
+
+
+def init_cache(config: GPT2Config, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
+    """An empty :class:`KVCache` for ``batch_size`` rows and ``max_length`` slots (≤ ``config.n_positions``
+    real tokens per row; slots beyond that are allowed as long as they hold padding)."""
+    hd = config.n_embd // config.n_head
+    z = jnp.zeros((batch_size, max_length, config.n_head, hd), dtype)
+    return KVCache(keys=tuple(z for _ in range(config.n_layer)), values=tuple(z for _ in range(config.n_layer)),
+                   mask=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
 
 
 class GPT2LMHeadModel(nn.Module):
     """GPT-2 with a tied LM head.
 
-    ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True)``
+    ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
+    cache=None)``
 
     Args:
         input_ids: int array (B, L) of token ids.
-        attention_mask: optional (B, L) array, 1 for real tokens and 0 for padding. Padded
-            keys are never attended to; padded query positions give junk that callers mask.
-        position_ids: optional int array (B, L). Default: with ``attention_mask``, the k-th real token of a
-            row gets position k (:func:`position_ids_from_mask`), so a left- or right-padded row gives the same
-            outputs at its real positions as the unpadded row; without a mask, ``arange(L)``.
+        attention_mask: optional, either (B, L) — 1 for real tokens and 0 for padding; padded keys are never
+            attended to, padded query positions give junk that callers mask — or (B, L, L) bool, an explicit
+            query × key mask (AND-ed with the causal mask), e.g. several sequences packed into one row or a
+            shared prefix followed by branches (:mod:`rbjax.lmb.perplexity`); then ``position_ids`` is required.
+        position_ids: optional int array (B, L). Default: with a (B, L) ``attention_mask``, the k-th real token of
+            a row gets position k (:func:`position_ids_from_mask`), so a left- or right-padded row gives the same
+            outputs at its real positions as the unpadded row; without a mask, ``arange(L)``; with a ``cache``,
+            the count of real tokens already in the cache plus the count within the new block.
         deterministic: disable dropout (inference). Training needs ``rngs={'dropout': key}``.
         return_logits: ``False`` skips the LM head and returns ``(None, hidden)``.
+        cache: a :class:`KVCache` (:func:`init_cache`): the new block's keys/values are written at
+            ``cache.index`` and the block attends to every real slot up to itself; the call then returns
+            ``(logits, hidden, new_cache)``. A (B, L) ``attention_mask`` marks the block's real tokens
+            (default: all real).
 
     Returns:
-        ``(logits, hidden)``: logits (B, L, V) in float32 (next-token scores; position i
-        predicts token i+1) and the final hidden states (B, L, d) after ``ln_f`` — the vectors
-        the LM head multiplies, which the debiasing losses use (paper §4).
+        ``(logits, hidden)`` (plus the updated cache when ``cache`` is given): logits (B, L, V) in float32
+        (next-token scores; position i predicts token i+1) and the final hidden states (B, L, d) after ``ln_f``,
+        float32 — the vectors the LM head multiplies, which the debiasing losses use (paper §4).
+
+    Precision: ``dtype`` is the compute dtype of the matmul inputs (``jnp.float32``, the default, or
+    ``jnp.bfloat16``); every matmul accumulates in float32, and the residual stream, LayerNorms, softmax and
+    logits stay float32. Parameters are float32 whatever the compute dtype.
     """
 
     config: GPT2Config
@@ -206,27 +270,54 @@ class GPT2LMHeadModel(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
-                 return_logits: bool = True):
+                 return_logits: bool = True, cache: KVCache | None = None):
         cfg = self.config
         B, L = input_ids.shape
         wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=nn.initializers.normal(cfg.initializer_range),
                        name="wte")
         wpe = nn.Embed(cfg.n_positions, cfg.n_embd, embedding_init=nn.initializers.normal(0.01), name="wpe")
-        if position_ids is None:
-            position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
-                            else position_ids_from_mask(attention_mask))
-        x = (wte(input_ids) + wpe(position_ids)).astype(self.dtype)
+        index = None
+        if cache is not None:
+            if attention_mask is not None and attention_mask.ndim != 2:
+                raise ValueError("with a cache, attention_mask must be (B, L): 1 for the block's real tokens")
+            m = jnp.ones((B, L), bool) if attention_mask is None else attention_mask > 0
+            if position_ids is None:
+                seen = cache.mask.sum(-1, dtype=jnp.int32)[:, None]
+                position_ids = (seen + jnp.cumsum(m, axis=-1, dtype=jnp.int32) - 1) * m
+            index = cache.index
+            new_mask = jax.lax.dynamic_update_slice(cache.mask, m, (0, index))
+            S = cache.max_length
+            causal = jnp.arange(S)[None, :] <= index + jnp.arange(L)[:, None]  # (L, S) slot order
+            allowed = (causal[None] & new_mask[:, None, :])[:, None]
+        elif attention_mask is not None and attention_mask.ndim == 3:
+            if position_ids is None:
+                raise ValueError("a (B, L, L) attention_mask needs explicit position_ids")
+            causal = jnp.tril(jnp.ones((L, L), dtype=bool))
+            allowed = (causal[None] & (attention_mask > 0))[:, None]
+        else:
+            if position_ids is None:
+                position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
+                                else position_ids_from_mask(attention_mask))
+            causal = jnp.tril(jnp.ones((L, L), dtype=bool))[None, None]
+            allowed = causal if attention_mask is None else causal & (attention_mask[:, None, None, :] > 0)
+        x = (wte(input_ids) + wpe(position_ids)).astype(jnp.float32)
         x = nn.Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
-        causal = jnp.tril(jnp.ones((L, L), dtype=bool))[None, None]
-        allowed = causal if attention_mask is None else causal & (attention_mask[:, None, None, :] > 0)
-        bias = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+        new_k, new_v = [], []
         for i in range(cfg.n_layer):
-            x = _Block(cfg, name=f"h_{i}")(x, bias, deterministic)
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            x, kv = _Block(cfg, self.dtype, name=f"h_{i}")(x, allowed, deterministic, kv, index)
+            if cache is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
         hidden = nn.LayerNorm(cfg.layer_norm_epsilon, name="ln_f")(x)
-        if not return_logits:  # callers that only need states (or compute the head themselves, chunked)
-            return None, hidden
-        logits = wte.attend(hidden.astype(self.dtype)).astype(jnp.float32)
-        return logits, hidden
+        logits = None
+        if return_logits:  # else: callers that only need states (or compute the head themselves, chunked)
+            emb = wte.embedding
+            logits = jnp.dot(hidden.astype(self.dtype), emb.astype(self.dtype).T, preferred_element_type=jnp.float32)
+        if cache is None:
+            return logits, hidden
+        new_cache = KVCache(keys=tuple(new_k), values=tuple(new_v), mask=new_mask, index=index + L)
+        return logits, hidden, new_cache
 
 
 def position_ids_from_mask(attention_mask):
@@ -244,4 +335,4 @@ def position_ids_from_mask(attention_mask):
 def init_params(config: GPT2Config, seed: int = 0) -> Params:
     """Randomly initialised parameters (GPT-2's N(0, 0.02) scheme), for tests and benchmarks."""
     model = GPT2LMHeadModel(config)
-    return model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 2), jnp.int32))["params"]
+    return jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 2), jnp.int32))["params"]

@@ -1,0 +1,94 @@
+"""Response generation for dialog contexts (paper §3.2, CRG on DSTC-7; docs/reference-debias.md §11) → JSONL.
+
+Each example is ``(key, context)``. The prompt is the GPT-2 tokens of the context followed by ``<|endoftext|>``
+(the separator the fine-tuning examples ``context + <eos> + response + <eos>`` put before the response), the
+context cut from the left so that the prompt fits ``max_prompt_tokens`` (64: the reference's prompt width).
+The continuation up to (without) the next ``<|endoftext|>`` is the response. Generation itself is
+:func:`rbjax.model.generate.generate` (jit, KV cache, batched, per-example seeds).
+
+``semantics="reference"`` rebuilds the reference's prompt as well: its (empty-response) test example
+``ctx[-126:] + [eos, eos]`` truncated to its first 64 tokens — a context of more than 62 tokens therefore has no
+separator — and samples with top-k 50, top-p 0.95, 128 tokens in all. Two reference quirks are *not* copied:
+the reference attends to the padding of its 64-column prompts and numbers positions from the padding
+(its ``prepare_inputs_for_generation`` drops the attention mask); rbjax masks padding and numbers positions from
+the first real token, so a response does not depend on the batch it was generated in.
+
+Output: one JSON object per line, ``{"key", "context", "response"}``, written atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rbjax.model.generate import Generated, SamplingSettings, generate, sampling_settings
+from rbjax.report.io import atomic_file
+
+__all__ = ["build_prompt", "generate_responses", "REFERENCE_PROMPT_WIDTH"]
+
+#: the reference generates from the first 64 columns of its padded test batch (lm_dstc7.py:468-491)
+REFERENCE_PROMPT_WIDTH = 64
+
+
+def build_prompt(context_ids: Sequence[int], eos_id: int, *, semantics: str = "rbjax",
+                 max_prompt_tokens: int = REFERENCE_PROMPT_WIDTH) -> list[int]:
+    """The prompt token ids of one context.
+
+    Args:
+        context_ids: GPT-2 ids of the context. eos_id: ``<|endoftext|>`` (50256).
+        semantics: ``"rbjax"``: the last ``max_prompt_tokens − 1`` context tokens + EOS. ``"reference"``: the
+            reference's ``(ctx[-126:] + [eos, eos])[:64]``.
+    Raises:
+        ValueError: unknown semantics, ``max_prompt_tokens < 2``.
+    """
+    if max_prompt_tokens < 2:
+        raise ValueError(f"max_prompt_tokens must be >= 2, got {max_prompt_tokens}")
+    ctx = [int(t) for t in context_ids]
+    if semantics == "rbjax":
+        return ctx[-(max_prompt_tokens - 1):] + [eos_id]
+    if semantics == "reference":
+        return (ctx[-126:] + [eos_id, eos_id])[:REFERENCE_PROMPT_WIDTH]
+    raise ValueError(f"semantics must be 'rbjax' or 'reference', got {semantics!r}")
+
+
+def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, str]],
+                       out_path: str | os.PathLike | None = None, *, semantics: str = "rbjax", seed: int = 0,
+                       settings: SamplingSettings | None = None, batch_size: int = 16, precision: str = "fp32",
+                       max_prompt_tokens: int = REFERENCE_PROMPT_WIDTH, progress: bool = True) -> list[dict]:
+    """Generate a response for every ``(key, context)`` and (optionally) write them as JSONL.
+
+    Args:
+        params, config: the GPT-2. tokenizer: a :class:`rbjax.model.tokenizer.GPT2BPETokenizer`.
+        examples: ``(key, context)`` pairs; the example's position is its PRNG stream (with ``seed``).
+        out_path: JSONL file to write (atomically), or None.
+        semantics: ``"rbjax"`` (top-k 50, 64 new tokens) or ``"reference"`` (see the module docstring).
+        settings: override the sampling preset of ``semantics`` (e.g. ``SamplingSettings(greedy=True)``).
+    Returns:
+        the records ``{"key", "context", "response"}`` in input order.
+    """
+    eos = tokenizer.eos_id
+    if eos is None:
+        raise ValueError(f"{tokenizer.source}: the tokenizer has no <|endoftext|> token")
+    settings = settings or sampling_settings(semantics)
+    prompts = [build_prompt(ids, eos, semantics=semantics, max_prompt_tokens=max_prompt_tokens)
+               for ids in tokenizer.encode_batch([c for _, c in examples])]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts), desc="generate", unit="context", file=sys.stderr, leave=False)
+    try:
+        gen: Generated = generate(params, config, prompts, settings=settings, seed=seed, batch_size=batch_size,
+                                  precision=precision, eos_id=eos, progress=None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+    records = [{"key": k, "context": c, "response": tokenizer.decode(t)}
+               for (k, c), t in zip(examples, gen.tokens)]
+    if out_path is not None:
+        with atomic_file(Path(out_path), "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return records

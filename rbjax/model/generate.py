@@ -1,0 +1,282 @@
+"""Batched, jit-compiled text generation with the GPT-2 KV cache: sampling (top-k / top-p) and greedy decoding.
+
+One program per (batch size, prompt width) runs the whole decode: a prefill of the left-padded prompts writes
+the KV cache (:class:`rbjax.model.gpt2.KVCache`), then a ``lax.while_loop`` feeds one token per step, the LM
+head only on the newest position. Position ids follow the attention mask, so a left-padded row generates exactly
+what the unpadded row would. A row stops at EOS (or at its token budget); from then on it emits padding, its
+cache slots are masked, and it no longer counts. The loop ends when every row has stopped.
+
+Randomness is per example: example ``i`` draws step ``t`` from ``fold_in(fold_in(PRNGKey(seed), i), t)``, so
+its output does not depend on which other examples share its batch, on the batch size or on the order.
+
+Filtering follows Hugging Face ``generate`` (temperature, then top-k, then top-p over the renormalised top-k
+distribution, keeping the smallest set of most likely tokens whose probability reaches ``top_p``). Presets
+(:func:`sampling_settings`):
+
+* ``semantics="rbjax"`` (default): top-k 50, up to 64 new tokens.
+* ``semantics="reference"`` — the paper's DSTC-7 generation (docs/reference-debias.md §11:
+  ``generate(do_sample=True, top_k=50, top_p=0.95, max_length=128)``): top-k 50 and top-p 0.95, at most 128
+  tokens including the prompt. The reference's prompt always fills 64 columns of the batch, so it generates
+  at most 64 new tokens; rbjax applies the same 64-token cap per row, and the 128-token total per row against
+  the row's real prompt length.
+* greedy (``greedy=True``): the most likely token at every step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_cache
+
+__all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
+
+SEMANTICS = ("rbjax", "reference")
+_PRECISIONS = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How tokens are chosen.
+
+    Attributes:
+        max_new_tokens: at most this many new tokens per row (EOS included).
+        max_length: optional cap on prompt + new tokens per row (the row's real prompt tokens).
+        top_k: keep the k most likely tokens (``None``: all).
+        top_p: then keep the smallest set of most likely tokens whose probability reaches ``top_p`` (``None``: 1).
+        temperature: logits are divided by it before filtering.
+        greedy: take the most likely token (no sampling; ``top_k``/``top_p``/``temperature`` ignored).
+    """
+
+    max_new_tokens: int = 64
+    max_length: int | None = None
+    top_k: int | None = 50
+    top_p: float | None = None
+    temperature: float = 1.0
+    greedy: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
+            raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+def sampling_settings(semantics: str = "rbjax", **overrides) -> SamplingSettings:
+    """The preset of ``semantics`` (see the module docstring) with ``overrides`` applied."""
+    if semantics == "rbjax":
+        base = SamplingSettings(max_new_tokens=64, top_k=50)
+    elif semantics == "reference":
+        base = SamplingSettings(max_new_tokens=64, max_length=128, top_k=50, top_p=0.95)
+    else:
+        raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+    return dataclasses.replace(base, **overrides)
+
+
+def _top_k_top_p(logits, top_k: int, top_p, temperature):
+    """(B, V) float32 logits -> (B, k) filtered logits (−inf where removed, sorted descending) and their ids."""
+    vals, idx = jax.lax.top_k(logits / temperature, top_k)
+    probs = jax.nn.softmax(vals, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the strictly more likely tokens
+    keep = before < top_p  # the most likely token is always kept
+    return jnp.where(keep, vals, -jnp.inf), idx
+
+
+def filter_logits(logits, top_k: int | None = 50, top_p: float | None = None, temperature: float = 1.0):
+    """Temperature, top-k and top-p filtering as the sampler applies it, on full logits.
+
+    Args:
+        logits: (B, V) float. top_k: None = V. top_p: None = 1.
+    Returns:
+        float32 (B, V): the tempered logits of kept tokens, −inf elsewhere.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    V = logits.shape[-1]
+    k = V if top_k is None else min(top_k, V)
+    vals, idx = _top_k_top_p(logits, k, 1.0 if top_p is None else top_p, temperature)
+    out = jnp.full(logits.shape, -jnp.inf, jnp.float32)
+    return jax.vmap(lambda o, i, v: o.at[i].set(v))(out, idx, vals)
+
+
+def _cast_kernels(params, dt):
+    if dt == jnp.float32:
+        return params
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x.astype(dt) if getattr(p[-1], "key", None) == "kernel" else x, params)
+
+
+@partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id"))
+def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *,
+            config: GPT2Config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int):
+    """The whole generation of one batch.
+
+    Args:
+        prompt_ids, prompt_mask: int32 (B, P), left-padded. budget: int32 (B,) new tokens allowed per row (0 = an
+        empty row). example_index: int32 (B,) per-example PRNG stream. seed: uint32 scalar. top_p, temperature:
+        float32 scalars.
+    Returns:
+        ``(tokens (B, max_new) int32 — pad after a row stops, n_new (B,) int32 — EOS included, eos (B,) bool)``.
+    """
+    dt = _PRECISIONS[precision]
+    model = GPT2LMHeadModel(config, dtype=dt)
+    p = _cast_kernels(params, dt)
+    emb = params["wte"]["embedding"].astype(dt)
+    B, P = prompt_ids.shape
+    base = jax.random.PRNGKey(seed)
+    keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(example_index)
+
+    def head(h):  # (B, d) -> (B, V) float32
+        return jnp.dot(h.astype(dt), emb.T, preferred_element_type=jnp.float32)
+
+    def pick(logits, t):
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        vals, idx = _top_k_top_p(logits, top_k, top_p, temperature)
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
+        j = jax.vmap(jax.random.categorical)(step_keys, vals)
+        return jnp.take_along_axis(idx, j[:, None], axis=1)[:, 0].astype(jnp.int32)
+
+    def emit(state, logits):
+        t, cache, out, n_new, done, eos = state
+        tok = jnp.where(done, pad_id, pick(logits, t))
+        out = out.at[:, t].set(tok)
+        active = ~done
+        n_new = n_new + active
+        hit = active & (tok == eos_id)
+        eos = eos | hit
+        done = done | hit | (n_new >= budget)
+        return (t + 1, cache, out, n_new, done, eos), tok, active
+
+    cache = init_cache(config, B, P + max_new, dt)
+    _, hidden, cache = model.apply({"params": p}, prompt_ids, prompt_mask, cache=cache, return_logits=False)
+    out = jnp.full((B, max_new), pad_id, jnp.int32)
+    zero = jnp.zeros((B,), jnp.int32)
+    done0 = budget <= 0
+    state, tok, active = emit((jnp.int32(0), cache, out, zero, done0, jnp.zeros((B,), bool)), head(hidden[:, -1]))
+
+    def cond(carry):
+        state, _, _ = carry
+        return (state[0] < max_new) & ~jnp.all(state[4])
+
+    def body(carry):
+        state, tok, active = carry
+        t, cache, out, n_new, done, eos = state
+        _, h, cache = model.apply({"params": p}, tok[:, None], active[:, None].astype(jnp.int32), cache=cache,
+                                  return_logits=False)
+        return emit((t, cache, out, n_new, done, eos), head(h[:, 0]))
+
+    state, _, _ = jax.lax.while_loop(cond, body, (state, tok, active))
+    _, _, out, n_new, _, eos = state
+    return out, n_new, eos
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """Generations in input order.
+
+    Attributes:
+        tokens: the new tokens of each example, without the final EOS.
+        stopped_at_eos: bool (N,), whether the example ended with EOS (else it ran out of budget).
+        settings: what produced them (sampling settings, seed, precision, batch size).
+    """
+
+    tokens: list
+    stopped_at_eos: np.ndarray
+    settings: dict
+
+
+def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
+             seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | None = None,
+             pad_id: int | None = None, example_ids: Sequence[int] | None = None,
+             progress: Callable[[int], None] | None = None) -> Generated:
+    """Continue each prompt (token ids) with the GPT-2 ``params``.
+
+    Prompts are sorted by length, cut into batches of ``batch_size`` and left-padded to a multiple of 8 tokens
+    (one compiled program per padded width).
+
+    Args:
+        params: GPT-2 params. config: its :class:`GPT2Config`.
+        prompts: N non-empty token-id lists (e.g. a context followed by ``<|endoftext|>``).
+        settings: :class:`SamplingSettings` (default: :func:`sampling_settings` ``("rbjax")``).
+        seed: base seed; example ``example_ids[i]`` (default ``i``) samples from its own stream.
+        batch_size: rows per compiled batch. precision: ``"fp32"`` or ``"bf16"`` compute.
+        eos_id: stop token (default ``config.eos_token_id``). pad_id: emitted after a row stops (default eos_id).
+        progress: called with the number of examples after each batch.
+    Returns:
+        :class:`Generated`.
+    Raises:
+        ValueError: an empty prompt, a prompt longer than ``config.n_positions - 1``, a token id outside the
+        vocabulary, or bad settings.
+    """
+    settings = settings or sampling_settings("rbjax")
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    eos_id = config.eos_token_id if eos_id is None else int(eos_id)
+    pad_id = eos_id if pad_id is None else int(pad_id)
+    n = len(prompts)
+    ids = list(range(n)) if example_ids is None else [int(i) for i in example_ids]
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} example ids for {n} prompts")
+    seqs = [[int(x) for x in p] for p in prompts]
+    for i, s in enumerate(seqs):
+        if not s:
+            raise ValueError(f"prompt {i} is empty")
+        if len(s) >= config.n_positions:
+            raise ValueError(f"prompt {i} has {len(s)} tokens; the model takes at most {config.n_positions} in all")
+        if min(s) < 0 or max(s) >= config.vocab_size:
+            raise ValueError(f"prompt {i}: a token id outside the model vocabulary [0, {config.vocab_size})")
+    max_new = settings.max_new_tokens
+    budgets = []
+    for s in seqs:
+        b = max_new
+        if settings.max_length is not None:
+            b = min(b, settings.max_length - len(s))
+        budgets.append(max(0, min(b, config.n_positions - len(s))))
+    top_k = config.vocab_size if settings.top_k is None else min(settings.top_k, config.vocab_size)
+    out_tokens: list = [None] * n
+    eos_flags = np.zeros(n, bool)
+    order = sorted(range(n), key=lambda i: len(seqs[i]))
+    for start in range(0, n, batch_size):
+        rows = order[start:start + batch_size]
+        P = -(-max(len(seqs[i]) for i in rows) // 8) * 8
+        pid = np.full((batch_size, P), pad_id, np.int32)
+        pm = np.zeros((batch_size, P), np.int32)
+        bud = np.zeros(batch_size, np.int32)
+        idx = np.zeros(batch_size, np.int32)
+        for r, i in enumerate(rows):
+            s = seqs[i]
+            pid[r, P - len(s):], pm[r, P - len(s):] = s, 1
+            bud[r], idx[r] = budgets[i], ids[i]
+        pm[len(rows):, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
+        kw = dict(config=config, max_new=max_new, top_k=top_k, greedy=settings.greedy, precision=precision,
+                  eos_id=eos_id, pad_id=pad_id)
+        args = (params, pid, pm, bud, idx, np.uint32(seed % 2**32), np.float32(settings.top_p or 1.0),
+                np.float32(settings.temperature))
+        if precision == "fp32":
+            with jax.default_matmul_precision("highest"):
+                toks, n_new, eos = _decode(*args, **kw)
+        else:
+            toks, n_new, eos = _decode(*args, **kw)
+        toks, n_new, eos = np.asarray(toks), np.asarray(n_new), np.asarray(eos)
+        for r, i in enumerate(rows):
+            k = int(n_new[r]) - int(eos[r])
+            out_tokens[i] = [int(x) for x in toks[r, :k]]
+            eos_flags[i] = bool(eos[r])
+        if progress is not None:
+            progress(len(rows))
+    rec = dataclasses.asdict(settings)
+    rec.update(seed=seed, precision=precision, eos_id=eos_id, batch_size=batch_size)
+    return Generated(tokens=out_tokens, stopped_at_eos=eos_flags, settings=rec)
+

@@ -1,0 +1,140 @@
+"""Prefix-shared pair scoring (issue 11): equal to scoring every phrase alone with the full LM head, on every pair
+of the real RedditBias test split; bf16 within the documented bound; several models at once."""
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rbjax.lmb.perplexity import PerplexityScorer, common_prefix_length
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
+
+TYPES = ("religion1", "religion2", "race", "gender", "queerness")
+#: the split's distinct GPT-2 ids are renumbered densely (an injective map: every prefix, identical pair and
+#: length is unchanged), so the small random model's vocabulary — and the full-logits reference — stays small
+CFG = GPT2Config(vocab_size=6000, n_positions=128, n_embd=32, n_layer=2, n_head=2)
+#: documented in docs/lmb.md: bf16 vs fp32, relative error of a phrase's mean NLL on this test's model
+BF16_REL_BOUND = 5e-3
+
+
+@pytest.fixture(scope="module")
+def test_split(redditbias_dir, tokenizer_dir):
+    from rbjax.data.redditbias import load_pairs
+    from rbjax.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    a, c = [], []
+    for b in TYPES:
+        p = load_pairs(b, "test", redditbias_dir)
+        a += tok.encode_batch(p.biased)
+        c += tok.encode_batch(p.counterfactual)
+    dense = {t: k for k, t in enumerate(sorted({t for s in a + c for t in s}))}
+    assert len(dense) <= CFG.vocab_size
+    return [[dense[t] for t in s] for s in a], [[dense[t] for t in s] for s in c]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, seed=1)
+
+
+def _full_head_alone(params, seqs, L=48, B=64):
+    """Independent reference: each phrase in its own right-padded row, the full (B, L, V) logits of the model's
+    own LM head, log_softmax, summed over tokens 2..n (no packing, no prefix sharing, no head skipping)."""
+    model = GPT2LMHeadModel(CFG)
+
+    @jax.jit
+    def f(p, ids, m):
+        lp = jax.nn.log_softmax(model.apply({"params": p}, ids, attention_mask=m)[0][:, :-1], -1)
+        tok = jnp.take_along_axis(lp, ids[:, 1:, None], -1)[..., 0]
+        return -(tok * (m[:, 1:] * m[:, :-1]))
+
+    assert max(map(len, seqs)) <= L
+    out = np.zeros(len(seqs))
+    for s in range(0, len(seqs), B):
+        rows = seqs[s:s + B]
+        ids = np.zeros((B, L), np.int32)
+        m = np.zeros((B, L), np.int32)
+        for r, q in enumerate(rows):
+            ids[r, :len(q)], m[r, :len(q)] = q, 1
+        with jax.default_matmul_precision("highest"):
+            nll = np.asarray(f(params, ids, m), np.float64)
+        out[s:s + len(rows)] = nll[:len(rows)].sum(1)
+    return out
+
+
+def test_prefix_shared_equals_alone_on_every_test_pair(params, test_split):
+    a, c = test_split
+    pref = [common_prefix_length(x, y) for x, y in zip(a, c)]
+    assert len(a) == 1216
+    assert sum(p == 0 for p in pref) > 100 and sum(x == y for x, y in zip(a, c)) >= 1  # no-prefix and identical
+    # a few constructed edge cases on top: one phrase a prefix of the other, one-token sides, empty phrase
+    a = a + [[11, 12, 13], [11, 12], [5], [7, 8, 9], []]
+    c = c + [[11, 12], [11, 12, 13, 14], [5, 6, 7], [7], [3, 4]]
+    sc = PerplexityScorer(params, CFG, batch_size=16)
+    sb, scf = sc.score_pairs(a, c)
+    stats = sc.last_stats
+    ref_a, ref_c = _full_head_alone(params, a), _full_head_alone(params, c)
+    for got, ref, seqs in ((sb, ref_a, a), (scf, ref_c, c)):
+        assert list(got.n_scored) == [max(len(s) - 1, 0) for s in seqs]
+        ok = got.n_scored > 0
+        np.testing.assert_allclose(got.nll_sum[ok], ref[ok], rtol=1e-5, atol=0)
+        assert np.isnan(got.mean_nll[~ok]).all()
+    # identical pairs get identical scores; the prefix really is shared
+    same = [i for i, (x, y) in enumerate(zip(a, c)) if x == y]
+    assert all(sb.nll_sum[i] == scf.nll_sum[i] for i in same)
+    alone = sum(len(x) + len(y) for x, y in zip(a, c) if max(len(x), len(y)) >= 2)
+    assert stats["phrase_tokens"] == alone
+    assert stats["slots_run"] == alone - sum(p for p, x, y in zip(pref + [2, 2, 1, 1, 0], a, c) if max(len(x), len(y)) >= 2)
+    assert 0.15 < 1 - stats["slots_run"] / stats["phrase_tokens"] < 0.18  # 16.6 % of the split's tokens are shared
+    # the LM head ran only on predicting positions (plus the unused tail of each row's head slots)
+    assert stats["predicting"] == int(sb.n_scored.sum() + scf.n_scored.sum()) - sum(
+        max(p - 1, 0) for p, x, y in zip(pref + [2, 2, 1, 1, 0], a, c)) - sum(
+        1 for p, x, y in zip(pref + [2, 2, 1, 1, 0], a, c) if p >= 1 and len(x) > p and len(y) > p)
+    # compile count: one program per batch-row count used (16 and the tail's power-of-two fraction)
+    assert sc.compile_count <= 1 + int(math.log2(16)), sc.programs
+    # and the single-phrase path agrees too
+    alone_b = sc.score_ids(a)
+    np.testing.assert_allclose(alone_b.nll_sum, sb.nll_sum, rtol=1e-5, atol=1e-9)
+
+
+def test_bf16_within_documented_bound_and_recorded(params, test_split):
+    a, c = test_split
+    a, c = a[::4], c[::4]
+    f32 = PerplexityScorer(params, CFG, batch_size=16).score_pairs(a, c)
+    b16 = PerplexityScorer(params, CFG, batch_size=16, precision="bf16").score_pairs(a, c)
+    for x, y in zip(f32, b16):
+        assert x.precision == "fp32" and y.precision == "bf16"
+        rel = np.abs(y.mean_nll - x.mean_nll) / x.mean_nll
+        assert 0 < rel.max() < BF16_REL_BOUND, rel.max()
+    with pytest.raises(ValueError, match="precision"):
+        PerplexityScorer(params, CFG, precision="fp16")
+
+
+def test_many_models_vmapped_equal_each_alone(test_split):
+    a, c = test_split
+    a, c = a[:60], c[:60]
+    plist = [init_params(CFG, seed=s) for s in (4, 5, 6)]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *plist)
+    sc = PerplexityScorer(stacked, CFG, batch_size=8, stacked=True)
+    many_b, many_c = sc.score_pairs(a, c)
+    assert len(many_b) == len(many_c) == 3
+    for m, p in enumerate(plist):
+        one_b, one_c = PerplexityScorer(p, CFG, batch_size=8).score_pairs(a, c)
+        np.testing.assert_allclose(many_b[m].nll_sum, one_b.nll_sum, rtol=1e-5)
+        np.testing.assert_allclose(many_c[m].nll_sum, one_c.nll_sum, rtol=1e-5)
+    assert not np.allclose(many_b[0].nll_sum, many_b[1].nll_sum)  # the models differ
+    single = sc.score_ids(a)
+    np.testing.assert_allclose(single[2].nll_sum, many_b[2].nll_sum, rtol=1e-5)
+    with pytest.raises(ValueError, match="leading model axis"):
+        PerplexityScorer({"wte": {"embedding": np.zeros((2, 3, 4))}, "x": np.zeros((3,))}, CFG, stacked=True)
+
+
+def test_pair_errors_name_the_side(params):
+    sc = PerplexityScorer(params, CFG, batch_size=2)
+    with pytest.raises(ValueError, match="counterfactual phrase 1: a token id outside"):
+        sc.score_pairs([[1, 2], [3, 4]], [[1, 2], [3, CFG.vocab_size]])
+    with pytest.raises(ValueError, match="2 biased phrases but 1"):
+        sc.score_pairs([[1, 2], [3, 4]], [[1, 2]])
