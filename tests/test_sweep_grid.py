@@ -140,3 +140,32 @@ def test_ray_executor_survives_a_killed_worker(tiny_model_dir, tokenizer_dir, re
         assert len(_jsonl(out / "sweep.jsonl")) == 4
     finally:
         ray.shutdown()
+
+
+def test_dev_lmb_of_stacked_models_equals_each_alone(tiny_model_dir, tokenizer_dir, redditbias_dir):
+    """The sweep scores a chunk's points in one vmapped pass: equal to scoring each model on its own."""
+    import jax
+    import numpy as np
+
+    from rbjax.debias.sweep import dev_lmb
+    from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+    from rbjax.model.hf import load_pretrained
+    from rbjax.model.tokenizer import load_tokenizer
+
+    config, p0 = load_pretrained(tiny_model_dir)
+    tok = load_tokenizer(tokenizer_dir)
+    p1 = jax.tree.map(lambda x: x * 1.3, p0)
+    stacked = jax.tree.map(lambda *x: np.stack(x), p0, p1)
+    kw = dict(n_bootstrap=0, max_pairs=10, batch_size=16)
+    both = dev_lmb(stacked, config, tok, "religion1", str(redditbias_dir), stacked=True, **kw)
+    for params, got in zip((p0, p1), both):
+        alone = dev_lmb(params, config, tok, "religion1", str(redditbias_dir), **kw)
+        assert got["n_pairs"] == alone["n_pairs"] == 10
+        np.testing.assert_allclose(got["t_value"], alone["t_value"], rtol=1e-4)
+        np.testing.assert_allclose(got["reference"]["t_value"], alone["reference"]["t_value"], rtol=1e-4)
+    lines = read_reference_lines(Path(redditbias_dir) / "text_files/humanref6k.txt", 12)
+    lmps = reddit_perplexity(stacked, config, tok, lines, batch_size=8, stacked=True)
+    for params, got in zip((p0, p1), lmps):
+        alone = reddit_perplexity(params, config, tok, lines, batch_size=8)
+        np.testing.assert_allclose(got["perplexity"], alone["perplexity"], rtol=1e-5)
+    assert both[0]["t_value"] != both[1]["t_value"]

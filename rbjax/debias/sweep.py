@@ -103,38 +103,40 @@ def grid_points(method: str, grid: dict[str, Sequence] | None = None) -> list[Gr
 
 
 def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str = "valid", batch_size: int = 64,
-            n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None) -> dict:
+            n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None, stacked: bool = False):
     """LMB of in-memory params on one bias type's dev (valid) pairs (paper §3.1), without exporting a model.
 
-    ``max_pairs`` scores only the first N pairs (smoke runs; not the paper's statistic).
+    The same path as :func:`rbjax.lmb.measure.measure_bias` (pair-prefix scoring →
+    :func:`~rbjax.lmb.measure.pair_statistics`); with ``stacked`` the params carry a leading model axis and all
+    models are scored in one vmapped pass. ``max_pairs`` scores only the first N pairs (smoke runs; not the paper's
+    statistic).
 
     Returns:
-        ``{t_value, p_value, n_pairs, n_pairs_after_outliers, significant, direction, reference: {t_value,
-        p_value}}``: the primary paired t-test after the 3σ pair rule, and the reference's ``ttest_rel`` on the
-        unfiltered perplexities.
+        ``{t_value, p_value, n_pairs, n_pairs_after_outliers, significant, direction, cohens_d_paired,
+        n_unscorable, reference: {t_value, p_value}}``: the primary paired t-test after the 3σ pair rule, and the
+        reference's ``ttest_rel`` on the unfiltered perplexities (a list of such dicts with ``stacked``).
 
     Raises:
         ValueError: an unscorable phrase (fewer than 2 tokens) or non-finite perplexities.
     """
     from rbjax.data.redditbias import load_pairs
-    from rbjax.lmb import stats
+    from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
     from rbjax.lmb.perplexity import PerplexityScorer
 
     pairs = load_pairs(bias_type, split, data)
     if max_pairs is not None:
         pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
-    scorer = PerplexityScorer(params, config, batch_size=batch_size)
-    b = scorer.score_texts(pairs.biased, tokenizer)
-    c = scorer.score_texts(pairs.counterfactual, tokenizer)
-    ok = b.scorable & c.scorable
-    st = stats.lmb_statistics(b.perplexity[ok], c.perplexity[ok], n_bootstrap=n_bootstrap, seed=seed)
-    st.pop("_outlier_mask", None)
-    keys = ("n_pairs", "n_pairs_after_outliers", "t_value", "p_value", "significant", "direction",
-            "cohens_d_paired")
-    out = {k: st[k] for k in keys}
-    out["n_unscorable"] = int((~ok).sum())
-    out["reference"] = {"t_value": st["reference"]["t_value"], "p_value": st["reference"]["p_value"]}
-    return out
+    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked)
+    out = []
+    for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True):
+        st, _ = pair_statistics(b, c, notes, n_bootstrap=n_bootstrap, seed=seed)
+        keys = ("n_pairs", "n_pairs_after_outliers", "t_value", "p_value", "significant", "direction",
+                "cohens_d_paired")
+        d = {k: st[k] for k in keys}
+        d["n_unscorable"] = sum(bool(n) for n in notes)
+        d["reference"] = {"t_value": st["reference"]["t_value"], "p_value": st["reference"]["p_value"]}
+        out.append(d)
+    return out if stacked else out[0]
 
 
 def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float = 0.10) -> dict:
@@ -301,19 +303,24 @@ def _context(base: TrainConfig) -> dict:
     return ctx
 
 
-def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None):
+def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None,
+              stacked: bool = False):
+    """Dev LMB and LMP of one model, or (``stacked``) of every model of a stacked parameter tree in one vmapped
+    pass each: ``(dev, lmp)``, or lists of them."""
     import jax
 
     params = jax.device_get(params)
     dev = dev_lmb(params, ctx["config"], ctx["tokenizer"], base.bias_type, ctx["redditbias"],
-                  batch_size=base.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs)
-    lmp = None
+                  batch_size=base.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs,
+                  stacked=stacked)
+    lmp = [None] * len(dev) if stacked else None
     if ctx["lmp_lines"] is not None:
         from rbjax.dialog.lmp import reddit_perplexity
 
         full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
-                                 block_size=base.block_size, batch_size=base.eval_batch_size)
-        lmp = {k: full[k] for k in ("perplexity", "reference_grid", "reference_cda")}
+                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked)
+        pick = lambda f: {k: f[k] for k in ("perplexity", "reference_grid", "reference_cda")}  # noqa: E731
+        lmp = [pick(f) for f in full] if stacked else pick(full)
     return dev, lmp
 
 
@@ -362,14 +369,14 @@ def run_chunk(task: dict) -> list[dict]:
     train_s = time.perf_counter() - t0
     recs = []
     last = res.summary.get("last") or []
-    stacked = jax.device_get(res.state.params)
+    t1 = time.perf_counter()
+    devs, lmps = _evaluate(ctx, base, res.state.params, n_bootstrap=task["n_bootstrap"],
+                           dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
+    eval_s = (time.perf_counter() - t1) / len(pts)
     for i, (p, k) in enumerate(zip(pts, keys)):
-        t1 = time.perf_counter()
-        dev, lmp = _evaluate(ctx, base, jax.tree.map(lambda x: x[i], stacked),
-                             n_bootstrap=task["n_bootstrap"], dev_max_pairs=task["dev_max_pairs"])
-        recs.append(_finite({"id": p.id, "point": p.as_dict(), "key": k, "dev": dev, "lmp": lmp,
-                             "updates": res.updates_done, "train_s": train_s / len(pts),
-                             "eval_s": time.perf_counter() - t1, "last": last[i] if i < len(last) else None,
+        recs.append(_finite({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
+                             "updates": res.updates_done, "train_s": train_s / len(pts), "eval_s": eval_s,
+                             "last": last[i] if i < len(last) else None,
                              "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
                              "resumed_from": res.resumed_from}))
     atomic_write_json(rpath, recs)

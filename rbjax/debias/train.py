@@ -120,7 +120,7 @@ def _lmp_key(cfg: TrainConfig, model_key: str) -> dict:
 
 def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | None, *, model_key: str,
                  previous: dict | None = None) -> dict:
-    """Post-training evaluation: LMB (valid split) of the exported model and the Reddit LMP of ``params``.
+    """Post-training evaluation of the trained ``params`` in memory: LMB on the valid split and the Reddit LMP.
 
     LMB reuses the per-type perplexities already in ``OUT/lmb_valid`` that were produced by the same model files and
     data (:func:`rbjax.lmb.measure.measure_bias` with ``resume``); LMP reuses ``previous["lmp"]`` when its key (model
@@ -131,16 +131,17 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
     """
     res: dict[str, Any] = {"reused": {}}
     if cfg.evaluate:
-        if model_dir is None:
-            raise ValueError("LMB evaluation needs the exported model (export=True)")
-        from rbjax.lmb.measure import measure_bias
+        from rbjax.lmb.measure import LoadedModel, measure_bias
 
         types = _eval_types(cfg)
         t0 = time.perf_counter()
-        recs = measure_bias(model=model_dir, bias_types=types, split="valid", data_dir=cfg.data_dir,
-                            tokenizer=None if _has_tokenizer(model_dir) else cfg.tokenizer,
-                            out_dir=Path(cfg.out_dir) / "lmb_valid", batch_size=cfg.eval_batch_size,
-                            seed=cfg.seed, progress=cfg.progress, resume=True)
+        # in memory: the trained parameters are scored as they are, not exported and read back
+        loaded = LoadedModel.from_params(jax.device_get(params), trainer.config, trainer.tokenizer,
+                                         name=str(model_dir or Path(cfg.out_dir)), key=model_key,
+                                         batch_size=cfg.eval_batch_size)
+        recs = measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
+                            out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
+                            resume=True)
         res["lmb_valid"] = {
             "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == cfg.bias_type),
             "all": [_lmb_summary(r) for r in recs],
@@ -217,7 +218,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     """
     from rbjax.model.hf import load_pretrained, save_pretrained
     from rbjax.report.io import atomic_write_json, versions
-    from rbjax.report.provenance import describe_difference, digest, model_files_key
+    from rbjax.report.provenance import describe_difference, digest, model_files_key, tree_digest
 
     out = Path(cfg.out_dir)
     _check_out_dir(out)
@@ -268,7 +269,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
                                         tokenizer_dir=_tokenizer_folder(cfg, trainer))
         else:
             model_dir = model_out
-    model_key = digest(model_files_key(model_dir)) if model_dir is not None else trainer.model_key
+    model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(params)
     evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key, previous=prev if prev_done else None)
     reused = {"training": reused_training, **evals.pop("reused")}
     if prev_done:

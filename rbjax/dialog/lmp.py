@@ -95,7 +95,8 @@ def lmp_from_counts(nll_sum: np.ndarray, n_pred: np.ndarray, n_tokens: np.ndarra
 
 
 def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
-                      batch_size: int = 64, progress: Callable[[int], None] | None = None) -> dict:
+                      batch_size: int = 64, progress: Callable[[int], None] | None = None,
+                      stacked: bool = False) -> dict | list[dict]:
     """LMP of a GPT-2 on reference lines (paper §3.2).
 
     Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored by the LMB scorer
@@ -110,10 +111,12 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
         block_size: truncation length in tokens (36 as the reference; must be ≤ ``config.n_positions``).
         batch_size: lines per compiled batch.
         progress: called with the number of lines after each batch.
+        stacked: ``params`` carry a leading model axis M (several models, e.g. a sweep chunk's grid points): one
+            vmapped pass over the lines, one result per model.
 
     Returns:
         :func:`lmp_from_counts`'s dict plus ``n_lines``, ``n_truncated`` (lines longer than ``block_size``),
-        ``block_size``.
+        ``block_size`` (a list of M such dicts with ``stacked``).
 
     Raises:
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
@@ -130,13 +133,16 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     n = len(toks)
     lens = np.array([len(t) for t in toks], np.int64)
     try:
-        scores = PerplexityScorer(params, config, batch_size=batch_size).score_ids(toks, progress=progress)
+        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked).score_ids(
+            toks, progress=progress)
     except PhraseError as e:
         raise ValueError(f"line {e.index + 1}: {e.problem}") from None
-    nll, cnt = scores.nll_sum, scores.n_scored
-    out = lmp_from_counts(nll, cnt, lens)
-    out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size))
-    return out
+    outs = []
+    for sc in (scores if stacked else [scores]):
+        out = lmp_from_counts(sc.nll_sum, sc.n_scored, lens)
+        out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size))
+        outs.append(out)
+    return outs if stacked else outs[0]
 
 
 

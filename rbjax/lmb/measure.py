@@ -69,11 +69,15 @@ def _reuse_csv(out: Path, pairs: PhrasePairs):
 
 
 class LoadedModel:
-    """A GPT-2 and its tokenizer, loaded once and reused across bias types."""
+    """A GPT-2 and its tokenizer, loaded once and reused across bias types.
+
+    Build it from a folder or hub id (``LoadedModel(model, tokenizer, ...)``), or from parameters already in memory
+    (:meth:`from_params`: the sweep's grid points and a finished training run are measured without writing and
+    re-reading a model). ``fingerprint()`` is the content key that per-type results are reused under.
+    """
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                  batch_size: int = 64, bos: bool = False, precision: str = "fp32"):
-        from rbjax.lmb.perplexity import PerplexityScorer
         from rbjax.model.hf import load_pretrained, resolve_model_dir
         from rbjax.model.tokenizer import load_tokenizer
 
@@ -83,14 +87,34 @@ class LoadedModel:
         self.config, params = load_pretrained(folder)
         if tokenizer is None:
             try:
-                self.tokenizer = load_tokenizer(folder, expected_vocab_size=None)
+                tok = load_tokenizer(folder, expected_vocab_size=None)
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"{folder}: the model folder has no tokenizer files; pass --tokenizer (e.g. a folder with the "
                     "GPT-2 vocab.json and merges.txt, or microsoft/DialoGPT-small)"
                 ) from None
         else:
-            self.tokenizer = load_tokenizer(tokenizer)
+            tok = load_tokenizer(tokenizer)
+        self._setup(params, tok, batch_size, bos, precision)
+        self._fingerprint = None
+
+    @classmethod
+    def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool = False,
+                    precision: str = "fp32") -> "LoadedModel":
+        """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
+        content ``key`` (e.g. :func:`rbjax.report.provenance.tree_digest` of the params, or the digest of the files
+        they were exported to)."""
+        self = cls.__new__(cls)
+        self.name, self.folder, self.config = str(name), None, config
+        self._setup(params, tokenizer, batch_size, bos, precision)
+        self._fingerprint = {"model": key, "tokenizer": _tokenizer_files_key(tokenizer)}
+        return self
+
+    def _setup(self, params, tokenizer, batch_size, bos, precision) -> None:
+        from rbjax.lmb.perplexity import PerplexityScorer
+
+        self.tokenizer = tokenizer
+        self.batch_size, self.bos, self.precision = batch_size, bos, precision
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.scorer = PerplexityScorer(params, self.config, batch_size=batch_size,
@@ -105,47 +129,54 @@ class LoadedModel:
         Content, not path or modification time: the same weights copied elsewhere are the same model, and weights
         rewritten in place are another one (see :mod:`rbjax.report.provenance`).
         """
-        from rbjax.model.hf import TOKENIZER_FILES
-        from rbjax.report.provenance import files_key, model_files_key
+        from rbjax.report.provenance import model_files_key
 
-        if getattr(self, "_fingerprint", None) is None:
-            tok = Path(self.tokenizer.source)
+        if self._fingerprint is None:
             self._fingerprint = {"model": model_files_key(self.folder),
-                                 "tokenizer": files_key(tok / f for f in TOKENIZER_FILES) if tok.is_dir()
-                                 else {"source": str(self.tokenizer.source)}}
+                                 "tokenizer": _tokenizer_files_key(self.tokenizer)}
         return self._fingerprint
 
 
-def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int = 64) -> np.ndarray:
-    """Perplexities of ``phrases`` under ``model`` (HF folder / hub id, or a :class:`LoadedModel`).
+def _tokenizer_files_key(tokenizer) -> dict:
+    from rbjax.model.hf import TOKENIZER_FILES
+    from rbjax.report.provenance import files_key
 
-    Returns:
-        float64 (N,), NaN for unscorable (< 2 token) phrases.
+    tok = Path(str(tokenizer.source))
+    return files_key(tok / f for f in TOKENIZER_FILES) if tok.is_dir() else {"source": str(tokenizer.source)}
+
+
+def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
+    """LMB statistics of one bias type's perplexities (:func:`rbjax.lmb.stats.lmb_statistics` on the scorable
+    pairs), and the outlier flag of every pair (False for excluded ones). ``kw``: the statistics' settings."""
+    keep = np.array([not n for n in notes], dtype=bool)
+    st = stats.lmb_statistics(b[keep], c[keep], **kw)
+    mask = np.zeros(len(b), dtype=bool)
+    mask[np.nonzero(keep)[0]] = st.pop("_outlier_mask")
+    return st, mask
+
+
+def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_unscorable: bool = False,
+                                progress=None) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
+    """``[(biased_ppl, counter_ppl, notes)]`` of one bias type under every model of a *stacked* scorer
+    (:class:`rbjax.lmb.perplexity.PerplexityScorer` with ``stacked=True``): one vmapped pass over the pairs for all
+    models (the sweep's grid points), each pair's shared prefix run once.
+
+    Raises:
+        ValueError: an unscorable pair (unless ``skip_unscorable``) or a non-finite perplexity (file and row named).
     """
-    m = model if isinstance(model, LoadedModel) else LoadedModel(model, tokenizer, batch_size)
-    return m.score(phrases).perplexity
-
-
-def _progress_bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="phrase", disable=not enabled, file=sys.stderr, leave=False)
-
-
-def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progress: bool, skip_unscorable: bool):
-    """Return (biased_ppl, counter_ppl, note per pair) for a bias type."""
-    n = len(pairs)
-    if model is None:
-        return np.asarray(pairs.stored_biased_ppl), np.asarray(pairs.stored_counter_ppl), [""] * n
     from rbjax.lmb.perplexity import PhraseError
 
-    with _progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", show_progress) as bar:
-        try:  # each pair's common prefix is run once (rbjax.lmb.perplexity)
-            sb, sc = model.scorer.score_text_pairs(pairs.biased, pairs.counterfactual, model.tokenizer,
-                                                   progress=bar.update)
-        except PhraseError as e:
-            raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
-    notes = [""] * n
+    try:
+        sb, sc = scorer.score_text_pairs(pairs.biased, pairs.counterfactual, tokenizer, progress=progress)
+    except PhraseError as e:
+        raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
+    if not isinstance(sb, list):
+        sb, sc = [sb], [sc]
+    return [_checked(pairs, b, c, skip_unscorable) for b, c in zip(sb, sc)]
+
+
+def _checked(pairs: PhrasePairs, sb, sc, skip_unscorable: bool):
+    notes = [""] * len(pairs)
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:
         side = "biased" if not sb.scorable[i] else "counterfactual"
@@ -160,6 +191,29 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
         i = int(nonfinite[0])
         raise ValueError(f"{pairs.locate(i)}: non-finite perplexity ({b[i]}, {c[i]}) — overflow in the model output?")
     return b, c, notes
+
+
+def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int = 64) -> np.ndarray:
+    """Perplexities of ``phrases`` under ``model`` (HF folder / hub id, or a :class:`LoadedModel`).
+
+    Returns:
+        float64 (N,), NaN for unscorable (< 2 token) phrases.
+    """
+    m = model if isinstance(model, LoadedModel) else LoadedModel(model, tokenizer, batch_size)
+    return m.score(phrases).perplexity
+
+
+def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progress: bool, skip_unscorable: bool):
+    """Return (biased_ppl, counter_ppl, note per pair) for a bias type."""
+    n = len(pairs)
+    if model is None:
+        return np.asarray(pairs.stored_biased_ppl), np.asarray(pairs.stored_counter_ppl), [""] * n
+    from rbjax.report.progress import progress_bar
+
+    with progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", "phrase", enabled=show_progress) as bar:
+        (res,) = pair_perplexities_of_models(model.scorer, model.tokenizer, pairs, skip_unscorable=skip_unscorable,
+                                             progress=bar.update)
+    return res
 
 
 def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Sequence[str] = "all",
@@ -178,8 +232,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     stereotypical). See :func:`rbjax.lmb.stats.lmb_statistics` for the other statistics.
 
     Args:
-        model: HF GPT-2 folder or hub id (e.g. ``microsoft/DialoGPT-small``); ``None`` with
-            ``stored_perplexities=True``.
+        model: HF GPT-2 folder or hub id (e.g. ``microsoft/DialoGPT-small``), or a :class:`LoadedModel` (e.g.
+            :meth:`LoadedModel.from_params`: parameters in memory); ``None`` with ``stored_perplexities=True``.
         bias_types: ``"all"``, a name, a comma list, or a list of names.
         split: ``test`` (paper), ``valid`` or ``valid+test``.
         data_dir: RedditBias folder (else ``$RBJAX_DATA_DIR`` or the verified download cache).
@@ -241,7 +295,14 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError(f"--out {out} exists and is not a folder")
     loaded: LoadedModel | None = None
     if not stored_perplexities:
-        loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before touching out_dir
+        if isinstance(model, LoadedModel):  # in memory (a sweep point, a finished training run)
+            if tokenizer is not None:
+                raise ValueError("a LoadedModel brings its own tokenizer")
+            loaded = model
+            model_name = loaded.name
+            batch_size, bos, precision = loaded.batch_size, loaded.bos, loaded.precision
+        else:
+            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before out_dir
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
                 "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
@@ -299,10 +360,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             if not keep.all():
                 print(f"rbjax: {pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
                       f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV", file=sys.stderr)
-            st = stats.lmb_statistics(b[keep], c[keep], n_std=n_std, ddof=ddof, alpha=alpha,
-                                      n_bootstrap=n_bootstrap, seed=seed, remove_outliers=outlier_removal)
-            mask = np.zeros(len(pairs), dtype=bool)
-            mask[np.nonzero(keep)[0]] = st.pop("_outlier_mask")
+            st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
+                                       seed=seed, remove_outliers=outlier_removal)
             rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
                    "n_pairs_unscorable": int((~keep).sum()),
                    "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
