@@ -2,7 +2,7 @@
 
 One training update (forward, LM loss + debiasing loss, backward, clip 1.0, Adam 5e-5) for the plain LM loss and
 for each debiasing loss (LMD, ADD, HD; paper semantics; HD also in reference semantics, whose running sum is the
-costliest), in rbjax (:func:`rbjax.debias.train.train_step`, the trainer's update at accumulation 1) and in
+costliest), in rbjax (:func:`rbjax.debias.step.train_step`, the trainer's update at accumulation 1) and in
 PyTorch (``transformers.GPT2LMHeadModel`` with the same weights, the same batch, the same trigger arrays, the loss
 written with torch ops, ``clip_grad_norm_`` and ``AdamW(weight_decay=0)``).
 
@@ -47,7 +47,7 @@ def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
     import numpy as np
 
     from rbjax.debias.cda import read_train_phrases
-    from rbjax.debias.train import tokenize_lines
+    from rbjax.debias.data import tokenize_lines
     from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
     from rbjax.specs import load_spec
 
@@ -71,46 +71,47 @@ def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
 
 # ------------------------------------------------------------------------------------------------------ rbjax
 class RbjaxStep:
-    """The trainer's update at accumulation 1: :func:`rbjax.debias.train.train_step` (gradient, clip, Adam)."""
+    """The trainer's update at accumulation 1: :func:`rbjax.debias.step.train_step` (gradient, clip, Adam)."""
 
     def __init__(self, config, params, lambdas=(0.01, 10.0)):
         import jax
-        import jax.numpy as jnp
-
-        from rbjax.debias.train import make_optimizer
 
         self.config = config
-        self.p = jax.device_put(params)
-        self.opt = make_optimizer(5e-5, 1000).init(self.p)
-        self.lam = jnp.asarray(lambdas, jnp.float32)
+        self.params = jax.device_put(params)
+        self.lambdas = lambdas
+        self.states = {}
         self.i = 0
 
     def __call__(self, batch, shared, method, semantics) -> float:
         import jax
         import numpy as np
 
-        from rbjax.debias.train import dropout_key, train_step
+        from rbjax.debias.data import dropout_key
+        from rbjax.debias.step import StepSpec, init_state, train_step_jit
 
+        spec = StepSpec(config=self.config, method=method, semantics=semantics, dropout=True)
+        key = (method, semantics)
+        if key not in self.states:  # one state per method (each donates its own buffers)
+            self.states[key] = init_state(jax.tree.map(lambda x: x.copy(), self.params), spec,
+                                          lambda_lm=self.lambdas[0], lambda_d=self.lambdas[1], lr=5e-5, t_total=1000)
+        full = {k: np.asarray(v)[None] for k, v in batch.items()}
+        full["rng"] = dropout_key(0, 0, self.i)[None]
+        full.update(shared)
         t0 = time.perf_counter()
-        self.p, self.opt, m, _ = train_step(self.p, self.opt, batch, shared, self.lam, dropout_key(0, 0, self.i),
-                                            np.float32(5e-5), np.float32(1000), config=self.config, method=method,
-                                            semantics=semantics, dropout=True, b1=0.9, b2=0.999, eps=1e-8,
-                                            max_grad_norm=1.0)
-        np.asarray(m)
-        jax.block_until_ready(self.p)
+        self.states[key], m = train_step_jit(self.states[key], full, spec=spec)
+        np.asarray(m["total"])
+        jax.block_until_ready(self.states[key].params)
         self.i += 1
         return time.perf_counter() - t0
 
 
 def rbjax_eval_losses(config, params, batch, shared, method, semantics, lambdas=(0.01, 10.0)):
-    import jax
     import numpy as np
 
-    from rbjax.debias.train import batch_losses
+    from rbjax.debias.step import StepSpec, micro_batch_losses
 
-    tot, (lm, deb) = jax.jit(lambda p: batch_losses(p, batch, shared, np.asarray(lambdas, np.float32), None,
-                                                    config=config, method=method, semantics=semantics,
-                                                    dropout=False))(params)
+    spec = StepSpec(config=config, method=method, semantics=semantics, dropout=False)
+    tot, (lm, deb) = micro_batch_losses(params, {**batch, **shared}, np.asarray(lambdas, np.float32), spec)
     return [float(lm), float(deb), float(tot)]
 
 

@@ -112,8 +112,12 @@ def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, re
         after = final[u]
         for pb, pa, s in zip(jax.tree.leaves(p_before), jax.tree.leaves(after), jax.tree.leaves(step)):
             got = np.asarray(pb, np.float64) - np.asarray(pa, np.float64)
-            tol = 1e-3 * np.abs(s) + 4 * np.spacing(np.abs(np.asarray(pb, np.float32))).astype(np.float64)
-            assert np.all(np.abs(got - s) <= tol), f"update {u} does not use lr 5e-5·(11−u)/10 on the mean gradient"
+            # + 1e-6·lr: an element whose gradient is near Adam's ε (update ≪ lr) moves with float32 rounding of
+            # its (cancelling) gradient sum, which depends on the summation order (scan vs one micro-batch at a time)
+            tol = 1e-3 * np.abs(s) + 4 * np.spacing(np.abs(np.asarray(pb, np.float32))).astype(np.float64) + 1e-6 * lr
+            bad = np.abs(got - s) > tol
+            assert not bad.any(), (f"update {u} does not use lr 5e-5·(11−u)/10 on the mean gradient", int(bad.sum()),
+                                   got[bad][:5], s[bad][:5], tol[bad][:5])
 
 
 # ------------------------------------------------------------------------------------- optimizer-state restore

@@ -14,7 +14,8 @@ One update (paper §5.1; docs/reference-debias.md §1.7-§1.8, §7)::
     direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad is not finite)
     params -= learning_rate(step, lr, t_total) · direction
 
-Losses of a micro-batch: ``lm`` = mean next-token cross-entropy over its real targets; ``debias`` = the method's
+Losses of a micro-batch: ``lm`` = mean next-token cross-entropy over its real targets (the chunked next-token NLL
+of :mod:`rbjax.model.nll`, shared with the LMB scorer); ``debias`` = the method's
 loss from :mod:`rbjax.debias.losses` on the final hidden states (after ``ln_f``) with the batch's trigger arrays;
 CDA and plain LM fine-tuning use ``lm`` alone.
 """
@@ -112,7 +113,11 @@ def unstack_state(state: TrainState, i: int) -> TrainState:
 # ------------------------------------------------------------------------------------------------------ losses
 def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,
             context_mask: jax.Array | None = None) -> jax.Array:
-    """Causal LM loss: mean next-token cross-entropy (nats) over the real targets of a batch.
+    """Causal LM loss from full logits: mean next-token cross-entropy (nats) over the real targets of a batch.
+
+    The training step computes the same quantity from the final hidden states with the shared chunked next-token
+    NLL (:func:`rbjax.model.nll.nll_from_hidden`), without materialising the ``(B, L, V)`` logits; this function is
+    for callers that hold logits (and is tested equal to it and to PyTorch's ``labels=`` loss).
 
     Logit ``i`` is scored against token ``i+1``; a target counts when both tokens are real (right padding).
 
@@ -159,11 +164,24 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
         return loss, (loss, jnp.zeros((), jnp.float32))
     # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
-    logits, _ = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                            deterministic=not drop, rngs=None if key is None else {"dropout": key})
-    lm = lm_loss(logits, batch["input_ids"], batch["attention_mask"] * batch["loss_mask"],
-                 context_mask=batch["attention_mask"])
+    _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
+                            deterministic=not drop, rngs=None if key is None else {"dropout": key},
+                            return_logits=False)
+    lm = _mean_nll(spec, params, hidden, batch["input_ids"], batch["attention_mask"] * batch["loss_mask"],
+                   batch["attention_mask"])
     return lm, (lm, jnp.zeros((), jnp.float32))
+
+
+def _mean_nll(spec: StepSpec, params, hidden, input_ids, score_mask, context_mask):
+    """Mean next-token NLL of the targets ``score_mask`` marks, predicted from real tokens (``context_mask``):
+    the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied
+    embedding, never the (B, L, V) logits), shared with the LMB scorer."""
+    from rbjax.model.nll import nll_from_hidden
+
+    m = (score_mask[:, 1:] * context_mask[:, :-1]).astype(jnp.float32)
+    nll = nll_from_hidden(hidden[:, :-1], params["wte"]["embedding"], input_ids[:, 1:],
+                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype)
+    return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
@@ -182,10 +200,10 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
         return _task_losses(params, batch, rng, spec, drop)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
     rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
-    logits, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                 deterministic=not drop, rngs=rngs)
+    _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
+                            deterministic=not drop, rngs=rngs, return_logits=False)
     hidden = hidden.astype(jnp.float32)
-    lm = lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+    lm = _mean_nll(spec, params, hidden, batch["input_ids"], batch["attention_mask"], batch["attention_mask"])
     if spec.method not in LOSS_METHODS:
         return lm, (lm, jnp.zeros((), jnp.float32))
     deb = _debias_loss(spec, params, hidden, batch)
