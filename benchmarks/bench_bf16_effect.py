@@ -158,8 +158,8 @@ def main() -> None:
               file=sys.stderr)
         print(f"  bf16 vs fp32, relative error of the mean NLL: {r['rel_err_mean_nll']}", file=sys.stderr)
         print(f"  ... of the perplexity: {r['rel_err_perplexity']}", file=sys.stderr)
-        print(f"  {'type':<10} {'t fp32':>8} {'t bf16':>8} {'Δt':>8} {'p fp32':>9} {'p bf16':>9}  sig32 sig16 kept32 kept16",
-              file=sys.stderr)
+        print(f"  {'type':<10} {'t fp32':>8} {'t bf16':>8} {'Δt':>8} {'p fp32':>9} {'p bf16':>9}  "
+              "sig32 sig16 kept32 kept16", file=sys.stderr)
         for bt, rec in r["types"].items():
             f, h = rec["fp32"], rec["bf16"]
             print(f"  {bt:<10} {f['t']:8.3f} {h['t']:8.3f} {rec['t_diff']:8.4f} {f['p']:9.2e} {h['p']:9.2e}  "

@@ -13,8 +13,8 @@ bf16 with fp32 accumulation, at the MLP's two shapes and a larger one; the best 
 the better framework's median over the rounds.
 
 Roofline: the *dense floor* of a method is the time its matmul FLOPs take at that peak —
-body ``n_layer·24·d²`` per token run (+ attention ``4·d·n_layer`` per attended key), LM head ``2·d·V`` per position
-it is applied to — counting the work each method actually does: PyTorch runs every token of every phrase and the
+body ``n_layer·24·d²`` per token run (+ attention ``4·d·n_layer`` per attended key), LM head ``2·d·V`` per
+position it is applied to — counting the work each method actually does: PyTorch runs every token of every phrase and the
 head on every position; rbjax runs shared prefixes once and the head only where a token is predicted. Padding is
 not counted as work: it is the method's overhead. Each method's "fraction of floor" = its rate / its floor rate.
 
@@ -266,7 +266,8 @@ def main() -> None:
     res["max_rel_diff_ppl_rbjax_vs_torch_fp32"] = float(np.max(np.abs(np.exp(ours32) - np.exp(ref32)) / np.exp(ref32)))
     if len(loop_idx):
         ref_loop = outputs["torch_one_at_a_time"]
-        res["max_rel_diff_ppl_vs_reference_loop"] = float(np.max(np.abs(np.exp(ours32[loop_idx]) - ref_loop) / ref_loop))
+        res["max_rel_diff_ppl_vs_reference_loop"] = float(
+            np.max(np.abs(np.exp(ours32[loop_idx]) - ref_loop) / ref_loop))
     res["max_rel_diff_nll_prefix_shared_vs_alone"] = float(
         np.max(np.abs(ours32 - outputs["rbjax_fp32_no_prefix_sharing"]) / outputs["rbjax_fp32_no_prefix_sharing"]))
     rel16 = np.abs(ours16 - ours32) / ours32
@@ -274,7 +275,8 @@ def main() -> None:
     res["bf16_rel_err_mean_nll"] = {"rbjax_median": float(np.median(rel16)), "rbjax_max": float(rel16.max()),
                                     "torch_autocast_median": float(np.median(trel16)),
                                     "torch_autocast_max": float(trel16.max())}
-    res["compile"] = {k: {"programs": sc.compile_count, "first_call_s": round(first[k], 2)} for k, sc in scorers.items()}
+    res["compile"] = {k: {"programs": sc.compile_count, "first_call_s": round(first[k], 2)}
+                      for k, sc in scorers.items()}
     res["ratios"] = {
         "rbjax_fp32_over_torch_sorted_fp32": res["rbjax_fp32"] / res["torch_sorted_fp32"],
         "rbjax_bf16_over_torch_sorted_bf16": res["rbjax_bf16"] / res["torch_sorted_bf16"],
