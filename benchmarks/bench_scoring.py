@@ -1,14 +1,30 @@
-"""LMB scoring speed at the full DialoGPT-small shape (random weights): rbjax vs PyTorch transformers.
+"""LMB scoring speed at the full DialoGPT-small shape (random weights): rbjax vs PyTorch, with a roofline line.
 
-Scores real RedditBias test phrases (all five bias types, both sides) with
+Scores real RedditBias test pairs (evenly spaced over all five bias types; both sides) with
+
   * PyTorch, one phrase at a time (the reference measure_bias.py loop; on a subsample, --n-loop),
-  * PyTorch, padded batches of 64 in file order,
-  * PyTorch, padded batches of 64 after sorting by length,
-  * rbjax (jit, length buckets, fixed batch), compile time reported separately,
-checks that rbjax's perplexities equal PyTorch's, and prints phrases/s (median of interleaved rounds, so that a
-change in machine load hits every method alike); the last line is JSON.
+  * PyTorch, length-sorted padded batches of --torch-batch phrases, fp32 and bf16 autocast (like for like),
+  * rbjax ``PerplexityScorer.score_pairs`` (pairs share their prefix, packed rows, LM head only where a token is
+    predicted), fp32 and bf16, and fp32 scoring each side alone (``score_ids``: no prefix sharing),
 
-    python benchmarks/bench_scoring.py [--n-phrases 600 | --all] [--batch-size 64]
+in interleaved rounds (a change in machine load hits every method alike; medians reported). Every round also
+measures the machine's dense matmul peak: the sustained rate of back-to-back matmuls (XLA and PyTorch, fp32 and
+bf16 with fp32 accumulation, at the MLP's two shapes and a larger one; the best shape); the peak of a precision is
+the better framework's median over the rounds.
+
+Roofline: the *dense floor* of a method is the time its matmul FLOPs take at that peak —
+body ``n_layer·24·d²`` per token run (+ attention ``4·d·n_layer`` per attended key), LM head ``2·d·V`` per
+position it is applied to — counting the work each method actually does: PyTorch runs every token of every phrase and the
+head on every position; rbjax runs shared prefixes once and the head only where a token is predicted. Padding is
+not counted as work: it is the method's overhead. Each method's "fraction of floor" = its rate / its floor rate.
+
+Also printed: the fraction of tokens prefix sharing saves, parity (rbjax vs PyTorch fp32 perplexities), what bf16
+changes (per-phrase relative error of the mean NLL, both frameworks), compile counts and times. The last line is JSON.
+
+The same script runs unchanged on an accelerator (rbjax on JAX's default device; PyTorch on CUDA when available,
+else CPU — then the PyTorch figures are not like for like and are marked so).
+
+    python benchmarks/bench_scoring.py [--n-pairs 160 | --all] [--rounds 3] [--batch-size 64]
 """
 from __future__ import annotations
 
@@ -26,31 +42,44 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+TYPES = ("religion1", "religion2", "race", "gender", "queerness")
 
 
-def phrases_from(data_dir: Path) -> list[str]:
+def test_pairs(data_dir: Path, tok) -> tuple[list, list]:
     from rbjax.data.redditbias import load_pairs
 
-    out = []
-    for b in ("religion1", "religion2", "race", "gender", "queerness"):
+    a, c = [], []
+    for b in TYPES:
         p = load_pairs(b, "test", data_dir)
-        out += p.biased + p.counterfactual
-    return out
+        a += tok.encode_batch(p.biased)
+        c += tok.encode_batch(p.counterfactual)
+    return a, c
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-phrases", type=int, default=320, help="evenly spaced sample of the test phrases")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per method (median reported)")
-    ap.add_argument("--all", action="store_true", help="score all test phrases (≈2.4k)")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--n-loop", type=int, default=60,
-                    help="phrases for the slow one-at-a-time PyTorch loop (a rate; evenly spaced subsample)")
+    ap.add_argument("--n-pairs", type=int, default=160, help="evenly spaced sample of the 1,216 test pairs")
+    ap.add_argument("--all", action="store_true", help="all test pairs (2,432 phrases)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
+    ap.add_argument("--batch-size", type=int, default=64, help="rbjax nominal phrases per batch (1,024 slots)")
+    ap.add_argument("--torch-batch", type=int, default=64, help="PyTorch phrases per padded batch")
+    ap.add_argument("--n-loop", type=int, default=60, help="phrases for the one-at-a-time PyTorch loop (0: skip)")
     ap.add_argument("--data-dir", default=str(SHARED / "redditbias"))
     ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
     args = ap.parse_args()
 
     import jax
+    import jax.numpy as jnp
     import torch
     import transformers
 
@@ -59,78 +88,135 @@ def main() -> None:
     from rbjax.model.tokenizer import load_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    allp = phrases_from(Path(args.data_dir))
-    if args.all or args.n_phrases >= len(allp):
-        phrases = allp
-    else:
-        phrases = [allp[i] for i in np.linspace(0, len(allp) - 1, args.n_phrases).astype(int)]
+    tdev = "cuda" if torch.cuda.is_available() else "cpu"
     tok = load_tokenizer(args.tokenizer)
-    ids = tok.encode_batch(phrases)
+    A, C = test_pairs(Path(args.data_dir), tok)
+    if not args.all and args.n_pairs < len(A):
+        idx = np.linspace(0, len(A) - 1, args.n_pairs).astype(int)
+        A, C = [A[i] for i in idx], [C[i] for i in idx]
+    ids = A + C
     n = len(ids)
-    print(f"{n} phrases, {sum(map(len, ids))} tokens (lengths {min(map(len, ids))}-{max(map(len, ids))})", file=sys.stderr)
+    n_tok = sum(map(len, ids))
+    print(f"{len(A)} pairs, {n} phrases, {n_tok} tokens (lengths {min(map(len, ids))}-{max(map(len, ids))})",
+          file=sys.stderr)
 
     cfg_json = json.loads((SHARED / "models/dialogpt-small-config/config.json").read_text())
     torch.manual_seed(0)
-    tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")})
-    tmodel = transformers.GPT2LMHeadModel(tcfg).eval()
+    tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
+                                                                 "n_head")})
+    tmodel = transformers.GPT2LMHeadModel(tcfg).eval().to(tdev)
     with tempfile.TemporaryDirectory() as d:
         tmodel.save_pretrained(d)
         cfg, params = load_pretrained(d)
+    d_, V, nl = cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    body_tok = nl * 24 * d_ * d_  # FLOPs per token through the 12 blocks' dense layers
+    head_pos = 2 * d_ * V          # FLOPs of the LM head per position
 
+    def attn_flops(seqs):  # useful attention: 4·d per layer per attended key (causal, within the phrase)
+        return sum(4 * d_ * nl * len(s) * (len(s) + 1) / 2 for s in seqs)
+
+    # ------------------------------------------------------------------ methods
+    scorers = {"fp32": PerplexityScorer(params, cfg, batch_size=args.batch_size),
+               "bf16": PerplexityScorer(params, cfg, batch_size=args.batch_size, precision="bf16"),
+               "fp32_alone": PerplexityScorer(params, cfg, batch_size=args.batch_size)}
     res: dict = {}
-    from rbjax.lmb.perplexity import _bucket, token_nll
+    first = {}
+    for k, sc in scorers.items():  # first call: compile + run
+        t0 = time.perf_counter()
+        (sc.score_ids(A), sc.score_ids(C)) if k == "fp32_alone" else sc.score_pairs(A, C)
+        first[k] = time.perf_counter() - t0
 
-    scorer = PerplexityScorer(params, cfg, batch_size=args.batch_size)
-    # compile time, measured on its own: ahead-of-time lowering + compilation of every bucket shape a run uses
-    shapes = sorted({_bucket(len(s), scorer.buckets) for s in ids if len(s) >= 2})
-    t0 = time.perf_counter()
-    for L in shapes:
-        z = np.zeros((args.batch_size, L), np.int32)
-        token_nll.lower(scorer.params, z, z, cfg).compile()
-    res["rbjax_compile_s"] = time.perf_counter() - t0
-    res["rbjax_programs"] = len(shapes)
-    t0 = time.perf_counter()
-    scorer.score_ids(ids)  # first call through jit (warm-up)
-    res["rbjax_first_call_s"] = time.perf_counter() - t0
-
-    loop_idx = np.linspace(0, n - 1, min(args.n_loop, n)).astype(int)
+    loop_idx = np.linspace(0, n - 1, min(args.n_loop, n)).astype(int) if args.n_loop else np.array([], int)
 
     def torch_loop():
         out = []
         with torch.inference_mode():
             for i in loop_idx:
-                x = torch.tensor([ids[i]])
+                x = torch.tensor([ids[i]], device=tdev)
                 out.append(math.exp(tmodel(x, labels=x).loss.item()))
         return np.array(out)
 
-    def torch_batched(order):
+    order = list(np.argsort([len(s) for s in ids], kind="stable"))
+
+    def torch_sorted(bf16: bool):
         out = np.zeros(n)
-        with torch.inference_mode():
-            for k in range(0, n, args.batch_size):
-                rows = order[k:k + args.batch_size]
+        ctx = torch.autocast(tdev, dtype=torch.bfloat16) if bf16 else torch.autocast(tdev, enabled=False)
+        with torch.inference_mode(), ctx:
+            for k in range(0, n, args.torch_batch):
+                rows = order[k:k + args.torch_batch]
                 L = max(len(ids[i]) for i in rows)
                 x = torch.zeros((len(rows), L), dtype=torch.long)
                 m = torch.zeros((len(rows), L), dtype=torch.long)
                 for r, i in enumerate(rows):
                     x[r, :len(ids[i])] = torch.tensor(ids[i])
                     m[r, :len(ids[i])] = 1
-                logits = tmodel(x, attention_mask=m).logits[:, :-1]
+                x, m = x.to(tdev), m.to(tdev)
+                logits = tmodel(x, attention_mask=m).logits[:, :-1].float()
                 nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
                 tm = (m[:, 1:] * m[:, :-1]).float()
-                out[rows] = torch.exp((nll * tm).sum(1) / tm.sum(1)).numpy()
-        return out
+                out[rows] = ((nll * tm).sum(1) / tm.sum(1)).cpu().numpy()
+        return out  # mean NLL per phrase
 
-    sorted_order = list(np.argsort([len(s) for s in ids], kind="stable"))
-    runs = {
-        "torch_one_at_a_time": (torch_loop, len(loop_idx)),
-        "torch_batched": (lambda: torch_batched(list(range(n))), n),
-        "torch_batched_sorted": (lambda: torch_batched(sorted_order), n),
-        "rbjax": (lambda: scorer.score_ids(ids).perplexity, n),
-    }
-    # rounds interleave the methods, so a change in machine load hits all of them; the median round is reported
+    def rb(k):
+        sc = scorers[k]
+        if k == "fp32_alone":
+            sa, scf = sc.score_ids(A), sc.score_ids(C)
+        else:
+            sa, scf = sc.score_pairs(A, C)
+        return np.concatenate([sa.mean_nll, scf.mean_nll])
+
+    # matmul peak: the workload's two big shapes, (tokens × d) @ (d × 4d) and (tokens × 4d) @ (4d × d), plus a
+    # larger one; fp32 and bf16 inputs with fp32 accumulation; the best rate of 8 repeats per shape
+    rng = np.random.default_rng(0)
+    shapes = [(1024, d_, 4 * d_), (1024, 4 * d_, d_), (2048, d_, 4 * d_)]
+    mats = [(rng.normal(size=(M, K)).astype(np.float32), rng.normal(size=(K, N)).astype(np.float32))
+            for M, K, N in shapes]
+    jm = [(jnp.asarray(x), jnp.asarray(w)) for x, w in mats]
+    jmb = [(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)) for x, w in jm]
+    tm = [(torch.tensor(x, device=tdev), torch.tensor(w, device=tdev)) for x, w in mats]
+    tmb = [(x.bfloat16(), w.bfloat16()) for x, w in tm]
+    mm32 = jax.jit(lambda a, b: jnp.dot(a, b, precision="highest"))
+    mm16 = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+
+    def peak(call, pairs, seconds=0.4):
+        """Sustained rate: back-to-back calls for ``seconds`` per shape; the best shape (GFLOP/s)."""
+        best = 0.0
+        for (M, K, N), (x, w) in zip(shapes, pairs):
+            call(x, w)
+            k, t0 = 0, time.perf_counter()
+            while True:
+                call(x, w)
+                k += 1
+                dt = time.perf_counter() - t0
+                if dt >= seconds:
+                    break
+            best = max(best, k * 2 * M * K * N / dt)
+        return best / 1e9
+
+    def tcall(x, w):
+        y = torch.mm(x, w)
+        if tdev == "cuda":
+            torch.cuda.synchronize()
+        return y
+
+    peaks = {"xla_fp32": lambda: peak(lambda x, w: mm32(x, w).block_until_ready(), jm),
+             "xla_bf16": lambda: peak(lambda x, w: mm16(x, w).block_until_ready(), jmb),
+             "torch_fp32": lambda: peak(tcall, tm),
+             "torch_bf16": lambda: peak(tcall, tmb)}
+    runs = {"torch_one_at_a_time": (torch_loop, len(loop_idx)),
+            "torch_sorted_fp32": (lambda: torch_sorted(False), n),
+            "torch_sorted_bf16": (lambda: torch_sorted(True), n),
+            "rbjax_fp32": (lambda: rb("fp32"), n),
+            "rbjax_bf16": (lambda: rb("bf16"), n),
+            "rbjax_fp32_no_prefix_sharing": (lambda: rb("fp32_alone"), n)}
+    if not len(loop_idx):
+        del runs["torch_one_at_a_time"]
     rates: dict = {k: [] for k in runs}
+    peak_rounds: dict = {k: [] for k in peaks}
     outputs = {}
     for _ in range(args.rounds):
+        for k, fn in peaks.items():
+            peak_rounds[k].append(fn())
         for k, (fn, count) in runs.items():
             t0 = time.perf_counter()
             outputs[k] = fn()
@@ -138,20 +224,95 @@ def main() -> None:
     for k, v in rates.items():
         res[k] = float(np.median(v))
         res[k + "_rounds"] = [round(x, 2) for x in v]
-    ref_ppl, sorted_ppl, ours = outputs["torch_one_at_a_time"], outputs["torch_batched_sorted"], outputs["rbjax"]
+    # measured like the methods (median of the interleaved rounds), so that load hits floor and rate alike
+    res["peak_gflops"] = {k: round(float(np.median(v)), 1) for k, v in peak_rounds.items()}
+    res["peak_gflops_rounds"] = {k: [round(x, 1) for x in v] for k, v in peak_rounds.items()}
+    pk = {"fp32": max(res["peak_gflops"]["xla_fp32"], res["peak_gflops"]["torch_fp32"]) * 1e9,
+          "bf16": max(res["peak_gflops"]["xla_bf16"], res["peak_gflops"]["torch_bf16"]) * 1e9}
 
-    rel = np.abs(ours[loop_idx] - ref_ppl) / ref_ppl
-    res["max_rel_diff_vs_torch"] = float(rel.max())  # vs the reference formula, one phrase at a time
-    res["max_rel_diff_vs_torch_batched"] = float((np.abs(ours - sorted_ppl) / sorted_ppl).max())
-    res["n_phrases"] = n
-    res["batch_size"] = args.batch_size
-    best_torch_batched = max(res["torch_batched"], res["torch_batched_sorted"])
-    res["ratio_vs_torch_one_at_a_time"] = res["rbjax"] / res["torch_one_at_a_time"]
-    res["ratio_vs_best_torch_batched"] = res["rbjax"] / best_torch_batched
-    res["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}"
-    for k in ("torch_one_at_a_time", "torch_batched", "torch_batched_sorted", "rbjax"):
-        print(f"{k:>22}: {res[k]:8.1f} phrases/s", file=sys.stderr)
-    print(f"{'rbjax compile':>22}: {res['rbjax_compile_s']:8.1f} s   max rel diff vs torch {res['max_rel_diff_vs_torch']:.1e}", file=sys.stderr)
+    # ------------------------------------------------------------------ FLOP accounting (work each method does)
+    st_pairs = dict(scorers["fp32"].last_stats)
+    att_all = attn_flops(ids)
+    from rbjax.lmb.perplexity import common_prefix_length
+
+    att_shared = sum(4 * d_ * nl * p * (p + 1) / 2 for p in (common_prefix_length(x, y) for x, y in zip(A, C)))
+    work = {
+        # PyTorch: every token through the body, the head on every position (last and padding excluded)
+        "torch": n_tok * (body_tok + head_pos) + att_all,
+        # rbjax with prefix sharing: tokens it runs, the head where a token is predicted
+        "rbjax_pairs": st_pairs["slots_run"] * body_tok + st_pairs["predicting"] * head_pos + att_all - att_shared,
+        # rbjax each phrase alone: every token, the head where a token is predicted
+        "rbjax_alone": n_tok * body_tok + sum(max(len(s) - 1, 0) for s in ids) * head_pos + att_all,
+    }
+    kind = {"torch_one_at_a_time": ("torch", "fp32"), "torch_sorted_fp32": ("torch", "fp32"),
+            "torch_sorted_bf16": ("torch", "bf16"), "rbjax_fp32": ("rbjax_pairs", "fp32"),
+            "rbjax_bf16": ("rbjax_pairs", "bf16"), "rbjax_fp32_no_prefix_sharing": ("rbjax_alone", "fp32")}
+    res["gflop_per_phrase"] = {k: round(v / n / 1e9, 3) for k, v in work.items()}
+    res["floor_phrases_per_s"] = {}
+    res["fraction_of_floor"] = {}
+    for k in runs:
+        w, p = kind[k]
+        floor = pk[p] / (work[w] / n)
+        res["floor_phrases_per_s"][k] = round(floor, 1)
+        res["fraction_of_floor"][k] = round(res[k] / floor, 3)
+    res["tokens_saved_by_prefix_sharing"] = 1 - st_pairs["slots_run"] / st_pairs["phrase_tokens"]
+    res["rbjax_plan"] = st_pairs
+    res["rbjax_padding_fraction"] = 1 - st_pairs["slots_run"] / st_pairs["slots_total"]
+    res["rbjax_head_rows_over_predicting"] = st_pairs["head_rows"] / st_pairs["predicting"]
+
+    # ------------------------------------------------------------------ accuracy
+    ref32 = outputs["torch_sorted_fp32"]
+    ours32, ours16 = outputs["rbjax_fp32"], outputs["rbjax_bf16"]
+    res["max_rel_diff_ppl_rbjax_vs_torch_fp32"] = float(np.max(np.abs(np.exp(ours32) - np.exp(ref32)) / np.exp(ref32)))
+    if len(loop_idx):
+        ref_loop = outputs["torch_one_at_a_time"]
+        res["max_rel_diff_ppl_vs_reference_loop"] = float(
+            np.max(np.abs(np.exp(ours32[loop_idx]) - ref_loop) / ref_loop))
+    res["max_rel_diff_nll_prefix_shared_vs_alone"] = float(
+        np.max(np.abs(ours32 - outputs["rbjax_fp32_no_prefix_sharing"]) / outputs["rbjax_fp32_no_prefix_sharing"]))
+    rel16 = np.abs(ours16 - ours32) / ours32
+    trel16 = np.abs(outputs["torch_sorted_bf16"] - ref32) / ref32
+    res["bf16_rel_err_mean_nll"] = {"rbjax_median": float(np.median(rel16)), "rbjax_max": float(rel16.max()),
+                                    "torch_autocast_median": float(np.median(trel16)),
+                                    "torch_autocast_max": float(trel16.max())}
+    res["compile"] = {k: {"programs": sc.compile_count, "first_call_s": round(first[k], 2)}
+                      for k, sc in scorers.items()}
+    res["ratios"] = {
+        "rbjax_fp32_over_torch_sorted_fp32": res["rbjax_fp32"] / res["torch_sorted_fp32"],
+        "rbjax_bf16_over_torch_sorted_bf16": res["rbjax_bf16"] / res["torch_sorted_bf16"],
+        "rbjax_bf16_over_torch_sorted_fp32": res["rbjax_bf16"] / res["torch_sorted_fp32"],
+        "rbjax_bf16_over_rbjax_fp32": res["rbjax_bf16"] / res["rbjax_fp32"],
+    }
+    if len(loop_idx):
+        res["ratios"]["rbjax_fp32_over_torch_one_at_a_time"] = res["rbjax_fp32"] / res["torch_one_at_a_time"]
+    res.update(n_pairs=len(A), n_phrases=n, n_tokens=n_tok, batch_size=args.batch_size, torch_batch=args.torch_batch,
+               rounds=args.rounds, torch_device=tdev, jax_backend=jax.default_backend(),
+               machine=f"{cpu_name()}, {os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}: "
+                       f"{jax.devices()[0].device_kind}), torch {torch.__version__} ({tdev})")
+    try:
+        res["load_average"] = os.getloadavg()
+    except OSError:
+        pass
+
+    # ------------------------------------------------------------------ report
+    print(f"\nmachine: {res['machine']}", file=sys.stderr)
+    print(f"matmul peak (GFLOP/s, sustained, median of rounds): {res['peak_gflops']}", file=sys.stderr)
+    print(f"{'method':>30} {'phrases/s':>10} {'floor':>8} {'of floor':>9}   rounds", file=sys.stderr)
+    for k in runs:
+        print(f"{k:>30} {res[k]:10.1f} {res['floor_phrases_per_s'][k]:8.1f} {res['fraction_of_floor'][k]:9.1%}   "
+              f"{res[k + '_rounds']}", file=sys.stderr)
+    r = res["ratios"]
+    print(f"rbjax fp32 / PyTorch sorted fp32: {r['rbjax_fp32_over_torch_sorted_fp32']:.2f}x   "
+          f"rbjax bf16 / PyTorch bf16 autocast: {r['rbjax_bf16_over_torch_sorted_bf16']:.2f}x   "
+          f"rbjax bf16 / fp32: {r['rbjax_bf16_over_rbjax_fp32']:.2f}x", file=sys.stderr)
+    print(f"prefix sharing saves {res['tokens_saved_by_prefix_sharing']:.1%} of the tokens; padding "
+          f"{res['rbjax_padding_fraction']:.1%} of the slots; head rows / predicting positions "
+          f"{res['rbjax_head_rows_over_predicting']:.3f}", file=sys.stderr)
+    print(f"parity: max rel diff of perplexity vs PyTorch fp32 {res['max_rel_diff_ppl_rbjax_vs_torch_fp32']:.1e}; "
+          f"bf16 rel err of mean NLL: {res['bf16_rel_err_mean_nll']}", file=sys.stderr)
+    print(f"compile: {res['compile']}", file=sys.stderr)
+    if tdev != "cuda" and jax.default_backend() != "cpu":
+        print("note: PyTorch ran on the CPU, rbjax on the accelerator: not like for like", file=sys.stderr)
     print(json.dumps(res))
 
 

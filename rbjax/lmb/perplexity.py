@@ -16,10 +16,11 @@ How the work is cut down (issue 11), each step exact in float32:
   continuing from the prefix in both branches). This is the prefix-KV-cache computation in one pass: the
   prefix's keys/values are computed once and both suffixes continue from them. The last prefix position
   predicts the first token of both branches from one log-sum-exp.
-* **Packing, no padding.** Trees (or single phrases) are packed into rows of ``row_len`` slots (best-fit
-  decreasing); a block mask keeps them apart and position ids restart in each. A run compiles one program per
-  batch-row count (the full batch size and, for the last batch, the smallest power-of-two fraction of it that
-  holds the rest), not one per length.
+* **Packing, little padding.** Trees (or single phrases) are packed into rows of ``row_len`` slots (best-fit
+  decreasing; 98 % of the slots are used on the RedditBias test split); a block mask keeps them apart and
+  position ids restart in each. The row length is the cheapest of a few candidates (32, 48, 64, 96, 128) by a
+  FLOP model; a run compiles one program per (row length, rows per batch): the full batch and, for the last
+  batch, the smallest multiple of a quarter batch that holds the rest — not one per phrase length.
 * **LM head only where a token is predicted.** The last token of each phrase and the empty slots predict
   nothing; the predicting slots of each row are gathered into a packed ``(rows, head_slots)`` array before the
   chunked log-sum-exp (:mod:`rbjax.model.nll`).
@@ -35,7 +36,6 @@ With several devices the batch rows are sharded over all of them (a 1-D ``Mesh``
 from __future__ import annotations
 
 import dataclasses
-import math
 from functools import partial
 from typing import Callable, Sequence
 
@@ -47,15 +47,17 @@ from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
-           "HEAD_CHUNK", "DEFAULT_ROW_LEN"]
+           "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
 
 #: compute precisions: name -> matmul input dtype
 PRECISIONS = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
-#: default slots per packed row (a row holds several phrases or pair trees; RedditBias trees are ≈ 20 slots)
-DEFAULT_ROW_LEN = 64
-#: predicting slots per row that the LM head processes, as a fraction of ``row_len`` (rounded up to 4)
-HEAD_FRACTION = 15 / 16
+#: a batch holds ``batch_size × SLOTS_PER_PHRASE`` token slots (``batch_size`` is a nominal phrase count: RedditBias
+#: phrases have 13 tokens on average, a pair tree ≈ 22 slots)
+SLOTS_PER_PHRASE = 16
+#: candidate row lengths (slots); a run takes the cheapest of the (up to three) shortest that hold its longest
+#: phrase or pair tree, by a FLOP model of body, attention and LM head; longer trees: multiples of 64
+ROW_LENGTHS = (32, 48, 64, 96, 128)
 
 
 def _compute_dtype(precision: str):
@@ -249,6 +251,30 @@ def _pack(sizes: np.ndarray, preds: np.ndarray, row_len: int, head_slots: int) -
     return rows
 
 
+def _head_slots(L: int) -> int:
+    """LM-head slots per row of ``L`` slots: a row of packed phrases has at least one non-predicting slot per
+    phrase, so the head processes ``L - max(4, L // 16)`` of them (the packer respects the limit)."""
+    return max(1, L - max(4, L // 16)) if L > 8 else L
+
+
+def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config: GPT2Config, row_len: int | None):
+    """Choose the row length, pack, return ``(L, P, rows)``."""
+    longest = int(sizes.max())
+    if row_len is not None:
+        cands = [max(int(row_len), -(-longest // 16) * 16)]
+    else:
+        cands = [c for c in ROW_LENGTHS if c >= longest][:3] or [-(-longest // 64) * 64]
+    d, V, nl = config.n_embd, config.vocab_size, config.n_layer
+    best = None
+    for L in cands:
+        P = max(_head_slots(L), int(preds.max()))
+        rows = _pack(sizes, preds, L, P)
+        cost = len(rows) * (L * nl * (24 * d * d + 4 * L * d) + P * 2 * d * V)
+        if best is None or cost < best[0]:
+            best = (cost, L, P, rows)
+    return best[1:]
+
+
 def _cast_for_compute(params, dt):
     """Matmul kernels in the compute dtype (cast once); LayerNorm, biases and embeddings stay float32."""
     if dt == jnp.float32:
@@ -267,9 +293,13 @@ class PerplexityScorer:
         params: GPT-2 params (numpy or jax arrays; moved to the device(s) once). With ``stacked=True`` every leaf
             has a leading model axis M and results are per model.
         config: the model's :class:`GPT2Config`.
-        batch_size: packed rows per compiled batch; a batch holds ``batch_size × row_len`` token slots. Rounded
-            up to a multiple of the device count when batches are sharded.
-        row_len: token slots per row (default 64; raised to fit the longest phrase or pair tree, in steps of 16).
+        batch_size: nominal phrases per compiled batch: a batch holds about ``batch_size × 16`` token slots
+            (:data:`SLOTS_PER_PHRASE`), i.e. ``max(1, batch_size·16 // row_len)`` packed rows, rounded up to a
+            multiple of the device count when batches are sharded. 64 (1,024 slots) suits a CPU; accelerators
+            want more.
+        row_len: token slots per packed row. Default: chosen per call among 32/48/64/96/128 (the cheapest of the
+            shortest three that hold the longest phrase or pair tree); an int fixes it (raised, in steps of 16,
+            to fit the longest).
         bos_id: when given, prepend this id (e.g. 50256) and score every phrase token.
         precision: ``"fp32"`` (default; matmuls at ``"highest"``) or ``"bf16"`` (bf16 matmul inputs, float32
             accumulation / softmax / log-sum-exp; see the module docstring).
@@ -287,17 +317,17 @@ class PerplexityScorer:
     """
 
     def __init__(self, params, config: GPT2Config, batch_size: int = 64, bos_id: int | None = None,
-                 precision: str = "fp32", *, row_len: int = DEFAULT_ROW_LEN, stacked: bool = False,
+                 precision: str = "fp32", *, row_len: int | None = None, stacked: bool = False,
                  devices: Sequence | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if row_len < 2:
+        if row_len is not None and row_len < 2:
             raise ValueError(f"row_len must be >= 2, got {row_len}")
         self.config = config
         self.precision = precision
         self.dtype = _compute_dtype(precision)
         self.bos_id = bos_id
-        self.row_len = int(row_len)
+        self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
         devs = list(devices) if devices is not None else jax.devices()
         self.n_devices = len(devs)
@@ -310,7 +340,7 @@ class PerplexityScorer:
             replicated = NamedSharding(self.mesh, PartitionSpec())
         else:
             replicated = devs[0]
-        self.batch_size = -(-int(batch_size) // self.n_devices) * self.n_devices
+        self.batch_size = int(batch_size)
         if self.stacked:
             leaves = jax.tree.leaves(params)
             self.n_models = int(leaves[0].shape[0]) if leaves else 0
@@ -414,19 +444,21 @@ class PerplexityScorer:
         stats = dict(phrases=0, phrase_tokens=0, slots_run=0, slots_total=0, predicting=0, head_rows=0,
                      batches=0, rows=0)
         if live:
-            L = max(self.row_len, -(-max(t.size for t in live) // 16) * 16)
             sizes = np.array([t.size for t in live])
             preds = np.array([len(t.pred) for t in live])
-            P = max(-(-int(math.ceil(L * HEAD_FRACTION)) // 4) * 4, int(preds.max()))
-            P = min(P, L)
-            rows = _pack(sizes, preds, L, P)
-            stats.update(slots_run=int(sizes.sum()), predicting=int(preds.sum()), rows=len(rows))
-            R = self.batch_size
+            L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len)
+            stats.update(slots_run=int(sizes.sum()), predicting=int(preds.sum()), rows=len(rows), row_len=L,
+                         head_slots=P)
+            # rows per batch: a multiple of the device count, and of 4 devices' worth when that large, so that the
+            # last batch can take the smallest multiple of a quarter batch that holds it (≤ 4 programs per L)
+            step = self.n_devices
+            R = -(-max(1, self.batch_size * SLOTS_PER_PHRASE // L) // step) * step
+            if R >= 4 * step:
+                step = -(-R // (4 * step)) * step
+                R = 4 * step
             for start in range(0, len(rows), R):
                 chunk = rows[start:start + R]
-                r = R
-                while r // 2 >= len(chunk) and (r // 2) % self.n_devices == 0:
-                    r //= 2  # the last batch: the smallest power-of-two fraction of batch_size that holds it
+                r = -(-len(chunk) // step) * step
                 self._batch(chunk, live, r, L, P, sums, counts)
                 stats["batches"] += 1
                 stats["slots_total"] += r * L
