@@ -90,4 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m rbjax.cli` runs this file as `__main__`, a second copy of the module beside `rbjax.cli`: the
+    # subcommands raise `rbjax.cli.CLIError`, which this copy's `main` would not catch (a traceback instead of the
+    # message). Dispatch through the imported module. (`python -m rbjax` is the documented spelling.)
+    import rbjax.cli
+
+    sys.exit(rbjax.cli.main())

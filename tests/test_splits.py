@@ -2,7 +2,9 @@
 and the worked example of a new bias type (docs/data-building.md)."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import random
 from pathlib import Path
@@ -221,8 +223,9 @@ def _example_dump(path, n=400, seed=0):
     return path
 
 
-def test_worked_example_new_bias_type(tmp_path, capsys):
-    """retrieve -> annotate export -> (annotators) -> annotate import -> splits -> measure-ready files."""
+def _annotated_example(tmp_path) -> Path:
+    """The worked example up to the annotated file: retrieve -> annotate export -> (simulated annotators) ->
+    annotate import, through the CLI as docs/data-building.md runs it."""
     spec = str(EXAMPLE_SPEC)
     dump = _example_dump(tmp_path / "RC_2020-09.zst")
     cand = tmp_path / "candidates.csv"
@@ -246,10 +249,18 @@ def test_worked_example_new_bias_type(tmp_path, capsys):
             w.writeheader()
             w.writerows(rows)
     annotated = tmp_path / "annotated.csv"
-    capsys.readouterr()
-    assert cli_main(["annotate", "import", *(str(ann_dir / f"{a}.csv") for a in ("ann", "bob", "cat")),
-                     "--items", str(ann_dir / "items.csv"), "--out", str(annotated)]) == 0
-    assert "Krippendorff's alpha (phrase level):" in capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli_main(["annotate", "import", *(str(ann_dir / f"{a}.csv") for a in ("ann", "bob", "cat")),
+                         "--items", str(ann_dir / "items.csv"), "--out", str(annotated)]) == 0
+    assert "Krippendorff's alpha (phrase level):" in printed.getvalue()
+    return annotated
+
+
+def test_worked_example_new_bias_type(tmp_path, capsys):
+    """retrieve -> annotate export -> (annotators) -> annotate import -> splits -> measure-ready files."""
+    spec = str(EXAMPLE_SPEC)
+    annotated = _annotated_example(tmp_path)
     res = make_splits(annotated, load_spec(spec), tmp_path / "data_dir", _fake_score)
     assert res.n_train + res.n_heldout == res.n_biased > 50
     d = tmp_path / "data_dir/data/nationality"
@@ -268,6 +279,183 @@ def test_worked_example_new_bias_type(tmp_path, capsys):
     rec = json.loads((tmp_path / "results" / "lmb.json").read_text())[0]
     assert rec["bias_type"] == "nationality" and rec["n_pairs"] == res.n_test
     assert (tmp_path / "results" / "nationality_perplexities.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def example_data_dir(tmp_path_factory, tiny_model_dir):
+    """The worked example's data folder as `rbjax splits --model` writes it (retrieve -> annotate -> splits)."""
+    tmp = tmp_path_factory.mktemp("worked_example")
+    annotated = _annotated_example(tmp)
+    data = tmp / "data_dir"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli_main(["splits", "--bias", str(EXAMPLE_SPEC), "--annotated", str(annotated), "--out-dir", str(data),
+                         "--model", str(tiny_model_dir)]) == 0
+    summary = json.loads((data / "data/nationality/nationality_splits.json").read_text())
+    assert summary["n_train"] > 50 and summary["n_valid"] > 10
+    return data, summary
+
+
+def _check_debias_run(out: Path, method: str, n_train: int, n_valid: int) -> dict:
+    """What `rbjax debias` on the example spec must leave in ``out`` (results.json, LMB of the new type, model)."""
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "done" and res["training"]["updates"] == 2 and res["method"] == method
+    assert res["bias_type"] == str(EXAMPLE_SPEC)
+    lmb = res["lmb_valid"]
+    assert lmb["debiased_type"]["bias_type"] == "nationality" and lmb["debiased_type"]["n_pairs"] == n_valid
+    assert isinstance(lmb["debiased_type"]["t_value"], float)
+    assert [r["bias_type"] for r in lmb["all"]] == ["nationality"]
+    assert json.loads((out / "lmb_valid/lmb.json").read_text())[0]["bias_type"] == "nationality"
+    assert (out / "model/model.safetensors").is_file()
+    triggers = res["training"]["triggers"]
+    if method in ("lmd", "add", "hd"):
+        # every training phrase of the example names the Irish and holds an A1 attribute (see _example_dump)
+        assert triggers["sentences_triggered"] == triggers["n_sentences"] == n_train
+        assert triggers["triggered_positions" if method == "lmd" else "occurrences"] >= n_train
+    else:
+        assert triggers == {}
+    return res
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_worked_example_continues_through_debiasing(example_data_dir, tiny_model_dir, shared_dir, capsys):
+    """The README's worked example for a new bias type after `rbjax splits --model`: `rbjax measure`, the training
+    data and triggers of lmd/add/hd/cda, `rbjax debias --method hd` on the spec file and
+    the data folder that `splits` wrote (issue 7, item 2). The CLI runs of the other methods and the sweep:
+    test_worked_example_debias_every_method_and_sweep (slow)."""
+    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.data import TrainingData
+    from rbjax.model.tokenizer import load_tokenizer
+
+    data, summary = example_data_dir
+    spec, tmp = str(EXAMPLE_SPEC), data.parent
+    n_train, n_valid = summary["n_train"], summary["n_valid"]
+    assert cli_main(["measure", "--model", str(tiny_model_dir), "--bias", spec, "--data-dir", str(data),
+                     "--split", "valid", "--out", str(tmp / "results"), "--n-bootstrap", "100", "--no-progress"]) == 0
+    base = json.loads((tmp / "results/lmb.json").read_text())[0]
+    assert base["bias_type"] == "nationality" and base["n_pairs"] == n_valid
+
+    # each method's training set and triggers on the new type (no training needed to see them)
+    tok = load_tokenizer(tiny_model_dir)
+    for method in ("lmd", "add", "hd", "cda"):
+        td = TrainingData(TrainConfig(method=method, bias_type=spec, data_dir=str(data)), tok, 50257)
+        assert td.n_examples == (2 * n_train if method == "cda" else n_train)
+        if method == "lmd":
+            assert td.trigger_stats["sentences_triggered"] == n_train  # every phrase names the Irish
+        elif method in ("add", "hd"):
+            # ... and holds an A1 attribute, "heavy drinkers" (a quoted multi-word attribute) included
+            assert td.trigger_stats["sentences_triggered"] == n_train
+            assert td.trigger_stats["occurrences"] >= n_train
+        else:
+            assert td.trigger_stats == {} and td.info["source"].startswith("CDA")
+
+    common = ["--bias", spec, "--model", str(tiny_model_dir), "--data-dir", str(data), "--max-steps", "2",
+              "--no-progress"]
+    out = tmp / "runs/hd"
+    lmp_file = shared_dir / "redditbias/text_files/humanref6k.txt"
+    capsys.readouterr()
+    # the default --eval-bias all: this data folder holds only the new type, which the command says
+    assert cli_main(["debias", "--method", "hd", *common, "--out", str(out), "--lmp-file", str(lmp_file),
+                     "--lmp-max-lines", "8"]) == 0
+    printed = capsys.readouterr()
+    assert "holds no RedditBias files of religion1" in printed.err and "nationality" in printed.out
+    res = _check_debias_run(out, "hd", n_train, n_valid)
+    assert res["lmp"]["n_lines"] == 8 and res["lmp"]["perplexity"] > 1
+
+    # the official code's token-id lists and substring rules exist only for the packaged types: a clear error
+    for cmd, method in (("debias", "hd"), ("debias", "cda"), ("sweep", "lmd")):
+        capsys.readouterr()
+        assert cli_main([cmd, "--method", method, *common, "--out", str(tmp / "ref"), "--semantics", "reference"]) == 1
+        err = capsys.readouterr().err
+        assert "exist only for the five packaged bias types; use --semantics paper" in err and "Traceback" not in err
+    assert not (tmp / "ref").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_worked_example_debias_every_method_and_sweep(example_data_dir, tiny_model_dir, shared_dir, capsys):
+    """`rbjax debias` with lmd, add and cda on the example spec (hd: the fast test above), each evaluated on the new
+    type's valid split (lmd also with the LMP of 8 lines), and a 2-point `rbjax sweep`."""
+    data, summary = example_data_dir
+    spec, tmp = str(EXAMPLE_SPEC), data.parent
+    lmp_file = shared_dir / "redditbias/text_files/humanref6k.txt"
+    for method in ("lmd", "add", "cda"):
+        out = tmp / "runs" / method
+        lmp = ["--lmp-file", str(lmp_file), "--lmp-max-lines", "8"] if method == "lmd" else ["--no-lmp"]
+        assert cli_main(["debias", "--method", method, "--bias", spec, "--model", str(tiny_model_dir),
+                         "--data-dir", str(data), "--max-steps", "2", "--no-progress", "--out", str(out),
+                         "--eval-bias", spec, *lmp]) == 0, method
+        assert "nationality" in capsys.readouterr().out
+        res = _check_debias_run(out, method, summary["n_train"], summary["n_valid"])
+        if method == "lmd":
+            assert res["lmp"]["n_lines"] == 8 and res["lmp"]["perplexity"] > 1
+        else:
+            assert "lmp" not in res
+        if method == "cda":
+            assert json.loads((out / "config.json").read_text())["data"]["n_lines"] == 2 * summary["n_train"]
+
+    out = tmp / "sweep"
+    assert cli_main(["sweep", "--method", "hd", "--bias", spec, "--model", str(tiny_model_dir), "--data-dir",
+                     str(data), "--max-steps", "2", "--no-progress", "--out", str(out), "--batch-sizes", "8",
+                     "--grad-accums", "1", "--lambda-lms", "0.01", "--lambda-ds", "10,100", "--max-points", "2",
+                     "--no-lmp", "--n-bootstrap", "100"]) == 0
+    runs = [json.loads(ln) for ln in (out / "sweep.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in runs] == ["b8_a1_lm0.01_d10", "b8_a1_lm0.01_d100"]
+    assert all(r["updates"] == 2 and r["dev"]["n_pairs"] == summary["n_valid"] for r in runs)
+    assert json.loads((out / "selection.json").read_text())["n_runs"] == 2
+    assert "nationality" in capsys.readouterr().out
+
+
+def test_spec_run_without_lmp_reference_fails_before_training(example_data_dir, tiny_model_dir, tmp_path,
+                                                              monkeypatch, capsys):
+    """The data folder of a new type has no text_files/humanref6k.txt; offline, the RedditBias release cannot be
+    read either: the run must say so (and name --lmp-file / --no-lmp) before training, not after it."""
+    from rbjax.data.redditbias import RedditBiasData
+
+    data, _ = example_data_dir
+    orig = RedditBiasData.reddit_reference_file
+
+    def offline(self):
+        if self.is_cache:
+            raise RuntimeError("cannot download text_files/humanref6k.txt (offline)")
+        return orig(self)
+
+    monkeypatch.setattr(RedditBiasData, "reddit_reference_file", offline)
+    monkeypatch.delenv("RBJAX_DATA_DIR", raising=False)
+    base = ["debias", "--method", "hd", "--bias", str(EXAMPLE_SPEC), "--model", str(tiny_model_dir), "--data-dir",
+            str(data), "--max-steps", "2", "--no-eval", "--no-progress"]
+    capsys.readouterr()
+    assert cli_main([*base, "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err
+    assert f"not in --data-dir {data}" in err and "--lmp-file" in err and "--no-lmp" in err and "(offline)" in err
+    assert not (tmp_path / "a/checkpoints").exists()
+    assert cli_main([*base, "--out", str(tmp_path / "b"), "--lmp-file", str(tmp_path / "nope.txt")]) == 1
+    assert f"--lmp-file {tmp_path / 'nope.txt'}: LMP reference file not found" in capsys.readouterr().err
+    assert not (tmp_path / "b/checkpoints").exists()
+
+
+def test_quoted_multi_word_attribute_of_a_spec_triggers(tokenizer_dir):
+    """A user spec writes multi-word attributes in the paper's quotes ('"heavy drinker*"', as retrieval reads
+    them); the ADD/HD triggers used to look for the quote characters and never fired on them."""
+    from rbjax.debias.triggers import TriggerBuilder
+    from rbjax.model.tokenizer import load_tokenizer
+
+    spec = load_spec(EXAMPLE_SPEC)
+    assert '"heavy drinker*"' in spec.attributes_a1
+    tok = load_tokenizer(tokenizer_dir)
+    tb = TriggerBuilder(spec, tok, semantics="paper")
+    texts = ["the irish are Heavy  drinkers, really", "irishmen are heavy drinker", "irishmen are heavy", "ok"]
+    enc = tok.encode_batch(texts)
+    ids = np.zeros((len(texts), 12), np.int32)
+    mask = np.zeros((len(texts), 12), np.int32)
+    for r, t in enumerate(enc):
+        ids[r, :len(t)], mask[r, :len(t)] = t, 1
+    occ = tb.attributes(ids, mask, max_occurrences=None)
+    assert occ.mask.sum(1).tolist() == [1, 1, 0, 0]
+    k = spec.attributes_a1.index('"heavy drinker*"')
+    assert occ.rows[0, 0] == occ.rows[1, 0] == k
+    # the occurrence covers both words' tokens: "heavy" and "drinkers" in the first text
+    covered = [tok.decode([int(i)]) for i, w in zip(ids[0], occ.weights[0, 0]) if w > 0]
+    assert "".join(covered).strip().lower() == "heavy  drinkers"
 
 
 def test_cli_splits_with_tiny_model(tmp_path, tiny_model_dir, capsys):

@@ -167,6 +167,11 @@ class TrainConfig:
                 raise ValueError(
                     f"{self.bias_type}: reference semantics reproduces the official code's token-id lists, which "
                     "exist only for the five packaged bias types; use --semantics paper for a bias type of your own")
+        if self.semantics == "reference" and self.method == "cda" and not bias_spec(self.bias_type).reference.get(
+                "swap_rules"):
+            raise ValueError(
+                f"{self.bias_type}: reference semantics swaps CDA copies with the official code's substring rules, "
+                "which exist only for the five packaged bias types; use --semantics paper for a bias type of your own")
 
     @property
     def resolved_leftover(self) -> str:

@@ -77,6 +77,13 @@ def _lmb_summary(rec: dict) -> dict:
     return out
 
 
+def _type_name(bias_type: str) -> str:
+    """The name LMB records carry for a bias type: the packaged name, or a spec file's ``name``."""
+    from rbjax.specs import is_spec_path, load_spec
+
+    return load_spec(bias_type).name if is_spec_path(bias_type) else bias_type
+
+
 def _eval_types(cfg: TrainConfig) -> list[str]:
     """The bias types of the post-training LMB: ``eval_bias`` plus the debiased type. For a bias type of one's own
     (a spec file) whose data folder holds no files of a packaged type, ``all`` skips those types (and says so)."""
@@ -92,7 +99,8 @@ def _eval_types(cfg: TrainConfig) -> list[str]:
             _say(f"{data.root} holds no RedditBias files of {', '.join(missing)}: LMB of the debiased type only "
                  "(--eval-bias names other types explicitly)")
             types = [t for t in types if t not in missing]
-    return types if cfg.bias_type in types else [cfg.bias_type] + types
+    # compared by name: a spec file may be named by another path in --eval-bias
+    return types if _type_name(cfg.bias_type) in map(_type_name, types) else [cfg.bias_type] + types
 
 
 def lmp_reference_file(cfg: TrainConfig) -> Path:
@@ -107,7 +115,13 @@ def lmp_reference_file(cfg: TrainConfig) -> Path:
     except FileNotFoundError:
         if cfg.data_dir is None:
             raise
-        return RedditBiasData(None).reddit_reference_file()
+        try:
+            return RedditBiasData(None).reddit_reference_file()
+        except (FileNotFoundError, RuntimeError) as e:
+            raise FileNotFoundError(
+                f"the LMP reference text_files/humanref6k.txt is not in --data-dir {cfg.data_dir} and the RedditBias "
+                f"release could not be read ({e}); give --lmp-file FILE (e.g. a local RedditBias copy's "
+                "text_files/humanref6k.txt) or --no-lmp") from None
 
 
 def _lmp_key(cfg: TrainConfig, model_key: str) -> dict:
@@ -143,7 +157,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
                             resume=True)
         res["lmb_valid"] = {
-            "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == cfg.bias_type),
+            "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.bias_type)),
             "all": [_lmb_summary(r) for r in recs],
             "folder": str(Path(cfg.out_dir) / "lmb_valid"),
             "seconds": time.perf_counter() - t0,
@@ -229,6 +243,8 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
+    if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
+        raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
     key = json.loads(json.dumps(trainer.key()))

@@ -193,10 +193,13 @@ class TriggerBuilder:
                         self._term_pairs[t].append(p)
             self._term_rx = term_regex(terms)
             self._term_lookup = {t.lower(): t for t in terms}
-            self._attr_rx = term_regex(spec.attributes_a1)
+            # the paper's quotes around a multi-word attribute ('"heavy drinker*"', kept in a user's spec file, as
+            # retrieval reads it) are not part of the words: without this, such an attribute never matched
+            attrs = [a.replace('"', " ").strip() for a in spec.attributes_a1]
+            self._attr_rx = term_regex(attrs)
             # a match is attributed to the first literal attribute it equals, else to the first wildcard one
-            order = sorted(range(len(spec.attributes_a1)), key=lambda k: ("*" in spec.attributes_a1[k], k))
-            self._attr_patterns = [(k, term_regex([spec.attributes_a1[k]])) for k in order]
+            order = sorted(range(len(attrs)), key=lambda k: ("*" in attrs[k], k))
+            self._attr_patterns = [(k, term_regex([attrs[k]])) for k in order]
             self.n_pairs = len(spec.pairs)
         else:
             ref = spec.reference or {}
