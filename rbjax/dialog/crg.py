@@ -15,7 +15,8 @@ read as "no response" (``None``). :func:`read_dstc7_tsv` checks every row and na
 ``../shared/dialog-data/dstc7/SOURCE.md``). The RedditBias release carries ``data/dstc7/response_hyp.txt``: a
 single-line JSON object ``{hash: "<context>__UNDISCLOSED__<text>"}`` with **1,472** DSTC-7 test contexts (the
 text after the marker, present in 733 records, is a generated hypothesis of the authors' pipeline, not a human
-reference, and is not used). :func:`read_response_hyp` returns ``(hash, context)`` in file order.
+reference, and is not used). :func:`read_response_hyp` returns ``(hash, context)`` in file
+order.
 
 **Fine-tuning examples** (:func:`crg_example`, :func:`build_crg_arrays`): ``context + <eos> + response + <eos>``
 as GPT-2 ids (context and response encoded separately, no special tokens), at most ``block_size`` = 128 tokens,

@@ -767,7 +767,8 @@ def format_result(res: dict) -> str:
 
         g = res.get("generation") or {}
         lines += [f"CRG (DSTC-7, {g.get('n_generated')} responses, "
-                  f"{'fine-tuned' if res.get('fine_tuned') else 'not fine-tuned'}, {g.get('semantics')} sampling)",
+                  f"{'fine-tuned' if res.get('fine_tuned') else 'not fine-tuned'}, "
+                  f"{'greedy' if (g.get('sampling') or {}).get('greedy') else g.get('semantics') + ' sampling'})",
                   format_crg_table(m)]
     for n in res.get("notes") or []:
         lines.append(f"  note: {n}")
