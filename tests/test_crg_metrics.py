@@ -308,4 +308,4 @@ def test_cli_reference_free_and_errors(tmp_path, capsys):
     assert "needs --hyp" in capsys.readouterr().err
     # only working tasks are offered
     with pytest.raises(SystemExit):
-        main(["evaluate", "--task", "dst", "--out", str(out)])
+        main(["evaluate", "--task", "nope", "--out", str(out)])

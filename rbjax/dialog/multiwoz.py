@@ -63,7 +63,7 @@ __all__ = [
     "BELIEF_DOMAINS", "EXPERIMENT_DOMAINS", "DONTCARE_VARIANTS", "MAX_TURN_WORDS", "DEFAULT_FILES",
     "Normalizer", "load_mapping_pairs", "default_file", "load_ontology", "build_trade_dialogues",
     "trade_slot_name", "canonical_value", "SlotOntology",
-    "MultiWOZSplit", "load_multiwoz", "load_training_split", "canonical_split",
+    "MultiWOZSplit", "load_multiwoz", "load_training_split", "canonical_split", "split_files",
 ]
 
 #: TRADE's domain order when it reads a belief state (``get_summary_bstate``); ``bus`` is never read.
@@ -874,6 +874,35 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         files.append((str(norm.path), sha256_file(norm.path)))
     return MultiWOZSplit(split=split, dialogues=dials, layout=layout, files=files, n_source_dialogues=n,
                          dropped=dropped)
+
+
+def split_files(source: str | os.PathLike | None = None, split: str = "test", *, download: bool = True
+                ) -> list[Path]:
+    """The data files :func:`load_multiwoz` ``(source, split)`` reads (``mapping.pair`` aside), without parsing them:
+    for content keys of results that may be reused (a result keyed on these files' digests stays valid while they do
+    not change).
+
+    Returns:
+        the split's file (zip, ``{split}.json``, ``*_dials.json``, ``data.json``), plus, beside a ``data.json``, its
+        list files and ``dialogue_acts.json`` when present.
+    Raises:
+        as :func:`load_multiwoz` for a missing source or split (no default train split).
+    """
+    split = canonical_split(split)
+    if source is None and os.environ.get(ENV_SOURCE):
+        source = os.environ[ENV_SOURCE]
+    if source is None:
+        if split == "train":
+            raise ValueError("the MultiWOZ 2.0 train split is not part of the default download; pass it as source")
+        return [default_file(f"{split}.json.zip", download=download)]
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: MultiWOZ source not found")
+    path = _resolve_source(path, split)
+    out = [path]
+    if path.name == "data.json":
+        out += [q for q in (path.parent / f for f in (*_LIST_FILES.values(), "dialogue_acts.json")) if q.exists()]
+    return out
 
 
 def load_training_split(train_source: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
