@@ -17,9 +17,9 @@ What comes from where
   two-word forms of "african-american(s)"/"afro-american(s)"). They are listed in
   :data:`PAIRS` below, and the script checks that every App. A target pair is covered by them.
   Order matters for the T2->T1 direction of swapping: the first pair listed for a T2 word gives its T1 word.
-* ``reference``: the official code's own lists, parsed from ``shared/docs/reference-debias.md`` §5 (token-id
+* ``reference``: the official code's own lists, parsed from ``shared/reference-debias.md`` §5 (token-id
   pairs of LMD, ADD and HD and the zero-padded attribute id rows of ADD/HD, cai:src/transformers/modeling_gpt2.py)
-  and the CDA substring swap rules of ``shared/docs/reference-data.md`` §6
+  and the CDA substring swap rules of ``shared/reference-data.md`` §6
   (rb:DataPreparation/reddit_data_replace_target_testset.py:23-101). Every id is checked against the GPT-2
   vocabulary in ``shared/tokenizers/gpt2`` (ids >= 50257 are kept verbatim: they are the code's invalid ids).
 
@@ -310,8 +310,8 @@ def build(shared: Path) -> dict[str, dict]:
                 "swap_rules": SWAP_RULES[name],
                 "source": (
                     "token ids: umanlp/redditbias_debias_conv_ai@996c6e1 src/transformers/modeling_gpt2.py "
-                    "(via docs/reference-debias.md §5); swap rules: umanlp/RedditBias@61f9ae9 "
-                    "DataPreparation/reddit_data_replace_target_testset.py (via docs/reference-data.md §6)"
+                    "(via reference-debias.md §5); swap rules: umanlp/RedditBias@61f9ae9 "
+                    "DataPreparation/reddit_data_replace_target_testset.py (via reference-data.md §6)"
                 ),
             },
             "source": f"umanlp/RedditBias@61f9ae9 data/{up}/ (paper App. A); pairs: experiments/make_specs.py",

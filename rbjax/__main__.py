@@ -1,7 +1,5 @@
 """``python -m rbjax``: the ``rbjax`` command (:func:`rbjax.cli.main`), for environments without the console script."""
-import sys
-
-from rbjax.cli import main
+from rbjax.cli import console_main
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console_main()

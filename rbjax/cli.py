@@ -11,7 +11,7 @@ import importlib
 import sys
 
 #: subcommand modules, in the order shown by ``rbjax --help``
-COMMANDS = ("measure", "plot", "debias", "sweep", "retrieve", "annotate", "splits", "evaluate")
+COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -89,10 +89,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def console_main() -> None:  # pragma: no cover (the process exits)
+    """The ``rbjax`` console script (and ``python -m rbjax``): :func:`main`, then exit with its code.
+
+    After Ctrl-C the process leaves with ``os._exit``: everything rbjax keeps is already written (atomically), and a
+    normal interpreter shutdown can crash in a JAX compile thread still running (a segfault instead of exit 130).
+    """
+    import os
+
+    rc = main()
+    if rc == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":  # pragma: no cover
     # `python -m rbjax.cli` runs this file as `__main__`, a second copy of the module beside `rbjax.cli`: the
     # subcommands raise `rbjax.cli.CLIError`, which this copy's `main` would not catch (a traceback instead of the
     # message). Dispatch through the imported module. (`python -m rbjax` is the documented spelling.)
     import rbjax.cli
 
-    sys.exit(rbjax.cli.main())
+    rbjax.cli.console_main()

@@ -10,7 +10,7 @@ from rbjax.specs import BIAS_TYPES, BiasSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# App. A sizes (docs/reference-data.md §9) and the code's list sizes (docs/reference-debias.md §5).
+# App. A sizes (reference-data.md §9) and the code's list sizes (reference-debias.md §5).
 N_A1 = {"religion1": 52, "religion2": 49, "race": 53, "gender": 22, "queerness": 62}
 N_QUERIES = {"religion1": 22, "religion2": 26, "race": 18, "gender": 25, "queerness": 19}
 N_LMD = {"religion1": 6, "religion2": 3, "queerness": 11, "gender": 21, "race": 8}

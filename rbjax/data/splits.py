@@ -1,4 +1,4 @@
-"""Train / valid / test splits from annotated phrases, the paper's procedure (``docs/reference-data.md`` §4).
+"""Train / valid / test splits from annotated phrases, the paper's procedure (``reference-data.md`` §4).
 
 1. Biased set: annotated rows with ``bias_phrase == 1`` and a non-empty ``phrase`` (which
    becomes ``comments_processed``). Biased rows with an empty phrase are dropped, as

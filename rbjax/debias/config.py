@@ -1,4 +1,4 @@
-"""Configuration of a debiasing run (paper §4, §5.1; docs/reference-debias.md §7).
+"""Configuration of a debiasing run (paper §4, §5.1; reference-debias.md §7).
 
 :class:`TrainConfig` is a frozen, JSON-serialisable dataclass: everything that defines one run. Its fields are also
 the command-line options of ``rbjax debias`` and ``rbjax sweep`` (built from the dataclass by

@@ -6,7 +6,7 @@ mates) or once per micro-batch of a batch plan (reference semantics: the code's 
 sentence of the micro-batch), and every grid point that shares a batch plan shares the same stream. No regular
 expression runs inside the step loop.
 
-Order and randomness (paper §5.1 and the reference Trainer, docs/reference-debias.md §7)
+Order and randomness (paper §5.1 and the reference Trainer, reference-debias.md §7)
     * Data order: a seeded permutation per epoch, ``numpy.random.default_rng([seed, epoch])``; micro-batch ``b`` of
       epoch ``e`` holds rows ``perm[b·B:(b+1)·B]``. The last, smaller micro-batch is filled with empty rows (zero
       mask), which contribute nothing, so the result equals the reference's smaller last batch.
@@ -263,6 +263,13 @@ class TrainingData:
                 m = np.zeros((self.n_examples, self.n_occ), np.float32)
                 w[:, :o.weights.shape[1]], m[:, :o.mask.shape[1]] = o.weights, o.mask
                 self._per_example = {"occ_weights": w, "occ_mask": m}
+
+        if self.trigger_stats["sentences_triggered"] == 0:
+            what = "a term of the target pairs" if cfg.method == "lmd" else "an A1 attribute"
+            raise ValueError(
+                f"no training phrase triggers the {cfg.method} loss (0 of {self.n_examples} phrases contain {what} of "
+                f"{cfg.bias_type}): the run would be plain LM fine-tuning; check the training file and the bias "
+                "specification")
 
     def triggers(self, ids: np.ndarray, mask: np.ndarray, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The method's trigger arrays of a micro-batch (``ids``/``mask`` ``(B, L)``, ``rows`` its example indices).

@@ -1,6 +1,6 @@
 """The optimiser of the debiasing runs: global-norm clip 1.0 + Adam (β 0.9/0.999, ε 1e-8), no weight decay, linear
 decay of the learning rate to 0 without warm-up, counted in updates (paper §5.1; the reference's HF Trainer,
-docs/reference-debias.md §7). Pure JAX/optax, no I/O.
+reference-debias.md §7). Pure JAX/optax, no I/O.
 
 * The learning rate is computed in one place, :func:`learning_rate`, from the update count held in the train state
   (not from an optax schedule counter), so the step, the metrics and a resumed run agree on it, also when an update

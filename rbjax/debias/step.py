@@ -6,7 +6,7 @@ hyper-parameters λ_LM, λ_D and the peak learning rate live in the state as arr
 paper's grid at one (batch, accumulation) setting share a program, vmapped over a stacked state
 (:func:`grid_train_step`).
 
-One update (paper §5.1; docs/reference-debias.md §1.7-§1.8, §7)::
+One update (paper §5.1; reference-debias.md §1.7-§1.8, §7)::
 
     for each of the update's A micro-batches:       (lax.scan; A = grad_accum, more for a carried-over update)
         total = λ_LM·L_LM + λ_D·L_D  (eq. 2; losses.total_loss, the reference's λ rule under reference semantics)

@@ -1,5 +1,5 @@
 """The paper's hyper-parameter grid for LMD, ADD and HD, trained as vmapped programs, and selection on the validation
-split (paper §5.1; docs/reference-debias.md §7).
+split (paper §5.1; reference-debias.md §7).
 
 Grid (debias_lm_grid.py:448-452): batch size {4, 8, 16} × gradient accumulation {1, 5, 8} × λ_LM {0.001, 0.01} ×
 λ_D {10, 50, 100} = 54 runs, each from the same starting model with the same seed. For ``cda`` and ``lm`` the λ axes
@@ -470,7 +470,7 @@ def _pt(rec: dict) -> GridPoint:
     return GridPoint(**rec["point"])
 
 
-def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str) -> dict:
+def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True) -> dict:
     from rbjax.debias.train import train
     from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
 
@@ -493,6 +493,8 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str) -> dict:
             continue
         p = sel[rule]["point"]
         cfg = sw.base.replace(out_dir=str(sw.out / f"selected_{rule}"), **p)
+        if not final_evaluate:  # the caller measures the selected model itself (e.g. the study's test stages)
+            cfg = cfg.replace(evaluate=False, lmp=False)
         res = train(cfg)
         sel[rule]["final"] = {"out_dir": cfg.out_dir, "lmb_valid": res.get("lmb_valid"), "lmp": res.get("lmp")}
     atomic_write_json(sw.out / "selection.json", sel)
@@ -503,7 +505,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
                n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
                grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
-               jobs: int | None = None, resources: dict | None = None, progress: bool = True) -> list[dict]:
+               jobs: int | None = None, resources: dict | None = None, progress: bool = True,
+               final_evaluate: bool = True) -> list[dict]:
     """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
     executor, then select on the valid split in each folder (see the module docstring).
 
@@ -521,6 +524,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         ray_address: the Ray cluster (default ``$RAY_ADDRESS`` or a local one). jobs: Ray tasks in flight.
         resources: Ray resources per task (default: ``{"num_gpus": 1}`` when the cluster has GPUs).
         progress: progress bars.
+        final_evaluate: evaluate the retrained selection (LMB on the valid split, LMP) as ``rbjax debias`` does;
+            off when the caller measures it itself.
 
     Returns:
         the ``selection.json`` content of every sweep, in order.
@@ -563,7 +568,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 r0 = recs[0]
                 bar.set_postfix(last=r0["chunk"], t=f"{r0['dev']['t_value']:.2f}" if r0["dev"]["t_value"] is not None
                                 else "n/a")
-    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final) for sw in sweeps]
+    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate) for sw in sweeps]
 
 
 def _ray_task_resources(task: dict) -> dict:

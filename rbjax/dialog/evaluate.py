@@ -435,7 +435,7 @@ def _trim_columns(arrays: dict, multiple: int = 8) -> dict:
 
 
 def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
-    """Dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; docs/reference-debias.md §10) → ``OUT/dst.json``.
+    """Dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; reference-debias.md §10) → ``OUT/dst.json``.
 
     Trains the classifier (GPT-2 body + ``Linear(d→1)`` on the last real token, BCE) on the train split or its
     ``val`` stand-in with the shared trainer, then scores the sampled binary pairs of the ``test`` split.
@@ -567,7 +567,7 @@ def _crg_versions() -> dict:
 
 
 def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
-    """Response generation on DSTC-7 (paper §3.2, Table 5; docs/reference-debias.md §11) → ``OUT/crg.json``,
+    """Response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
     ``OUT/crg_responses.jsonl`` (``{key, context, response}``) and ``OUT/crg_hypotheses.txt`` (one per line).
 
     ``s``: :func:`task_settings` of ``crg``. Fine-tunes first when ``crg_train_file`` is given (else the model is

@@ -342,10 +342,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                     if prev is None:
                         print(f"rbjax: --resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again",
                               file=sys.stderr)
-                elif old is None:
-                    print(f"rbjax: --resume: no finished {pairs.bias_type} perplexities of this run in {out}; scoring",
-                          file=sys.stderr)
-                else:
+                elif old is not None:
                     print(f"rbjax: --resume: {csv_path} was produced by other inputs "
                           f"({describe_difference(old, key)}); scoring {pairs.bias_type} again", file=sys.stderr)
             if prev is not None:
@@ -383,9 +380,12 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         if out is None:
             raise
         done = [r["bias_type"] for r in records]
-        kept = f"the perplexities of {', '.join(done)} are kept in {out}" if done else "no bias type was finished"
-        raise Interrupted(f"rbjax measure: interrupted; {kept}. Run the same command with --resume to reuse "
-                          "them and score the rest.") from None
+        if done:
+            msg = (f"the perplexities of {', '.join(done)} are kept in {out}. Run the same command with --resume to "
+                   "reuse them and score the rest.")
+        else:
+            msg = "no bias type was finished, nothing to reuse yet: run the same command again (with --resume)."
+        raise Interrupted(f"rbjax measure: interrupted; {msg}") from None
     adj = stats.adjust_pvalues([r["p_value"] for r in records])
     for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
         r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}

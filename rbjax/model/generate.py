@@ -14,7 +14,7 @@ distribution, keeping the smallest set of most likely tokens whose probability r
 (:func:`sampling_settings`):
 
 * ``semantics="rbjax"`` (default): top-k 50, up to 64 new tokens.
-* ``semantics="reference"`` — the paper's DSTC-7 generation (docs/reference-debias.md §11:
+* ``semantics="reference"`` — the paper's DSTC-7 generation (reference-debias.md §11:
   ``generate(do_sample=True, top_k=50, top_p=0.95, max_length=128)``): top-k 50 and top-p 0.95, at most 128
   tokens including the prompt. The reference's prompt always fills 64 columns of the batch, so it generates
   at most 64 new tokens; rbjax applies the same 64-token cap per row, and the 128-token total per row against

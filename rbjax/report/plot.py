@@ -169,6 +169,10 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
             (bar,) = ax.bar(xpos, t, width, color=color, edgecolor="black", linewidth=0.5,
                             hatch=None if sig else HATCH, alpha=1.0 if sig else 0.6)
             bar.set_gid(f"bar:{lab}:{bt}")
+            sd = r.get("t_sd")
+            if sd:  # several seeds: the bar is their mean, the error bar ± their standard deviation
+                ax.errorbar(xpos, t, yerr=sd, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
+                            gid=f"sd:{lab}:{bt}")
             if sig:
                 ax.annotate("*", (xpos, t), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
                             ha="center", va="bottom" if t > 0 else "top", fontsize=12, gid=f"star:{lab}:{bt}")
@@ -191,7 +195,14 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
                label=f"dashed: |t| = {tcrit:.2f}, p = {alpha:g} ({df_text})"),
         Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray",
                label="n/a: type not measured, or t undefined (see status)"),
+        Line2D([], [], linestyle="none", marker="$\\downarrow$", markersize=8, color="black",
+               label="t < 0: stereotypical direction (biased phrase more likely)"),
+        Line2D([], [], linestyle="none", marker="$\\uparrow$", markersize=8, color="black",
+               label="t > 0: anti-stereotypical direction"),
     ]
+    if any(r.get("t_sd") for recs in results.values() for r in recs):
+        handles.append(Line2D([], [], color="black", linewidth=0.8, marker="_", markersize=6,
+                              label="error bar: ± seed standard deviation of t (bar: mean over seeds)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
               frameon=False)
     fig.tight_layout()

@@ -1,0 +1,392 @@
+"""``rbjax run STUDY.toml``: the paper's §5 study from the baseline to the report, as keyed, resumable stages.
+
+Stages (in order; folders under ``OUT``)::
+
+    model                         the starting model (only for a [study.random_model]: written to OUT/model)
+    baseline/lmb_test             LMB of the starting model on every bias type (test split)         rbjax measure
+    baseline/dialog               LMP, DST, CRG of the starting model                                 rbjax evaluate
+    seed<S>/sweeps                the grid of every (debias type, method with a grid), selection on
+                                  valid, the selected point retrained and exported                   rbjax sweep
+    seed<S>/<type>/<method>/run   methods without a grid (CDA): one run with the method's defaults   rbjax debias
+    seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
+    seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model
+    report                        OUT/report.md, OUT/report.html (rbjax.study.report)
+
+Every stage has a key: the content of what it reads (model files, the upstream stage's outputs) and its settings.
+``OUT/stages.json`` records each finished stage's key; a rerun skips a stage whose key is unchanged, and reruns a
+stage (and, through the keys, only the stages after it that read its outputs) when anything it depends on changed.
+Inside a stage the work is keyed too (per bias type, per grid point, per finished run), so a study killed during a
+sweep resumes at the next unfinished point.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rbjax.study.config import StudyConfig
+
+__all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "format_plan", "StageResult"]
+
+
+@dataclasses.dataclass
+class Stage:
+    """One step of a study: ``run()`` does the work (keyed inside), ``key()`` says what it depends on (called once
+    the stages it reads from are done)."""
+
+    name: str
+    kind: str
+    folder: Path
+    run: Callable[[], dict]
+    key: Callable[[], dict]
+    training_runs: int = 0
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class StageResult:
+    name: str
+    status: str  # "ran" | "skipped"
+    seconds: float
+    summary: dict
+
+
+def _say(msg: str) -> None:
+    print(f"rbjax run: {msg}", file=sys.stderr)
+
+
+def _model_digest(folder: str | Path) -> str:
+    from rbjax.model.hf import resolve_model_dir
+    from rbjax.report.provenance import digest, model_files_key
+
+    return digest(model_files_key(resolve_model_dir(folder)))
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
+
+
+class _Study:
+    """Builds the stage list of a study (closures over the config and the output folder)."""
+
+    def __init__(self, cfg: StudyConfig, out: Path, progress: bool):
+        self.cfg, self.out, self.progress = cfg, out, progress
+
+    # -- model --------------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> str:
+        return str(self.out / "model") if self.cfg.random_model else self.cfg.model
+
+    def _tok_for(self, model_dir: str | Path) -> str | None:
+        p = Path(model_dir)
+        return None if p.is_dir() and _has_tokenizer(p) else self.cfg.tokenizer
+
+    def _make_random_model(self) -> dict:
+        from rbjax.model.gpt2 import GPT2Config, init_params
+        from rbjax.model.hf import resolve_model_dir, save_pretrained
+
+        spec = dict(self.cfg.random_model)
+        seed = int(spec.pop("seed", 0))
+        config = GPT2Config.from_dict(spec)
+        if not self.cfg.tokenizer:
+            raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (the GPT-2 BPE files)")
+        tok = resolve_model_dir(self.cfg.tokenizer)
+        save_pretrained(init_params(config, seed), config, self.out / "model", tokenizer_dir=tok)
+        return {"folder": str(self.out / "model"), "config": dataclasses.asdict(config), "seed": seed}
+
+    def _random_model_key(self) -> dict:
+        from rbjax.model.hf import TOKENIZER_FILES, resolve_model_dir
+        from rbjax.report.provenance import files_key
+
+        tok = resolve_model_dir(self.cfg.tokenizer) if self.cfg.tokenizer else None
+        return {"random_model": self.cfg.random_model,
+                "tokenizer": files_key(tok / f for f in TOKENIZER_FILES) if tok else None}
+
+    # -- common settings ----------------------------------------------------------------------------------------
+    def _train_base(self, method: str, bias_type: str, seed: int, out_dir: Path):
+        from rbjax.debias.config import TrainConfig
+
+        kw = {"model": self.model, "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
+              "semantics": self.cfg.semantics, "precision": self.cfg.precision, "progress": self.progress,
+              **self.cfg.training}
+        kw.update(method=method, bias_type=bias_type, seed=seed, out_dir=str(out_dir),
+                  eval_bias=",".join(self.cfg.bias_types))
+        return TrainConfig(**kw)
+
+    def _grid_methods(self) -> list[str]:
+        return [m for m in self.cfg.methods if m in self.cfg.sweep["methods"]]
+
+    def _single_methods(self) -> list[str]:
+        return [m for m in self.cfg.methods if m not in self.cfg.sweep["methods"]]
+
+    def run_folder(self, seed: int, bias_type: str, method: str) -> Path:
+        return self.out / f"seed{seed}" / Path(bias_type).stem / method
+
+    def selected_model(self, seed: int, bias_type: str, method: str) -> Path:
+        f = self.run_folder(seed, bias_type, method)
+        if method in self._grid_methods():
+            return f / "sweep" / f"selected_{self.cfg.sweep['selection']}" / "model"
+        return f / "run" / "model"
+
+    # -- stage bodies -------------------------------------------------------------------------------------------
+    def _measure(self, model: str | Path, out_dir: Path) -> dict:
+        from rbjax.lmb.measure import measure_bias
+
+        m = self.cfg.measure
+        recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, split=m["split"],
+                            data_dir=self.cfg.data_dir, tokenizer=self._tok_for(model), out_dir=out_dir,
+                            batch_size=int(m["batch_size"]), n_bootstrap=int(m["n_bootstrap"]),
+                            progress=self.progress, resume=True, precision=self.cfg.precision)
+        return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs}}
+
+    def _dialog(self, model: str | Path, out_dir: Path) -> dict:
+        from rbjax.dialog.evaluate import evaluate
+
+        d = self.cfg.dialog
+        out = {}
+        for task in d["tasks"]:
+            settings = dict(d.get(task, {}))
+            if task == "lmp":
+                settings.setdefault("data_dir", self.cfg.data_dir)
+            if task == "crg":
+                settings.setdefault("data_dir", self.cfg.data_dir)
+            res = evaluate(task, str(model), out_dir, tokenizer=self._tok_for(model), progress=self.progress,
+                           **settings)
+            out[task] = {k: res.get(k) for k in ("metrics",) if k in res}
+        return out
+
+    def _sweeps(self, seed: int) -> dict:
+        from rbjax.debias.sweep import run_sweeps
+
+        s = self.cfg.sweep
+        bases = []
+        for b in self.cfg.debias_types:
+            for m in self._grid_methods():
+                folder = self.run_folder(seed, b, m) / "sweep"
+                bases.append((self._train_base(m, b, seed, folder), folder))
+        sels = run_sweeps(bases, grid=self.cfg.grid(), lmp_tolerance=float(s["lmp_tolerance"]),
+                          max_points=s.get("max_points"), n_bootstrap=int(s["n_bootstrap"]), final=s["selection"],
+                          dev_max_pairs=s.get("dev_max_pairs"), grid_chunk=s.get("grid_chunk"),
+                          executor=s["executor"], ray_address=s.get("ray_address"), progress=self.progress,
+                          final_evaluate=False)  # the selected models are measured by the test/dialog stages
+        return {str(f): {"selected": sel[s["selection"]]["id"], "n_runs": sel["n_runs"]}
+                for (_, f), sel in zip(bases, sels)}
+
+    def _train(self, seed: int, bias_type: str, method: str) -> dict:
+        from rbjax.debias.train import train
+
+        cfg = self._train_base(method, bias_type, seed, self.run_folder(seed, bias_type, method) / "run")
+        res = train(cfg.replace(evaluate=False, lmp=False))  # measured by the test/dialog stages
+        return {"updates": res["training"]["updates"], "model_dir": res.get("model_dir")}
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+    def _training_key(self, seed: int) -> dict:
+        return {"model": _model_digest(self.model), "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
+                "semantics": self.cfg.semantics, "precision": self.cfg.precision, "training": self.cfg.training,
+                "seed": seed, "bias_types": self.cfg.bias_types}
+
+    # -- the plan -----------------------------------------------------------------------------------------------
+    def stages(self) -> list[Stage]:
+        cfg, out = self.cfg, self.out
+        st: list[Stage] = []
+        if cfg.random_model:
+            st.append(Stage("model", "model", out / "model", self._make_random_model, self._random_model_key))
+        st.append(Stage("baseline/lmb_test", "measure", out / "baseline" / "lmb_test",
+                        lambda: self._measure(self.model, out / "baseline" / "lmb_test"),
+                        lambda: {"model": _model_digest(self.model), "measure": cfg.measure,
+                                 "types": cfg.bias_types, "data_dir": cfg.data_dir, "precision": cfg.precision}))
+        if cfg.dialog["tasks"]:
+            st.append(Stage("baseline/dialog", "dialog", out / "baseline" / "dialog",
+                            lambda: self._dialog(self.model, out / "baseline" / "dialog"),
+                            lambda: {"model": _model_digest(self.model), "dialog": cfg.dialog,
+                                     "data_dir": cfg.data_dir, "tokenizer": cfg.tokenizer}))
+        for seed in cfg.seeds:
+            grid_methods = self._grid_methods()
+            if grid_methods:
+                from rbjax.debias.sweep import grid_points
+
+                n_runs = sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]) + 1
+                             for m in grid_methods) * len(cfg.debias_types)
+                st.append(Stage(f"seed{seed}/sweeps", "sweep", out / f"seed{seed}",
+                                (lambda s=seed: self._sweeps(s)),
+                                (lambda s=seed: {**self._training_key(s), "sweep": cfg.sweep, "grid": cfg.grid(),
+                                                 "types": cfg.debias_types, "methods": grid_methods}),
+                                training_runs=n_runs,
+                                info={"methods": grid_methods, "types": cfg.debias_types}))
+            for b in cfg.debias_types:
+                for m in self._single_methods():
+                    name = f"seed{seed}/{Path(b).stem}/{m}/run"
+                    st.append(Stage(name, "train", self.run_folder(seed, b, m) / "run",
+                                    (lambda s=seed, b=b, m=m: self._train(s, b, m)),
+                                    (lambda s=seed, b=b, m=m: {**self._training_key(s), "type": b, "method": m}),
+                                    training_runs=1))
+            for b in cfg.debias_types:
+                for m in cfg.methods:
+                    base = f"seed{seed}/{Path(b).stem}/{m}"
+                    folder = self.run_folder(seed, b, m)
+                    sel = self.selected_model(seed, b, m)
+                    st.append(Stage(f"{base}/lmb_test", "measure", folder / "lmb_test",
+                                    (lambda sel=sel, f=folder: self._measure(sel, f / "lmb_test")),
+                                    (lambda sel=sel: {"model": _model_digest(sel), "measure": cfg.measure,
+                                                      "types": cfg.bias_types, "data_dir": cfg.data_dir,
+                                                      "precision": cfg.precision})))
+                    if cfg.dialog["tasks"]:
+                        st.append(Stage(f"{base}/dialog", "dialog", folder / "dialog",
+                                        (lambda sel=sel, f=folder: self._dialog(sel, f / "dialog")),
+                                        (lambda sel=sel: {"model": _model_digest(sel), "dialog": cfg.dialog,
+                                                          "data_dir": cfg.data_dir})))
+        return st
+
+
+def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> list[Stage]:
+    """The stages of a study, in execution order (nothing is run)."""
+    return _Study(cfg, Path(out_dir), progress).stages()
+
+
+# ------------------------------------------------------------------------------------------------ cost estimate
+#: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM, 2026-11-30); see there
+COSTS = {
+    "train_tokens_per_s": 200.0,     # bench_train_step.py: one update, batch 8 × 36, rbjax, ≈ 200 tokens/s
+    "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
+    "machine": "2-core CPU (benchmarks/RESULTS.md); divide by your accelerator's speed-up",
+}
+TRAIN_LINES = {"religion1": 720, "religion2": 720, "race": 763, "gender": 1521, "queerness": 720}
+PHRASES = {"test": 2432, "valid": 2426}
+
+
+def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
+    """Training runs, token counts and an estimated wall time of the study from the benchmark figures (at the
+    DialoGPT-small shape; a user's own figures may be passed in ``costs``)."""
+    from rbjax.debias.sweep import grid_points
+
+    c = {**COSTS, **(costs or {})}
+    tr = cfg.training
+    epochs, block = int(tr.get("epochs", 2)), int(tr.get("block_size", 36))
+    max_steps = tr.get("max_steps")
+    n_seeds, n_types = len(cfg.seeds), len(cfg.debias_types)
+    runs, tokens = 0, 0.0
+
+    def run_tokens(n_lines: int, batch: int, accum: int) -> float:
+        n_batches = -(-n_lines // batch)
+        updates = (n_batches // accum) * epochs if max_steps is None else int(max_steps)
+        return updates * accum * batch * block
+
+    for b in cfg.debias_types:
+        lines = TRAIN_LINES.get(b, 720)
+        for m in cfg.methods:
+            n = lines * (2 if m == "cda" else 1)
+            if m in cfg.sweep["methods"]:
+                pts = grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]
+                runs += len(pts) + 1
+                tokens += sum(run_tokens(n, p.batch_size, p.grad_accum) for p in pts)
+                tokens += run_tokens(n, pts[0].batch_size, pts[0].grad_accum)  # the retrained selection (approx.)
+            else:
+                runs += 1
+                tokens += run_tokens(n, int(tr.get("batch_size") or (2 if m == "cda" else 8)),
+                                     int(tr.get("grad_accum", 1)))
+    runs *= n_seeds
+    tokens *= n_seeds
+    n_models = 1 + n_seeds * n_types * len(cfg.methods)
+    dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
+                               for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
+    test_scored = n_models * PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
+    train_h = tokens / c["train_tokens_per_s"] / 3600
+    score_h = (dev_scored + test_scored) / c["score_phrases_per_s"] / 3600
+    return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
+            "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
+            "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
+            "rates": c}
+
+
+def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) -> str:
+    lines = [f"study {cfg.name!r} ({cfg.path}) → {out}",
+             f"  model: {cfg.model or 'random ' + json.dumps(cfg.random_model)}; measured on: "
+             f"{', '.join(cfg.bias_types)}; debiased: {', '.join(cfg.debias_types)}; methods: "
+             f"{', '.join(cfg.methods)} (grid: {', '.join(m for m in cfg.methods if m in cfg.sweep['methods'])}); "
+             f"seeds: {cfg.seeds}; dialog: {', '.join(cfg.dialog['tasks']) or 'none'}",
+             f"  {len(stages)} stages:"]
+    for s in stages:
+        extra = f"  ({s.training_runs} training runs)" if s.training_runs else ""
+        lines.append(f"    {s.name:<48} {s.kind}{extra}")
+    lines.append(f"  training runs: {cost['training_runs']}, training tokens: {cost['training_tokens']:,}; models "
+                 f"evaluated: {cost['models_evaluated']}; phrases scored: {cost['phrases_scored']:,}")
+    lines.append(f"  estimated cost at the DialoGPT-small shape on {cost['rates']['machine']}: training "
+                 f"{cost['train_hours']:.1f} h ({cost['rates']['train_tokens_per_s']:g} tokens/s), LMB scoring "
+                 f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s); "
+                 f"{cost['dialog_note']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def _read_state(out: Path) -> dict:
+    try:
+        return json.loads((out / "stages.json").read_text(encoding="utf-8")).get("stages", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, progress: bool = True,
+              report: bool = True) -> dict:
+    """Run (or, with ``dry_run``, print the plan of) a study; finished stages with unchanged keys are skipped.
+
+    Returns:
+        ``{"stages": [StageResult...], "report": {...}}`` (``{"plan": text, "cost": ...}`` for a dry run).
+
+    Raises:
+        ValueError, FileNotFoundError, RuntimeError: bad settings or data (the stage is named);
+        rbjax.interrupt.Interrupted: Ctrl-C (finished stages and the work inside the current one are kept).
+    """
+    from rbjax.report.io import atomic_write_json, versions
+    from rbjax.report.provenance import digest
+
+    out = Path(out_dir)
+    stages = plan_study(cfg, out, progress)
+    cost = estimate_cost(cfg)
+    if dry_run:
+        text = format_plan(stages, cost, cfg, out)
+        return {"plan": text, "cost": cost, "stages": [s.name for s in stages]}
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions()})
+    state = _read_state(out)
+    results: list[StageResult] = []
+    for i, s in enumerate(stages):
+        try:
+            key = digest(s.key())
+        except FileNotFoundError:
+            key = None  # an upstream output is missing: run
+        prev = state.get(s.name)
+        if key is not None and prev and prev.get("key") == key and prev.get("status") == "done":
+            results.append(StageResult(s.name, "skipped", 0.0, prev.get("summary") or {}))
+            _say(f"[{i + 1}/{len(stages)}] {s.name}: unchanged, skipped")
+            continue
+        _say(f"[{i + 1}/{len(stages)}] {s.name} ...")
+        t0 = time.perf_counter()
+        state.pop(s.name, None)
+        atomic_write_json(out / "stages.json", {"stages": state})
+        try:
+            summary = s.run()
+        except KeyboardInterrupt:
+            from rbjax.interrupt import Interrupted
+
+            raise Interrupted(f"rbjax run: interrupted in stage {s.name}; the finished stages and the finished work "
+                              "inside this one are kept: run the same command again to resume.") from None
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            raise type(e)(f"stage {s.name}: {e}") from e
+        dt = time.perf_counter() - t0
+        key = digest(s.key())  # after the run, the outputs it read exist
+        state[s.name] = {"key": key, "status": "done", "seconds": dt, "summary": json.loads(json.dumps(
+            summary, default=str))}
+        atomic_write_json(out / "stages.json", {"stages": state})
+        results.append(StageResult(s.name, "ran", dt, summary))
+    rep = None
+    if report:
+        from rbjax.study.report import write_report
+
+        rep = write_report([out], out)
+        _say(f"wrote {rep['md']} and {rep['html']}")
+    return {"stages": results, "report": rep}
