@@ -99,6 +99,8 @@ def test_cli_study_over_methods_and_selection(tiny_model_dir, tokenizer_dir, red
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")  # ray.init: fork+exec
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the same warning, raised at fork
 def test_ray_executor_survives_a_killed_worker(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     """A 4-point grid as 2 chunks on a local Ray cluster with 2 workers; one worker is SIGKILLed mid-chunk: Ray
     retries the task, which resumes from the chunk's checkpoint; a rerun redoes nothing."""

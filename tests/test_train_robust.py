@@ -269,3 +269,31 @@ def test_debias_help_has_no_doubled_defaults_and_every_option_is_explained(capsy
     for cmd in ("debias", "sweep"):
         for act in sub.choices[cmd]._actions:
             assert act.help, f"rbjax {cmd} {act.option_strings} has no help"
+
+
+@pytest.mark.parametrize("method,semantics", [("lmd", "paper"), ("hd", "paper"), ("lmd", "reference"),
+                                              ("add", "reference")])
+def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_dir, redditbias_dir, method,
+                                                      semantics, tmp_path):
+    """The trigger arrays are built once (per example in paper semantics, per micro-batch of a batch plan in
+    reference semantics, where the attribute windows end at the micro-batch's longest sentence); every micro-batch's
+    arrays equal the TriggerBuilder run on that very batch, as the old per-batch code did."""
+    from rbjax.debias.triggers import TriggerBuilder
+    from rbjax.specs import load_spec
+
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "r", method=method, semantics=semantics,
+               batch_size=7, max_steps=None, epochs=1)  # 720 phrases: the last micro-batch is partial
+    tr = Trainer(cfg)
+    assert tr.n_examples % 7
+    tb = TriggerBuilder(load_spec("religion1"), tr.tokenizer, semantics=semantics)
+    for b in range(tr.n_batches):
+        mb = tr.plan.micro_batch(0, b)
+        ids, mask = mb["input_ids"], mb["attention_mask"]
+        if method == "lmd":
+            t = tb.lmd(ids, mask)
+            np.testing.assert_array_equal(mb["lmd_mask"], t.mask)
+            np.testing.assert_array_equal(mb["norm"], t.norm)
+        else:
+            o = tb.attributes(ids, mask, max_occurrences=tr.n_occ)
+            np.testing.assert_array_equal(mb["occ_weights"], o.weights)
+            np.testing.assert_array_equal(mb["occ_mask"], o.mask)

@@ -304,30 +304,14 @@ def _dialog_table(data: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _notes(data: dict) -> list[str]:
-    notes = set()
-
-    def walk(o, where):
-        if isinstance(o, dict):
-            for k, v in o.items():
-                if k in ("stand_in_for",) and v:
-                    notes.add(f"{where}: the {o.get('split', '?')} split stands in for {v}")
-                elif k == "note" and isinstance(v, str):
-                    notes.add(f"{where}: {v}")
-                elif k == "fine_tuned" and v is False:
-                    notes.add(f"{where}: responses generated without fine-tuning on DSTC-7 (no training file given)")
-                else:
-                    walk(v, where)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v, where)
-
-    for t, r in data["baseline"]["dialog"].items():
-        walk(r.get("data"), t.upper())
-    for seeds in data["runs"].values():
-        for e in seeds.values():
-            for t, r in e["dialog"].items():
-                walk(r.get("data"), t.upper())
-    return sorted(notes)
+    """The dialog results' own notes (stand-in splits, capped examples, no fine-tuning, …), once each."""
+    notes: dict[str, None] = {}
+    results = [data["baseline"]["dialog"]] + [e["dialog"] for seeds in data["runs"].values() for e in seeds.values()]
+    for res in results:
+        for task in ("lmp", "dst", "crg"):
+            for n in (res.get(task) or {}).get("notes") or []:
+                notes[f"{task.upper()}: {n}"] = None
+    return list(notes)
 
 
 # ----------------------------------------------------------------------------------------------------- output
