@@ -39,7 +39,6 @@ TRAIN_FILES = {"religion1": "religion1/religion1_bias_manual_train.txt",
 
 def train_small(tok, steps: int, seed: int = 0):
     import jax
-    import jax.numpy as jnp
     import optax
 
     from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params

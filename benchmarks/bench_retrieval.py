@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile

@@ -4,7 +4,6 @@ CRG with DSTC-7 TSV fixtures written here and on the offline DSTC-7 contexts, ``
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 from rbjax.cli import main

@@ -5,7 +5,6 @@ dataclass (help, choices and defaults are written once, in the config).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 

@@ -922,12 +922,10 @@ class _RunProgress:
         self.t0 = self._shown = time.perf_counter()
         if enabled is False:
             return
-        try:
-            from tqdm import tqdm
-        except ImportError:  # pragma: no cover
-            return
-        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                        disable=None if enabled is None else not enabled, smoothing=0.1, desc=self._desc())
+        from rbjax.report.progress import progress_bar
+
+        self.bar = progress_bar(total_bytes, self._desc(), "B", enabled=enabled, leave=True, unit_scale=True,
+                                unit_divisor=1024, smoothing=0.1)
 
     def _desc(self) -> str:
         return f"retrieve: files {self.done}/{self.n_files}"

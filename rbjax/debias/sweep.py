@@ -338,7 +338,6 @@ def run_chunk(task: dict) -> list[dict]:
         ``last``, ``chunk``); also written to ``OUT/chunks/<chunk_id>/records.json``. A chunk whose records file has
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
-    import jax
 
     from rbjax.debias.loop import RunHparams, Trainer
     from rbjax.report.io import atomic_write_json

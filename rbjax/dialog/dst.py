@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sys
 from functools import partial
 from typing import Iterable, Iterator, Sequence
 
@@ -385,8 +384,8 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
     out = np.zeros(n, np.float32)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n, desc=desc, unit="pair", file=sys.stderr, leave=False)
+        from rbjax.report.progress import progress_bar
+        bar = progress_bar(n, desc, "pair")
     i = 0
     width = arrays["input_ids"].shape[1]
     for b in dst_batches(arrays, batch_size):
@@ -613,8 +612,8 @@ def score_joint_goal(params, head_params: dict, config: GPT2Config, tokenizer, d
     cost = jga_cost(dialogues, onto, domains)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cost["n_pairs"], desc="DST joint goal", unit="pair", file=sys.stderr, leave=False)
+        from rbjax.report.progress import progress_bar
+        bar = progress_bar(cost["n_pairs"], "DST joint goal", "pair")
     golds, preds, per_dialogue = [], [], []
     cache: dict = {}
     for d in dialogues:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -76,9 +75,9 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
                for ids in tokenizer.encode_batch([c for _, c in examples])]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from rbjax.report.progress import progress_bar
 
-        bar = tqdm(total=len(prompts), desc="generate", unit="context", file=sys.stderr, leave=False)
+        bar = progress_bar(len(prompts), "generate", "context")
     try:
         gen: Generated = generate(params, config, prompts, settings=settings, seed=seed, batch_size=batch_size,
                                   precision=precision, eos_id=eos, progress=None if bar is None else bar.update)

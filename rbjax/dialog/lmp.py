@@ -168,11 +168,9 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     lines = read_reference_lines(path, max_lines)
     bar = None
     if progress:
-        import sys
+        from rbjax.report.progress import progress_bar
 
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(lines), desc="LMP", unit="line", file=sys.stderr, leave=False)
+        bar = progress_bar(len(lines), "LMP", "line")
     try:
         out = reddit_perplexity(params, config, tok, lines, block_size=block_size, batch_size=batch_size,
                                 progress=None if bar is None else bar.update)
