@@ -188,6 +188,14 @@ class Trainer:
         """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers)."""
         return {**self.plan.make_batch(rows), **self.data.shared}
 
+    def device_batch(self, u: int) -> dict:
+        """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
+        dropout keys (``rng`` ``(A, 4)``: key words, not rows) replicated."""
+        from rbjax.mesh import shard_batch
+
+        return shard_batch({**self.plan.update_batch(u), **self.data.shared}, self.mesh, row_axis=1,
+                           shared_keys=SHARED_KEYS + ("rng",))
+
     @property
     def lambdas(self) -> np.ndarray:
         return np.asarray([self.cfg.lambda_lm, self.cfg.lambda_d], np.float32)
@@ -257,7 +265,6 @@ class Trainer:
         """
         from rbjax.debias.checkpoint import Checkpointer
         from rbjax.interrupt import Interrupted, deferred_interrupts
-        from rbjax.mesh import shard_batch
         from rbjax.report.progress import progress_bar
         from rbjax.report.provenance import describe_difference
 
@@ -310,9 +317,7 @@ class Trainer:
                         for j, (e, b) in enumerate(self.plan.plan[u]):
                             callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
                                       "batch_index": b, "rows": self.plan.batch_rows(e, b), "params": state.params})
-                    host = {**self.plan.update_batch(u), **self.data.shared}
-                    batch = shard_batch(host, self.mesh, row_axis=1, shared_keys=SHARED_KEYS)
-                    state, m = step_fn(state, batch, spec=self.spec)
+                    state, m = step_fn(state, self.device_batch(u), spec=self.spec)
                     m = {k: np.asarray(v) for k, v in jax.device_get(m).items()}  # syncs with the device
                     now = time.perf_counter()
                     tokens = self.plan.tokens(u)
