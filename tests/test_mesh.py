@@ -146,3 +146,62 @@ def test_sweep_compiles_one_program_per_batch_plan_on_8_devices(mesh_checks):
     assert r["n_devices"] == 8 and r["n_runs"] == 8 and len(r["chunks"]) == 4
     assert r["programs"] == r["batch_plans"] == 2
     assert r["meshes"] == ["{'grid': 2, 'data': 2}", "{'grid': 2, 'data': 4}"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_sweep_equals_one_process(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """Multi-host on one machine: two processes (2 simulated CPU devices each) join with ``rbjax sweep
+    --distributed`` (jax.distributed.initialize, coordinator on localhost); the chunk of 4 grid points is split over
+    the 4 devices of both processes (grid axis across hosts). The records equal a one-process run's, and only one
+    process appended them (no duplicate lines)."""
+    from rbjax.cli import main
+
+    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join([ln for ln in lines if ln.strip()][:16]) + "\n")
+
+    def argv(out):
+        return ["sweep", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+                str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--train-file", str(train),
+                "--max-steps", "2", "--batch-sizes", "4", "--grad-accums", "1", "--lambda-lms", "0.01",
+                "--lambda-ds", "10,20,50,100", "--grid-chunk", "4", "--n-bootstrap", "0", "--dev-max-pairs", "6",
+                "--no-lmp", "--no-progress"]
+
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i))
+        procs.append(subprocess.Popen([sys.executable, "-m", "rbjax.cli", *argv(tmp_path / "mh"), "--distributed"],
+                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for i, (p, o) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, o[-4000:]
+        assert f"process {i} of 2 of a distributed job: 4 devices in all, 2 here" in o
+    multi = [json.loads(x) for x in (tmp_path / "mh" / "sweep.jsonl").read_text().splitlines()]
+    assert len(multi) == 4 and len({r["id"] for r in multi}) == 4  # appended once, by process 0
+    metrics = (tmp_path / "mh" / "chunks").glob("*/metrics.jsonl")
+    assert [len(m.read_text().splitlines()) for m in metrics] == [2 * 4]  # 2 updates × 4 points, written once
+    assert main(argv(tmp_path / "one")) == 0  # the same sweep in this process, on one device
+    one = {r["id"]: r for r in (json.loads(x) for x in (tmp_path / "one" / "sweep.jsonl").read_text().splitlines())}
+    for r in multi:
+        o = one[r["id"]]
+        assert r["updates"] == o["updates"] == 2
+        for k in ("lm_loss", "debias_loss", "total", "grad_norm"):
+            assert r["last"][k] == pytest.approx(o["last"][k], rel=METRICS_RTOL)
+        assert r["dev"]["t_value"] == pytest.approx(o["dev"]["t_value"], rel=1e-4, abs=1e-4)
