@@ -170,9 +170,10 @@ def sweep_compiles() -> dict:
     n_plans = len(batch_plans(grid_points("lmd", PAPER_GRID)))
     log = _CompileLog()
     lg = logging.getLogger("jax")
-    old_level = lg.level
+    old = (lg.level, lg.propagate)
     lg.addHandler(log)
-    lg.setLevel(logging.DEBUG)
+    lg.setLevel(logging.WARNING)  # jax_log_compiles logs "Finished XLA compilation ..." at WARNING
+    lg.propagate = False  # collected here, not printed
     jax.config.update("jax_log_compiles", True)
     try:
         before = compiled_programs()
@@ -183,7 +184,8 @@ def sweep_compiles() -> dict:
     finally:
         jax.config.update("jax_log_compiles", False)
         lg.removeHandler(log)
-        lg.setLevel(old_level)
+        lg.setLevel(old[0])
+        lg.propagate = old[1]
     train = [s for f, s in log.items if "_grid_step" in f or "train_step" in f]
     return {"points": sel["n_runs"], "batch_plans": n_plans, "training_programs": programs,
             "training_compile_s": sum(train), "training_compile_s_each": [round(s, 2) for s in train],
