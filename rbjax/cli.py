@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from rbjax.distributed import initialize, requested
+
+        if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
+            initialize()
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
         # rbjax.interrupt.Interrupted carries what was saved and how to resume

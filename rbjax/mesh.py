@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate"]
+__all__ = ["grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate", "to_host"]
 
 
 def _divisors(n: int) -> list[int]:
@@ -83,3 +83,20 @@ def shard_batch(batch: dict, mesh: Mesh, row_axis: int = 1, shared_keys: tuple[s
             spec = P(*([None] * row_axis + ["data"]))
         out[k] = jax.device_put(v, NamedSharding(mesh, spec))
     return out
+
+
+def to_host(tree: Any) -> Any:
+    """Every leaf as a numpy array on this host, whole.
+
+    Same as ``jax.device_get`` on one host; for an array spread over several hosts' devices (a mesh after
+    ``jax.distributed.initialize()``), its shards are gathered from every process
+    (``multihost_utils.process_allgather``, a collective: every process must call this at the same point).
+    """
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, tree)

@@ -38,11 +38,20 @@ def register(sub) -> None:
                     "run as one study into OUT/<bias type>/<method>/. See docs/debiasing.md and docs/scale.md.")
     add_training_arguments(p, grid=True)
     g = p.add_argument_group("grid and execution")
-    g.add_argument("--batch-sizes", type=_ints, default=(4, 8, 16), metavar="N,N,..", help="grid axis: batch sizes")
-    g.add_argument("--grad-accums", type=_ints, default=(1, 5, 8), metavar="N,N,..",
+    from rbjax.debias.sweep import PAPER_GRID
+
+    g.add_argument("--grid-config", action="append", metavar="FILE", default=None,
+                   help="TOML grid file(s): axes under [grid], shared settings under [settings], optional `methods` "
+                        "it is for; repeat it, or give a folder of them (the paper's: experiments/grids/). Options "
+                        "given here with non-default values win over the file (see docs/scale.md)")
+    g.add_argument("--batch-sizes", type=_ints, default=PAPER_GRID["batch_size"], metavar="N,N,..",
+                   help="grid axis: batch sizes")
+    g.add_argument("--grad-accums", type=_ints, default=PAPER_GRID["grad_accum"], metavar="N,N,..",
                    help="grid axis: gradient accumulation steps")
-    g.add_argument("--lambda-lms", type=_floats, default=(0.001, 0.01), metavar="X,X,..", help="grid axis: λ_LM")
-    g.add_argument("--lambda-ds", type=_floats, default=(10.0, 50.0, 100.0), metavar="X,X,..", help="grid axis: λ_D")
+    g.add_argument("--lambda-lms", type=_floats, default=PAPER_GRID["lambda_lm"], metavar="X,X,..",
+                   help="grid axis: λ_LM")
+    g.add_argument("--lambda-ds", type=_floats, default=PAPER_GRID["lambda_d"], metavar="X,X,..",
+                   help="grid axis: λ_D")
     g.add_argument("--lmp-tolerance", type=float, default=0.10, metavar="X",
                    help="rbjax's selection rule: allowed relative LMP increase over the starting model")
     g.add_argument("--max-points", type=int, metavar="N", help="run only the first N grid points (smoke runs)")
@@ -63,6 +72,11 @@ def register(sub) -> None:
                    help="Ray cluster to attach to (when not given: $RAY_ADDRESS, else a local cluster is started)")
     g.add_argument("--jobs", type=int, metavar="N", help="Ray tasks in flight at once (when not given: as many as "
                                                          "the cluster's resources allow)")
+    g.add_argument("--distributed", action="store_true",
+                   help="several hosts as one program: call jax.distributed.initialize() first (also "
+                        "RBJAX_DISTRIBUTED=1); run the same command on every host, --out on a shared path; outside "
+                        "Cloud TPU/Slurm/Open MPI set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID "
+                        "(docs/scale.md)")
     p.set_defaults(func=run)
 
 
@@ -78,16 +92,33 @@ def _combinations(args) -> list[tuple[str, str]]:
 
 
 def run(args) -> int:
+    import dataclasses
     import shutil
     from pathlib import Path
 
     from rbjax.commands.debias import config_from_args
-    from rbjax.debias.sweep import format_selection, run_sweeps
+    from rbjax.debias import grid_config as gcfg
+    from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
+    from rbjax.distributed import initialize, requested
     from rbjax.specs import is_spec_path
 
+    if args.executor == "ray" and requested(args.distributed):
+        raise ValueError("--distributed (one program over several hosts) and --executor ray (chunks as tasks on a "
+                         "Ray cluster) are two ways to use several machines: choose one")
+    if requested(args.distributed):
+        d = initialize()
+        print(f"rbjax sweep: process {d['process_index']} of {d['process_count']} of a distributed job: "
+              f"{d['devices']} devices in all, {d['local_devices']} here", flush=True)
     combos = _combinations(args)
     out = Path(args.config.out_dir)
     many = len(combos) > 1
+    files = gcfg.load_grid_configs(args.grid_config)
+    cli_grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
+                "lambda_d": args.lambda_ds}
+    cli_settings = dataclasses.asdict(args.config)
+    grids, settings = {}, {}
+    for m in {m for _, m in combos}:
+        grids[m], settings[m] = gcfg.merge(gcfg.config_for_method(files, m), cli_grid, PAPER_GRID, cli_settings)
     bases = []
     for b, m in combos:
         folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out
@@ -96,15 +127,16 @@ def run(args) -> int:
                          "chunks", "points"):
                 q = folder / name
                 if q.is_dir():
-                    shutil.rmtree(q)
-                elif q.exists():
-                    q.unlink()
-        bases.append((config_from_args(args, method=m, bias_type=b, out_dir=str(folder),
-                                       batch_size=args.batch_sizes[0], grad_accum=args.grad_accums[0],
-                                       lambda_lm=args.lambda_lms[0], lambda_d=args.lambda_ds[0]), folder))
-    grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
-            "lambda_d": args.lambda_ds}
-    sels = run_sweeps(bases, grid=grid, lmp_tolerance=args.lmp_tolerance, keep_checkpoints=args.keep_point_checkpoints,
+                    shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)
+                else:
+                    q.unlink(missing_ok=True)
+        g = grids[m]
+        bases.append((config_from_args(args, **{**settings[m], "method": m, "bias_type": b, "out_dir": str(folder),
+                                                "batch_size": g["batch_size"][0], "grad_accum": g["grad_accum"][0],
+                                                "lambda_lm": g["lambda_lm"][0], "lambda_d": g["lambda_d"][0]}),
+                      folder))
+    sels = run_sweeps(bases, grid=cli_grid, method_grids=grids, lmp_tolerance=args.lmp_tolerance,
+                      keep_checkpoints=args.keep_point_checkpoints,
                       max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
                       dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
                       ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress)

@@ -188,6 +188,14 @@ class Trainer:
         """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers)."""
         return {**self.plan.make_batch(rows), **self.data.shared}
 
+    def device_batch(self, u: int) -> dict:
+        """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
+        dropout keys (``rng`` ``(A, 4)``: key words, not rows) replicated."""
+        from rbjax.mesh import shard_batch
+
+        return shard_batch({**self.plan.update_batch(u), **self.data.shared}, self.mesh, row_axis=1,
+                           shared_keys=SHARED_KEYS + ("rng",))
+
     @property
     def lambdas(self) -> np.ndarray:
         return np.asarray([self.cfg.lambda_lm, self.cfg.lambda_d], np.float32)
@@ -257,7 +265,7 @@ class Trainer:
         """
         from rbjax.debias.checkpoint import Checkpointer
         from rbjax.interrupt import Interrupted, deferred_interrupts
-        from rbjax.mesh import shard_batch
+        from rbjax.mesh import to_host
         from rbjax.report.progress import progress_bar
         from rbjax.report.provenance import describe_difference
 
@@ -278,9 +286,11 @@ class Trainer:
             state, meta = ckpt.restore(step, state)
             start = resumed = int(meta["update"])
         metrics_path = out / "metrics.jsonl"
+        primary = jax.process_index() == 0  # across hosts, one process writes the metrics
         if checkpoints:
             out.mkdir(parents=True, exist_ok=True)
-            _truncate_metrics(metrics_path, start)
+            if primary:
+                _truncate_metrics(metrics_path, start)
         n_pts = len(self.points)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
@@ -288,7 +298,7 @@ class Trainer:
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         last: list[dict] = []
-        mf = open(metrics_path, "a", encoding="utf-8") if checkpoints else None
+        mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
         desc = f"{cfg.method} {Path(cfg.bias_type).stem if cfg.bias_type.endswith('.json') else cfg.bias_type}"
         if self.stacked:
             desc += f" ×{n_pts}"
@@ -310,10 +320,8 @@ class Trainer:
                         for j, (e, b) in enumerate(self.plan.plan[u]):
                             callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
                                       "batch_index": b, "rows": self.plan.batch_rows(e, b), "params": state.params})
-                    host = {**self.plan.update_batch(u), **self.data.shared}
-                    batch = shard_batch(host, self.mesh, row_axis=1, shared_keys=SHARED_KEYS)
-                    state, m = step_fn(state, batch, spec=self.spec)
-                    m = {k: np.asarray(v) for k, v in jax.device_get(m).items()}  # syncs with the device
+                    state, m = step_fn(state, self.device_batch(u), spec=self.spec)
+                    m = to_host(m)  # syncs with the device (and, across hosts, gathers every point's metrics)
                     now = time.perf_counter()
                     tokens = self.plan.tokens(u)
                     if summary["first_update_s"] is None:
@@ -377,7 +385,7 @@ class Trainer:
             summary["steady_tokens_per_s"] = (summary["tokens"] * n_pts * (n_upd - 1) / max(n_upd, 1) / steady
                                               if n_upd > 1 and steady > 0 else None)
         if self.stacked and self.n_padded > n_pts:  # drop the padding points (on the host)
-            state = jax.tree.map(lambda x: np.asarray(x)[:n_pts], jax.device_get(state))
+            state = jax.tree.map(lambda x: x[:n_pts], to_host(state))
         return TrainResult(state=state, updates_done=max(end, start), t_total=self.t_total,
                            finished=max(end, start) >= self.t_total, resumed_from=resumed, summary=summary,
                            n_points=n_pts if self.stacked else 1)

@@ -368,8 +368,11 @@ def run_chunk(task: dict) -> list[dict]:
     train_s = time.perf_counter() - t0
     recs = []
     last = res.summary.get("last") or []
+    from rbjax.mesh import to_host
+
+    stacked = to_host(res.state.params)  # on every host (the chunk may span several)
     t1 = time.perf_counter()
-    devs, lmps = _evaluate(ctx, base, res.state.params, n_bootstrap=task["n_bootstrap"],
+    devs, lmps = _evaluate(ctx, base, stacked, n_bootstrap=task["n_bootstrap"],
                            dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
     eval_s = (time.perf_counter() - t1) / len(pts)
     for i, (p, k) in enumerate(zip(pts, keys)):
@@ -501,7 +504,7 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
 
 
 def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[str, Sequence] | None = None,
-               lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
+               method_grids: dict[str, dict[str, Sequence]] | None = None, lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
                n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
                grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
                jobs: int | None = None, resources: dict | None = None, progress: bool = True,
@@ -512,7 +515,9 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
     Args:
         bases: ``(settings shared by every point, sweep folder)`` per sweep; batch size, accumulation and λ of the
             settings are replaced by the grid's.
-        grid: axes as :data:`PAPER_GRID` (default: the paper's). lmp_tolerance: LMP budget of the default rule.
+        grid: axes as :data:`PAPER_GRID` (default: the paper's). method_grids: axes per method, replacing ``grid``
+            for the sweeps of that method (e.g. from grid files, :mod:`rbjax.debias.grid_config`).
+        lmp_tolerance: LMP budget of the default rule.
         keep_checkpoints: keep each chunk's checkpoints (default: deleted once its records are written).
         max_points: run only the first N points of each sweep (smoke runs). n_bootstrap: dev LMB resamples.
         final: retrain and fully evaluate the selected run(s) into ``OUT/selected_<rule>``: ``none``, ``default``,
@@ -540,7 +545,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if grid_chunk is not None and grid_chunk < 1:
         raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
-    sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o), grid=grid,
+    sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o),
+                       grid=(method_grids or {}).get(b.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
                        grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints) for b, o in bases]
     tasks = [(i, t) for i, sw in enumerate(sweeps) for t in sw.tasks]
@@ -549,8 +555,11 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
     if tasks:
         import contextlib
 
+        import jax
+
         from rbjax.parallel import as_completed
 
+        primary = jax.process_index() == 0
         if executor == "ray" and resources is None:
             resources = _ray_task_resources
         results = as_completed(run_chunk, [t for _, t in tasks], executor=executor,
@@ -559,10 +568,11 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 contextlib.closing(results):
             for j, recs in results:
                 sw = sweeps[tasks[j][0]]
-                with open(sw.out / "sweep.jsonl", "a", encoding="utf-8") as f:
-                    for r in recs:
-                        f.write(json.dumps(_finite(r), allow_nan=False, default=float) + "\n")
-                        sw.records[r["id"]] = r
+                lines = "".join(json.dumps(_finite(r), allow_nan=False, default=float) + "\n" for r in recs)
+                if primary:  # several hosts of one program (jax.distributed): one of them appends
+                    with open(sw.out / "sweep.jsonl", "a", encoding="utf-8") as f:
+                        f.write(lines)
+                sw.records.update((r["id"], r) for r in recs)
                 bar.update(len(recs))
                 r0 = recs[0]
                 bar.set_postfix(last=r0["chunk"], t=f"{r0['dev']['t_value']:.2f}" if r0["dev"]["t_value"] is not None

@@ -1,0 +1,250 @@
+"""Grid benchmark (issue 9): grid points trained as one vmapped program vs one point at a time, and the compile
+count and compile time of the paper's 54-point grid.
+
+Runs on whatever ``jax.devices()`` gives (one CPU, a GPU, several devices, a TPU host): the same figures everywhere,
+plus tokens/s per device.
+
+1. **Grid throughput** (point-updates/s) at two shapes, LMD loss (paper semantics) on real RedditBias religion1
+   training phrases with their triggers, dropout on, accumulation 1:
+
+   * ``small``: a GPT-2 of width 64, 2 layers, GPT-2 vocabulary (50257), batch 8;
+   * ``dialogpt``: the DialoGPT-small shape (``GPT2Config()``: 12 layers, width 768, 124M parameters), batch 8, with
+     a chunk that fits (default: 2 points on a CPU, 6 — the paper's λ combinations of one batch plan — on an
+     accelerator).
+
+   Random weights (``rbjax.model.gpt2.init_params``), the GPT-2 tokenizer of ``../shared/tokenizers/gpt2``. Both ways
+   use the trainer users run (:class:`rbjax.debias.loop.Trainer`, no checkpoints): *vmapped* trains the chunk's
+   points as one program over a stacked state; *one at a time* trains each point alone with the unvmapped step
+   (the same batch plan, so the same data). Each run does ``--updates`` updates; the first (compile, warm-up) is
+   dropped and the median of the others is the update time. Vmapped and one-at-a-time runs alternate
+   ``--repeats`` times (load changes on a shared machine hit both alike); medians over repeats are reported, with
+   every repeat listed. Throughput = points / (time for one update of every point). tokens/s counts the real
+   (unpadded) tokens of every point's update, divided by the number of devices.
+
+2. **Compile count and time of the 54-point grid** (a small GPT-2, width 32, 2 layers): ``run_sweep`` over the paper's
+   grid (batch {4, 8, 16} × accumulation {1, 5, 8} × λ_LM {0.001, 0.01} × λ_D {10, 50, 100}), 1 update per point,
+   dev LMB on 8 pairs, no LMP. Training programs compiled (``compiled_programs()``), the XLA compile time of those
+   programs (JAX's compile log), and the wall time of the whole sweep.
+
+Usage::
+
+    python benchmarks/bench_grid.py [--updates 3] [--repeats 2] [--chunk N] [--skip-dialogpt] [--skip-sweep]
+                                    [--json-out FILE]
+
+The last line printed is a JSON object with every figure and the machine's description.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+
+#: the paper's 6 (λ_LM, λ_D) combinations of one batch plan
+LAMBDAS = [(lm, d) for lm in (0.001, 0.01) for d in (10.0, 50.0, 100.0)]
+
+
+def machine() -> dict:
+    import jax
+
+    d = jax.devices()
+    info = {"platform": platform.platform(), "processor": platform.processor() or None, "cpus": os.cpu_count(),
+            "python": platform.python_version(), "jax": jax.__version__, "backend": d[0].platform,
+            "devices": len(d), "device_kind": d[0].device_kind}
+    try:
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+def _base_cfg(out: Path, batch_size: int, updates: int, **kw):
+    from rbjax.debias.config import TrainConfig
+
+    return TrainConfig(method="lmd", bias_type="religion1", model="(random weights)",
+                       tokenizer=str(SHARED / "tokenizers" / "gpt2"), data_dir=str(SHARED / "redditbias"),
+                       out_dir=str(out), batch_size=batch_size, grad_accum=1, max_steps=updates, export=False,
+                       evaluate=False, lmp=False, progress=False, **kw)
+
+
+def _timed_run(trainer) -> tuple[list[float], int]:
+    """Train; the wall time of each update (from one update's end to the next's) and the tokens of one update."""
+    marks = [time.perf_counter()]
+    trainer.run(checkpoints=False, callback=lambda ev: marks.append(time.perf_counter())
+                if ev["kind"] == "update" else None)
+    return [b - a for a, b in zip(marks, marks[1:])], trainer.plan.tokens(0)
+
+
+def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: int, repeats: int) -> dict:
+    """Vmapped chunk vs one point at a time (see the module docstring)."""
+    import jax
+
+    from rbjax.debias.data import BatchPlan, TrainingData
+    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.model.gpt2 import init_params
+    from rbjax.model.tokenizer import load_tokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_grid_"))
+    cfg = _base_cfg(tmp, batch_size, updates)
+    tok = load_tokenizer(cfg.tokenizer)
+    params = init_params(config, 0)
+    data = TrainingData(cfg, tok, config.vocab_size)
+    plan = BatchPlan(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
+                     cfg.max_steps)
+    pts = [RunHparams(lm, d, cfg.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
+    common = dict(model_config=config, params=params, model_key=f"bench-{name}", tokenizer=tok, data=data, plan=plan)
+    grid = Trainer(cfg, points=pts, **common)
+    singles = [Trainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d), **common) for p in pts]
+    n_dev = len(jax.devices())
+    rounds = {"vmapped": [], "one_at_a_time": []}
+    first = {"vmapped": [], "one_at_a_time": []}
+    tokens = None
+    for r in range(repeats):
+        ts, tokens = _timed_run(grid)
+        first["vmapped"].append(ts[0])
+        rounds["vmapped"].append(statistics.median(ts[1:]))
+        per_point = [_timed_run(t)[0] for t in singles]
+        first["one_at_a_time"].append(sum(ts[0] for ts in per_point))
+        rounds["one_at_a_time"].append(sum(statistics.median(ts[1:]) for ts in per_point))
+        print(f"  {name} repeat {r + 1}/{repeats}: one update of all {n_points} points: vmapped "
+              f"{rounds['vmapped'][-1]:.3f} s, one at a time {rounds['one_at_a_time'][-1]:.3f} s", flush=True)
+    out = {"shape": name, "n_layer": config.n_layer, "n_embd": config.n_embd, "vocab_size": config.vocab_size,
+           "n_params": int(sum(x.size for x in jax.tree.leaves(params))), "points": n_points,
+           "batch_size": batch_size, "tokens_per_point_update": tokens, "updates_per_run": updates,
+           "repeats": repeats, "devices": n_dev, "mesh": dict(grid.mesh.shape)}
+    for k, v in rounds.items():
+        t = statistics.median(v)
+        out[k] = {"update_all_points_s": t, "point_updates_per_s": n_points / t,
+                  "tokens_per_s_per_device": tokens * n_points / t / n_dev,
+                  "rounds_s": [round(x, 4) for x in v],
+                  "first_update_s": [round(x, 3) for x in first[k]]}
+    out["vmapped_speedup"] = out["vmapped"]["point_updates_per_s"] / out["one_at_a_time"]["point_updates_per_s"]
+    return out
+
+
+class _CompileLog(logging.Handler):
+    """Collects JAX's 'Finished XLA compilation of <fn> in <s> sec' log lines (jax_log_compiles)."""
+
+    PAT = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.eE+-]+) sec")
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.items: list[tuple[str, float]] = []
+
+    def emit(self, record):
+        m = self.PAT.search(record.getMessage())
+        if m:
+            self.items.append((m.group(1), float(m.group(2))))
+
+
+def sweep_compiles() -> dict:
+    """The paper's 54-point grid on a small GPT-2: programs compiled, their compile time, the sweep's wall time."""
+    import jax
+
+    from rbjax.debias.step import compiled_programs
+    from rbjax.debias.sweep import PAPER_GRID, batch_plans, grid_points, run_sweep
+    from rbjax.model.gpt2 import GPT2Config, init_params
+    from rbjax.model.hf import save_pretrained
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_grid_sweep_"))
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128)
+    model = save_pretrained(init_params(config, 0), config, tmp / "model",
+                            tokenizer_dir=SHARED / "tokenizers" / "gpt2")
+    base = _base_cfg(tmp / "unused", 4, 1).replace(model=str(model), tokenizer=str(model), eval_batch_size=32)
+    n_plans = len(batch_plans(grid_points("lmd", PAPER_GRID)))
+    log = _CompileLog()
+    lg = logging.getLogger("jax")
+    old = (lg.level, lg.propagate)
+    lg.addHandler(log)
+    lg.setLevel(logging.WARNING)  # jax_log_compiles logs "Finished XLA compilation ..." at WARNING
+    lg.propagate = False  # collected here, not printed
+    jax.config.update("jax_log_compiles", True)
+    try:
+        before = compiled_programs()
+        t0 = time.perf_counter()
+        sel = run_sweep(base, tmp / "sweep", grid=PAPER_GRID, n_bootstrap=0, dev_max_pairs=8, progress=False)
+        wall = time.perf_counter() - t0
+        programs = compiled_programs() - before
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        lg.removeHandler(log)
+        lg.setLevel(old[0])
+        lg.propagate = old[1]
+    train = [s for f, s in log.items if "_grid_step" in f or "train_step" in f]
+    return {"points": sel["n_runs"], "batch_plans": n_plans, "training_programs": programs,
+            "training_compile_s": sum(train), "training_compile_s_each": [round(s, 2) for s in train],
+            "all_compiles": len(log.items), "all_compile_s": sum(s for _, s in log.items), "sweep_wall_s": wall,
+            "model": {"n_embd": 32, "n_layer": 2, "vocab_size": config.vocab_size}, "updates_per_point": 1,
+            "dev_pairs": 8}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--updates", type=int, default=3, help="updates per run (the first is dropped)")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats of vmapped / one at a time")
+    ap.add_argument("--chunk", type=int, help="points of the DialoGPT-small chunk (default: 2 on CPU, 6 otherwise)")
+    ap.add_argument("--small-points", type=int, default=6, help="points of the small-shape chunk")
+    ap.add_argument("--skip-dialogpt", action="store_true", help="no DialoGPT-small-shape measurement")
+    ap.add_argument("--skip-sweep", action="store_true", help="no 54-point compile measurement")
+    ap.add_argument("--json-out", help="also write the JSON summary to this file")
+    args = ap.parse_args()
+    if args.updates < 2:
+        ap.error("--updates must be >= 2 (the first update is dropped)")
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    import jax
+
+    from rbjax.model.gpt2 import GPT2Config
+
+    info = machine()
+    print(f"machine: {json.dumps(info)}", flush=True)
+    res: dict = {"machine": info}
+    small = GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128)
+    res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
+    if not args.skip_dialogpt:
+        chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)
+        res["dialogpt"] = grid_throughput("dialogpt", GPT2Config(), chunk, 8, args.updates, args.repeats)
+    if not args.skip_sweep:
+        print("  54-point grid (small GPT-2), 1 update per point ...", flush=True)
+        res["sweep54"] = sweep_compiles()
+    res["load_average_after"] = machine().get("load_average")
+    print()
+    for k in ("small", "dialogpt"):
+        if k in res:
+            r = res[k]
+            print(f"{k:9s} {r['points']} points, batch {r['batch_size']}: point-updates/s vmapped "
+                  f"{r['vmapped']['point_updates_per_s']:.3f}, one at a time "
+                  f"{r['one_at_a_time']['point_updates_per_s']:.3f} (×{r['vmapped_speedup']:.2f}); tokens/s/device "
+                  f"{r['vmapped']['tokens_per_s_per_device']:.0f} vs {r['one_at_a_time']['tokens_per_s_per_device']:.0f}")
+    if "sweep54" in res:
+        s = res["sweep54"]
+        print(f"sweep54   {s['points']} points, {s['batch_plans']} batch plans: {s['training_programs']} training "
+              f"programs, {s['training_compile_s']:.1f} s compiling them; whole sweep {s['sweep_wall_s']:.1f} s")
+    line = json.dumps(res)
+    if args.json_out:
+        from rbjax.report.io import atomic_write_text
+
+        atomic_write_text(args.json_out, line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Multi-device checks run by tests/test_mesh.py in a subprocess with 8 simulated CPU devices.
+
+JAX reads ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` once, when its CPU backend starts, so these checks
+cannot run inside the pytest process (which has already started JAX with one device): the test starts this script
+with the flag set and reads the JSON line it prints for each check.
+
+Usage::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+        python tests/mesh_checks.py --model DIR --tokenizer DIR --data-dir DIR --work DIR CHECK [CHECK ...]
+
+Checks (each prints ``{"check": NAME, ...figures}`` on one line):
+
+* ``data_parallel``: one run (a few updates, dropout on) trained on a 1 × 8 ``grid × data`` mesh (each micro-batch's
+  rows split over 8 devices, gradients all-reduced by XLA) and on one device; maximum absolute and relative
+  parameter differences, and the losses of both.
+* ``grid_chunk``: a chunk of 6 grid points (batch 4) on the 8-device mesh :func:`rbjax.mesh.grid_mesh` picks, and
+  the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
+* ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
+  devices; the training programs compiled (:func:`rbjax.debias.step.compiled_programs`), the batch plans, chunks
+  and mesh shapes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _train_file(data_dir: Path, work: Path, n: int) -> str:
+    lines = (data_dir / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    f = work / f"train{n}.txt"
+    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
+    return str(f)
+
+
+def _cfg(args, **kw):
+    from rbjax.debias.config import TrainConfig
+
+    d = dict(method="lmd", bias_type="religion1", model=args.model, tokenizer=args.tokenizer, data_dir=args.data_dir,
+             out_dir=str(Path(args.work) / "unused"), train_file=_train_file(Path(args.data_dir), Path(args.work), 16),
+             epochs=1, export=False, evaluate=False, lmp=False, progress=False)
+    d.update(kw)
+    return TrainConfig(**d)
+
+
+def _run(trainer):
+    """Train without checkpoints; ``(result, metrics per update [per point], parameter sharding specs)``."""
+    import numpy as np
+
+    rows, specs = [], set()
+
+    def cb(ev):
+        if ev["kind"] == "update":
+            ms = ev["metrics"] if isinstance(ev["metrics"], list) else [ev["metrics"]]
+            rows.append([[m[k] for k in ("lm_loss", "debias_loss", "total", "grad_norm")] for m in ms])
+            specs.update(str(x.sharding.spec) for x in __import__("jax").tree.leaves(ev["params"]))
+
+    res = trainer.run(checkpoints=False, callback=cb)
+    return res, np.asarray(rows, np.float64), sorted(specs)
+
+
+def _compare(params_a, params_b, init, metrics_a, metrics_b, lr: float) -> dict:
+    """Parameter and metric differences of two runs of the same points (b: the one-device reference).
+
+    ``max_abs``: largest parameter difference; ``max_abs_over_lr``: the same in units of one update's size (Adam
+    moves a weight by about ``lr`` per update); ``rel_to_movement``: ‖a − b‖₂ / ‖b − init‖₂ over all points;
+    ``metrics_rel``: largest relative difference of the per-update losses and gradient norms.
+    """
+    import jax
+    import numpy as np
+
+    mx, d2, m2 = 0.0, 0.0, 0.0
+    for a, b, i in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), jax.tree.leaves(init)):
+        a, b, i = (np.asarray(x, np.float64) for x in (a, b, i))
+        mx = max(mx, float(np.abs(a - b).max()))
+        d2 += float(((a - b) ** 2).sum())
+        m2 += float(((b - i) ** 2).sum())
+    mrel = float((np.abs(metrics_a - metrics_b) / np.maximum(np.abs(metrics_b), 1e-6)).max())
+    return {"max_abs": mx, "max_abs_over_lr": mx / lr, "rel_to_movement": (d2 / m2) ** 0.5, "movement": m2 ** 0.5,
+            "metrics_rel": mrel}
+
+
+def check_data_parallel(args) -> dict:
+    import jax
+
+    from rbjax.debias.loop import Trainer
+    from rbjax.mesh import grid_mesh
+
+    lr = 5e-4
+    cfg = _cfg(args, method=args.method, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
+    devs = jax.devices()
+    t8 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
+    ids = t8.device_batch(0)["input_ids"]
+    # on a 4-wide data axis the dropout keys (A, 4) must stay whole: their axis 1 holds key words, not rows
+    b4 = Trainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
+    r8, m8, specs = _run(t8)
+    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]))
+    r1, m1, _ = _run(t1)
+    return {"mesh": dict(t8.mesh.shape), "batch_spec": str(ids.sharding.spec),
+            "batch_devices": len(ids.sharding.device_set), "batch_shard_shape": list(ids.addressable_shards[0].data.shape),
+            "batch_shape": list(ids.shape), "param_specs": specs, "rng_spec_data4": str(b4["rng"].sharding.spec),
+            "ids_spec_data4": str(b4["input_ids"].sharding.spec), "updates": len(m8),
+            **_compare(r8.params, r1.params, t1.init_params, m8, m1, lr)}
+
+
+def check_grid_chunk(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.mesh import grid_mesh
+
+    lr = 5e-4
+    cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3)
+    # six points of one batch plan; the learning rates differ too, so that the points end up far apart
+    pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate(
+        (lm, d) for lm in (0.001, 0.01) for d in (10.0, 50.0, 100.0))]
+    t8 = Trainer(cfg, points=pts)  # the default mesh: grid_mesh over all 8 devices
+    r8, m8, specs = _run(t8)
+    t1 = Trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    r1, m1, _ = _run(t1)
+    init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
+    p8 = jax.tree.map(lambda x: np.asarray(x)[:len(pts)], jax.device_get(r8.state.params))
+    p1 = jax.tree.map(lambda x: np.asarray(x)[:len(pts)], jax.device_get(r1.state.params))
+    apart = min(_compare(r1.point_params(i), r1.point_params(j), t1.init_params, m1, m1, lr)["max_abs"]
+                for i in range(len(pts)) for j in range(i))
+    return {"mesh": dict(t8.mesh.shape), "n_padded": t8.n_padded, "n_points": len(pts), "param_specs": specs,
+            "updates": len(m8), "closest_points_max_abs": apart, **_compare(p8, p1, init, m8, m1, lr)}
+
+
+def check_sweep_compiles(args) -> dict:
+    import jax
+
+    from rbjax.debias import sweep as sw
+    from rbjax.debias.step import compiled_programs
+    from rbjax.mesh import grid_mesh
+
+    base = _cfg(args, method="lmd", max_steps=1, train_file=_train_file(Path(args.data_dir), Path(args.work), 32),
+                eval_batch_size=32)
+    # 2 batch plans (batch 2, 4) × 4 λ points, in chunks of 2: each plan's program must serve both of its chunks
+    grid = {"batch_size": (2, 4), "grad_accum": (1,), "lambda_lm": (0.001, 0.01), "lambda_d": (10.0, 100.0)}
+    plans = sw.batch_plans(sw.grid_points("lmd", grid))
+    before = compiled_programs()
+    sel = sw.run_sweep(base, Path(args.work) / "sweep", grid=grid, grid_chunk=2, n_bootstrap=0, dev_max_pairs=4,
+                       progress=False)
+    after = compiled_programs()
+    meshes = sorted({str(dict(grid_mesh(2, b).shape)) for (b, _), _ in plans})
+    chunks = sorted(p.name for p in (Path(args.work) / "sweep" / "chunks").iterdir())
+    return {"programs": after - before, "batch_plans": len(plans), "n_runs": sel["n_runs"], "chunks": chunks,
+            "n_devices": jax.device_count(), "meshes": meshes}
+
+
+CHECKS = {"data_parallel": check_data_parallel, "grid_chunk": check_grid_chunk, "sweep_compiles": check_sweep_compiles}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--method", default="lmd")
+    p.add_argument("checks", nargs="+", choices=sorted(CHECKS))
+    args = p.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    import jax
+
+    n = jax.device_count()
+    if n != 8:
+        raise SystemExit(f"expected 8 simulated CPU devices, got {n}: set "
+                         "XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts")
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    for c in args.checks:
+        print(json.dumps({"check": c, **CHECKS[c](args)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
