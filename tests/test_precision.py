@@ -3,8 +3,7 @@
 
 Tolerance of bf16 vs fp32: bfloat16 keeps 8 significant bits (relative rounding 2⁻⁹ ≈ 0.2 %), so activations, and
 the losses computed from them, differ by a few tenths of a percent per update. At the paper's learning rate (5e-5)
-and 4 updates every loss and gradient norm stays within :data:`BF16_RTOL` (2 %) of fp32's (seen: ≤ 0.2 %; with
-LayerNorm outputs kept in bf16 as well, simulated by patching the model, ≤ 0.5 %). At 10× the learning rate the
+and 4 updates every loss and gradient norm stays within :data:`BF16_RTOL` (2 %) of fp32's (seen: ≤ 0.5 %). At 10× the learning rate the
 trajectories of HD drift apart by tens of percent within 4 updates in either precision's rounding, so the test
 stays at the paper's rate.
 """
@@ -80,10 +79,6 @@ def _dot_dtypes(jaxpr) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rbjax/model/gpt2.py: nn.LayerNorm without dtype promotes its bf16 input to its fp32 scale, so from the first "
-    "block on activations are fp32 and every matmul runs in fp32 (bf16 only rounds the embeddings and the LM-head "
-    "input); LayerNorm(dtype=self.dtype) and a bf16 embedding in the head would fix it"))
 def test_bf16_matmuls_run_in_bf16():
     """With precision bf16 the transformer's matmuls (attention and MLP: 6 per layer) take bf16 inputs."""
     from rbjax.debias.step import StepSpec, batch_losses
