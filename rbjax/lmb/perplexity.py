@@ -304,8 +304,8 @@ class PerplexityScorer:
         precision: ``"fp32"`` (default; matmuls at ``"highest"``) or ``"bf16"`` (bf16 matmul inputs, float32
             accumulation / softmax / log-sum-exp; see the module docstring).
         stacked: params carry a leading model axis; ``score_*`` then return one result per model.
-        devices: devices to shard the batch rows over (default: all devices of the default backend; one device
-            means no sharding).
+        devices: devices to shard the batch rows over (default: this process's devices of the default backend;
+            one device means no sharding).
 
     Attributes:
         programs: the distinct compiled program signatures this scorer has used (``len(programs)`` is its
@@ -329,7 +329,9 @@ class PerplexityScorer:
         self.bos_id = bos_id
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
-        devs = list(devices) if devices is not None else jax.devices()
+        # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
+        # hosts' devices would give arrays this process cannot read)
+        devs = list(devices) if devices is not None else jax.local_devices()
         self.n_devices = len(devs)
         self.mesh = None
         if self.n_devices > 1:
