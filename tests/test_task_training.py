@@ -79,7 +79,7 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
         vocab_size, eos_id, source = 64, 63, "test"
 
     cfg = TrainConfig(method="dst", model="unused", out_dir=str(tmp_path / "dst"), batch_size=4, grad_accum=1,
-                      epochs=10, learning_rate=1e-2, dropout=False, export=False, evaluate=False, lmp=False,
+                      epochs=6, learning_rate=2e-2, dropout=False, export=False, evaluate=False, lmp=False,
                       progress=False, block_size=12, save_every=3)
     tr = Trainer(cfg, model_config=CFG, params=params, tokenizer=Tok(), data=data)
     res = tr.run()
@@ -87,8 +87,8 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
                             None, spec)
     assert float(after) < 0.7 * float(full)
     cfg_b = cfg.replace(out_dir=str(tmp_path / "dst_b"))
-    Trainer(cfg_b, model_config=CFG, params=params, tokenizer=Tok(), data=data).run(stop_after=7)
+    Trainer(cfg_b, model_config=CFG, params=params, tokenizer=Tok(), data=data).run(stop_after=5)
     res_b = Trainer(cfg_b, model_config=CFG, params=params, tokenizer=Tok(), data=data).run()
-    assert res_b.resumed_from == 7
+    assert res_b.resumed_from == 5
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(res_b.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

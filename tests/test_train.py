@@ -13,7 +13,7 @@ import pytest
 from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.data import update_plan
 from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
-from rbjax.debias.step import TrainState, compiled_programs
+from rbjax.debias.step import TrainState
 from rbjax.debias.train import TrainConfig, Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -353,21 +353,3 @@ def test_grid_has_54_points_and_cda_collapses():
     assert len(pts) == 54 and len({p.id for p in pts}) == 54
     assert [p.batch_size for p in pts] == sorted(p.batch_size for p in pts)  # batch size outermost
     assert len(grid_points("cda")) == 9
-
-
-def test_sweep_reuses_the_compiled_step(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
-    from rbjax.debias.sweep import run_sweep
-
-    base = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method="lmd", max_steps=2, lmp=True,
-                lmp_max_lines=8, eval_batch_size=16)
-    grid = {"batch_size": (4,), "grad_accum": (2, 3), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
-    run_sweep(base, tmp_path / "sw", grid=grid, max_points=1, progress=False, n_bootstrap=100, dev_max_pairs=24)
-    n_compiled = compiled_programs()
-    sel = run_sweep(base, tmp_path / "sw", grid=grid, max_points=3, progress=False, n_bootstrap=100,
-                    dev_max_pairs=24)  # resumes: the first point is not run again
-    assert compiled_programs() == n_compiled + 1  # another λ: no new program; accumulation 3: one
-    lines = (tmp_path / "sw" / "sweep.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and sel["n_runs"] == 3
-    assert {sel["reference"]["id"], sel["default"]["id"]} <= {json.loads(ln)["id"] for ln in lines}
-    assert (tmp_path / "sw" / "sweep.csv").exists() and (tmp_path / "sw" / "baseline.json").exists()
-
