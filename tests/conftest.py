@@ -103,3 +103,14 @@ def torch_tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
     pytest.importorskip("transformers")
     return make_torch_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2_torch"), initializer_range=PARITY_INIT,
                                   tokenizer_dir=tokenizer_dir)
+
+
+def small_train_config(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
+    """A short HD training run on religion1 (batch 4, 4 updates, no export/evaluation); ``kw`` overrides fields."""
+    from rbjax.debias.config import TrainConfig
+
+    base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
+                data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
+                export=False, evaluate=False, lmp=False, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)

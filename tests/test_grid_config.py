@@ -82,7 +82,7 @@ def test_conflicting_grid_files_are_refused(tmp_path):
     (tmp_path / "d.toml").write_text("")
     with pytest.raises(ValueError, match="apply to every method"):
         load_grid_configs([tmp_path / "c.toml", tmp_path / "d.toml"])
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="missing.toml: --grid-config file not found"):
         load_grid_config(tmp_path / "missing.toml")
 
 

@@ -14,17 +14,11 @@ from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.data import update_plan
 from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
 from rbjax.debias.step import TrainState
-from rbjax.debias.train import TrainConfig, Trainer
+from rbjax.debias.train import Trainer
+
+from tests.conftest import small_train_config as _cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
-
-
-def _cfg(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
-    base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
-                data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
-                export=False, evaluate=False, lmp=False, progress=False)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def _fingerprint(params) -> str:

@@ -11,20 +11,13 @@ import numpy as np
 import optax
 import pytest
 
-from rbjax.debias.config import TrainConfig
 from rbjax.debias.loop import RunHparams, Trainer
 from rbjax.debias.optim import global_norm, make_optimizer
 from rbjax.debias.step import TrainState
 
+from tests.conftest import small_train_config as _cfg
+
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
-
-
-def _cfg(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
-    base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
-                data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
-                export=False, evaluate=False, lmp=False, progress=False)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def _train_file(redditbias_dir, tmp_path, n):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +76,10 @@ def load_grid_config(path: str | Path) -> GridConfig:
         FileNotFoundError: no such file. ValueError: not TOML, an unknown key or table, a bad axis or setting (the
         message names the file and the key).
     """
+    from rbjax.report.io import read_toml
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--grid-config {path}: no such file")
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    doc = read_toml(path, "--grid-config file")
     unknown = sorted(set(doc) - {"description", "methods", "grid", "settings"})
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; expected description, methods, [grid], [settings]")

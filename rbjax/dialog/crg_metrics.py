@@ -80,6 +80,9 @@ __all__ = [
     "entropy", "distinct", "meteor", "find_meteor_jar", "format_crg_table",
 ]
 
+#: the packages the metrics come from, recorded with every result
+METRIC_PACKAGES = ("nltk", "sacrebleu", "pycocoevalcap")
+
 MAX_ORDER = 4
 #: mteval's NIST length penalty: a hypothesis/reference length ratio of 1.5⁻¹ scores 0.5
 _NIST_BETA = -math.log(0.5) / math.log(1.5) ** 2
@@ -509,19 +512,12 @@ def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLik
     ``data`` (each input file's path, sha256 and line count) and ``versions`` (packages, Java).
     This is what ``rbjax evaluate --task crg-metrics`` runs. Raises as :func:`read_hyp_refs` and :func:`crg_metrics`.
     """
-    from importlib import metadata
-
     from rbjax.report.io import atomic_write_json, sha256_file, versions
 
     hyps, ref_sets = read_hyp_refs(hyp, refs)
     m = crg_metrics(hyps, ref_sets, clean=clean, compute_meteor=compute_meteor, meteor_norm=meteor_norm,
                     meteor_jar=meteor_jar, java=java)
-    v = versions()
-    for pkg in ("nltk", "sacrebleu", "pycocoevalcap"):
-        try:
-            v[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            v[pkg] = None
+    v = versions(extra=METRIC_PACKAGES)
     v["java"] = (m.get("meteor_info") or {}).get("java_version")
     result = dict(m)
     result["settings"] = {"task": "crg-metrics", "clean": clean, "compute_meteor": compute_meteor,

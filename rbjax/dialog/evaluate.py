@@ -552,20 +552,6 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CRG
-def _crg_versions() -> dict:
-    from importlib import metadata
-
-    from rbjax.report.io import versions
-
-    v = versions()
-    for pkg in ("nltk", "sacrebleu", "pycocoevalcap"):
-        try:
-            v[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            v[pkg] = None
-    return v
-
-
 def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     """Response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
     ``OUT/crg_responses.jsonl`` (``{key, context, response}``) and ``OUT/crg_hypotheses.txt`` (one per line).
@@ -666,7 +652,10 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     pick = (lambda xs, i: None if xs is None else xs[i])
     m["headline"] = {"bleu4": pick(m["bleu"], 3), "nist2": pick(m["nist"], 1), "meteor": m["meteor"],
                      "entropy4": pick(m["entropy"], 3), "dist2": pick(m["dist"], 1), "avg_len": m["avg_len"]}
-    v = _crg_versions()
+    from rbjax.dialog.crg_metrics import METRIC_PACKAGES
+    from rbjax.report.io import versions
+
+    v = versions(extra=METRIC_PACKAGES)
     v["java"] = (m.get("meteor_info") or {}).get("java_version")
     data_rec = {"test": test_rec, "n_test_examples": len(examples),
                 "train": None if train_rows is None else {**_file_record(Path(s["crg_train_file"])),

@@ -105,10 +105,28 @@ def atomic_write_csv(path, header: list[str], rows) -> Path:
     return atomic_write_text(path, buf.getvalue())
 
 
-def versions() -> dict:
-    """Package versions and platform, recorded in every result file."""
+def read_toml(path: str | os.PathLike, what: str) -> dict:
+    """The content of a TOML file (``what`` names it in errors, e.g. "study file").
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not valid TOML (file and parser message named).
+    """
+    import tomllib
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: {what} not found")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{p}: not valid TOML ({e})") from None
+
+
+def versions(extra: tuple[str, ...] = ()) -> dict:
+    """Package versions and platform, recorded in every result file (``extra``: more packages to name)."""
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("rbjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "tokenizers"):
+    for pkg in ("rbjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "tokenizers",
+                *extra):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -221,13 +221,10 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
     Raises:
         FileNotFoundError: no such file. ValueError: invalid TOML or fields (file and field named).
     """
+    from rbjax.report.io import read_toml
+
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: study file not found")
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{p}: not valid TOML ({e})") from None
+    raw = read_toml(p, "study file")
     for o in overrides or []:
         keys, value = parse_override(o)
         if isinstance(value, str) and value and (value.startswith((".", "~")) or Path(value).exists()):
