@@ -26,9 +26,16 @@ plus tokens/s per device.
    dev LMB on 8 pairs, no LMP. Training programs compiled (``compiled_programs()``), the XLA compile time of those
    programs (JAX's compile log), and the wall time of the whole sweep.
 
+3. **N models scored at once** (``--skip-scoring`` to omit): the dev LMB of a chunk, i.e. the religion1 valid pairs
+   (both sides) scored by N models with different weights, as one vmapped pass over their stacked parameters
+   (``PerplexityScorer(stacked=True)``, what the sweep does after a chunk) against N scorers one after another; at
+   the small shape (``--small-points`` models) and the DialoGPT-small shape (the DialoGPT chunk). Rounds alternate,
+   medians reported; the first call of each (compile) is timed separately.
+
 Usage::
 
     python benchmarks/bench_grid.py [--updates 3] [--repeats 2] [--chunk N] [--skip-dialogpt] [--skip-sweep]
+                                    [--skip-training] [--skip-scoring] [--scoring-repeats 3]
                                     [--json-out FILE]
 
 The last line printed is a JSON object with every figure and the machine's description.
@@ -194,6 +201,57 @@ def sweep_compiles() -> dict:
             "dev_pairs": 8}
 
 
+def scoring_throughput(name: str, config, n_models: int, repeats: int) -> dict:
+    """Dev LMB of ``n_models`` models: one stacked (vmapped) pass vs one scorer per model (module docstring, 3)."""
+    import jax
+    import numpy as np
+
+    from rbjax.data.redditbias import load_pairs
+    from rbjax.lmb.perplexity import PerplexityScorer
+    from rbjax.model.gpt2 import init_params
+    from rbjax.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(SHARED / "tokenizers" / "gpt2")
+    pairs = load_pairs("religion1", "valid", SHARED / "redditbias")
+    A, C = tok.encode_batch(pairs.biased), tok.encode_batch(pairs.counterfactual)
+    models = [init_params(config, seed) for seed in range(n_models)]
+    stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *models)
+    many = PerplexityScorer(stacked, config, stacked=True)
+    singles = [PerplexityScorer(m, config) for m in models]
+
+    def run_stacked():
+        a, c = many.score_pairs(A, C)
+        return np.stack([np.concatenate([x.mean_nll, y.mean_nll]) for x, y in zip(a, c)])
+
+    def run_singles():
+        return np.stack([np.concatenate([r[0].mean_nll, r[1].mean_nll]) for r in (s.score_pairs(A, C)
+                                                                                for s in singles)])
+
+    first, rounds, outs = {}, {"vmapped": [], "one_at_a_time": []}, {}
+    for k, fn in (("vmapped", run_stacked), ("one_at_a_time", run_singles)):
+        t0 = time.perf_counter()
+        outs[k] = fn()
+        first[k] = time.perf_counter() - t0
+    for _ in range(repeats):
+        for k, fn in (("vmapped", run_stacked), ("one_at_a_time", run_singles)):
+            t0 = time.perf_counter()
+            fn()
+            rounds[k].append(time.perf_counter() - t0)
+    ok = np.isfinite(outs["one_at_a_time"])
+    diff = float(np.max(np.abs(outs["vmapped"][ok] - outs["one_at_a_time"][ok]) / np.abs(outs["one_at_a_time"][ok])))
+    n_phr = 2 * len(A)
+    out = {"shape": name, "models": n_models, "pairs": len(A), "phrases_per_model": n_phr, "repeats": repeats,
+           "max_rel_diff_mean_nll": diff}
+    for k in rounds:
+        t = statistics.median(rounds[k])
+        out[k] = {"s": t, "model_phrases_per_s": n_models * n_phr / t, "rounds_s": [round(x, 3) for x in rounds[k]],
+                  "first_call_s": round(first[k], 2)}
+    out["vmapped_speedup"] = out["vmapped"]["model_phrases_per_s"] / out["one_at_a_time"]["model_phrases_per_s"]
+    print(f"  scoring {name}: {n_models} models × {n_phr} phrases: vmapped {out['vmapped']['s']:.2f} s, one after "
+          f"another {out['one_at_a_time']['s']:.2f} s", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--updates", type=int, default=3, help="updates per run (the first is dropped)")
@@ -202,6 +260,9 @@ def main() -> int:
     ap.add_argument("--small-points", type=int, default=6, help="points of the small-shape chunk")
     ap.add_argument("--skip-dialogpt", action="store_true", help="no DialoGPT-small-shape measurement")
     ap.add_argument("--skip-sweep", action="store_true", help="no 54-point compile measurement")
+    ap.add_argument("--skip-training", action="store_true", help="no grid-throughput (training) measurement")
+    ap.add_argument("--skip-scoring", action="store_true", help="no N-models scoring measurement")
+    ap.add_argument("--scoring-repeats", type=int, default=3, help="alternating rounds of the scoring measurement")
     ap.add_argument("--json-out", help="also write the JSON summary to this file")
     args = ap.parse_args()
     if args.updates < 2:
@@ -217,10 +278,16 @@ def main() -> int:
     print(f"machine: {json.dumps(info)}", flush=True)
     res: dict = {"machine": info}
     small = GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128)
-    res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
-    if not args.skip_dialogpt:
+    if not args.skip_training:
+        res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
+    if not args.skip_dialogpt and not args.skip_training:
         chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)
         res["dialogpt"] = grid_throughput("dialogpt", GPT2Config(), chunk, 8, args.updates, args.repeats)
+    if not args.skip_scoring:
+        res["scoring_small"] = scoring_throughput("small", small, args.small_points, args.scoring_repeats)
+        if not args.skip_dialogpt:
+            chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)
+            res["scoring_dialogpt"] = scoring_throughput("dialogpt", GPT2Config(), chunk, args.scoring_repeats)
     if not args.skip_sweep:
         print("  54-point grid (small GPT-2), 1 update per point ...", flush=True)
         res["sweep54"] = sweep_compiles()
@@ -233,6 +300,13 @@ def main() -> int:
                   f"{r['vmapped']['point_updates_per_s']:.3f}, one at a time "
                   f"{r['one_at_a_time']['point_updates_per_s']:.3f} (×{r['vmapped_speedup']:.2f}); tokens/s/device "
                   f"{r['vmapped']['tokens_per_s_per_device']:.0f} vs {r['one_at_a_time']['tokens_per_s_per_device']:.0f}")
+    for k in ("scoring_small", "scoring_dialogpt"):
+        if k in res:
+            r = res[k]
+            print(f"{k:16s} {r['models']} models × {r['phrases_per_model']} phrases: model-phrases/s vmapped "
+                  f"{r['vmapped']['model_phrases_per_s']:.1f}, one after another "
+                  f"{r['one_at_a_time']['model_phrases_per_s']:.1f} (×{r['vmapped_speedup']:.2f}); max rel diff "
+                  f"{r['max_rel_diff_mean_nll']:.1e}")
     if "sweep54" in res:
         s = res["sweep54"]
         print(f"sweep54   {s['points']} points, {s['batch_plans']} batch plans: {s['training_programs']} training "
