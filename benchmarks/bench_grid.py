@@ -278,15 +278,14 @@ def main() -> int:
     print(f"machine: {json.dumps(info)}", flush=True)
     res: dict = {"machine": info}
     small = GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128)
+    chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)  # points / models at DialoGPT-small
     if not args.skip_training:
         res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
     if not args.skip_dialogpt and not args.skip_training:
-        chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)
         res["dialogpt"] = grid_throughput("dialogpt", GPT2Config(), chunk, 8, args.updates, args.repeats)
     if not args.skip_scoring:
         res["scoring_small"] = scoring_throughput("small", small, args.small_points, args.scoring_repeats)
         if not args.skip_dialogpt:
-            chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)
             res["scoring_dialogpt"] = scoring_throughput("dialogpt", GPT2Config(), chunk, args.scoring_repeats)
     if not args.skip_sweep:
         print("  54-point grid (small GPT-2), 1 update per point ...", flush=True)
