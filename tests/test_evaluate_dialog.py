@@ -226,6 +226,14 @@ def test_settings_and_cli_errors(tiny_model_dir, tmp_path, capsys):
         evaluate("all", tiny_model_dir, out, train_file="x")
     with pytest.raises(ValueError, match="unknown task 'bleu'"):
         evaluate("bleu", tiny_model_dir, out)
+    # a path that was given but does not exist is named, never replaced by a download
+    with pytest.raises(FileNotFoundError, match=r"--multiwoz .*nowhere: not found"):
+        evaluate("dst", tiny_model_dir, out, multiwoz=tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"--refs .*r1.txt: not found"):
+        evaluate("crg", tiny_model_dir, out, refs=[str(tmp_path / "r1.txt")])
+    assert main(["evaluate", "--task", "dst", "--model", str(tiny_model_dir), "--out", str(out), "--multiwoz",
+                 str(tmp_path / "nowhere")]) == 1
+    assert "nowhere: not found" in capsys.readouterr().err
     assert main(["evaluate", "--task", "all", "--model", str(tiny_model_dir), "--out", str(out), "--train-file",
                  "x"]) == 1
     assert "--dst-train-file" in capsys.readouterr().err

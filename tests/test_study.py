@@ -74,6 +74,15 @@ def test_report_numbers_equal_the_stage_files(tiny_study):
         ts = [next(r["t_value"] for r in recs if r["bias_type"] == b) for recs in hd]
         cell = hd_rows[0][head.index(b)]  # the model debiased for religion1, measured on b
         assert cell.startswith(f"{statistics.fmean(ts):.2f} ± {statistics.stdev(ts):.2f}"), (b, cell, ts)
+    # the selected grid points are those of each sweep's selection.json
+    sel_head, sel_rows = rep["tables"]["selections"]
+    assert len(sel_rows) == 6  # lmd, add, hd × 2 seeds (CDA has no grid)
+    for row in sel_rows:
+        method, seed = row[0], row[2]
+        chosen = json.loads((out / f"seed{seed}/religion1/{method}/sweep/selection.json").read_text())["default"]
+        assert row[sel_head.index("λ_D")] == f"{chosen['point']['lambda_d']:g}"
+        assert row[sel_head.index("dev t")] == f"{chosen['dev']['t_value']:.2f}"
+    assert "## Selected grid points" in (out / "rebuilt" / "report.md").read_text()
     dia_head, dia_rows = rep["tables"]["dialog"]
     lmp = json.loads((out / "baseline/dialog/lmp.json").read_text())["metrics"]["perplexity"]
     assert dia_rows[0][dia_head.index("LMP")] == f"{lmp:.3f}"
@@ -148,6 +157,11 @@ def test_bad_study_files_are_clear_errors(tmp_path, capsys):
     bad.write_text('[study]\nmodel = "m"\n[sweeps]\n')
     assert main(["run", str(bad), "--out", str(tmp_path / "o"), "--dry-run"]) == 1
     assert "unknown section [sweeps]" in capsys.readouterr().err
+    # a bad --set names the --set, not the (innocent) study file
+    assert main(["run", str(PAPER), "--out", str(tmp_path / "o"), "--dry-run", "--set", "training.epochs=two"]) == 1
+    assert "--set 'training.epochs=two': training.epochs must be an integer, got 'two'" in capsys.readouterr().err
+    assert main(["run", str(PAPER), "--out", str(tmp_path / "o"), "--dry-run", "--set", "study.bogus=1"]) == 1
+    assert "--set 'study.bogus=1': unknown field 'bogus' in [study]" in capsys.readouterr().err
     bad.write_text('[study\n')
     assert main(["run", str(bad), "--out", str(tmp_path / "o"), "--dry-run"]) == 1
     assert "not valid TOML" in capsys.readouterr().err

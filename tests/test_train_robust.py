@@ -177,6 +177,44 @@ def test_cli_ctrl_c_prints_the_resume_hint_without_traceback(tiny_model_dir, tok
     assert main(argv) == 0
     res = json.loads((tmp_path / "r" / "results.json").read_text())
     assert res["training"]["resumed_from"] == 1 and res["training"]["updates"] == 3
+    # the record covers the whole run (both sessions), not only the updates after the resume
+    lines = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert res["training"]["tokens"] == sum(m["tokens"] for m in lines)
+    assert res["training"]["tokens"] > res["training"]["this_session"]["tokens"] > 0
+    assert res["training"]["sessions"] == 2 and res["training"]["train_s"] >= res["training"]["this_session"]["train_s"]
+
+
+def test_ctrl_c_during_the_evaluation_keeps_the_training_record(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                tmp_path, capsys, monkeypatch):
+    """Interrupted while measuring the trained model: the message names `rbjax debias` (not measure's --resume),
+    and the rerun reuses the final checkpoint with a full training record rebuilt from metrics.jsonl."""
+    from rbjax.cli import main
+    from rbjax.lmb import measure
+
+    real = measure.measure_bias
+    calls = []
+
+    def interrupted_measure(*a, **kw):
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure, "measure_bias", interrupted_measure)
+    argv = ["debias", "--method", "lm", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "r"), "--max-steps", "2",
+            "--batch-size", "4", "--eval-bias", "religion1", "--no-lmp", "--no-progress"]
+    assert main(argv) == 130 and calls
+    err = capsys.readouterr().err
+    assert "interrupted during the evaluation" in err and "rbjax debias command again" in err
+    assert "--resume" not in err and "Traceback" not in err
+    monkeypatch.setattr(measure, "measure_bias", real)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    lines = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert res["reused"]["training"] and res["training"]["updates"] == 2
+    assert res["training"]["tokens"] == sum(m["tokens"] for m in lines) > 0 and res["training"]["train_s"] > 0
+    assert res["training"]["last"]["step"] == 2 and "last update" in out
 
 
 # ----------------------------------------------------------------------------------- reruns keep their records

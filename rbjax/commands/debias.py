@@ -26,6 +26,8 @@ def _cli_dataclass(grid: bool):
         if grid and f.name == "bias_type":
             meta["custom_args"] = {**meta["custom_args"], "help": "bias type(s): all, or a comma list of "
                                    + meta["custom_args"]["help"].removeprefix("bias type: ")}
+        if f.name in ("method", "bias_type"):  # required: no default to print (the first two fields)
+            return dataclasses.field(metadata=meta)
         return dataclasses.field(default=f.default, metadata=meta)
 
     cls = dataclasses.make_dataclass("SweepSettings" if grid else "RunSettings",
@@ -71,26 +73,34 @@ def config_from_args(args, **override):
 
 def format_results(res: dict) -> str:
     tr = res["training"]
-    lines = [f"{res['method']} on {res['bias_type']} ({res['semantics']} semantics): "
-             f"{tr['updates']} updates in {tr.get('train_s', 0.0):.1f} s ({(tr.get('tokens_per_s') or 0):.0f} tokens/s)"]
+    name = res["bias_type"]
+    if str(name).endswith(".json") and "lmb_valid" in res:  # a spec file: its bias type's own name, and the file
+        name = f"{res['lmb_valid']['debiased_type']['bias_type']} ({name})"
+    sessions = f", {tr['sessions']} sessions" if (tr.get("sessions") or 1) > 1 else ""
+    lines = [f"{res['method']} on {name} ({res['semantics']} semantics): "
+             f"{tr['updates']} updates in {tr.get('train_s', 0.0):.1f} s ({(tr.get('tokens_per_s') or 0):.0f} tokens/s"
+             f"{sessions})"]
     reused = res.get("reused") or {}
     if reused.get("training"):
         lines[0] += "  [training reused from the finished run]"
     last = tr.get("last") or {}
     if last:
         lines.append(f"  last update: total {last['total']:.4g}  lm {last['lm_loss']:.4g}  debias {last['debias_loss']:.4g}")
-    if any(tr.get("skipped_updates") or []):
-        lines.append(f"  updates skipped for a non-finite gradient: {sum(tr['skipped_updates'])}")
+    skipped = tr.get("skipped_updates") or 0
+    skipped = sum(skipped) if isinstance(skipped, list) else int(skipped)  # a list in records of older versions
+    if skipped:
+        lines.append(f"  updates skipped for a non-finite gradient: {skipped}")
     if res.get("model_dir"):
         lines.append(f"  model: {res['model_dir']}")
     if "lmb_valid" in res:
         lines.append("  LMB (valid split; t < 0 = stereotypical):")
+        width = max([10] + [len(r["bias_type"]) for r in res["lmb_valid"]["all"]])
         for r in res["lmb_valid"]["all"]:
             t, p = r["t_value"], r["p_value"]
             tt = "n/a" if t is None else f"{t:8.3f}"
             pp = "n/a" if p is None else f"{p:.2e}"
             mark = " *" if r["significant"] else ""
-            lines.append(f"    {r['bias_type']:<10} t {tt}  p {pp}{mark}")
+            lines.append(f"    {r['bias_type']:<{width}} t {tt}  p {pp}{mark}")
     if "lmp" in res:
         lm = res["lmp"]
         sub = "" if not lm.get("max_lines") else f" (first {lm['max_lines']} lines only)"

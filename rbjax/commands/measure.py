@@ -44,7 +44,9 @@ def register(sub) -> None:
                         "--stored-perplexities (the released files were already reduced with those values)")
     p.add_argument("--skip-unscorable", action="store_true", help="exclude pairs with a phrase of < 2 tokens instead of failing")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the per-type CSVs of an interrupted run in --out (same model, tokenizer, split, --bos)")
+                   help="reuse the per-type CSVs of an earlier run in --out whose inputs are all the same (model and "
+                        "tokenizer file contents, data files, split, --bos, --precision, scoring settings); any "
+                        "type whose inputs differ is scored again, never relabelled")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -61,5 +63,6 @@ def run(args) -> int:
         precision=args.precision)
     print(format_table(records))
     out = Path(args.out)
-    print(f"\nwrote {out / 'lmb.json'}, {out / '<bias_type>_perplexities.csv'}, {out / 'lmb.png'}")
+    csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)
+    print(f"\nwrote {out / 'lmb.json'}, {out / 'lmb.png'} and, in {out}: {csvs}")
     return 0

@@ -214,15 +214,21 @@ def _word_overlap(a: str, b: str) -> float:
 
 def read_csv_rows(path: Path) -> tuple[list[str], list[dict]]:
     """Read a CSV with a header; every value a string. Raises ValueError naming the file on bad input."""
+    rows: list[dict] = []
+    record_start = 1  # the line the record being read starts on
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
+            # strict: an unclosed quote is an error, not the following rows silently swallowed into one field
+            reader = csv.DictReader(f, strict=True)
+            for row in reader:
+                rows.append(row)
+                record_start = reader.line_num + 1
             header = list(reader.fieldnames or [])
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     except csv.Error as e:
-        raise ValueError(f"{path}: malformed CSV ({e})") from None
+        raise ValueError(f"{path}: malformed CSV in the record starting on line {record_start} ({e}; an unclosed "
+                         "or stray quote?)") from None
     if not header:
         raise ValueError(f"{path}: empty file (no CSV header)")
     return header, rows

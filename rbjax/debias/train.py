@@ -209,6 +209,57 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
+    """Tokens and training seconds of a run over all its sessions, from ``metrics.jsonl``.
+
+    A resumed run's in-memory summary covers only the updates of the last session; the metric lines cover every
+    update (those after a resumed checkpoint are truncated and redone). ``elapsed_s`` restarts at each session, so a
+    session's time is its last line's ``elapsed_s``. Lines of point 0 only (grid chunks repeat the tokens per point).
+
+    Returns:
+        ``{"tokens", "train_s", "sessions", "updates_logged"}`` for updates ≤ ``upto``, or ``None`` when the file is
+        missing, unreadable or does not cover updates 1..``upto``.
+    """
+    try:
+        lines = metrics_path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    tokens, steps, seconds, sessions, prev = 0, set(), 0.0, 0, None
+    for ln in lines:
+        try:
+            r = json.loads(ln)
+        except ValueError:
+            return None
+        if r.get("point", 0) != 0 or int(r.get("step", 0)) > upto:
+            continue
+        el = float(r.get("elapsed_s", 0.0))
+        if prev is None or el < prev:  # a new session
+            sessions += 1
+            if prev is not None:
+                seconds += prev
+        prev = el
+        tokens += int(r.get("tokens", 0))
+        steps.add(int(r["step"]))
+    if prev is not None:
+        seconds += prev
+    if steps != set(range(1, upto + 1)):
+        return None
+    return {"tokens": tokens, "train_s": seconds, "sessions": sessions, "updates_logged": len(steps)}
+
+
+def _last_metrics(metrics_path: Path) -> dict | None:
+    """The last metric line of point 0 (``None`` if there is none)."""
+    last = None
+    try:
+        for ln in metrics_path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(ln)
+            if r.get("point", 0) == 0:
+                last = r
+    except (OSError, ValueError):
+        return None
+    return last
+
+
 def _say(msg: str) -> None:
     print(f"rbjax debias: {msg}", file=sys.stderr)
 
@@ -276,6 +327,21 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         else:
             training = {"updates": result.updates_done, "t_total": result.t_total, "resumed_from": result.resumed_from,
                         "n_examples": trainer.n_examples, "triggers": trainer.trigger_stats, **result.summary}
+            training["skipped_updates"] = int(sum(result.summary.get("skipped_updates") or [0]))  # one run: a count
+            if result.resumed_from is not None:
+                # the summary covers this session only: the run's totals come from its metric lines
+                whole = whole_run_totals(out / "metrics.jsonl", result.t_total)
+                training["this_session"] = {k: result.summary.get(k) for k in ("tokens", "train_s",
+                                                                                 "first_update_s")}
+                if whole is not None:
+                    training.update(tokens=whole["tokens"], train_s=whole["train_s"], sessions=whole["sessions"])
+                    training["tokens_per_s"] = whole["tokens"] / whole["train_s"] if whole["train_s"] > 0 else None
+                    training.pop("steady_tokens_per_s", None)
+                    if training.get("last") is None:
+                        training["last"] = _last_metrics(out / "metrics.jsonl")
+                else:
+                    training["totals_note"] = ("metrics.jsonl does not cover every update: tokens and train_s are "
+                                               "those of the last session only")
         if reused_training:
             _say(f"{out}: training finished earlier; reusing its final checkpoint")
     model_dir = None
@@ -286,7 +352,18 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(params)
-    evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key, previous=prev if prev_done else None)
+    try:
+        evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key,
+                             previous=prev if prev_done else None)
+    except KeyboardInterrupt:
+        from rbjax.interrupt import Interrupted
+
+        kept = f" and exported to {model_dir}" if model_dir is not None else ""
+        raise Interrupted(
+            f"rbjax debias: interrupted during the evaluation. Training is finished ({training['updates']} updates, "
+            f"final checkpoint in {out / 'checkpoints'}{kept}); the bias types already measured are kept in "
+            f"{out / 'lmb_valid'}. Run the same rbjax debias command again: it reuses the training and those "
+            "measurements and evaluates the rest.") from None
     reused = {"training": reused_training, **evals.pop("reused")}
     if prev_done:
         old_types = [r["bias_type"] for r in (prev.get("lmb_valid") or {}).get("all", [])]

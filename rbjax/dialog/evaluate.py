@@ -76,6 +76,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 #: settings that name files or folders: their *content* enters the key (as data digests), not the path
 _PATH_SETTINGS = {"data_dir", "lmp_file", "multiwoz", "dst_train_file", "ontology", "mapping", "crg_train_file",
                   "test_file", "refs"}
+#: the command-line option of each path setting (for error messages)
+_OPTION = {"data_dir": "--data-dir", "lmp_file": "--lmp-file", "multiwoz": "--multiwoz", "dst_train_file": "--train-file",
+           "ontology": "--ontology", "mapping": "--mapping", "crg_train_file": "--train-file",
+           "test_file": "--test-file", "refs": "--refs"}
 #: settings that do not change a result
 _NO_KEY = {"progress", "keep_checkpoints"}
 SEMANTICS = ("paper", "reference")
@@ -117,6 +121,10 @@ def task_settings(task: str, settings: dict) -> dict:
     for k in _PATH_SETTINGS - {"refs"}:
         if s.get(k) is not None:
             s[k] = str(s[k])
+    for k in sorted(_PATH_SETTINGS):  # a path that was given must exist: never fall back to a download silently
+        for v in ([] if s.get(k) is None else (s[k] if k == "refs" else [s[k]])):
+            if not Path(v).expanduser().exists():
+                raise FileNotFoundError(f"{_OPTION.get(k, k)} {v}: not found")
     return s
 
 
@@ -399,6 +407,8 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
 
     src = s["multiwoz"] or os.environ.get(mw.ENV_SOURCE)
     src = Path(src).expanduser() if src else None
+    if src is not None and not src.exists():
+        raise FileNotFoundError(f"{mw.ENV_SOURCE}={src}: not found")
     mapping = Path(s["mapping"]) if s["mapping"] else None
     if mapping is None and src is not None and src.is_dir():
         mapping = _search(src, "mapping.pair")

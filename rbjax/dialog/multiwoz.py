@@ -134,7 +134,8 @@ def default_file(name: str, download: bool = True) -> Path:
         url = base.rstrip("/") + "/" + rel
     return download_verified(url, dest, sha, offline_hint=(
         "Without network access, pass a local MultiWOZ 2.0 copy (the official MultiWOZ_2.0.zip, ConvLab's "
-        f"test.json.zip/val.json.zip, or TRADE's *_dials.json) as source= / --multiwoz, or set {ENV_SOURCE}."))
+        f"test.json.zip/val.json.zip, or TRADE's *_dials.json) as source= / --multiwoz (in a study file: "
+        f"dialog.dst.multiwoz, e.g. rbjax run … --set dialog.dst.multiwoz=PATH), or set {ENV_SOURCE}."))
 
 
 # ------------------------------------------------------------------------------------------------ normalisation

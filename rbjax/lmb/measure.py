@@ -395,6 +395,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
 
             plot_lmb({_short_label(model_name): records}, out / "lmb.png", alpha=alpha)
         atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+        this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
+        others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
+        if others:
+            print(f"rbjax: note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
+                  "--resume reuses such a file only when it was produced by the same inputs)", file=sys.stderr)
     return records
 
 

@@ -92,7 +92,8 @@ def describe_difference(old: Any, new: Any, *, limit: int = 6) -> str:
     def walk(a, b, where):
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
-                walk(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))
+                seg = f"[{k!r}]" if "." in str(k) else (f".{k}" if where else str(k))  # file names keep their dots
+                walk(a.get(k), b.get(k), f"{where}{seg}")
         elif a != b:
             short = lambda v: (v[:12] + "…") if isinstance(v, str) and len(v) == 64 else v  # noqa: E731 (digests)
             parts.append(f"{where or 'key'}: {short(a)!r} → {short(b)!r}")

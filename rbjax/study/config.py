@@ -215,6 +215,44 @@ class StudyConfig:
             raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [training] (TrainConfig fields)")
 
 
+def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
+    """A ``--set`` names a known section and field, and a number or a switch gets a number or a switch.
+
+    Raises:
+        ValueError: naming the ``--set`` argument (not the study file, which is not at fault).
+    """
+    from rbjax.debias.config import TrainConfig
+
+    sec = keys[0]
+    if sec not in SECTIONS:
+        raise ValueError(f"--set {text!r}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
+    if len(keys) < 2:
+        raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
+    train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    known = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS,
+             "training": set(train_defaults)}[sec]
+    if keys[1] not in known:
+        raise ValueError(f"--set {text!r}: unknown field {keys[1]!r} in [{sec}] (known: {', '.join(sorted(known))})")
+    current: Any = raw
+    for k in keys:
+        current = current.get(k) if isinstance(current, dict) else None
+    if current is None and sec == "training" and len(keys) == 2:
+        current = train_defaults[keys[1]]
+    if value is None or value == "":
+        return
+    is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(current, bool):
+        ok, words = isinstance(value, bool), "true or false"
+    elif isinstance(current, int):
+        ok, words = is_num and isinstance(value, int), "an integer"
+    elif isinstance(current, float):
+        ok, words = is_num, "a number"
+    else:
+        return  # strings, lists, tables and unset fields: checked by validate() / the stage that reads them
+    if not ok:
+        raise ValueError(f"--set {text!r}: {'.'.join(keys)} must be {words}, got {value!r}")
+
+
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:
     """Read and validate a study file, applying ``--set`` overrides.
 
@@ -227,6 +265,7 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
     raw = read_toml(p, "study file")
     for o in overrides or []:
         keys, value = parse_override(o)
+        _check_override(o, keys, value, raw)
         if isinstance(value, str) and value and (value.startswith((".", "~")) or Path(value).exists()):
             value = str(Path(value).expanduser().resolve())  # a path on the command line: relative to the cwd
         d = raw

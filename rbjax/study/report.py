@@ -303,6 +303,33 @@ def _dialog_table(data: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _selections(data: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """The grid point each sweep selected on the valid split: (header, rows, the selection rules used)."""
+    head = ["method", "debiased for", "seed", "batch", "accum.", "λ_LM", "λ_D", "dev t", "dev p", "LMP",
+            "within LMP budget"]
+    rows, rules = [], []
+    rule_of = {}
+    for st in data["studies"]:
+        rule_of[Path(st["folder"]).name] = ((st.get("config") or {}).get("sweep") or {}).get("selection", "default")
+    for (method, debiased), per_seed in sorted(data["runs"].items()):
+        for seed, entry in sorted(per_seed.items()):
+            sel = entry.get("selection")
+            if not sel:
+                continue
+            which = rule_of.get(seed.split(":")[0], "default")
+            chosen = sel.get(which) or sel.get("default") or {}
+            pt, dev = chosen.get("point") or {}, chosen.get("dev") or {}
+            if chosen.get("rule") and chosen["rule"] not in rules:
+                rules.append(chosen["rule"])
+            budget = chosen.get("constraint_met")
+            rows.append([method, debiased, seed.split(":")[-1], str(pt.get("batch_size", "")),
+                         str(pt.get("grad_accum", "")), f"{pt['lambda_lm']:g}" if "lambda_lm" in pt else "",
+                         f"{pt['lambda_d']:g}" if "lambda_d" in pt else "", _fmt(dev.get("t_value")),
+                         _fmt(dev.get("p_value"), ".2e"), _fmt(chosen.get("lmp"), ".1f"),
+                         "" if budget is None else ("yes" if budget else "no")])
+    return head, rows, rules
+
+
 def _notes(data: dict) -> list[str]:
     """The dialog results' own notes (stand-in splits, capped examples, no fine-tuning, …), once each."""
     notes: dict[str, None] = {}
@@ -350,6 +377,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
     cross = _cross(data)
     over = _overshoots(data)
     dia = _dialog_table(data)
+    sel_head, sel_rows, sel_rules = _selections(data)
     notes = _notes(data)
     studies = data["studies"]
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
@@ -365,6 +393,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
           "## Cross-type effects (every debiased model on every bias type)\n"]
     for m, head, rows in cross:
         md.append(f"### {m}\n\n" + _md_table(head, rows) + "\n")
+    sel_intro = ("The grid point each sweep selected on the valid split (then retrained, exported and measured above). "
+                 "Rule: " + "; ".join(sel_rules) + ".") if sel_rows else "No sweeps in these folders."
+    md.append("## Selected grid points\n\n" + sel_intro + "\n\n" + (_md_table(sel_head, sel_rows) + "\n"
+                                                                      if sel_rows else ""))
     md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else
                                                              "None: no significant t > 0 beyond the baseline's.") + "\n")
     md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*dia) + "\n")
@@ -388,6 +420,8 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
             "<h2>Effect sizes, confidence intervals and seed noise</h2>" + _html_table(*eff),
             "<h2>Cross-type effects</h2>" + "".join(f"<h3>{html.escape(m)}</h3>" + _html_table(h, r)
                                                     for m, h, r in cross),
+            "<h2>Selected grid points</h2><p>" + html.escape(sel_intro) + "</p>"
+            + (_html_table(sel_head, sel_rows) if sel_rows else ""),
             "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + ("<ul>" + "".join(f"<li>{html.escape(o)}</li>"
                                                                                 for o in over) + "</ul>"
                                                                if over else "<p>None.</p>"),
@@ -402,4 +436,5 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
     atomic_write_text(out / "report.html", page)
     return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
             "tables": {"table3": t3, "effects": eff, "cross": cross, "dialog": dia, "overshoots": over,
+                       "selections": (sel_head, sel_rows),
                        "notes": notes}}

@@ -309,7 +309,11 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
              f"seeds: {cfg.seeds}; dialog: {', '.join(cfg.dialog['tasks']) or 'none'}",
              f"  {len(stages)} stages:"]
     for s in stages:
-        extra = f"  ({s.training_runs} training runs)" if s.training_runs else ""
+        extra = (f"  ({s.training_runs} training run{'' if s.training_runs == 1 else 's'})" if s.training_runs else "")
+        if s.kind == "sweep" and s.training_runs:
+            g = len(s.info["methods"]) * len(s.info["types"])
+            extra = (f"  ({s.training_runs} training runs: {g} sweeps (method × bias type), each its grid points "
+                     "+ 1 retraining of the selected point with export)")
         lines.append(f"    {s.name:<48} {s.kind}{extra}")
     lines.append(f"  training runs: {cost['training_runs']}, training tokens: {cost['training_tokens']:,}; models "
                  f"evaluated: {cost['models_evaluated']}; phrases scored: {cost['phrases_scored']:,}")
