@@ -328,3 +328,26 @@ def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_
             o = tb.attributes(ids, mask, max_occurrences=tr.n_occ)
             np.testing.assert_array_equal(mb["occ_weights"], o.weights)
             np.testing.assert_array_equal(mb["occ_mask"], o.mask)
+
+
+def test_whole_run_totals_sum_every_session(tmp_path):
+    """Hand-made metric lines: a short first session (killed after update 2 at 1.5 s) and a resumed one whose first
+    update already took 4 s (compilation): 3 + 2 + 5 + 7 = 17 tokens over 1.5 + 6.0 s in 2 sessions."""
+    from rbjax.debias.train import whole_run_totals
+
+    rows = [{"step": 1, "tokens": 3, "elapsed_s": 0.5, "session": 1.0},
+            {"step": 2, "tokens": 2, "elapsed_s": 1.5, "session": 1.0},
+            {"step": 3, "tokens": 5, "elapsed_s": 4.0, "session": 2.0},
+            {"step": 4, "tokens": 7, "elapsed_s": 6.0, "session": 2.0}]
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert whole_run_totals(p, 4) == {"tokens": 17, "train_s": 7.5, "sessions": 2, "updates_logged": 4}
+    # lines of older versions (no session tag): a session starts where elapsed_s drops
+    p.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "session"}) + "\n"
+                         for r in rows[:2] + [{**rows[2], "elapsed_s": 1.0}, rows[3]]))
+    assert whole_run_totals(p, 4) == {"tokens": 17, "train_s": 7.5, "sessions": 2, "updates_logged": 4}
+    # grid chunks: only point 0 counts; a missing update: no totals (the caller says so)
+    p.write_text("".join(json.dumps({**r, "point": i}) + "\n" for r in rows for i in (0, 1)))
+    assert whole_run_totals(p, 4)["tokens"] == 17
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] != 3))
+    assert whole_run_totals(p, 4) is None and whole_run_totals(tmp_path / "none.jsonl", 4) is None

@@ -297,6 +297,7 @@ class Trainer:
                                    "skipped_updates": [0] * n_pts}
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
+        session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
         last: list[dict] = []
         mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
         desc = f"{cfg.method} {Path(cfg.bias_type).stem if cfg.bias_type.endswith('.json') else cfg.bias_type}"
@@ -335,7 +336,8 @@ class Trainer:
                         rec = {"step": u + 1, "epoch": epoch, "lm_loss": g("lm"), "debias_loss": g("debias"),
                                "total": g("total"), "lr": g("lr"), "grad_norm": g("grad_norm"),
                                "skipped": bool(g("skipped")), "tokens": tokens,
-                               "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run}
+                               "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run,
+                               "session": session}
                         if self.stacked:
                             rec = {"point": i, **rec}
                         last.append(rec)

@@ -213,8 +213,10 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
     """Tokens and training seconds of a run over all its sessions, from ``metrics.jsonl``.
 
     A resumed run's in-memory summary covers only the updates of the last session; the metric lines cover every
-    update (those after a resumed checkpoint are truncated and redone). ``elapsed_s`` restarts at each session, so a
-    session's time is its last line's ``elapsed_s``. Lines of point 0 only (grid chunks repeat the tokens per point).
+    update (those after a resumed checkpoint are truncated and redone). Each line carries its session's tag
+    (``session``) and the seconds since that session started (``elapsed_s``), so a session's time is its last
+    line's ``elapsed_s`` (lines without a tag, from older versions: a new session wherever ``elapsed_s`` drops).
+    Lines of point 0 only (grid chunks repeat the tokens per point).
 
     Returns:
         ``{"tokens", "train_s", "sessions", "updates_logged"}`` for updates ≤ ``upto``, or ``None`` when the file is
@@ -224,7 +226,7 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
         lines = metrics_path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    tokens, steps, seconds, sessions, prev = 0, set(), 0.0, 0, None
+    tokens, steps, seconds, sessions, prev, tag = 0, set(), 0.0, 0, None, None
     for ln in lines:
         try:
             r = json.loads(ln)
@@ -233,11 +235,12 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
         if r.get("point", 0) != 0 or int(r.get("step", 0)) > upto:
             continue
         el = float(r.get("elapsed_s", 0.0))
-        if prev is None or el < prev:  # a new session
+        new_session = prev is None or (r.get("session") != tag if "session" in r else el < prev)
+        if new_session:
             sessions += 1
             if prev is not None:
                 seconds += prev
-        prev = el
+        prev, tag = el, r.get("session")
         tokens += int(r.get("tokens", 0))
         steps.add(int(r["step"]))
     if prev is not None:
