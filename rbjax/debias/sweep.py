@@ -574,9 +574,9 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                         f.write(lines)
                 sw.records.update((r["id"], r) for r in recs)
                 bar.update(len(recs))
-                r0 = recs[0]
-                bar.set_postfix(last=r0["chunk"], t=f"{r0['dev']['t_value']:.2f}" if r0["dev"]["t_value"] is not None
-                                else "n/a")
+                ts = [r["dev"]["t_value"] for r in recs]
+                bar.set_postfix(last=", ".join(r["id"] for r in recs),
+                                t=", ".join("n/a" if t is None else f"{t:.2f}" for t in ts))
     return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate) for sw in sweeps]
 
 
