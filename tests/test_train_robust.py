@@ -342,6 +342,8 @@ def test_whole_run_totals_sum_every_session(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert whole_run_totals(p, 4) == {"tokens": 17, "train_s": 7.5, "sessions": 2, "updates_logged": 4}
+    # the session in progress is left out of the seconds (its caller adds its own, longer measure)
+    assert whole_run_totals(p, 4, current=2.0)["train_s"] == 1.5
     # lines of older versions (no session tag): a session starts where elapsed_s drops
     p.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "session"}) + "\n"
                          for r in rows[:2] + [{**rows[2], "elapsed_s": 1.0}, rows[3]]))

@@ -298,6 +298,7 @@ class Trainer:
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
+        summary["session"] = session
         last: list[dict] = []
         mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
         desc = f"{cfg.method} {Path(cfg.bias_type).stem if cfg.bias_type.endswith('.json') else cfg.bias_type}"

@@ -209,7 +209,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
+def whole_run_totals(metrics_path: Path, upto: int, current: float | None = None) -> dict | None:
     """Tokens and training seconds of a run over all its sessions, from ``metrics.jsonl``.
 
     A resumed run's in-memory summary covers only the updates of the last session; the metric lines cover every
@@ -218,6 +218,10 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
     line's ``elapsed_s`` (lines without a tag, from older versions: a new session wherever ``elapsed_s`` drops).
     Lines of point 0 only (grid chunks repeat the tokens per point).
 
+    Args:
+        metrics_path: the run's ``metrics.jsonl``. upto: the run's update count.
+        current: the tag of the session in progress: its seconds are left out of ``train_s`` (the caller adds its
+            own measure, which also counts the time after its last update, e.g. the final checkpoint).
     Returns:
         ``{"tokens", "train_s", "sessions", "updates_logged"}`` for updates ≤ ``upto``, or ``None`` when the file is
         missing, unreadable or does not cover updates 1..``upto``.
@@ -226,7 +230,7 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
         lines = metrics_path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    tokens, steps, seconds, sessions, prev, tag = 0, set(), 0.0, 0, None, None
+    tokens, steps, ends = 0, set(), []  # ends: [tag, last elapsed_s] per session, in order
     for ln in lines:
         try:
             r = json.loads(ln)
@@ -234,20 +238,16 @@ def whole_run_totals(metrics_path: Path, upto: int) -> dict | None:
             return None
         if r.get("point", 0) != 0 or int(r.get("step", 0)) > upto:
             continue
-        el = float(r.get("elapsed_s", 0.0))
-        new_session = prev is None or (r.get("session") != tag if "session" in r else el < prev)
-        if new_session:
-            sessions += 1
-            if prev is not None:
-                seconds += prev
-        prev, tag = el, r.get("session")
+        el, tag = float(r.get("elapsed_s", 0.0)), r.get("session")
+        if not ends or (tag != ends[-1][0] if "session" in r else el < ends[-1][1]):
+            ends.append([tag, el])
+        ends[-1][1] = el
         tokens += int(r.get("tokens", 0))
         steps.add(int(r["step"]))
-    if prev is not None:
-        seconds += prev
     if steps != set(range(1, upto + 1)):
         return None
-    return {"tokens": tokens, "train_s": seconds, "sessions": sessions, "updates_logged": len(steps)}
+    seconds = sum(el for tag, el in ends if current is None or tag != current)
+    return {"tokens": tokens, "train_s": seconds, "sessions": len(ends), "updates_logged": len(steps)}
 
 
 def _last_metrics(metrics_path: Path) -> dict | None:
@@ -333,11 +333,12 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
             training["skipped_updates"] = int(sum(result.summary.get("skipped_updates") or [0]))  # one run: a count
             if result.resumed_from is not None:
                 # the summary covers this session only: the run's totals come from its metric lines
-                whole = whole_run_totals(out / "metrics.jsonl", result.t_total)
+                whole = whole_run_totals(out / "metrics.jsonl", result.t_total, current=result.summary.get("session"))
                 training["this_session"] = {k: result.summary.get(k) for k in ("tokens", "train_s",
                                                                                  "first_update_s")}
                 if whole is not None:
-                    training.update(tokens=whole["tokens"], train_s=whole["train_s"], sessions=whole["sessions"])
+                    training.update(tokens=whole["tokens"], train_s=whole["train_s"] + result.summary["train_s"],
+                                    sessions=max(whole["sessions"], 1))
                     training["tokens_per_s"] = whole["tokens"] / whole["train_s"] if whole["train_s"] > 0 else None
                     training.pop("steady_tokens_per_s", None)
                     if training.get("last") is None:
