@@ -105,6 +105,14 @@ def torch_tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
                                   tokenizer_dir=tokenizer_dir)
 
 
+def religion1_train_file(redditbias_dir, folder, n: int) -> str:
+    """The first ``n`` non-empty religion1 training phrases, written to ``folder/train{n}.txt``; returns its path."""
+    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    f = Path(folder) / f"train{n}.txt"
+    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
+    return str(f)
+
+
 def small_train_config(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
     """A short HD training run on religion1 (batch 4, 4 updates, no export/evaluation); ``kw`` overrides fields."""
     from rbjax.debias.config import TrainConfig

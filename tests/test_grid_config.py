@@ -12,6 +12,8 @@ from rbjax.debias.config import TrainConfig
 from rbjax.debias.grid_config import config_for_method, load_grid_config, load_grid_configs, merge
 from rbjax.debias.sweep import PAPER_GRID, grid_points
 
+from tests.conftest import religion1_train_file
+
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ROOT / "experiments" / "grids"
 
@@ -86,13 +88,6 @@ def test_conflicting_grid_files_are_refused(tmp_path):
         load_grid_config(tmp_path / "missing.toml")
 
 
-def _train_file(redditbias_dir, tmp_path, n):
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    f = tmp_path / f"train{n}.txt"
-    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
-    return str(f)
-
-
 def test_cli_study_takes_each_methods_grid_from_its_file(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     """``rbjax sweep --method lmd,cda --grid-config FOLDER``: LMD's file gives 1 batch plan × 2 λ points, CDA's a
     single run at batch 2; a setting of the file (max_steps 1) is used unless the command line gives another
@@ -108,7 +103,7 @@ def test_cli_study_takes_each_methods_grid_from_its_file(tiny_model_dir, tokeniz
     out = tmp_path / "study"
     argv = ["sweep", "--method", "lmd,cda", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
             str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--train-file",
-            _train_file(redditbias_dir, tmp_path, 12), "--grid-config", str(g), "--max-steps", "2",
+            religion1_train_file(redditbias_dir, tmp_path, 12), "--grid-config", str(g), "--max-steps", "2",
             "--n-bootstrap", "0", "--dev-max-pairs", "4", "--no-lmp", "--no-progress"]
     assert main(argv) == 0
     lmd = [json.loads(x) for x in (out / "religion1" / "lmd" / "sweep.jsonl").read_text().splitlines()]

@@ -164,9 +164,9 @@ def test_two_process_sweep_equals_one_process(tiny_model_dir, tokenizer_dir, red
     process appended them (no duplicate lines)."""
     from rbjax.cli import main
 
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    train = tmp_path / "train.txt"
-    train.write_text("\n".join([ln for ln in lines if ln.strip()][:16]) + "\n")
+    from tests.conftest import religion1_train_file
+
+    train = religion1_train_file(redditbias_dir, tmp_path, 16)
 
     def argv(out):
         return ["sweep", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",

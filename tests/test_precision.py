@@ -9,8 +9,6 @@ stays at the paper's rate.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,16 +17,11 @@ import pytest
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.loop import Trainer
 
+from tests.conftest import religion1_train_file
+
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 
 BF16_RTOL = 2e-2
-
-
-def _train_file(redditbias_dir, tmp_path, n):
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    f = tmp_path / f"train{n}.txt"
-    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
-    return str(f)
 
 
 def _run(cfg):
@@ -48,7 +41,7 @@ def test_bf16_training_runs_close_to_fp32(tiny_model_dir, tokenizer_dir, redditb
     """A few bf16 updates run, give finite losses within 2 % of fp32's, and keep parameters and Adam state fp32."""
     cfg = TrainConfig(method=method, bias_type="religion1", model=str(tiny_model_dir), tokenizer=str(tokenizer_dir),
                       data_dir=str(redditbias_dir), out_dir=str(tmp_path / "o"),
-                      train_file=_train_file(redditbias_dir, tmp_path, 16), batch_size=4, max_steps=4,
+                      train_file=religion1_train_file(redditbias_dir, tmp_path, 16), batch_size=4, max_steps=4,
                       dropout=False, export=False, evaluate=False, lmp=False, progress=False)
     tr32, r32, m32 = _run(cfg)
     tr16, r16, m16 = _run(cfg.replace(precision="bf16"))

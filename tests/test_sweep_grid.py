@@ -11,19 +11,14 @@ import pytest
 
 from rbjax.debias.config import TrainConfig
 
+from tests.conftest import religion1_train_file
+
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
-
-
-def _train_file(redditbias_dir, tmp_path, n):
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    f = tmp_path / f"train{n}.txt"
-    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
-    return str(f)
 
 
 def _base(model_dir, tokenizer_dir, redditbias_dir, tmp_path, **kw):
     d = dict(method="lmd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
-             data_dir=str(redditbias_dir), out_dir=str(tmp_path / "unused"), train_file=_train_file(
+             data_dir=str(redditbias_dir), out_dir=str(tmp_path / "unused"), train_file=religion1_train_file(
                  redditbias_dir, tmp_path, 16), epochs=1, lmp=False, progress=False, eval_batch_size=32)
     d.update(kw)
     return TrainConfig(**d)
@@ -42,7 +37,7 @@ def test_full_grid_compiles_one_program_per_batch_plan(tiny_model_dir, tokenizer
     from rbjax.debias.sweep import PAPER_GRID, run_sweep
 
     base = _base(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, max_steps=1,
-                 train_file=_train_file(redditbias_dir, tmp_path, 32))
+                 train_file=religion1_train_file(redditbias_dir, tmp_path, 32))
     grid = {**PAPER_GRID, "batch_size": (1, 2, 4)}
     before = compiled_programs()
     sel = run_sweep(base, tmp_path / "sw", grid=grid, grid_chunk=6, n_bootstrap=0, dev_max_pairs=6, progress=False)
@@ -85,7 +80,7 @@ def test_cli_study_over_methods_and_selection(tiny_model_dir, tokenizer_dir, red
     out = tmp_path / "study"
     argv = ["sweep", "--method", "lmd,cda", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
             str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--train-file",
-            _train_file(redditbias_dir, tmp_path, 12), "--max-steps", "1", "--batch-sizes", "4",
+            religion1_train_file(redditbias_dir, tmp_path, 12), "--max-steps", "1", "--batch-sizes", "4",
             "--grad-accums", "1", "--lambda-lms", "0.01", "--lambda-ds", "10,100", "--n-bootstrap", "0",
             "--dev-max-pairs", "6", "--lmp-file", str(Path(redditbias_dir) / "text_files/humanref6k.txt"),
             "--lmp-max-lines", "8", "--no-progress"]
@@ -108,7 +103,7 @@ def test_ray_executor_survives_a_killed_worker(tiny_model_dir, tokenizer_dir, re
     from rbjax.debias.sweep import run_sweep
 
     base = _base(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, max_steps=40, save_every=1,
-                 save_every_s=0.0, train_file=_train_file(redditbias_dir, tmp_path, 24))
+                 save_every_s=0.0, train_file=religion1_train_file(redditbias_dir, tmp_path, 24))
     grid = {"batch_size": (4,), "grad_accum": (1, 2), "lambda_lm": (0.01,), "lambda_d": (10.0, 100.0)}
     out = tmp_path / "sw"
     killed = []

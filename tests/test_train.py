@@ -16,6 +16,7 @@ from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
 from rbjax.debias.step import TrainState
 from rbjax.debias.train import Trainer
 
+from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -26,11 +27,6 @@ def _fingerprint(params) -> str:
     for leaf in jax.tree.leaves(jax.device_get(params)):
         h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()
-
-
-def _train_lines(redditbias_dir, n):
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    return [ln for ln in lines if ln.strip()][:n]
 
 
 # ---------------------------------------------------------------------------------------------- plan, schedule
@@ -60,9 +56,8 @@ def test_update_plan_leftovers_drop_and_carry():
 def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     """40 micro-batches, accumulation 4, 1 epoch, lr 5e-5 linear to 0, no warm-up: the parameters change exactly 10
     times (after micro-batches 4, 8, …, 40); update u uses 5e-5·(11−u)/10 and the mean of its 4 micro-gradients."""
-    f = tmp_path / "train40.txt"
-    f.write_text("\n".join(_train_lines(redditbias_dir, 40)) + "\n")
-    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="lm", train_file=str(f),
+    f = religion1_train_file(redditbias_dir, tmp_path, 40)
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="lm", train_file=f,
                batch_size=1, grad_accum=4, epochs=1, max_steps=None, dropout=False, learning_rate=5e-5)
     tr = Trainer(cfg)
     assert tr.n_batches == 40 and tr.t_total == 10
@@ -195,10 +190,9 @@ def test_failure_case_restored_optimizer_state(tmp_path, multisteps):
 @pytest.mark.parametrize("method,semantics", [("lmd", "paper"), ("add", "paper"), ("hd", "paper"), ("cda", "paper"),
                                               ("hd", "reference")])
 def test_few_steps_reduce_the_method_loss(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method, semantics):
-    f = tmp_path / "train8.txt"
-    f.write_text("\n".join(_train_lines(redditbias_dir, 8)) + "\n")
+    f = religion1_train_file(redditbias_dir, tmp_path, 8)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method=method, semantics=semantics,
-               train_file=str(f), max_steps=6, dropout=False, learning_rate=1e-4, lambda_lm=0.001, lambda_d=100.0)
+               train_file=f, max_steps=6, dropout=False, learning_rate=1e-4, lambda_lm=0.001, lambda_d=100.0)
     tr = Trainer(cfg)
     assert tr.n_examples == (16 if method == "cda" else 8)  # CDA: the phrases and their swapped copies
     batches = [tr.make_batch(tr.batch_rows(0, i)) for i in range(tr.n_batches)]
@@ -249,10 +243,9 @@ def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
 
 def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
                                                                  tmp_path):
-    f = tmp_path / "train22.txt"
-    f.write_text("\n".join(_train_lines(redditbias_dir, 22)) + "\n")
+    f = religion1_train_file(redditbias_dir, tmp_path, 22)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", method="lmd", semantics="reference",
-               train_file=str(f), grad_accum=4, epochs=3, max_steps=None, save_every=1)
+               train_file=f, grad_accum=4, epochs=3, max_steps=None, save_every=1)
     tr = Trainer(cfg)
     assert tr.n_batches == 6 and tr.t_total == 3 and cfg.resolved_leftover == "carry"
     assert len(tr.plan.plan[1]) == 6  # 2 leftovers of epoch 0 + 4 micro-batches of epoch 1

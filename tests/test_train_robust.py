@@ -15,16 +15,10 @@ from rbjax.debias.loop import RunHparams, Trainer
 from rbjax.debias.optim import global_norm, make_optimizer
 from rbjax.debias.step import TrainState
 
+from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
-
-
-def _train_file(redditbias_dir, tmp_path, n):
-    lines = (Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
-    f = tmp_path / f"train{n}.txt"
-    f.write_text("\n".join([ln for ln in lines if ln.strip()][:n]) + "\n")
-    return str(f)
 
 
 # ------------------------------------------------------------------------------------- non-finite gradients
@@ -70,7 +64,7 @@ def test_non_finite_point_of_a_grid_does_not_touch_the_others(tiny_model_dir, to
     """Vmapped grid: a point whose loss weight is inf gets non-finite gradients and skips its updates; the other
     point trains exactly as it would alone."""
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method="add",
-               train_file=_train_file(redditbias_dir, tmp_path, 8), max_steps=2, dropout=False)
+               train_file=religion1_train_file(redditbias_dir, tmp_path, 8), max_steps=2, dropout=False)
     good, bad = RunHparams(0.01, 10.0, 1e-3), RunHparams(0.01, float("inf"), 1e-3)
     tr = Trainer(cfg, points=[good, bad])
     res = tr.run(checkpoints=False)
@@ -103,7 +97,7 @@ def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokeniz
     """Three grid points of one batch plan trained as one vmapped program equal each point trained alone (with
     dropout: every point sees the same data and dropout stream), to float32 tolerance."""
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method=method, grad_accum=accum,
-               train_file=_train_file(redditbias_dir, tmp_path, 12), max_steps=3)
+               train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3)
     pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4), RunHparams(0.01, 50.0, 1e-4)]
     grid = Trainer(cfg, points=pts).run(checkpoints=False)
     for i, p in enumerate(pts):
@@ -115,7 +109,7 @@ def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokeniz
 
 def test_grid_chunk_checkpoint_resumes_bit_identically(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "full", method="lmd",
-               train_file=_train_file(redditbias_dir, tmp_path, 12), max_steps=3, save_every=1)
+               train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3, save_every=1)
     pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4)]
     full = Trainer(cfg, points=pts).run()
     cfg_b = cfg.replace(out_dir=str(tmp_path / "killed"))
