@@ -340,7 +340,7 @@ def run_chunk(task: dict) -> list[dict]:
     """
 
     from rbjax.debias.loop import RunHparams, Trainer
-    from rbjax.report.io import atomic_write_json
+    from rbjax.report.io import atomic_write_json, read_json
 
     base = TrainConfig(**task["base"])
     B, A = task["plan"]
@@ -348,12 +348,9 @@ def run_chunk(task: dict) -> list[dict]:
     cdir = Path(task["out"]) / "chunks" / task["chunk_id"]
     keys = [_point_key(task["key"], p) for p in pts]
     rpath = cdir / "records.json"
-    try:
-        prev = json.loads(rpath.read_text(encoding="utf-8"))
-        if [r.get("key") for r in prev] == keys:
-            return prev
-    except (OSError, ValueError):
-        pass
+    prev = read_json(rpath)
+    if prev is not None and [r.get("key") for r in prev] == keys:
+        return prev
     ctx = _context(base)
     import os
     import socket

@@ -202,13 +202,6 @@ def write_config(cfg: TrainConfig, trainer: Trainer) -> None:
         "key": trainer.key(), "versions": versions()})
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def whole_run_totals(metrics_path: Path, upto: int, current: float | None = None) -> dict | None:
     """Tokens and training seconds of a run over all its sessions, from ``metrics.jsonl``.
 
@@ -285,7 +278,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         rbjax.interrupt.Interrupted: Ctrl-C / SIGTERM during training (a checkpoint was saved).
     """
     from rbjax.model.hf import load_pretrained, save_pretrained
-    from rbjax.report.io import atomic_write_json, versions
+    from rbjax.report.io import atomic_write_json, read_json, versions
     from rbjax.report.provenance import describe_difference, digest, model_files_key, tree_digest
 
     out = Path(cfg.out_dir)
@@ -302,7 +295,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
     key = json.loads(json.dumps(trainer.key()))
-    prev = _read_json(out / "results.json")
+    prev = read_json(out / "results.json")
     if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
         raise ValueError(f"{out}: holds a finished run with other inputs ({describe_difference(prev.get('key'), key)})"
                          "; use another --out or --overwrite")

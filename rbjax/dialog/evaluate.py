@@ -301,7 +301,7 @@ def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, 
     """
     from rbjax.debias.config import TrainConfig
     from rbjax.debias.loop import Trainer
-    from rbjax.report.io import atomic_write_json
+    from rbjax.report.io import atomic_write_json, read_json
     from rbjax.report.provenance import describe_difference
 
     config, _, tok = model.load()
@@ -322,11 +322,7 @@ def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, 
     tkey = _jsonable(trainer.key())
     kpath = train_dir / "key.json"
     if train_dir.exists():
-        old = None
-        try:
-            old = json.loads(kpath.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            pass
+        old = read_json(kpath)
         if old != tkey:
             if (train_dir / "checkpoints").exists():
                 _say(f"{train_dir}: training state of other inputs "

@@ -14,7 +14,7 @@ import numpy as np
 
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
-from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
+from rbjax.report.io import atomic_write_csv, atomic_write_json, read_json, versions
 
 #: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
@@ -27,10 +27,7 @@ STORED_LABEL = "stored perplexities (the data files' perplexity columns)"
 def _read_state(out: Path) -> dict:
     """``{bias_type: key}`` of the CSVs in ``out`` (empty for a missing, damaged or older-format state file)."""
 
-    try:
-        st = json.loads((out / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    st = read_json(out / STATE_FILE)
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION or not isinstance(st.get("types"), dict):
         return {}
     return st["types"]

@@ -105,6 +105,15 @@ def atomic_write_csv(path, header: list[str], rows) -> Path:
     return atomic_write_text(path, buf.getvalue())
 
 
+def read_json(path: str | os.PathLike, default=None):
+    """The parsed content of a JSON file rbjax wrote earlier, or ``default`` when it is missing, unreadable or
+    damaged: such a file is something to recompute (the callers say so), never an error."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
 def read_toml(path: str | os.PathLike, what: str) -> dict:
     """The content of a TOML file (``what`` names it in errors, e.g. "study file").
 

@@ -29,6 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rbjax.report.io import read_json
+
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
 
 #: dialog table columns: (header, task, path into the task's "metrics")
@@ -44,13 +46,6 @@ DIALOG_COLUMNS = [
     ("avg len", "crg", ("avg_len",)),
 ]
 METHOD_NAMES = {"lmd": "LMD", "add": "ADD", "hd": "HD", "cda": "CDA", "lm": "LM"}
-
-
-def _read(p: Path):
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _dig(d, path):
@@ -77,11 +72,11 @@ def collect(folders: list[Path]) -> dict:
     out: dict[str, Any] = {"baseline": None, "runs": {}, "studies": [], "folders": [str(f) for f in folders]}
     for f in folders:
         f = Path(f)
-        st = _read(f / "study.json")
+        st = read_json(f / "study.json")
         if st is None:
             raise FileNotFoundError(f"{f}: no study.json (is it an 'rbjax run' output folder?)")
         out["studies"].append({**st, "folder": str(f)})
-        base = _read(f / "baseline" / "lmb_test" / "lmb.json")
+        base = read_json(f / "baseline" / "lmb_test" / "lmb.json")
         if base is None:
             raise FileNotFoundError(f"{f}: no baseline/lmb_test/lmb.json (the study has not measured its baseline)")
         if out["baseline"] is None:
@@ -92,10 +87,10 @@ def collect(folders: list[Path]) -> dict:
             seed = sd.name[4:]
             for td in sorted(p for p in sd.iterdir() if p.is_dir()):
                 for md in sorted(p for p in td.iterdir() if p.is_dir()):
-                    lmb = _read(md / "lmb_test" / "lmb.json")
+                    lmb = read_json(md / "lmb_test" / "lmb.json")
                     if lmb is None:
                         continue
-                    sel = _read(md / "sweep" / "selection.json")
+                    sel = read_json(md / "sweep" / "selection.json")
                     entry = {"lmb": lmb, "dialog": _dialog(md / "dialog"), "selection": sel}
                     out["runs"].setdefault((md.name, td.name), {})[f"{f.name}:{seed}"] = entry
     return out
@@ -104,7 +99,7 @@ def collect(folders: list[Path]) -> dict:
 def _dialog(folder: Path) -> dict:
     res = {}
     for task in ("lmp", "dst", "crg"):
-        r = _read(folder / f"{task}.json")
+        r = read_json(folder / f"{task}.json")
         if r is not None:
             res[task] = r
     return res

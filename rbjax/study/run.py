@@ -326,10 +326,9 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
 
 # ---------------------------------------------------------------------------------------------------- running
 def _read_state(out: Path) -> dict:
-    try:
-        return json.loads((out / "stages.json").read_text(encoding="utf-8")).get("stages", {})
-    except (OSError, ValueError):
-        return {}
+    from rbjax.report.io import read_json
+
+    return read_json(out / "stages.json", {}).get("stages", {})
 
 
 def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, progress: bool = True,
