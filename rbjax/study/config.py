@@ -41,6 +41,8 @@ SWEEP_KEYS = {"methods", "batch_size", "grad_accum", "lambda_lm", "lambda_d", "s
               "dev_max_pairs", "n_bootstrap", "grid_chunk", "executor", "ray_address", "max_points"}
 MEASURE_KEYS = {"split", "n_bootstrap", "batch_size"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
+#: the fields each section takes ([training] takes TrainConfig's fields, checked against the dataclass)
+SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
 DIALOG_TASKS = ("lmp", "dst", "crg")
 
 
@@ -185,8 +187,7 @@ class StudyConfig:
         for sec in self.raw:
             if sec not in SECTIONS:
                 raise ValueError(f"{where}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
-        for sec, keys in (("study", STUDY_KEYS), ("sweep", SWEEP_KEYS), ("measure", MEASURE_KEYS),
-                          ("dialog", DIALOG_KEYS)):
+        for sec, keys in SECTION_KEYS.items():
             extra = set(self.raw.get(sec, {})) - keys
             if extra:
                 raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [{sec}]")
@@ -229,8 +230,7 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     if len(keys) < 2:
         raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
     train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    known = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS,
-             "training": set(train_defaults)}[sec]
+    known = set(train_defaults) if sec == "training" else SECTION_KEYS[sec]
     if keys[1] not in known:
         raise ValueError(f"--set {text!r}: unknown field {keys[1]!r} in [{sec}] (known: {', '.join(sorted(known))})")
     current: Any = raw
