@@ -84,19 +84,18 @@ def _combinations(args) -> list[tuple[str, str]]:
     from rbjax.data.redditbias import expand_bias_types
     from rbjax.debias.config import METHODS
 
-    methods = [m.strip() for m in args.config.method.split(",") if m.strip()]
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"--method: unknown method(s) {bad}; expected a comma list of {', '.join(METHODS)}")
-    return [(b, m) for b in expand_bias_types(args.config.bias_type) for m in methods]
+    return [(b, m) for b in expand_bias_types(args.bias_type) for m in methods]
 
 
 def run(args) -> int:
-    import dataclasses
     import shutil
     from pathlib import Path
 
-    from rbjax.commands.debias import config_from_args
+    from rbjax.commands.debias import config_from_args, training_settings
     from rbjax.debias import grid_config as gcfg
     from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
     from rbjax.distributed import initialize, requested
@@ -110,12 +109,12 @@ def run(args) -> int:
         print(f"rbjax sweep: process {d['process_index']} of {d['process_count']} of a distributed job: "
               f"{d['devices']} devices in all, {d['local_devices']} here", flush=True)
     combos = _combinations(args)
-    out = Path(args.config.out_dir)
+    out = Path(args.out_dir)
     many = len(combos) > 1
     files = gcfg.load_grid_configs(args.grid_config)
     cli_grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
                 "lambda_d": args.lambda_ds}
-    cli_settings = dataclasses.asdict(args.config)
+    cli_settings = training_settings(args)
     grids, settings = {}, {}
     for m in {m for _, m in combos}:
         grids[m], settings[m] = gcfg.merge(gcfg.config_for_method(files, m), cli_grid, PAPER_GRID, cli_settings)
@@ -139,7 +138,7 @@ def run(args) -> int:
                       keep_checkpoints=args.keep_point_checkpoints,
                       max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
                       dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
-                      ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress)
+                      ray_address=args.ray_address, jobs=args.jobs, progress=args.progress)
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
         print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")

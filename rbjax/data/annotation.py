@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
-from rbjax.report.io import atomic_write_text
+from rbjax.report.io import atomic_write_text, to_json
 
 #: The guideline's labels (paper App. B).
 LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")
@@ -535,5 +535,5 @@ def export_for_annotation(
         paths[a] = p
     record = {"candidates": str(candidates), "items": len(chosen), "sample": sample, "seed": seed, "overlap": overlap,
               "annotators": {a: [keys[j] for j in assign[a]] for a in names}}
-    atomic_write_text(paths["assignment"], json.dumps(record, indent=1) + "\n")
+    atomic_write_text(paths["assignment"], to_json(record, indent=1) + "\n")
     return paths

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -51,6 +50,7 @@ import numpy as np
 from rbjax.specs import layout_names
 from rbjax.data.annotation import parse_label, read_csv_file
 from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
+from rbjax.report.io import to_json
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -388,5 +388,5 @@ def make_splits(
         files={k: str(v.relative_to(out)) for k, v in files.items()},
     )
     files["summary"] = ddir / f"{btype}_splits.json"
-    _atomic_text(files["summary"], [json.dumps(summary, indent=2)])
+    _atomic_text(files["summary"], [to_json(summary, indent=2)])
     return res

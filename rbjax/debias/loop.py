@@ -14,8 +14,9 @@
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
   difference named.
 * **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
-  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s.
-* **Non-finite gradients**: an update with ``inf``/``NaN`` in its gradient is skipped and counted (per point); after
+  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
+  (the losses of a skipped update) is ``null``.
+* **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and counted (per point); after
   :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rbjax.debias.config import TrainConfig
 from rbjax.debias.data import BatchPlan, TrainingData
 from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, init_state, micro_batch_grads, micro_batch_losses,
                                step_on_mesh, unstack_state)
+from rbjax.report.io import to_json
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -348,7 +350,7 @@ class Trainer:
                         else:
                             consecutive[i] = 0
                     if mf is not None:
-                        mf.write("".join(json.dumps(r) + "\n" for r in last))
+                        mf.write("".join(to_json(r) + "\n" for r in last))
                         mf.flush()
                     bar.update(1)
                     bar.set_postfix(loss=f"{last[0]['total']:.4g}", lm=f"{last[0]['lm_loss']:.3f}",

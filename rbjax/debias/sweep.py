@@ -43,13 +43,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
+from rbjax.report.io import to_json
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
            "run_chunk", "auto_grid_chunk", "format_selection"]
@@ -189,19 +189,6 @@ def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float
         "baseline_lmp": baseline_lmp,
         "lmp_tolerance": lmp_tolerance,
     }
-
-
-def _finite(o):
-    """Non-finite floats (and numpy scalars) made JSON-safe: NaN/inf become None."""
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return o
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -373,11 +360,11 @@ def run_chunk(task: dict) -> list[dict]:
                            dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
     eval_s = (time.perf_counter() - t1) / len(pts)
     for i, (p, k) in enumerate(zip(pts, keys)):
-        recs.append(_finite({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
+        recs.append(json.loads(to_json({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
                              "updates": res.updates_done, "train_s": train_s / len(pts), "eval_s": eval_s,
                              "last": last[i] if i < len(last) else None,
                              "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
-                             "resumed_from": res.resumed_from}))
+                             "resumed_from": res.resumed_from})))  # NaN/inf -> None
     atomic_write_json(rpath, recs)
     if not task.get("keep_checkpoints"):
         shutil.rmtree(cdir / "checkpoints", ignore_errors=True)
@@ -565,7 +552,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 contextlib.closing(results):
             for j, recs in results:
                 sw = sweeps[tasks[j][0]]
-                lines = "".join(json.dumps(_finite(r), allow_nan=False, default=float) + "\n" for r in recs)
+                lines = "".join(to_json(r) + "\n" for r in recs)
                 if primary:  # several hosts of one program (jax.distributed): one of them appends
                     with open(sw.out / "sweep.jsonl", "a", encoding="utf-8") as f:
                         f.write(lines)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from rbjax.model.gpt2 import GPT2Config
+from rbjax.report.io import to_json
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -328,7 +329,7 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file(params_to_state_dict(params, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+        (tmp / "config.json").write_text(to_json(cfg.to_hf_dict(), indent=2) + "\n")
         if tokenizer_dir is not None:
             for f in TOKENIZER_FILES:
                 src = Path(tokenizer_dir) / f

@@ -78,6 +78,8 @@ def _json_default(o):
         return o.tolist()
     if isinstance(o, Path):
         return str(o)
+    if hasattr(o, "item") and getattr(o, "shape", None) == ():  # a 0-d JAX array
+        return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
@@ -92,9 +94,21 @@ def _finite(o):
     return o
 
 
+def to_json(obj, *, indent: int | None = None, **kw) -> str:
+    """``obj`` as strict JSON text (RFC 8259), the one serialiser of every JSON and JSONL file rbjax writes.
+
+    Non-finite floats (``NaN``, ``±inf``: a skipped update's loss, an undefined statistic) are written as ``null``,
+    never as the bare ``NaN``/``Infinity`` Python's ``json`` emits by default, which strict readers reject. numpy
+    scalars and arrays, 0-d JAX arrays and paths are converted. ``kw`` goes to :func:`json.dumps`
+    (``ensure_ascii``, ``separators``, ``sort_keys``).
+    """
+    obj = json.loads(json.dumps(obj, default=_json_default))  # (the default parser reads NaN back as float)
+    return json.dumps(_finite(obj), indent=indent, allow_nan=False, **kw)
+
+
 def atomic_write_json(path, obj) -> Path:
-    obj = json.loads(json.dumps(obj, default=_json_default))
-    return atomic_write_text(path, json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+    """Write ``obj`` as strict JSON (:func:`to_json`, indent 2), atomically."""
+    return atomic_write_text(path, to_json(obj, indent=2) + "\n")
 
 
 def atomic_write_csv(path, header: list[str], rows) -> Path:
