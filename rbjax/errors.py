@@ -15,13 +15,15 @@ class SettingError(ValueError):
 
     Attributes:
         field: the setting's Python name (``batch_size``, ``learning_rate``).
-        problem: what is wrong, without the name ("must be >= 1, got 0").
+        problem: what is wrong, after the name ("must be >= 1, got 0"), or a whole sentence with ``{name}`` where
+            the setting is named ("...; pass {name} to plot them anyway").
     """
 
     def __init__(self, field: str, problem: str):
-        self.field, self.problem = field, problem
-        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem if "{name}" in problem else "{name} " + problem
+        super().__init__(self.renamed(field))
 
     def renamed(self, name: str) -> str:
-        """The message with ``name`` (a flag, ``file: [section] key``) in place of the Python name."""
-        return f"{name} {self.problem}"
+        """The message with ``name`` (a flag, a study file's key) where the setting is named."""
+        return self.problem.replace("{name}", name)

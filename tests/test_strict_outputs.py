@@ -52,23 +52,29 @@ def test_nan_loss_with_finite_gradient_is_skipped_and_every_file_is_strict_json(
     from rbjax.debias.train import train
     from rbjax.model.hf import load_pretrained
 
-    plain = tmp_path / "plain.txt"  # no religion1 target word: no debiasing term in any batch
-    plain.write_text("the weather is nice today\nwe walked to the park after lunch\n" * 4, encoding="utf-8")
+    # one phrase with a religion1 A1 attribute (the run is refused without any), 15 without: one epoch of 4 updates
+    # of 4 phrases, three of which have no debiasing term
+    plain = tmp_path / "plain.txt"
+    plain.write_text("jews are so greedy\n" + "the weather is nice today\nwe walked to the park after lunch\n" * 7
+                     + "see you tomorrow\n", encoding="utf-8")
     out = tmp_path / "run"
     cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, out, method="hd", train_file=str(plain),
-                             max_steps=2, dropout=False, export=True, evaluate=True, eval_bias="religion1", lmp=True,
+                             max_steps=4, dropout=False, export=True, evaluate=True, eval_bias="religion1", lmp=True,
                              lmp_max_lines=4)
     with pytest.raises(ValueError, match="lambda_d must be a finite number, got nan"):
         cfg.replace(lambda_d=float("nan"))  # the config refuses it (the CLI: --lambda-d) ...
     object.__setattr__(cfg, "lambda_d", float("nan"))  # ... so plant it past validation, to reach the step's guard
     res = train(cfg)
     lines = [_strict(ln, "metrics.jsonl") for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
     for r in lines:
         assert r["skipped"] is True and r["total"] is None  # NaN written as null
-        assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0  # the gradient itself was finite
-        assert math.isfinite(r["lm_loss"]) and r["debias_loss"] == 0.0
-    assert res["training"]["skipped_updates"] in (2, [2])
+        assert math.isfinite(r["lm_loss"])
+    no_term = [r for r in lines if r["debias_loss"] == 0.0]
+    assert len(no_term) == 3
+    for r in no_term:  # the field failure: a finite gradient under a NaN total (applied before, not counted)
+        assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
+    assert res["training"]["skipped_updates"] in (4, [4])
     _, start = load_pretrained(tiny_model_dir)
     _, end = load_pretrained(out / "model")
     for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(end)):

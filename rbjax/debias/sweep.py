@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import json
 import shutil
 import time
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
+from rbjax.errors import SettingError
 from rbjax.report.io import to_json
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
@@ -85,20 +87,25 @@ def grid_points(method: str, grid: dict[str, Sequence] | None = None) -> list[Gr
     For ``cda``/``lm`` (no debiasing loss) only the first λ values are used.
 
     Raises:
-        ValueError: an empty or invalid axis.
+        rbjax.errors.SettingError: an empty axis or an invalid value (naming the axis).
     """
     g = dict(PAPER_GRID if grid is None else grid)
     for k in PAPER_GRID:
         vals = g.get(k)
-        if not vals:
-            raise ValueError(f"grid axis {k!r} is empty")
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (list, tuple)) or not vals:
+            raise SettingError(k, f"(a grid axis) must be a non-empty list, got {vals!r}")
+        if k in ("batch_size", "grad_accum"):
+            ok, words = [isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals], "integers >= 1"
+        else:
+            ok = [isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                  for v in vals]
+            words = "finite numbers >= 0"
+        if not all(ok):
+            raise SettingError(k, f"(a grid axis) must hold {words}, got {list(vals)!r}")
     if method not in LOSS_METHODS:
         g["lambda_lm"], g["lambda_d"] = g["lambda_lm"][:1], g["lambda_d"][:1]
     pts = [GridPoint(int(b), int(a), float(lm), float(d))
            for b, a, lm, d in itertools.product(g["batch_size"], g["grad_accum"], g["lambda_lm"], g["lambda_d"])]
-    for p in pts:
-        if p.batch_size < 1 or p.grad_accum < 1:
-            raise ValueError(f"invalid grid point {p}")
     return pts
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
+from rbjax.errors import SettingError
 from rbjax.lmb import stats
 from rbjax.report.io import atomic_write_csv, atomic_write_json, read_json, versions
 
@@ -270,7 +271,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     if stored_perplexities and (tokenizer is not None or bos):
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
     if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        raise SettingError("batch_size", f"must be >= 1, got {batch_size!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
     if not n_std > 0:

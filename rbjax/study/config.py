@@ -32,6 +32,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from rbjax.errors import SettingError
+
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
@@ -167,7 +169,8 @@ class StudyConfig:
     def grid(self) -> dict:
         from rbjax.debias.sweep import PAPER_GRID
 
-        return {k: tuple(self.sweep.get(k, v)) for k, v in PAPER_GRID.items()}
+        g = {k: self.sweep.get(k, v) for k, v in PAPER_GRID.items()}
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}  # (validate() checks the values)
 
     def with_seeds(self, n: int) -> "StudyConfig":
         """The same study with ``n`` training seeds: the first configured seed and the ``n − 1`` following ones."""
@@ -214,6 +217,29 @@ class StudyConfig:
         extra = set(self.training) - fields
         if extra:
             raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [training] (TrainConfig fields)")
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """Every [training] value and the grid of [sweep] as the runs will take them: a bad value is refused when
+        the study is read (naming file, section and key), not after the first stages ran."""
+        from rbjax.debias.config import TrainConfig
+        from rbjax.debias.sweep import grid_points
+
+        where = str(self.path)
+        fixed = {"method", "bias_type", "seed", "out_dir", "eval_bias"}  # set by the study per run
+        try:
+            for m in self.methods:
+                TrainConfig(**{"semantics": self.semantics, "precision": self.precision, **self.training,
+                               "method": m, "bias_type": "religion1", "out_dir": "."})
+        except SettingError as e:
+            sec = "training" if e.field in self.training and e.field not in fixed else "study"
+            raise ValueError(f"{where}: [{sec}] {e.renamed(e.field)}") from None
+        try:
+            for m in self.methods:
+                if m in self.sweep["methods"]:
+                    grid_points(m, self.grid())
+        except SettingError as e:
+            raise ValueError(f"{where}: [sweep] {e}") from None
 
 
 def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
