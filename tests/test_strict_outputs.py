@@ -45,20 +45,20 @@ def test_to_json_writes_non_finite_numbers_as_null():
 
 def test_nan_loss_with_finite_gradient_is_skipped_and_every_file_is_strict_json(tiny_model_dir, tokenizer_dir,
                                                                                  redditbias_dir, tmp_path):
-    """λ_D = NaN on phrases that trigger no debiasing term (paper semantics): total = λ_LM·L_LM + NaN·0 = NaN while
-    the gradient (the LM term's; the masked debias term contributes exact zeros) is finite. The update used to be
+    """λ_D = NaN on phrases that trigger no debiasing term (LMD, paper semantics): total = λ_LM·L_LM + NaN·0 = NaN
+    while the gradient (the LM term's; the masked debias term contributes exact zeros) is finite. The update used to be
     applied and not counted; now it is skipped and counted, the model is exported unchanged, and every JSON/JSONL
     file of the run (config, metrics, results, LMB, checkpoints' metadata) parses as strict JSON."""
     from rbjax.debias.train import train
     from rbjax.model.hf import load_pretrained
 
-    # one phrase with a religion1 A1 attribute (the run is refused without any), 15 without: one epoch of 4 updates
+    # one phrase with a religion1 target term (the run is refused without any), 15 without: one epoch of 4 updates
     # of 4 phrases, three of which have no debiasing term
     plain = tmp_path / "plain.txt"
-    plain.write_text("jews are so greedy\n" + "the weather is nice today\nwe walked to the park after lunch\n" * 7
+    plain.write_text("the jews are so greedy\n" + "the weather is nice today\nwe walked to the park after lunch\n" * 7
                      + "see you tomorrow\n", encoding="utf-8")
     out = tmp_path / "run"
-    cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, out, method="hd", train_file=str(plain),
+    cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, out, method="lmd", train_file=str(plain),
                              max_steps=4, dropout=False, export=True, evaluate=True, eval_bias="religion1", lmp=True,
                              lmp_max_lines=4)
     with pytest.raises(ValueError, match="lambda_d must be a finite number, got nan"):

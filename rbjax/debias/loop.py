@@ -8,7 +8,9 @@
   seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
   aborts at once). The interrupt is then raised as :class:`rbjax.interrupt.Interrupted`, whose message says what was
   saved and how to resume.
-* **Resume**: a run started again with the same folder restores its last checkpoint and goes on; data order and
+* **Resume**: a run started again with the same folder restores its newest complete checkpoint and goes on (a step
+  folder without orbax's commit marker or with unreadable arrays is renamed ``<step>.incomplete``, named on stderr
+  and in the summary's ``incomplete_checkpoints``, and the previous step is used); data order and
   dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
   used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -277,16 +280,30 @@ class Trainer:
         start, resumed = 0, None
         ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
         key = json.loads(json.dumps(self.key()))
-        if ckpt is not None and ckpt.latest_step() is not None:
-            step = ckpt.latest_step()
-            meta = ckpt.restore_meta(step)
-            if meta.get("key") != key:
-                ckpt.close()
-                raise ValueError(
-                    f"{ckpt.directory}: holds checkpoints of a different run "
-                    f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
-            state, meta = ckpt.restore(step, state)
-            start = resumed = int(meta["update"])
+        set_aside: list[dict] = []
+        for step in ckpt.steps() if ckpt is not None else []:  # the newest complete checkpoint
+            why = ckpt.problem(step)
+            if why is None:
+                try:
+                    meta = ckpt.restore_meta(step)
+                except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
+                    why = f"its metadata cannot be read ({type(e).__name__})"
+            if why is None:
+                if meta.get("key") != key:
+                    ckpt.close()
+                    raise ValueError(
+                        f"{ckpt.directory}: holds checkpoints of a different run "
+                        f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+                try:
+                    state, meta = ckpt.restore(step, state)
+                    start = resumed = int(meta["update"])
+                    break
+                except ValueError as e:  # same run, unreadable arrays: damaged (e.g. array data missing)
+                    why = f"its arrays cannot be read: {e}"
+            moved = ckpt.set_aside(step) if jax.process_index() == 0 else ckpt.directory / str(step)
+            set_aside.append({"folder": str(ckpt.directory / str(step)), "moved_to": str(moved), "reason": why})
+            print(f"rbjax: skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
+                  f"{moved.name}, resuming from the newest complete one", file=sys.stderr, flush=True)
         metrics_path = out / "metrics.jsonl"
         primary = jax.process_index() == 0  # across hosts, one process writes the metrics
         if checkpoints:
@@ -296,7 +313,7 @@ class Trainer:
         n_pts = len(self.points)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
-                                   "skipped_updates": [0] * n_pts}
+                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside}
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
