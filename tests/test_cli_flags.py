@@ -75,3 +75,21 @@ def test_study_values_name_file_section_and_key(tmp_path):
     assert "GridPoint" not in str(e.value)
     with pytest.raises(ValueError, match=r"\[training\] learning_rate must be > 0, got -1"):
         load_study(f, ["training.learning_rate=-1"])
+
+
+def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monkeypatch, capsys):
+    """Issue 20: a spec-file bias type without --data-dir complained about downloading the LMP file."""
+    import shutil
+    from pathlib import Path
+
+    import rbjax.specs
+
+    monkeypatch.delenv("RBJAX_DATA_DIR", raising=False)
+    monkeypatch.setenv("RBJAX_REDDITBIAS_URL", "http://127.0.0.1:9/nothing")  # a download attempt would fail
+    monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "cache"))
+    spec = tmp_path / "mine.json"
+    shutil.copy(Path(rbjax.specs.__file__).parent / "religion1.json", spec)
+    assert main(["debias", "--method", "hd", "--bias", str(spec), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"--bias {spec}: a bias type of your own trains on its phrases" in err
+    assert "_bias_manual_train.txt" in err and "--data-dir" in err and "download" not in err

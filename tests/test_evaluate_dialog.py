@@ -240,3 +240,23 @@ def test_settings_and_cli_errors(tiny_model_dir, tmp_path, capsys):
     assert main(["evaluate", "--task", "dst", "--out", str(out)]) == 1
     assert "needs --model" in capsys.readouterr().err
     assert not any(out.glob("*.json"))
+
+
+def test_an_empty_or_wrong_multiwoz_folder_is_refused_by_name(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Issue 20: `evaluate --task dst --multiwoz <empty or wrong folder>` said "cannot download … pass a local
+    MultiWOZ 2.0 copy … as --multiwoz", which the user had just done (the support files were fetched first)."""
+    monkeypatch.setenv("RBJAX_MULTIWOZ_URL", "http://127.0.0.1:9/nothing")  # a download attempt would fail
+    monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "cache"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "notes.txt").write_text("not MultiWOZ\n")
+    out = tmp_path / "o"
+    for folder in (empty, wrong):
+        with pytest.raises(FileNotFoundError, match=rf"{folder}: no MultiWOZ 2.0 test data found"):
+            evaluate("dst", tiny_model_dir, out, multiwoz=folder)
+        assert main(["evaluate", "--task", "dst", "--model", str(tiny_model_dir), "--out", str(out), "--multiwoz",
+                     str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert f"{folder}: no MultiWOZ 2.0 test data found" in err and "download" not in err

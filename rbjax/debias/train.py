@@ -103,6 +103,26 @@ def _eval_types(cfg: TrainConfig) -> list[str]:
     return types if _type_name(cfg.bias_type) in map(_type_name, types) else [cfg.bias_type] + types
 
 
+def _check_own_bias_type_data(cfg: TrainConfig) -> None:
+    """A bias type of one's own (a spec file) trains on the phrases of its data folder, which the RedditBias release
+    does not hold: without --data-dir (or $RBJAX_DATA_DIR) and --train-file, say so (not that a download failed).
+
+    Raises:
+        FileNotFoundError: naming the spec file and the file it needs.
+    """
+    import os
+
+    from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData
+    from rbjax.specs import is_spec_path
+
+    if is_spec_path(cfg.bias_type) and cfg.train_file is None and cfg.data_dir is None \
+            and not os.environ.get(ENV_DATA_DIR):
+        raise FileNotFoundError(
+            f"--bias {cfg.bias_type}: a bias type of your own trains on its phrases in "
+            f"DATA_DIR/{RedditBiasData.train_file(cfg.bias_type)}, which the RedditBias release does not hold; pass "
+            "--data-dir (the folder `rbjax splits` wrote) or --train-file")
+
+
 def lmp_reference_file(cfg: TrainConfig) -> Path:
     """The LMP reference file: ``lmp_file``, else ``text_files/humanref6k.txt`` of the data folder, else (a bias type
     of one's own whose data folder lacks it) of the RedditBias release (``$RBJAX_DATA_DIR`` or the verified cache)."""
@@ -290,6 +310,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
+    _check_own_bias_type_data(cfg)  # before the LMP file: the training phrases are what is missing
     if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()

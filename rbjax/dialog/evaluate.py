@@ -404,11 +404,21 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
     src = s["multiwoz"] or os.environ.get(mw.ENV_SOURCE)
     src = Path(src).expanduser() if src else None
     if src is not None and not src.exists():
-        raise FileNotFoundError(f"{mw.ENV_SOURCE}={src}: not found")
+        raise FileNotFoundError(f"{'--multiwoz ' if s['multiwoz'] else mw.ENV_SOURCE + '='}{src}: not found")
+
+    def pinned(name: str, flag: str) -> Path:
+        try:
+            return mw.default_file(name)
+        except RuntimeError as e:
+            if src is None:
+                raise
+            raise RuntimeError(f"{src}: no {name} in this MultiWOZ source, and the pinned copy cannot be fetched "
+                               f"({str(e).splitlines()[0]}); pass {flag} FILE") from None
+
     mapping = Path(s["mapping"]) if s["mapping"] else None
     if mapping is None and src is not None and src.is_dir():
         mapping = _search(src, "mapping.pair")
-    mapping = mapping or mw.default_file("mapping.pair")
+    mapping = mapping or pinned("mapping.pair", "--mapping")
     onto = Path(s["ontology"]).expanduser() if s["ontology"] else None
     if onto is not None and onto.is_dir():
         hit = _search(onto, "ontology.json")
@@ -422,7 +432,7 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
             with zipfile.ZipFile(src) as z:
                 if any(Path(n).name == "ontology.json" for n in z.namelist()):
                     onto = src
-    onto = onto or mw.default_file("ontology.json")
+    onto = onto or pinned("ontology.json", "--ontology")
     for p, what in ((mapping, "mapping.pair"), (onto, "ontology")):
         if not p.exists():
             raise FileNotFoundError(f"{p}: {what} not found")
@@ -463,12 +473,15 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     reference = s["semantics"] == "reference"
-    mapping, onto_path = _dst_support_files(s)
-    # the key from the files' content, before they are parsed (a reused result costs no loading)
+    # the data first: a --multiwoz folder without the splits is refused by name (not by a failed download of
+    # the support files it lacks too); the key from the files' content, before they are parsed (a reused result
+    # costs no loading)
+    test_files = mw.split_files(s["multiwoz"], "test")
     train_files = (mw.split_files(s["dst_train_file"], "train") if s["dst_train_file"]
                    else mw.split_files(s["multiwoz"], "val"))
+    mapping, onto_path = _dst_support_files(s)
     digests = lambda files: [_file_record(p)["sha256"] for p in files]  # noqa: E731
-    data_key = {"train": digests(train_files), "test": digests(mw.split_files(s["multiwoz"], "test")),
+    data_key = {"train": digests(train_files), "test": digests(test_files),
                 "ontology": _file_record(onto_path)["sha256"], "mapping": _file_record(mapping)["sha256"]}
     key = _key("dst", model, data_key, s)
     prev = _existing(_result_path(out_dir, "dst"), key, "dst")
