@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rbjax.lmb import SCORING_BATCH_HELP
+
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
 
 
@@ -28,8 +30,7 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="RedditBias data folder laid out like umanlp/RedditBias "
                                       "(default: $RBJAX_DATA_DIR, else download from the pinned commit and cache)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="packed rows per compiled batch (each row holds 64 token slots: several phrases)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
                         "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from rbjax.lmb import SCORING_BATCH_HELP
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -18,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", required=True, help="root folder of the released layout to write")
     p.add_argument("--model", required=True, help="model for the outlier reduction: HF GPT-2 folder or hub id")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64, help="phrases per compiled batch when scoring with --model")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP + " (--model's scoring)")
     p.add_argument("--train-size", type=float, default=None, help="train fraction (default 0.6, gender 0.75)")
     p.add_argument("--seed", type=int, default=1, help="random_state of both splits (paper: 1)")
     p.add_argument("--n-std", type=float, default=3.0, help="outlier interval in standard deviations")

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from rbjax.errors import SettingError
+from rbjax.lmb import SCORING_BATCH_HELP
 
 __all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type", "bias_spec",
            "option_name"]
@@ -162,7 +163,7 @@ class TrainConfig:
     lmp_file: str | None = _f(None, "LMP reference file (default: RedditBias text_files/humanref6k.txt)",
                               metavar="FILE")
     lmp_max_lines: int | None = _f(None, "score only the first N LMP lines (smoke runs)", metavar="N")
-    eval_batch_size: int = _f(64, "phrases per scoring batch")
+    eval_batch_size: int = _f(64, "LMB and LMP after training: " + SCORING_BATCH_HELP)
     progress: bool = _f(True, "progress bars", negate="--no-progress")
 
     def __post_init__(self):
