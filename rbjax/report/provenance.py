@@ -52,13 +52,23 @@ def files_key(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
 
 
 def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
-    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files."""
+    """Content key of an HF model folder: ``config.json``, every weight file, tokenizer files.
+
+    A sharded checkpoint counts with every shard: the files its ``model.safetensors.index.json`` maps weights to
+    (whatever their names), and any ``model-*.safetensors`` beside it; changing any one shard changes the key, so
+    every result keyed on the folder (measure, training resume, evaluate, study stages) is recomputed.
+    """
     from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
 
     folder = Path(folder)
     names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
-    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
-    return files_key(folder / n for n in names)
+    shards = {p.name for p in folder.glob("model-*.safetensors")}
+    try:
+        index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards |= {str(v) for v in (index.get("weight_map") or {}).values()}
+    except (OSError, ValueError, AttributeError):
+        pass  # no index (or a damaged one: the loader names it)
+    return files_key(folder / n for n in [*names, *sorted(shards)])
 
 
 def tree_digest(tree) -> str:
