@@ -70,10 +70,16 @@ def test_study_values_name_file_section_and_key(tmp_path):
     assert str(e.value) == f"{f.resolve()}: [training] epochs must be an integer, got 'one'"
     f.write_text('[study]\nmodel = "m"\n', encoding="utf-8")
     with pytest.raises(ValueError) as e:
-        load_study(f, ["sweep.batch_size=[0]"])
-    assert str(e.value) == f"{f.resolve()}: [sweep] batch_size (a grid axis) must hold integers >= 1, got [0]"
+        load_study(f, ["sweep.batch_size=[0]"])  # the value came from --set: named, not the file
+    assert str(e.value) == ("--set 'sweep.batch_size=[0]': [sweep] batch_size (a grid axis) must hold integers >= 1, "
+                            "got [0]")
+    f.write_text('[study]\nmodel = "m"\n\n[sweep]\nlambda_d = [10.0, -1.0]\n', encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_study(f)
+    assert str(e.value) == (f"{f.resolve()}: [sweep] lambda_d (a grid axis) must hold finite numbers >= 0, "
+                            "got [10.0, -1.0]")
     assert "GridPoint" not in str(e.value)
-    with pytest.raises(ValueError, match=r"\[training\] learning_rate must be > 0, got -1"):
+    with pytest.raises(ValueError, match=r"^--set 'training.learning_rate=-1': \[training\] learning_rate must be > 0"):
         load_study(f, ["training.learning_rate=-1"])
 
 

@@ -174,7 +174,8 @@ class TrainConfig:
             raise SettingError("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.batch_size is None:  # the method's default (the reference's CDA run uses batch size 2)
             object.__setattr__(self, "batch_size", 2 if self.method == "cda" else 8)
-        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS), ("leftover", (None, "drop", "carry"))):
+        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS),
+                              ("leftover", (None, "drop", "carry"))):
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f"must be one of {', '.join(a for a in allowed if a)}, "
                                          f"got {getattr(self, name)!r}")

@@ -18,8 +18,8 @@
 * **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
   debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
   (the losses of a skipped update) is ``null``.
-* **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and counted (per point); after
-  :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
+* **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and
+  counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
 """
 from __future__ import annotations
 

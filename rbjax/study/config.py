@@ -75,6 +75,8 @@ class StudyConfig:
 
     raw: dict
     path: Path
+    #: ``"section.key"`` → the ``--set`` argument that gave it (errors about such a value name the ``--set``)
+    set_by: dict = dataclasses.field(default_factory=dict, compare=False)
 
     # ---------------------------------------------------------------------------------------------- accessors
     @property
@@ -179,7 +181,7 @@ class StudyConfig:
         raw = copy.deepcopy(self.raw)
         first = self.seeds[0]
         raw.setdefault("study", {})["seeds"] = list(range(first, first + n))
-        return StudyConfig(raw, self.path)
+        return StudyConfig(raw, self.path, self.set_by)
 
     # ---------------------------------------------------------------------------------------------- checking
     def validate(self) -> None:
@@ -225,21 +227,25 @@ class StudyConfig:
         from rbjax.debias.config import TrainConfig
         from rbjax.debias.sweep import grid_points
 
-        where = str(self.path)
         fixed = {"method", "bias_type", "seed", "out_dir", "eval_bias"}  # set by the study per run
+
+        def where(sec: str, key: str) -> str:
+            o = self.set_by.get(f"{sec}.{key}")
+            return f"--set {o!r}: [{sec}]" if o else f"{self.path}: [{sec}]"
+
         try:
             for m in self.methods:
                 TrainConfig(**{"semantics": self.semantics, "precision": self.precision, **self.training,
                                "method": m, "bias_type": "religion1", "out_dir": "."})
         except SettingError as e:
             sec = "training" if e.field in self.training and e.field not in fixed else "study"
-            raise ValueError(f"{where}: [{sec}] {e.renamed(e.field)}") from None
+            raise ValueError(f"{where(sec, e.field)} {e}") from None
         try:
             for m in self.methods:
                 if m in self.sweep["methods"]:
                     grid_points(m, self.grid())
         except SettingError as e:
-            raise ValueError(f"{where}: [sweep] {e}") from None
+            raise ValueError(f"{where('sweep', e.field)} {e}") from None
 
 
 def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
@@ -300,6 +306,6 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
             if not isinstance(d, dict):
                 raise ValueError(f"--set {o!r}: {k} is not a table")
         d[keys[-1]] = value
-    cfg = StudyConfig(raw, p.resolve())
+    cfg = StudyConfig(raw, p.resolve(), {".".join(parse_override(o)[0][:2]): o for o in overrides or []})
     cfg.validate()
     return cfg
