@@ -99,3 +99,12 @@ def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monk
     err = capsys.readouterr().err
     assert f"--bias {spec}: a bias type of your own trains on its phrases" in err
     assert "_bias_manual_train.txt" in err and "--data-dir" in err and "download" not in err
+
+
+def test_evaluate_settings_name_the_flag(tmp_path, capsys):
+    from rbjax.dialog.evaluate import task_settings
+
+    with pytest.raises(ValueError, match="^learning_rate must be > 0, got -1.0$"):
+        task_settings("dst", {"learning_rate": -1.0})
+    assert main(["evaluate", "--task", "dst", "--model", "m", "--out", str(tmp_path / "o"), "--lr", "-1"]) == 1
+    assert capsys.readouterr().err.strip() == "rbjax evaluate: error: --lr must be > 0, got -1.0"

@@ -57,7 +57,7 @@ def _settings(args) -> dict:
         "test_file": args.test_file, "refs": args.refs, "max_steps": args.max_steps, "max_examples": args.max_examples,
         "seed": args.seed, "semantics": args.semantics, "joint_goal": args.joint_goal or None,
         "jga_max_dialogues": args.jga_max_dialogues, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
-        "epochs": args.epochs, "learning_rate": args.lr, "gen_batch_size": args.gen_batch_size,
+        "epochs": args.epochs, "learning_rate": args.learning_rate, "gen_batch_size": args.gen_batch_size,
         "greedy": args.greedy or None, "max_new_tokens": args.max_new_tokens, "clean": args.clean,
         "meteor": False if args.no_meteor else None, "meteor_norm": False if args.meteor_no_norm else None,
         "meteor_jar": args.meteor_jar, "java": args.java, "dropout": False if args.no_dropout else None,
@@ -141,7 +141,7 @@ def register(sub) -> None:
     g.add_argument("--batch-size", type=int, metavar="N", help="training micro-batch (default: dst 12, crg 16)")
     g.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per update (default: dst 4, crg 5)")
     g.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: 1)")
-    g.add_argument("--lr", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
+    g.add_argument("--lr", dest="learning_rate", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
     g.add_argument("--no-dropout", action="store_true", help="train without GPT-2's dropout (the reference uses it)")
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints after the result is "

@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rbjax.errors import SettingError
+
 __all__ = ["TASKS", "DEFAULTS", "RESULT_FORMAT", "evaluate", "resolve_model", "EvalModel", "task_settings",
            "run_lmp", "run_dst", "run_crg", "format_result"]
 
@@ -99,23 +101,23 @@ def task_settings(task: str, settings: dict) -> dict:
     (keys the task does not take are ignored here; :func:`evaluate` rejects keys no task takes).
 
     Raises:
-        ValueError: a value out of range (names the setting).
+        rbjax.errors.SettingError: a value out of range (names the setting; the CLI shows its flag).
     """
     s = dict(DEFAULTS[task])
     for k, v in settings.items():
         if k in s and v is not None:
             s[k] = v
     if "semantics" in s and s["semantics"] not in SEMANTICS:
-        raise ValueError(f"semantics must be one of {SEMANTICS}, got {s['semantics']!r}")
+        raise SettingError("semantics", f"must be one of {SEMANTICS}, got {s['semantics']!r}")
     for k in ("max_steps", "max_examples", "lmp_max_lines", "jga_max_dialogues", "max_new_tokens"):
         if k in s and s[k] is not None and (not isinstance(s[k], int) or isinstance(s[k], bool) or s[k] < 1):
-            raise ValueError(f"{k} must be a positive integer, got {s[k]!r}")
+            raise SettingError(k, f"must be a positive integer, got {s[k]!r}")
     for k in ("batch_size", "grad_accum", "epochs", "block_size", "lmp_block_size", "eval_batch_size",
               "gen_batch_size"):
         if k in s and (not isinstance(s[k], int) or isinstance(s[k], bool) or s[k] < 1):
-            raise ValueError(f"{k} must be a positive integer, got {s[k]!r}")
+            raise SettingError(k, f"must be a positive integer, got {s[k]!r}")
     if "learning_rate" in s and not s["learning_rate"] > 0:
-        raise ValueError(f"learning_rate must be > 0, got {s['learning_rate']!r}")
+        raise SettingError("learning_rate", f"must be > 0, got {s['learning_rate']!r}")
     if s.get("refs") is not None:
         s["refs"] = [str(p) for p in ([s["refs"]] if isinstance(s["refs"], (str, os.PathLike)) else s["refs"])]
     for k in _PATH_SETTINGS - {"refs"}:
