@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from rbjax.errors import SettingError
+from rbjax import __version__
+from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
+from rbjax.core.distributed import initialize, requested
+from rbjax.core.errors import SettingError
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` only where there is a real default not already spelled out in the help."""
-
-    def _get_help_string(self, action):
-        h = action.help or ""
-        if not h or "default" in h.lower() or action.default is None or action.nargs == 0 \
-                or action.default == argparse.SUPPRESS:
-            return h
-        return super()._get_help_string(action)
 
 
 class SubParser(argparse.ArgumentParser):
@@ -36,13 +29,7 @@ class SubParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-class CLIError(Exception):
-    """An error the user can fix; printed without a traceback."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from rbjax import __version__
-
     parser = argparse.ArgumentParser(
         prog="rbjax",
         description="RedditBias in JAX: measure (LMB) and reduce (LMD/ADD/HD/CDA) social bias in dialog language models.",
@@ -67,13 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from rbjax.distributed import initialize, requested
-
         if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
             initialize()
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
-        # rbjax.interrupt.Interrupted carries what was saved and how to resume
+        # rbjax.core.interrupt.Interrupted carries what was saved and how to resume
         print(str(e) if str(e) else f"rbjax {args.command}: interrupted", file=sys.stderr)
         return 130
     except SettingError as e:  # validation names the Python field; the user wrote a flag
@@ -108,8 +93,6 @@ def console_main() -> None:  # pragma: no cover (the process exits)
     After Ctrl-C the process leaves with ``os._exit``: everything rbjax keeps is already written (atomically), and a
     normal interpreter shutdown can crash in a JAX compile thread still running (a segfault instead of exit 130).
     """
-    import os
-
     rc = main()
     if rc == 130:
         sys.stdout.flush()

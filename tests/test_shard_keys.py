@@ -1,7 +1,7 @@
 """Issue 20, "a test that would miss a real bug": a sharded checkpoint (``model-0000x-of-0000y.safetensors`` + its
 index) is keyed on every shard, so changing any one shard recomputes every result keyed on the model folder —
 training resume (debias), evaluate, the study's stages, measure. Dropping the shards from the content key
-(:func:`rbjax.report.provenance.model_files_key`) fails each test here.
+(:func:`rbjax.model.hf.model_files_key`) fails each test here.
 
 The sharded folder is the tiny rbjax-saved GPT-2 split into two shards with an index, the layout ``transformers``'
 ``save_pretrained(max_shard_size=...)`` writes, loaded through rbjax's real loader.
@@ -70,7 +70,7 @@ def test_sharded_folder_loads_as_the_original(tiny_model_dir, sharded):
 @pytest.mark.parametrize("names", [SHARDS, ("part-a.safetensors", "part-b.safetensors")], ids=["hf-names", "own"])
 def test_model_key_changes_with_any_one_shard(tiny_model_dir, tmp_path, names):
     """Every shard counts, also shards whose names only the index gives."""
-    from rbjax.report.provenance import model_files_key
+    from rbjax.model.hf import model_files_key
 
     folder = make_sharded(tiny_model_dir, tmp_path / "m", names)
     key = model_files_key(folder)

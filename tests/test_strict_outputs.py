@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from rbjax.report.io import to_json
+from rbjax.core.io import to_json
 
 from tests.conftest import small_train_config
 

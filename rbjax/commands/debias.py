@@ -6,6 +6,10 @@ The options are the fields of :class:`rbjax.debias.config.TrainConfig`, generate
 from __future__ import annotations
 
 import dataclasses
+import typing
+
+from rbjax.debias.config import TrainConfig, option_name
+from rbjax.debias.train import train
 
 
 def add_training_arguments(p, *, grid: bool = False) -> None:
@@ -17,10 +21,6 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
     (``--no-dropout``; ``--no-dropout false`` is an error). For the sweep, the grid's hyper-parameters (taken as
     lists) and the single run's export/evaluation switches are left out, and ``--method`` takes a comma list.
     """
-    import typing
-
-    from rbjax.debias.config import TrainConfig, option_name
-
     hints = typing.get_type_hints(TrainConfig)
     g = p.add_argument_group("settings shared by every grid point" if grid else
                              "training settings (defaults: the paper's and the reference code's)")
@@ -53,8 +53,6 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
 
 
 def _cli_fields(grid: bool):
-    from rbjax.debias.config import TrainConfig
-
     return [f for f in dataclasses.fields(TrainConfig)
             if not (grid and (f.metadata["grid"] or f.name in ("export", "evaluate", "eval_bias")))]
 
@@ -81,7 +79,6 @@ def register(sub) -> None:
 
 def config_from_args(args, **override):
     """The :class:`TrainConfig` of parsed arguments (``--no-export`` implies no evaluation)."""
-    from rbjax.debias.config import TrainConfig
 
     kw = training_settings(args)
     if "export" in kw and not kw["export"]:
@@ -134,7 +131,6 @@ def format_results(res: dict) -> str:
 def run(args) -> int:
     from pathlib import Path
 
-    from rbjax.debias.train import train
 
     cfg = config_from_args(args)
     res = train(cfg, overwrite=args.overwrite)

@@ -8,10 +8,14 @@ metadata, and nowhere else).
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from typing import Any
 
-from rbjax.errors import SettingError
+from rbjax.core.errors import SettingError
+from rbjax.core.precision import PRECISIONS
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
 __all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type", "bias_spec",
            "option_name"]
@@ -23,7 +27,6 @@ LOSS_METHODS = ("lmd", "add", "hd")
 #: classifier, BCE on a linear head) and ``crg`` (causal LM loss on the response tokens only)
 TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
-PRECISIONS = ("fp32", "bf16")
 
 #: fields of :class:`TrainConfig` that determine the training trajectory; a resumed run must match them (together
 #: with the content of the model, tokenizer, data and bias specification: see :mod:`rbjax.debias.loop`)
@@ -59,9 +62,6 @@ def option_name(field_name: str) -> str:
 def _check_types(cfg) -> None:
     """Each field holds a value of its declared type (ints not bools, finite floats, strings), else
     :class:`SettingError` naming the field."""
-    import math
-    import typing
-
     for name, hint in typing.get_type_hints(type(cfg)).items():
         v = getattr(cfg, name)
         args = typing.get_args(hint)
@@ -89,7 +89,6 @@ def resolve_bias_type(name: str) -> str:
     Raises:
         ValueError: unknown bias type or invalid spec file. FileNotFoundError: a spec path that does not exist.
     """
-    from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
     if is_spec_path(name):
         load_spec(name)  # fail early on a bad spec file
@@ -99,7 +98,6 @@ def resolve_bias_type(name: str) -> str:
 
 def bias_spec(bias_type: str):
     """The :class:`rbjax.specs.BiasSpec` of a packaged type or a spec file."""
-    from rbjax.specs import load_spec
 
     return load_spec(bias_type)
 
@@ -167,8 +165,8 @@ class TrainConfig:
     progress: bool = _f(True, "progress bars", negate="--no-progress")
 
     def __post_init__(self):
-        """Raises :class:`rbjax.errors.SettingError` (a ValueError) naming the field: the command line shows the
-        flag instead, a study file its section and key."""
+        """Raises :class:`rbjax.core.errors.SettingError` (a ValueError) naming the field: the command line shows
+        the flag instead, a study file its section and key."""
         _check_types(self)
         if self.method not in METHODS + TASKS:
             raise SettingError("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rbjax.core.io import dir_mode, file_mode, to_json
+from rbjax.core.keys import files_key
 from rbjax.model.gpt2 import GPT2Config
-from rbjax.report.io import to_json
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -336,8 +337,6 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
                 if src.exists():
                     shutil.copy2(src, tmp / f)
         # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
-        from rbjax.report.io import dir_mode, file_mode
-
         os.chmod(tmp, dir_mode())
         for f in tmp.iterdir():
             os.chmod(f, file_mode())
@@ -348,3 +347,22 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
+    """Content key of an HF model folder: ``config.json``, every weight file, tokenizer files (``{file name: sha256}``,
+    :func:`rbjax.core.keys.files_key`).
+
+    A sharded checkpoint counts with every shard: the files its ``model.safetensors.index.json`` maps weights to
+    (whatever their names), and any ``model-*.safetensors`` beside it; changing any one shard changes the key, so
+    every result keyed on the folder (measure, training resume, evaluate, study stages) is recomputed.
+    """
+    folder = Path(folder)
+    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
+    shards = {p.name for p in folder.glob("model-*.safetensors")}
+    try:
+        index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards |= {str(v) for v in (index.get("weight_map") or {}).values()}
+    except (OSError, ValueError, AttributeError):
+        pass  # no index (or a damaged one: the loader names it)
+    return files_key(folder / n for n in [*names, *sorted(shards)])

@@ -32,7 +32,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rbjax.errors import SettingError
+from rbjax.core.errors import SettingError
+from rbjax.core.io import read_toml
+from rbjax.data.redditbias import expand_bias_types
+from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.debias.sweep import PAPER_GRID, grid_points
 
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
@@ -117,13 +121,11 @@ class StudyConfig:
 
     @property
     def bias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         return expand_bias_types(self.study.get("bias_types", "all"))
 
     @property
     def debias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         d = self.study.get("debias_types")
         return expand_bias_types(d) if d else self.bias_types
@@ -169,8 +171,6 @@ class StudyConfig:
         return d
 
     def grid(self) -> dict:
-        from rbjax.debias.sweep import PAPER_GRID
-
         g = {k: self.sweep.get(k, v) for k, v in PAPER_GRID.items()}
         return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}  # (validate() checks the values)
 
@@ -186,7 +186,6 @@ class StudyConfig:
     # ---------------------------------------------------------------------------------------------- checking
     def validate(self) -> None:
         """Raise ValueError naming the file and the field for anything that cannot run."""
-        from rbjax.debias.config import METHODS
 
         where = str(self.path)
         for sec in self.raw:
@@ -213,7 +212,6 @@ class StudyConfig:
         bad = [t for t in self.dialog["tasks"] if t not in DIALOG_TASKS]
         if bad:
             raise ValueError(f"{where}: unknown dialog task(s) {bad} (expected {', '.join(DIALOG_TASKS)})")
-        from rbjax.debias.config import TrainConfig
 
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         extra = set(self.training) - fields
@@ -224,9 +222,6 @@ class StudyConfig:
     def _check_values(self) -> None:
         """Every [training] value and the grid of [sweep] as the runs will take them: a bad value is refused when
         the study is read (naming file, section and key), not after the first stages ran."""
-        from rbjax.debias.config import TrainConfig
-        from rbjax.debias.sweep import grid_points
-
         fixed = {"method", "bias_type", "seed", "out_dir", "eval_bias"}  # set by the study per run
 
         def where(sec: str, key: str) -> str:
@@ -254,7 +249,6 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     Raises:
         ValueError: naming the ``--set`` argument (not the study file, which is not at fault).
     """
-    from rbjax.debias.config import TrainConfig
 
     sec = keys[0]
     if sec not in SECTIONS:
@@ -291,7 +285,6 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
     Raises:
         FileNotFoundError: no such file. ValueError: invalid TOML or fields (file and field named).
     """
-    from rbjax.report.io import read_toml
 
     p = Path(path)
     raw = read_toml(p, "study file")

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from rbjax.errors import SettingError
+from rbjax.core.errors import SettingError
+from rbjax.core.io import atomic_file
 from rbjax.specs import BIAS_TYPES
 
 __all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "FORMATS"]
@@ -90,8 +91,8 @@ def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, d
         problems.append("outlier handling (" + ", ".join(f"{lab}: {'; '.join(d['rules'])}" for lab, d in desc.items())
                         + ")")
     if problems:
-        raise SettingError("allow_mixed", "the results mix " + " and ".join(problems) + ": their t-values are not comparable side by side; pass {name} to plot them anyway, each "
-            "series labelled")
+        raise SettingError("allow_mixed", "the results mix " + " and ".join(problems) + ": their t-values are not "
+                           "comparable side by side; pass {name} to plot them anyway, each series labelled")
     return desc
 
 
@@ -219,7 +220,6 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
     Raises:
         ValueError: ``out_path`` is a folder or has an unsupported suffix, and everything :func:`figure_lmb` raises.
     """
-    from rbjax.report.io import atomic_file
 
     out = Path(out_path)
     if out.is_dir():
