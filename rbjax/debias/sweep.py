@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import json
+import math
 import shutil
 import time
 from pathlib import Path
