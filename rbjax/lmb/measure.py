@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rbjax.core.interrupt import Interrupted
 from rbjax.core.errors import SettingError
+from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, files_key
 from rbjax.core.progress import progress_bar
