@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -25,6 +26,9 @@ def register(subparsers) -> None:
     e.add_argument("--overlap", type=int, default=None,
                    help="divide items among annotators and give K shared items to all (agreement study); "
                         "default: everyone labels everything")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace files in --out-dir that this export did not write (e.g. annotators' filled files); "
+                        "without it they are refused and nothing is written")
     i = sub.add_parser("import", help="read annotators' files: agreement and majority labels")
     i.add_argument("files", nargs="+", help="one CSV per annotator")
     i.add_argument("--items", default=None,
@@ -33,6 +37,8 @@ def register(subparsers) -> None:
     i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
     i.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
                    help="a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no label")
+    i.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that this import did not write")
     p.set_defaults(func=run, _annotate_parser=p)
 
 
@@ -40,7 +46,7 @@ def run_export(args: argparse.Namespace) -> int:
     from rbjax.data.annotation import export_for_annotation
 
     paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
-                                  seed=args.seed, overlap=args.overlap)
+                                  seed=args.seed, overlap=args.overlap, overwrite=args.overwrite)
     for k, v in paths.items():
         print(f"{k}: {v}")
     print("fill comment_label and phrase_label with: biased / unbiased / skip")
@@ -49,10 +55,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from rbjax.data.annotation import aggregate, read_annotations, write_aggregated
-    from rbjax.data.retrieval import check_output_file
+    from rbjax.report.io import check_output_file, claim_outputs, record_outputs, sha256_file
 
+    key = None
     if args.out:
         check_output_file(args.out, "--out")
+        inputs = [f for f in [*args.files, args.items] if f is not None and Path(f).is_file()]
+        key = {"command": "annotate import", "files": [sha256_file(f) for f in inputs],
+               "unknown_labels": args.unknown_labels}
+        claim_outputs([args.out], key, overwrite=args.overwrite)
     # every file is checked (columns, labels, items) before anything is computed
     ann = read_annotations(args.files, unknown=args.unknown_labels, items=args.items)
     for w in ann.warnings:
@@ -70,6 +81,7 @@ def run_import(args: argparse.Namespace) -> int:
               f"(ties {len(ties)}{': items ' + ', '.join(ties[:20]) + (' ...' if len(ties) > 20 else '') if ties else ''})")
     if args.out:
         out = write_aggregated(ann, agg, args.out, items=args.items)
+        record_outputs([out], key)
         print(f"wrote {out}")
     return 0
 

@@ -62,7 +62,7 @@ from rbjax.data.dumps import (
     expand_paths,
     iter_records,
 )
-from rbjax.report.io import atomic_file, atomic_write_json, sha256_file
+from rbjax.report.io import atomic_file, atomic_write_json, check_output_dir, check_output_file, sha256_file
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -394,45 +394,6 @@ def make_prefilter(matchers: Sequence[QueryMatcher]):
 
     prefilter.needles = tuple(kept)  # type: ignore[attr-defined]
     return prefilter
-
-
-def _file_in_the_way(folder: Path) -> Path | None:
-    """The first of ``folder`` and its parents that exists, when it is not a folder."""
-    for p in (folder, *folder.parents):
-        if p.exists() or p.is_symlink():
-            return None if p.is_dir() else p
-    return None
-
-
-def check_output_dir(folder: str | Path, what: str = "output folder") -> Path:
-    """Check that ``folder`` is, or can be created as, a folder (nothing is created).
-
-    Raises:
-        ValueError: ``folder`` or one of its parents exists and is not a folder (named).
-    """
-    folder = Path(folder)
-    p = _file_in_the_way(folder)
-    if p == folder:
-        raise ValueError(f"{what} {folder} exists and is not a folder")
-    if p is not None:
-        raise ValueError(f"cannot create {what} {folder}: {p} exists and is not a folder")
-    return folder
-
-
-def check_output_file(path: str | Path, what: str = "output file") -> Path:
-    """Check that ``path`` can be written as a file: it is not a folder, and its folder
-    exists or can be created. Nothing is created.
-
-    Raises:
-        ValueError: ``path`` is a folder, or a parent of it exists and is not a folder (named).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder; give a file name")
-    p = _file_in_the_way(path.parent)
-    if p is not None:
-        raise ValueError(f"cannot write {what} {path}: {p} exists and is not a folder")
-    return path
 
 
 def _make_parent(path: Path) -> None:

@@ -155,7 +155,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
                                          batch_size=cfg.eval_batch_size)
         recs = measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
-                            resume=True)
+                            resume=True, overwrite=True)  # the run owns lmb_valid (its key guards the folder)
         res["lmb_valid"] = {
             "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.bias_type)),
             "all": [_lmb_summary(r) for r in recs],

@@ -148,3 +148,146 @@ def versions(extra: tuple[str, ...] = ()) -> dict:
     except Exception:  # pragma: no cover
         pass
     return out
+
+
+# ------------------------------------------------------------------------------------------ where results go
+def _first_existing(path: Path) -> Path | None:
+    """``path`` or its nearest parent that exists (None when none does, e.g. a relative path's root)."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return p
+    return None
+
+
+def _check_creatable(folder: Path, what: str, target: Path, verb: str) -> None:
+    """``folder`` is, or can be created as, a folder rbjax can write in (nothing is created)."""
+    p = _first_existing(folder)
+    if p is None:
+        return
+    if not p.is_dir():
+        if p == target:
+            raise ValueError(f"{what} {target} exists and is not a folder")
+        raise ValueError(f"cannot {verb} {what} {target}: {p} exists and is not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        if p == target:
+            raise ValueError(f"{what} {target}: the folder is not writable (permission denied or a read-only "
+                             "file system); choose another location")
+        raise ValueError(f"cannot {verb} {what} {target}: {p} is not writable (permission denied or a read-only "
+                         "file system); choose another location")
+
+
+def check_output_dir(folder: str | os.PathLike, what: str = "output folder") -> Path:
+    """Check, before any work, that ``folder`` is (or can be created as) a folder this process can write in.
+
+    Nothing is created. Used by every command for its output location, so that a bad ``--out`` fails at once with
+    its name instead of after the computation on a temporary file.
+
+    Raises:
+        ValueError: ``folder`` or one of its parents exists and is not a folder, or the folder (or, when it does
+            not exist yet, its nearest existing parent) is not writable — ``what`` and the path are named.
+    """
+    folder = Path(folder)
+    _check_creatable(folder, what, folder, "create")
+    return folder
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
+    """Check, before any work, that ``path`` can be written as a file: it is not a folder, and its folder exists
+    and is writable or can be created (nothing is created).
+
+    Raises:
+        ValueError: ``path`` is a folder, a parent of it exists and is not a folder, or the folder it goes to is not
+            writable (``what`` and the path named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; give a file name")
+    _check_creatable(path.parent, what, path, "write")
+    return path
+
+
+# ---------------------------------------------------------------------------- never replace work not ours
+#: hidden file in a folder rbjax writes results to: for each file it wrote there, the key of the inputs that
+#: produced it and the sha256 of the content it wrote (see :func:`claim_outputs`)
+OUTPUTS_FILE = ".rbjax_outputs.json"
+OUTPUTS_VERSION = 1
+
+
+class OutputExists(ValueError):
+    """A command would replace files it did not write (from these inputs); nothing was written."""
+
+
+def _canonical_key(key):
+    return json.loads(json.dumps(key, sort_keys=True, default=str))
+
+
+def _outputs_manifest(folder: Path) -> dict:
+    st = read_json(folder / OUTPUTS_FILE)
+    if not isinstance(st, dict) or st.get("version") != OUTPUTS_VERSION or not isinstance(st.get("files"), dict):
+        return {}
+    return st["files"]
+
+
+def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwrite", where: str = "--out") -> None:
+    """Refuse, before any work, to replace files this run did not write.
+
+    The rule every rbjax command follows: an existing file among ``paths`` (the files the run is about to write)
+    may only be replaced when it is rbjax's own, unchanged output of the same inputs — :func:`record_outputs`
+    stored, in the folder's hidden ``.rbjax_outputs.json``, the same ``key`` and the sha256 of the content it
+    wrote, and the file still has that content (a rerun, or the resume of an interrupted run). Anything else (a
+    file rbjax did not write, one edited since — an annotator's filled labels —, or rbjax's output of other
+    inputs — another model's run) is only replaced with ``overwrite``.
+
+    Args:
+        paths: the files the run will write (existing or not).
+        key: JSON-serialisable description of the run's inputs (what makes its output what it is).
+        overwrite: the user passed ``flag``: replace whatever is there.
+        flag, where: the option that allows replacing and the option that chose the location (for the message).
+
+    Raises:
+        OutputExists: at least one file would be replaced (each named, with why); nothing is written.
+        ValueError: a path that must become a file is a folder.
+    """
+    key = _canonical_key(key)
+    conflicts: list[str] = []
+    manifests: dict[Path, dict] = {}
+    for p in map(Path, paths):
+        if p.is_dir():
+            raise ValueError(f"{p} is a folder, but this run writes a file there")
+        if not p.exists() or overwrite:
+            continue
+        if p.parent not in manifests:
+            manifests[p.parent] = _outputs_manifest(p.parent)
+        entry = manifests[p.parent].get(p.name)
+        if not isinstance(entry, dict):
+            conflicts.append(f"{p} (not written by rbjax)")
+        elif entry.get("sha256") != sha256_file(p):
+            conflicts.append(f"{p} (changed since rbjax wrote it)")
+        elif entry.get("key") != key:
+            from rbjax.report.provenance import describe_difference  # (provenance imports this module)
+
+            conflicts.append(f"{p} (written from other inputs: {describe_difference(entry.get('key'), key)})")
+    if conflicts:
+        more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
+        raise OutputExists(
+            f"will not replace {len(conflicts)} existing file(s) that this run did not write: "
+            f"{'; '.join(conflicts[:5])}{more}. Nothing was written: pass {flag} to replace them, or choose another "
+            f"{where}")
+
+
+def record_outputs(paths, key) -> None:
+    """Record ``paths`` (files just written) as rbjax's output of ``key`` in their folders' ``.rbjax_outputs.json``
+    (the sha256 of their content now), so that a later run of the same inputs may replace them
+    (:func:`claim_outputs`). A missing path is dropped from the record."""
+    key = _canonical_key(key)
+    by_folder: dict[Path, list[Path]] = {}
+    for p in map(Path, paths):
+        by_folder.setdefault(p.parent, []).append(p)
+    for folder, ps in by_folder.items():
+        files = _outputs_manifest(folder)
+        for p in ps:
+            if p.is_file():
+                files[p.name] = {"key": key, "sha256": sha256_file(p)}
+            else:
+                files.pop(p.name, None)
+        atomic_write_json(folder / OUTPUTS_FILE, {"version": OUTPUTS_VERSION, "files": files})
