@@ -249,7 +249,7 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
         ValueError: a path that must become a file is a folder.
     """
     key = _canonical_key(key)
-    conflicts: list[str] = []
+    conflicts: dict[Path, list[str]] = {}
     manifests: dict[Path, dict] = {}
     for p in map(Path, paths):
         if p.is_dir():
@@ -260,19 +260,24 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
             manifests[p.parent] = _outputs_manifest(p.parent)
         entry = manifests[p.parent].get(p.name)
         if not isinstance(entry, dict):
-            conflicts.append(f"{p} (not written by rbjax)")
+            why = "not written by rbjax"
         elif entry.get("sha256") != sha256_file(p):
-            conflicts.append(f"{p} (changed since rbjax wrote it)")
+            why = "changed since rbjax wrote it"
         elif entry.get("key") != key:
             from rbjax.report.provenance import describe_difference  # (provenance imports this module)
 
-            conflicts.append(f"{p} (written from other inputs: {describe_difference(entry.get('key'), key)})")
+            why = f"written from other inputs: {describe_difference(entry.get('key'), key)}"
+        else:
+            continue
+        conflicts.setdefault(p.parent, []).append(f"{p.name} ({why})")
     if conflicts:
-        more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
+        n = sum(map(len, conflicts.values()))
+        shown = "; ".join(f"in {folder}: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more"
+                                                                    if len(names) > 4 else "")
+                          for folder, names in conflicts.items())
         raise OutputExists(
-            f"will not replace {len(conflicts)} existing file(s) that this run did not write: "
-            f"{'; '.join(conflicts[:5])}{more}. Nothing was written: pass {flag} to replace them, or choose another "
-            f"{where}")
+            f"will not replace {n} existing file(s) that this run did not write: {shown}. Nothing was written: "
+            f"pass {flag} to replace them, or choose another {where}")
 
 
 def record_outputs(paths, key) -> None:
