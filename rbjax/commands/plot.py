@@ -26,12 +26,18 @@ def register(sub) -> None:
     p.add_argument("--allow-mixed", action="store_true",
                    help="plot folders with different splits (test/valid) or outlier handling (3σ rule on a model's "
                         "perplexities vs. the already reduced stored perplexities) together; each series is labelled")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that is not this plot of the same folders and options "
+                        "(without it such a file is refused)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from rbjax.report.io import check_output_file, claim_outputs, record_outputs
     from rbjax.report.plot import load_results, plot_lmb
+    from rbjax.report.provenance import digest
 
+    check_output_file(args.out, "--out")  # before reading anything
     results = {}
     for f in args.folders:
         named = "=" in f and not Path(f).exists()  # a folder may have "=" in its name
@@ -41,6 +47,10 @@ def run(args) -> int:
         if label in results:
             raise ValueError(f"two series are labelled {label!r}; name them with LABEL=FOLDER")
         results[label] = load_results(path)
+    key = {"command": "plot", "series": {k: digest(v) for k, v in results.items()}, "alpha": args.alpha,
+           "title": args.title, "allow_mixed": args.allow_mixed}
+    claim_outputs([args.out], key, overwrite=args.overwrite)
     out = plot_lmb(results, args.out, alpha=args.alpha, title=args.title, allow_mixed=args.allow_mixed)
+    record_outputs([out], key)
     print(f"wrote {out.resolve()}")
     return 0

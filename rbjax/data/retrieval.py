@@ -62,7 +62,8 @@ from rbjax.data.dumps import (
     expand_paths,
     iter_records,
 )
-from rbjax.report.io import atomic_file, atomic_write_json, check_output_dir, check_output_file, sha256_file
+from rbjax.report.io import (atomic_file, atomic_write_json, check_output_dir, check_output_file, claim_outputs,
+                             record_outputs, sha256_file)
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -958,6 +959,7 @@ def retrieve(
     resume: bool = True,
     on_file: Callable[[dict], None] | None = None,
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> RetrievalResult:
     """Retrieve candidate comments and windows for one or more bias types (paper §2.2).
 
@@ -999,6 +1001,9 @@ def retrieve(
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
             after its part is written.
         log: where notes go (the jobs bound); default: stderr.
+        overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own output of the
+            same inputs (dumps, specs, settings); without it they are refused before any file is read
+            (:func:`rbjax.report.io.claim_outputs`).
 
     Returns:
         A :class:`RetrievalResult` (counts, timing, output paths, per-file entries).
@@ -1011,6 +1016,7 @@ def retrieve(
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
+        rbjax.report.io.OutputExists: see ``overwrite``.
         rbjax.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
@@ -1046,6 +1052,12 @@ def retrieve(
     for p in files:
         size, mtime = _stat(str(p))
         tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
+    run_key = {"command": "retrieve", "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
+               "settings": {k: v for k, v in settings.record().items() if k not in ("retrieval_version",
+                                                                                    "code_sha256")},
+               "files": [[t.path, t.size, t.mtime_ns] for t in tasks]}
+    targets = [*layout.csvs.values(), layout.summary]
+    claim_outputs(targets, run_key, overwrite=overwrite)
     entries: list[dict | None] = [None] * len(tasks)
     records: list[dict | None] = [None] * len(tasks)
     todo: list[int] = []
@@ -1141,4 +1153,5 @@ def retrieve(
         "files": entries,
         "versions": _versions(),
     })
+    record_outputs(targets, run_key)
     return res

@@ -390,6 +390,6 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     if report:
         from rbjax.study.report import write_report
 
-        rep = write_report([out], out)
+        rep = write_report([out], out, overwrite=True)  # the study owns its folder
         _say(f"wrote {rep['md']} and {rep['html']}")
     return {"stages": results, "report": rep}
