@@ -154,7 +154,7 @@ class _Study:
             if task == "crg":
                 settings.setdefault("data_dir", self.cfg.data_dir)
             res = evaluate(task, str(model), out_dir, tokenizer=self._tok_for(model), progress=self.progress,
-                           **settings)
+                           overwrite=True, **settings)  # the study owns its folders (stages keyed on inputs)
             out[task] = {k: res.get(k) for k in ("metrics",) if k in res}
         return out
 
