@@ -38,6 +38,7 @@ from rbjax.debias.config import LOSS_METHODS, METHODS, TRAJECTORY_FIELDS, TrainC
 from rbjax.debias.data import load_training_texts, tokenize_lines, update_plan  # noqa: F401 (re-exported)
 from rbjax.debias.loop import Trainer, TrainResult  # noqa: F401 (re-exported)
 from rbjax.debias.step import lm_loss  # noqa: F401 (re-exported)
+from rbjax.report.io import check_output_dir
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "train", "evaluate_run", "METHODS"]
 
@@ -45,8 +46,7 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "lmb_valid
 
 
 def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    check_output_dir(out, "--out")  # a file in the way, an unwritable folder: named before any work
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -260,8 +260,40 @@ def _say(msg: str) -> None:
     print(f"rbjax debias: {msg}", file=sys.stderr)
 
 
+def _other_inputs(out: Path, key: dict) -> str | None:
+    """Why ``out`` holds a run of other inputs than ``key`` (a finished run's ``results.json`` or the newest
+    checkpoint), or None when it holds nothing or a run of these inputs."""
+    from rbjax.report.io import read_json
+    from rbjax.report.provenance import describe_difference
+
+    prev = read_json(out / "results.json")
+    if prev is not None and prev.get("key") is not None and prev.get("key") != key:
+        return describe_difference(prev.get("key"), key)
+    if (out / "checkpoints").is_dir():
+        from rbjax.debias.checkpoint import Checkpointer
+
+        ckpt = Checkpointer(out / "checkpoints")
+        try:
+            step = ckpt.latest_step()
+            meta = ckpt.restore_meta(step) if step is not None else None
+        finally:
+            ckpt.close()
+        if meta is not None and meta.get("key") != key:
+            return describe_difference(meta.get("key") or {}, key)
+    return None
+
+
+def _clear_run(out: Path) -> None:
+    for name in RUN_FILES:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
 def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = False,
-          trainer: Trainer | None = None) -> dict:
+          trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
 
     Args:
@@ -269,6 +301,10 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         stop_after: stop after this many updates (checkpointed), without export or evaluation (simulated kill).
         overwrite: delete an existing run folder's checkpoints, metrics and results first.
         trainer: a prepared :class:`Trainer` for ``cfg`` (reuses loaded weights).
+        replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
+            ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
+            inputs is still reused or resumed. For callers that own the folder (the study runner, whose stages
+            are keyed on their inputs); ``overwrite`` discards even a run of the same inputs.
 
     Returns:
         the ``results.json`` content (``{"status": "stopped", ...}`` after ``stop_after``).
@@ -284,17 +320,17 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     out = Path(cfg.out_dir)
     _check_out_dir(out)
     if overwrite:
-        for name in RUN_FILES:
-            p = out / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+        _clear_run(out)
     if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
     key = json.loads(json.dumps(trainer.key()))
+    if replace_other_inputs and not overwrite:
+        why = _other_inputs(out, key)
+        if why is not None:
+            _say(f"{out}: held a run of other inputs ({why}); training again")
+            _clear_run(out)
     prev = read_json(out / "results.json")
     if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
         raise ValueError(f"{out}: holds a finished run with other inputs ({describe_difference(prev.get('key'), key)})"
