@@ -93,6 +93,13 @@ def test_unwritable_out_is_named_before_any_work(tmp_path, capsys, monkeypatch):
     blocker.write_text("x")
     assert main(["run", str(study), "--out", str(blocker / "sub"), "--no-progress"]) == 1
     assert f"cannot create --out {blocker / 'sub'}: {blocker} exists and is not a folder" in capsys.readouterr().err
+    # a folder of something else: the study would own it, so it is refused
+    other = tmp_path / "results"
+    other.mkdir()
+    (other / "lmb.json").write_text("[]")
+    assert main(["run", str(study), "--out", str(other), "--no-progress"]) == 1
+    assert "holds files but is not a study folder" in capsys.readouterr().err
+    assert [p.name for p in other.iterdir()] == ["lmb.json"]
     assert not (tmp_path / "afile.d").exists()
     # read-only (root ignores permission bits: os.access is what rbjax asks, so it is made to say no)
     ro = tmp_path / "ro"

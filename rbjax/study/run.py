@@ -357,6 +357,11 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
         text = format_plan(stages, cost, cfg, out)
         return {"plan": text, "cost": cost, "stages": [s.name for s in stages]}
     check_output_dir(out, "--out")  # before any work
+    if out.is_dir() and not ((out / "study.json").exists() or (out / "stages.json").exists()) \
+            and any(out.iterdir()):
+        # the study owns its folder and replaces what its stages wrote; never files of something else
+        raise ValueError(f"--out {out} holds files but is not a study folder (no study.json); give a new or empty "
+                         "folder, or the folder of an earlier rbjax run")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions()})
     state = _read_state(out)
