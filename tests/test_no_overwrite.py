@@ -1,6 +1,6 @@
 """Issue 20: no command replaces a file it did not write (from the same inputs) unless --overwrite is given; inputs
 that contradict the command are refused before anything is written; an unwritable output location is named before
-any work (rbjax.report.io: claim_outputs / record_outputs / check_output_dir)."""
+any work (rbjax.core.io: claim_outputs / record_outputs / check_output_dir)."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rbjax.cli import main
-from rbjax.report import io as rio
+from rbjax.core import io as rio
 
 
 # ------------------------------------------------------------------------------------------ the shared helper

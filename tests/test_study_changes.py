@@ -85,7 +85,7 @@ def test_changed_training_and_sweep_settings_rerun_their_stages(shared_dir, tmp_
 
 
 def test_unwritable_out_is_named_before_any_work(tmp_path, capsys, monkeypatch):
-    from rbjax.report import io as rio
+    from rbjax.core import io as rio
 
     study = tmp_path / "mini.toml"
     study.write_text(MINI)

@@ -5,6 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from rbjax.core.io import check_output_file, claim_outputs, record_outputs, sha256_file
+from rbjax.data.annotation import aggregate, export_for_annotation, read_annotations, write_aggregated
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -43,7 +46,6 @@ def register(subparsers) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rbjax.data.annotation import export_for_annotation
 
     paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
                                   seed=args.seed, overlap=args.overlap, overwrite=args.overwrite)
@@ -54,9 +56,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from rbjax.data.annotation import aggregate, read_annotations, write_aggregated
-    from rbjax.report.io import check_output_file, claim_outputs, record_outputs, sha256_file
-
     key = None
     if args.out:
         check_output_file(args.out, "--out")

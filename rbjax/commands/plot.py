@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rbjax.commands import HelpFormatter
+from rbjax.core.io import check_output_file, claim_outputs, record_outputs
+from rbjax.core.keys import digest
+from rbjax.lmb.plot import load_results, plot_lmb
+
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
 
     p = sub.add_parser(
         "plot", help="plot LMB t-values of one or more result folders (paper Figure 1)",
@@ -33,10 +37,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rbjax.report.io import check_output_file, claim_outputs, record_outputs
-    from rbjax.report.plot import load_results, plot_lmb
-    from rbjax.report.provenance import digest
-
     check_output_file(args.out, "--out")  # before reading anything
     results = {}
     for f in args.folders:

@@ -30,7 +30,7 @@ Output (CSV, written to a temporary file and moved into place at the end) has th
 of :data:`CANDIDATE_COLUMNS`.
 
 Many files (:func:`retrieve`): each dump file is one task (:func:`scan_dump`), run in this
-process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.parallel`). A task
+process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.core.parallel`). A task
 returns every window of its file *before* de-duplication; the calling process writes it as a
 part (``<parts>/<file name>-<hash of its path>/windows_<k>.csv`` + ``part.json``, the record
 of what produced it, written last) as soon as it comes back. The merge then replays the
@@ -53,6 +53,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from rbjax import __version__
+from rbjax.core import parallel
+from rbjax.core.io import (atomic_csv_writer, atomic_write_json, check_output_dir, check_output_file, claim_outputs,
+                           record_outputs, sha256_file)
+from rbjax.core.progress import progress_bar
+from rbjax.data import dumps
 from rbjax.data.dumps import (
     WORKER_BASE_BYTES,
     DumpStats,
@@ -62,8 +68,6 @@ from rbjax.data.dumps import (
     expand_paths,
     iter_records,
 )
-from rbjax.report.io import (atomic_file, atomic_write_json, check_output_dir, check_output_file, claim_outputs,
-                             record_outputs, sha256_file)
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -397,39 +401,6 @@ def make_prefilter(matchers: Sequence[QueryMatcher]):
     return prefilter
 
 
-def _make_parent(path: Path) -> None:
-    check_output_file(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
-
-
-
-@contextlib.contextmanager
-def atomic_csv_writer(path: str | Path, header: Sequence[str], errors: str | None = None):
-    """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
-
-    On an exception the temporary file is removed and ``path`` is left untouched.
-    ``errors``: the UTF-8 encoder's error handler (``None`` = strict; retrieval writes lone
-    surrogates from ``\\ud800`` escapes in the dumps as ``backslashreplace`` text).
-
-    Raises:
-        ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
-            created (the message names the path).
-    """
-    path = Path(path)
-    _make_parent(path)
-    with contextlib.ExitStack() as stack:
-        try:
-            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline="", errors=errors))
-        except OSError as e:
-            raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
-        w = csv.writer(fh)
-        w.writerow(header)
-        yield w
-
-
 def output_paths(out: str | Path, names: Sequence[str]) -> dict[str, Path]:
     """Output CSV per bias type (see :func:`output_layout`)."""
     return output_layout(out, names).csvs
@@ -498,7 +469,6 @@ def code_digest() -> str:
     if _CODE_DIGEST is None:
         import hashlib
 
-        from rbjax.data import dumps
 
         h = hashlib.sha256()
         for f in (__file__, dumps.__file__):
@@ -552,7 +522,7 @@ class FileTask:
     settings: ScanSettings
 
     @property
-    def name(self) -> str:  # for rbjax.parallel's messages
+    def name(self) -> str:  # for rbjax.core.parallel's messages
         return self.path
 
     def inputs(self) -> dict:
@@ -884,7 +854,6 @@ class _RunProgress:
         self.t0 = self._shown = time.perf_counter()
         if enabled is False:
             return
-        from rbjax.report.progress import progress_bar
 
         self.bar = progress_bar(total_bytes, self._desc(), "B", enabled=enabled, leave=True, unit_scale=True,
                                 unit_divisor=1024, smoothing=0.1)
@@ -925,7 +894,6 @@ class _RunProgress:
 def _versions() -> dict:
     import platform
 
-    from rbjax import __version__
 
     out = {"rbjax": __version__, "retrieval_version": RETRIEVAL_VERSION, "python": platform.python_version(),
            "platform": platform.platform()}
@@ -991,11 +959,11 @@ def retrieve(
         prefilter: use the raw-bytes target-word prefilter (exact; see the module notes).
         progress: tqdm bar on stderr; ``None`` = only when stderr is a terminal.
         jobs: local executor: worker processes (``1`` = this process; ``None`` = the cores
-            available, bounded by memory, see :func:`rbjax.parallel.plan_jobs`: a worker
+            available, bounded by memory, see :func:`rbjax.core.parallel.plan_jobs`: a worker
             needs the zstd window of its file, up to 2 GiB). Ray: the most files in flight
             (``None`` = all; each task asks Ray for 1 CPU and its file's memory).
         executor: ``"local"`` or ``"ray"`` (files must be at the same absolute path on every node).
-        ray_address: Ray cluster to attach to (see :func:`rbjax.parallel.as_completed`).
+        ray_address: Ray cluster to attach to (see :func:`rbjax.core.parallel.as_completed`).
         resume: reuse the parts of files already done with the same inputs; ``False`` reads
             every file again.
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
@@ -1003,7 +971,7 @@ def retrieve(
         log: where notes go (the jobs bound); default: stderr.
         overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own output of the
             same inputs (dumps, specs, settings); without it they are refused before any file is read
-            (:func:`rbjax.report.io.claim_outputs`).
+            (:func:`rbjax.core.io.claim_outputs`).
 
     Returns:
         A :class:`RetrievalResult` (counts, timing, output paths, per-file entries).
@@ -1016,12 +984,11 @@ def retrieve(
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
-        rbjax.report.io.OutputExists: see ``overwrite``.
-        rbjax.parallel.TaskError: a file's scan failed or its worker died (parts of the files
+        rbjax.core.io.OutputExists: see ``overwrite``.
+        rbjax.core.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
     """
-    from rbjax import parallel
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     if not isinstance(specs, (list, tuple)):

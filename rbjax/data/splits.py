@@ -9,7 +9,7 @@
    (:func:`rbjax.data.swap.swap_targets`).
 4. Pairwise outlier reduction with a chosen model: the perplexity of every held-out phrase
    and of its counterfactual; a pair is dropped when either side lies outside mean ±
-   3 std of its own list (:func:`rbjax.lmb.stats.outlier_pairs`, population std).
+   3 std of its own list (:func:`rbjax.data.outliers.outlier_pairs`, population std).
 5. Valid / test halves of the reduced pairs (seed 1): valid = floor(n/2) pairs, test = the rest.
 
 The random splits reproduce upstream's ``sklearn.model_selection.train_test_split(...,
@@ -48,10 +48,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.specs import layout_names
+from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, claim_outputs,
+                           record_outputs, sha256_file, versions)
 from rbjax.data.annotation import parse_label, read_csv_file
-from rbjax.data.retrieval import atomic_csv_writer
-from rbjax.report.io import check_output_dir, check_output_file, claim_outputs, record_outputs, sha256_file
+from rbjax.data.outliers import outlier_pairs
+from rbjax.data.swap import reference_direction, swap_targets
+from rbjax.specs import layout_names
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -238,7 +240,6 @@ class SplitResult:
 
 
 def _atomic_text(path: Path, lines: Sequence[str]) -> None:
-    from rbjax.report.io import atomic_write_text
 
     check_output_file(path, "output file")
     atomic_write_text(path, "".join(s + "\n" for s in lines))
@@ -303,7 +304,7 @@ def make_splits(
             ``<type>_splits.json``; ``None`` = the score function's name.
         overwrite: replace files under ``out_dir`` that this command did not write (e.g. the released RedditBias
             files of the type); without it they are refused before anything is scored or written
-            (:func:`rbjax.report.io.claim_outputs`).
+            (:func:`rbjax.core.io.claim_outputs`).
 
     Returns:
         :class:`SplitResult`.
@@ -316,12 +317,9 @@ def make_splits(
             column names another bias type, or a spec under which most held-out phrases do not
             change (their counterfactual equal to the biased phrase: the phrases are of another type).
             Inputs and ``out_dir`` are checked before the scorer is called.
-        rbjax.report.io.OutputExists: ``out_dir`` holds files of this type that this command
+        rbjax.core.io.OutputExists: ``out_dir`` holds files of this type that this command
             did not write (released files, another annotated file's splits) and not ``overwrite``.
     """
-    from rbjax.data.swap import reference_direction, swap_targets
-    from rbjax.lmb.stats import outlier_pairs
-    from rbjax.report.io import versions
 
     btype, g1, g2 = layout_names(spec)
     out = check_output_dir(out_dir, "output folder")

@@ -75,6 +75,10 @@ from typing import Sequence
 
 import numpy as np
 
+from rbjax.core.io import (atomic_write_json, check_output_dir, claim_outputs, record_outputs, sha256_file,
+                            versions)
+from rbjax.dialog.text import clean_dstc7
+
 __all__ = [
     "crg_metrics", "read_lines", "read_hyp_refs", "evaluate_crg_metrics", "mteval_words", "bleu_nist",
     "entropy", "distinct", "meteor", "find_meteor_jar", "format_crg_table",
@@ -446,7 +450,6 @@ def crg_metrics(hypotheses: list[str], references: list[list[str]] | None = None
         if not references:
             references = None
     if clean:
-        from rbjax.dialog.text import clean_dstc7
 
         hypotheses = [clean_dstc7(h) for h in hypotheses]
         if references is not None:
@@ -510,14 +513,12 @@ def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLik
     """Score a hypothesis file against reference files and write ``out_dir/crg_metrics.json`` atomically.
 
     An existing ``crg_metrics.json`` that is not this scoring's own (other files or settings, edited, not written
-    by rbjax) is refused before anything is scored unless ``overwrite`` (:func:`rbjax.report.io.claim_outputs`).
+    by rbjax) is refused before anything is scored unless ``overwrite`` (:func:`rbjax.core.io.claim_outputs`).
 
     The file holds the :func:`crg_metrics` keys at the top level plus ``settings`` (cleaning, METEOR options),
     ``data`` (each input file's path, sha256 and line count) and ``versions`` (packages, Java).
     This is what ``rbjax evaluate --task crg-metrics`` runs. Raises as :func:`read_hyp_refs` and :func:`crg_metrics`.
     """
-    from rbjax.report.io import (atomic_write_json, check_output_dir, claim_outputs, record_outputs, sha256_file,
-                                 versions)
 
     target = check_output_dir(out_dir, "--out") / "crg_metrics.json"
     hyps, ref_sets = read_hyp_refs(hyp, refs)

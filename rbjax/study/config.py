@@ -34,6 +34,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from rbjax.core.io import read_toml
+from rbjax.data.redditbias import expand_bias_types
+from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.debias.sweep import PAPER_GRID
+from rbjax.dialog.evaluate import DEFAULTS as DIALOG_DEFAULTS
+from rbjax.dialog.evaluate import task_settings
+from rbjax.model.gpt2 import GPT2Config
+
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
@@ -117,13 +125,11 @@ class StudyConfig:
 
     @property
     def bias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         return expand_bias_types(self.study.get("bias_types", "all"))
 
     @property
     def debias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         d = self.study.get("debias_types")
         return expand_bias_types(d) if d else self.bias_types
@@ -169,7 +175,6 @@ class StudyConfig:
         return d
 
     def grid(self) -> dict:
-        from rbjax.debias.sweep import PAPER_GRID
 
         return {k: tuple(self.sweep.get(k, v)) for k, v in PAPER_GRID.items()}
 
@@ -196,7 +201,6 @@ class StudyConfig:
         Raises:
             ValueError: naming the file, section and key (or the ``--set``) of the first value that cannot run.
         """
-        from rbjax.debias.config import METHODS
 
         where = str(self.path)
         for sec in self.raw:
@@ -238,8 +242,6 @@ class StudyConfig:
         self._validate_dialog()
 
     def _validate_random_model(self) -> None:
-        from rbjax.model.gpt2 import GPT2Config
-
         rm = self.random_model
         if not isinstance(rm, dict):
             raise ValueError(f"{self.where('study', 'random_model')}: must be a table, e.g. {{ n_embd = 32, ... }}")
@@ -252,7 +254,6 @@ class StudyConfig:
 
     def _validate_training(self) -> None:
         """[training] as the TrainConfig of every method of the study (types first, then TrainConfig's own checks)."""
-        from rbjax.debias.config import TrainConfig
 
         fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
         extra = set(self.training) - set(fields)
@@ -286,8 +287,6 @@ class StudyConfig:
                 words = "positive integers" if ints else "finite numbers >= 0"
                 raise ValueError(f"{self.where('sweep', k)}: sweep.{k} must be a non-empty list of {words}, got {v!r}")
         if "methods" in sw:
-            from rbjax.debias.config import METHODS
-
             if not isinstance(sw["methods"], list) or any(m not in METHODS for m in sw["methods"]):
                 raise ValueError(f"{self.where('sweep', 'methods')}: sweep.methods must be a list of "
                                  f"{', '.join(METHODS)}, got {sw['methods']!r}")
@@ -309,8 +308,6 @@ class StudyConfig:
         _check_counts(self, "measure", me, minimum={"n_bootstrap": 0, "batch_size": 1})
 
     def _validate_dialog(self) -> None:
-        from rbjax.dialog.evaluate import DEFAULTS, task_settings
-
         d = self.raw.get("dialog", {})
         tasks = d.get("tasks", list(DIALOG_TASKS))
         if not isinstance(tasks, list) or any(t not in DIALOG_TASKS for t in tasks):
@@ -323,10 +320,10 @@ class StudyConfig:
             if not isinstance(settings, dict):
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t} must be a table, e.g. {{ max_examples = 8 }}")
             settings = {(f"{t}_train_file" if k == "train_file" else k): v for k, v in settings.items()}
-            unknown = sorted(set(settings) - set(DEFAULTS[t]))
+            unknown = sorted(set(settings) - set(DIALOG_DEFAULTS[t]))
             if unknown:
                 raise ValueError(f"{self.where('dialog', t)}: unknown setting(s) {unknown} of dialog.{t} (known: "
-                                 f"{', '.join(sorted(k for k in DEFAULTS[t] if k not in ('progress',)))})")
+                                 f"{', '.join(sorted(k for k in DIALOG_DEFAULTS[t] if k not in ('progress',)))})")
             try:
                 task_settings(t, settings)
             except (ValueError, FileNotFoundError) as e:
@@ -367,7 +364,6 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     Raises:
         ValueError: naming the ``--set`` argument (not the study file, which is not at fault).
     """
-    from rbjax.debias.config import TrainConfig
 
     sec = keys[0]
     if sec not in SECTIONS:
@@ -394,7 +390,6 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
     Raises:
         FileNotFoundError: no such file. ValueError: invalid TOML or fields (file and field named).
     """
-    from rbjax.report.io import read_toml
 
     p = Path(path)
     raw = read_toml(p, "study file")

@@ -11,6 +11,7 @@ import platform
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Sequence
 
 
 @contextlib.contextmanager
@@ -206,6 +207,40 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Pat
     return path
 
 
+def _make_parent(path: Path) -> None:
+    check_output_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
+
+
+
+@contextlib.contextmanager
+def atomic_csv_writer(path: str | Path, header: Sequence[str], errors: str | None = None):
+    """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    ``errors``: the UTF-8 encoder's error handler (``None`` = strict; retrieval writes lone
+    surrogates from ``\\ud800`` escapes in the dumps as ``backslashreplace`` text).
+
+    Raises:
+        ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
+            created (the message names the path).
+    """
+    path = Path(path)
+    _make_parent(path)
+    with contextlib.ExitStack() as stack:
+        try:
+            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline="", errors=errors))
+        except OSError as e:
+            raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+        w = csv.writer(fh)
+        w.writerow(header)
+        yield w
+
+
+
 # ---------------------------------------------------------------------------- never replace work not ours
 #: hidden file in a folder rbjax writes results to: for each file it wrote there, the key of the inputs that
 #: produced it and the sha256 of the content it wrote (see :func:`claim_outputs`)
@@ -264,7 +299,7 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
         elif entry.get("sha256") != sha256_file(p):
             why = "changed since rbjax wrote it"
         elif entry.get("key") != key:
-            from rbjax.report.provenance import describe_difference  # (provenance imports this module)
+            from rbjax.core.keys import describe_difference  # (keys imports this module)
 
             why = f"written from other inputs: {describe_difference(entry.get('key'), key)}"
         else:
