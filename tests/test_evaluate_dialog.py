@@ -124,7 +124,7 @@ def test_lmp_reuse_and_recompute(tiny_model_dir, tokenizer_dir, tmp_path, capsys
     assert r2["reused"] is True and r2["metrics"] == r1["metrics"] and "reusing it" in capsys.readouterr().err
     # a changed setting, data file or model is recomputed (never relabelled), replacing the result only with
     # overwrite (issue 20: another result is never replaced silently; nothing is computed)
-    from rbjax.core.io import OutputExists
+    from rbjax.core.reuse import OutputExists
 
     with pytest.raises(OutputExists, match=r"lmp.json: holds the lmp result of other inputs .*lmp_max_lines"):
         evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False)

@@ -13,27 +13,28 @@ import pytest
 
 from rbjax.cli import main
 from rbjax.core import io as rio
+from rbjax.core import reuse
 
 
 # ------------------------------------------------------------------------------------------ the shared helper
 def test_claim_outputs_allows_only_own_unchanged_output_of_the_same_inputs(tmp_path):
     f = tmp_path / "result.csv"
-    rio.claim_outputs([f], {"model": "a"})  # nothing there: fine
+    reuse.claim_outputs([f], {"model": "a"})  # nothing there: fine
     f.write_text("somebody's work\n")
-    with pytest.raises(rio.OutputExists, match=rf"in {tmp_path}: result.csv \(not written by rbjax\).*--overwrite"):
-        rio.claim_outputs([f], {"model": "a"})
-    rio.claim_outputs([f], {"model": "a"}, overwrite=True)
+    with pytest.raises(reuse.OutputExists, match=rf"in {tmp_path}: result.csv \(not written by rbjax\).*--overwrite"):
+        reuse.claim_outputs([f], {"model": "a"})
+    reuse.claim_outputs([f], {"model": "a"}, overwrite=True)
     rio.atomic_write_text(f, "rbjax's output\n")
-    rio.record_outputs([f], {"model": "a"})
-    rio.claim_outputs([f], {"model": "a"})  # a rerun of the same inputs: its own file
-    with pytest.raises(rio.OutputExists, match=r"other inputs: model: 'a' → 'b'"):
-        rio.claim_outputs([f], {"model": "b"})
+    reuse.record_outputs([f], {"model": "a"})
+    reuse.claim_outputs([f], {"model": "a"})  # a rerun of the same inputs: its own file
+    with pytest.raises(reuse.OutputExists, match=r"other inputs: model: 'a' → 'b'"):
+        reuse.claim_outputs([f], {"model": "b"})
     f.write_text("rbjax's output, then edited by hand\n")
-    with pytest.raises(rio.OutputExists, match=r"changed since rbjax wrote it"):
-        rio.claim_outputs([f], {"model": "a"})
+    with pytest.raises(reuse.OutputExists, match=r"changed since rbjax wrote it"):
+        reuse.claim_outputs([f], {"model": "a"})
     (tmp_path / "adir").mkdir()
     with pytest.raises(ValueError, match="is a folder"):
-        rio.claim_outputs([tmp_path / "adir"], {}, overwrite=True)
+        reuse.claim_outputs([tmp_path / "adir"], {}, overwrite=True)
 
 
 def test_check_output_dir_names_an_unwritable_location(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from rbjax.core.io import check_output_file, claim_outputs, record_outputs, sha256_file
+from rbjax.core.io import check_output_file, sha256_file
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import aggregate, export_for_annotation, read_annotations, write_aggregated
 
 

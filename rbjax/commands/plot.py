@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
-from rbjax.core.io import check_output_file, claim_outputs, record_outputs
+from rbjax.core.io import check_output_file
 from rbjax.core.keys import digest
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.lmb.plot import load_results, plot_lmb
 
 

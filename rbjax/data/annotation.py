@@ -28,8 +28,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, claim_outputs,
-                           record_outputs, sha256_file)
+from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file
+from rbjax.core.reuse import claim_outputs, record_outputs
 
 #: The guideline's labels (paper App. B).
 LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")
@@ -481,7 +481,7 @@ def export_for_annotation(
             everyone, for the agreement study (the paper used 100 double-annotated items).
         overwrite: replace files in ``out_dir`` that this export did not write (annotators' filled files, an
             export of other candidates or settings); without it they are refused before anything is written
-            (:func:`rbjax.core.io.claim_outputs`).
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         ``{"items": path, "guidelines": path, "assignment": path, <annotator>: path, ...}``;
@@ -492,7 +492,7 @@ def export_for_annotation(
         FileNotFoundError: ``candidates`` is missing.
         ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range,
             ``out_dir`` is a file or lies under one or is not writable.
-        rbjax.core.io.OutputExists: ``out_dir`` holds files this export would replace (e.g. filled labels).
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds files this export would replace (e.g. filled labels).
     """
     candidates = Path(candidates)
     if not candidates.is_file():

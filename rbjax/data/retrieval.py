@@ -55,9 +55,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from rbjax import __version__
 from rbjax.core import parallel
-from rbjax.core.io import (atomic_csv_writer, atomic_write_json, check_output_dir, check_output_file, claim_outputs,
-                           record_outputs, sha256_file)
+from rbjax.core.io import atomic_csv_writer, atomic_write_json, check_output_dir, check_output_file, sha256_file
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data import dumps
 from rbjax.data.dumps import (
     WORKER_BASE_BYTES,
@@ -971,7 +971,7 @@ def retrieve(
         log: where notes go (the jobs bound); default: stderr.
         overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own output of the
             same inputs (dumps, specs, settings); without it they are refused before any file is read
-            (:func:`rbjax.core.io.claim_outputs`).
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         A :class:`RetrievalResult` (counts, timing, output paths, per-file entries).
@@ -984,7 +984,7 @@ def retrieve(
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
-        rbjax.core.io.OutputExists: see ``overwrite``.
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
         rbjax.core.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.

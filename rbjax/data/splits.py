@@ -48,12 +48,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, claim_outputs,
-                           record_outputs, sha256_file, versions)
+from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file, versions
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import parse_label, read_csv_file
 from rbjax.data.outliers import outlier_pairs
 from rbjax.data.swap import reference_direction, swap_targets
-from rbjax.specs import layout_names
+from rbjax.specs import canonical_bias_type, layout_names
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -304,7 +304,7 @@ def make_splits(
             ``<type>_splits.json``; ``None`` = the score function's name.
         overwrite: replace files under ``out_dir`` that this command did not write (e.g. the released RedditBias
             files of the type); without it they are refused before anything is scored or written
-            (:func:`rbjax.core.io.claim_outputs`).
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         :class:`SplitResult`.
@@ -317,7 +317,7 @@ def make_splits(
             column names another bias type, or a spec under which most held-out phrases do not
             change (their counterfactual equal to the biased phrase: the phrases are of another type).
             Inputs and ``out_dir`` are checked before the scorer is called.
-        rbjax.core.io.OutputExists: ``out_dir`` holds files of this type that this command
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds files of this type that this command
             did not write (released files, another annotated file's splits) and not ``overwrite``.
     """
 
@@ -433,8 +433,6 @@ def _check_bias_type_column(annotated, rows: list[dict], spec, btype: str) -> No
     """Refuse an annotated file whose ``bias_type`` column (written by ``rbjax retrieve`` and carried through the
     annotation round trip) names another bias type than ``spec`` (file, row and value named). Files without the
     column (the released ones) pass."""
-    from rbjax.specs import canonical_bias_type
-
     ok = {spec.name, btype}
     with_col = [r for r in rows if (r.get("bias_type") or "").strip()]
     for r in with_col:

@@ -75,8 +75,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rbjax.core.io import (atomic_write_json, check_output_dir, claim_outputs, record_outputs, sha256_file,
-                            versions)
+from rbjax.core.io import atomic_write_json, check_output_dir, sha256_file, versions
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.dialog.text import clean_dstc7
 
 __all__ = [
@@ -513,7 +513,7 @@ def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLik
     """Score a hypothesis file against reference files and write ``out_dir/crg_metrics.json`` atomically.
 
     An existing ``crg_metrics.json`` that is not this scoring's own (other files or settings, edited, not written
-    by rbjax) is refused before anything is scored unless ``overwrite`` (:func:`rbjax.core.io.claim_outputs`).
+    by rbjax) is refused before anything is scored unless ``overwrite`` (:func:`rbjax.core.reuse.claim_outputs`).
 
     The file holds the :func:`crg_metrics` keys at the top level plus ``settings`` (cleaning, METEOR options),
     ``data`` (each input file's path, sha256 and line count) and ``versions`` (packages, Java).

@@ -257,7 +257,7 @@ def _existing(path: Path, key: dict, task: str, s: dict, check=None) -> dict | N
     (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`.
 
     Raises:
-        rbjax.core.io.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
+        rbjax.core.reuse.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
             ``s["overwrite"]`` is not set: it is never replaced silently (nothing was computed).
     """
     return KeyedResult(path, key, task, _say, check, refuse_other=not s.get("overwrite")).stored()
@@ -661,7 +661,7 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         tokenizer: tokenizer folder or hub id (default: the model folder).
         overwrite: replace a task's result file that holds the result of other inputs (another model, data or
             settings); without it such a file is refused before the task computes anything
-            (:func:`rbjax.core.io.claim_outputs` is the same rule for the other commands).
+            (:func:`rbjax.core.reuse.claim_outputs` is the same rule for the other commands).
         **settings: see :data:`DEFAULTS` (``None`` = the task's default). ``train_file`` is the task's own training
             file (``dst_train_file`` or ``crg_train_file``; with ``task="all"`` name them so).
 
@@ -671,7 +671,7 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
     Raises:
         ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``;
         FileNotFoundError: missing model/data; RuntimeError: downloads that fail;
-        rbjax.core.io.OutputExists: see ``overwrite``.
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
     if task not in (*TASKS, "all"):
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join((*TASKS, 'all'))}")

@@ -12,10 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import (atomic_write_csv, atomic_write_json, check_output_dir, claim_outputs, read_json,
-                           record_outputs, versions)
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, files_key
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
@@ -260,7 +260,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         overwrite: replace files in ``out_dir`` that this run did not write. Without it, a folder holding another
             run's results (another model, data, types or settings: its ``lmb.json``, ``lmb.png`` or the CSV of a
             type measured here) or files rbjax did not write is refused before anything is scored
-            (:func:`rbjax.core.io.claim_outputs`); the files of the same inputs are this run's own (a rerun, or
+            (:func:`rbjax.core.reuse.claim_outputs`); the files of the same inputs are this run's own (a rerun, or
             ``resume``).
         log_reuse: say on stderr, per bias type, that its perplexities were reused (``resume``); the study runner
             turns it off and reports one line per stage.
@@ -268,7 +268,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
         ValueError: bad arguments or data (message names the file and row); ``out_dir`` not writable.
-        rbjax.core.io.OutputExists: ``out_dir`` holds results of other inputs and not ``overwrite``.
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds results of other inputs and not ``overwrite``.
         FileNotFoundError / RuntimeError: missing files, failed downloads.
     """
     if stored_perplexities and model is not None:

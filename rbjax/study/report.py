@@ -29,7 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import atomic_file, atomic_write_text, check_output_dir, claim_outputs, read_json, record_outputs
+from rbjax.core.io import atomic_file, atomic_write_text, check_output_dir, read_json
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.lmb.plot import figure_lmb
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
@@ -354,14 +355,14 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
 
     ``overwrite``: replace report files in ``out_dir`` that are not rbjax's unchanged report of the same folders
     (a report edited by hand, the report of other folders); without it they are refused before anything is written
-    (:func:`rbjax.core.io.claim_outputs`). The study runner, which owns its folder, passes True.
+    (:func:`rbjax.core.reuse.claim_outputs`). The study runner, which owns its folder, passes True.
 
     Returns:
         ``{"md": path, "html": path, "figure": path, "tables": {...}}`` (the tables as lists of rows, for tests).
 
     Raises:
         FileNotFoundError: a folder that is not a finished study (see :func:`collect`).
-        ValueError: ``out_dir`` cannot be written; rbjax.core.io.OutputExists: see ``overwrite``.
+        ValueError: ``out_dir`` cannot be written; rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
 
     folders = [Path(f) for f in folders]
