@@ -21,7 +21,7 @@ def test_claim_outputs_allows_only_own_unchanged_output_of_the_same_inputs(tmp_p
     f = tmp_path / "result.csv"
     reuse.claim_outputs([f], {"model": "a"})  # nothing there: fine
     f.write_text("somebody's work\n")
-    with pytest.raises(reuse.OutputExists, match=rf"in {tmp_path}: result.csv \(not written by rbjax\).*--overwrite"):
+    with pytest.raises(reuse.OutputExists, match=rf"in {tmp_path}: result.csv \(no record that rbjax wrote it\).*--overwrite"):
         reuse.claim_outputs([f], {"model": "a"})
     reuse.claim_outputs([f], {"model": "a"}, overwrite=True)
     rio.atomic_write_text(f, "rbjax's output\n")
@@ -115,7 +115,7 @@ def test_splits_refuses_another_types_file_and_released_files(redditbias_dir, tm
     rc = main(["splits", "--bias", "religion1", "--annotated", str(own), "--out-dir", str(copy),
                "--model", str(tmp_path / "no_model")])  # refused before the (missing) model is loaded
     err = capsys.readouterr().err
-    assert rc == 1 and "not written by rbjax" in err and "religion1_jews_biased_valid_reduced.csv" in err, err
+    assert rc == 1 and "no record that rbjax wrote it" in err and "religion1_jews_biased_valid_reduced.csv" in err, err
     assert "--overwrite" in err and train.read_bytes() == before
 
 

@@ -296,7 +296,8 @@ def test_unreadable_dump_is_an_error_and_writes_no_csv(tmp_path, capsys):
     write_zst([{"id": "p1", "body": "nothing to see here"}], plain)
     capsys.readouterr()
     assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress"]) == 1
-    assert "candidates.csv (not written by rbjax)" in capsys.readouterr().err  # "old" is not replaced silently
+    # "old" is not replaced silently
+    assert "candidates.csv (no record that rbjax wrote it)" in capsys.readouterr().err
     assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress",
                      "--overwrite"]) == 0
     assert _rows(out) == []

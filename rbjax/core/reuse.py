@@ -157,7 +157,7 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
             manifests[p.parent] = _outputs_manifest(p.parent)
         entry = manifests[p.parent].get(p.name)
         if not isinstance(entry, dict):
-            why = "not written by rbjax"
+            why = "no record that rbjax wrote it"
         elif entry.get("sha256") != sha256_file(p):
             why = "changed since rbjax wrote it"
         elif entry.get("key") != key:

@@ -48,7 +48,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file, versions
+from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file,
+                           versions)
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import parse_label, read_csv_file
 from rbjax.data.outliers import outlier_pairs
