@@ -77,10 +77,10 @@ def test_study_values_name_file_section_and_key(tmp_path):
     f.write_text('[study]\nmodel = "m"\n\n[training]\nadam_b2 = 1.0\n', encoding="utf-8")
     with pytest.raises(ValueError) as e:
         load_study(f)
-    assert str(e.value) == f"{f.resolve()}: [training] adam_b2: training.adam_b2 must be in [0, 1), got 1.0"
+    assert str(e.value) == f"{f.resolve()}: [training] adam_b2: adam_b2 must be in [0, 1), got 1.0"
     with pytest.raises(ValueError) as e:
         load_study(f, ["training.learning_rate=-1"])
-    assert str(e.value) == "--set 'training.learning_rate=-1': training.learning_rate must be > 0, got -1"
+    assert str(e.value) == "--set 'training.learning_rate=-1': learning_rate must be > 0, got -1"
 
 
 def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monkeypatch, capsys):

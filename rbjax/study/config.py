@@ -272,7 +272,7 @@ class StudyConfig:
                 TrainConfig(**kw)
             except SettingError as e:  # names the field: the key as written (study-level ones in [study])
                 sec = "training" if e.field in self.training else "study"
-                raise ValueError(f"{self.where(sec, e.field)}: {e.renamed(f'{sec}.{e.field}')}") from None
+                raise ValueError(f"{self.where(sec, e.field)}: {e}") from None
             except (ValueError, TypeError) as e:
                 msg = str(e)
                 key = next((k for k in self.training if re.search(rf"\b{re.escape(k)}\b", msg)), None)
