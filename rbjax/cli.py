@@ -11,7 +11,7 @@ import importlib
 import sys
 
 #: subcommand modules, in the order shown by ``rbjax --help``
-COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
+COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

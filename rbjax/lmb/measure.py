@@ -357,6 +357,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
                                        seed=seed, remove_outliers=outlier_removal)
             rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
+                   "inputs": record_inputs(key, pairs),
                    "n_pairs_unscorable": int((~keep).sum()),
                    "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
                    "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta,
@@ -398,6 +399,29 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             print(f"rbjax: note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
                   "--resume reuses such a file only when it was produced by the same inputs)", file=sys.stderr)
     return records
+
+
+def pairs_digest(biased: Sequence[str], counterfactual: Sequence[str]) -> str:
+    """sha256 of a type's pair list (every biased phrase and its counterfactual, in order): two runs scored the same
+    pairs exactly when their digests are equal."""
+    from rbjax.report.provenance import digest
+
+    return digest([list(biased), list(counterfactual)])
+
+
+def record_inputs(key: dict, pairs: PhrasePairs) -> dict:
+    """The ``inputs`` block of an ``lmb.json`` record: what the pairs and their scoring were made of, by content.
+
+    ``{"data_files": {file name: sha256}, "pairs_sha256": ..., "tokenizer": {file: sha256} | {"source": id} | None,
+    "model": {file: sha256} | None, "bos": bool, "skip_unscorable": bool, "precision": ...}`` (``model`` and
+    ``tokenizer`` are ``None`` for stored perplexities). :mod:`rbjax.lmb.compare` refuses to compare runs whose
+    pairs or tokenization differ on these; a model card names the model files by them.
+    """
+    m = key["model"]
+    stored = m.get("stored_perplexities") is True
+    return {"data_files": key["data"], "pairs_sha256": pairs_digest(pairs.biased, pairs.counterfactual),
+            "tokenizer": None if stored else m.get("tokenizer"), "model": None if stored else m.get("model"),
+            "bos": key["bos"], "skip_unscorable": key["skip_unscorable"], "precision": key["precision"]}
 
 
 def _short_label(name: str) -> str:

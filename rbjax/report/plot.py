@@ -18,7 +18,7 @@ from scipy import stats
 
 from rbjax.specs import BIAS_TYPES
 
-__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "FORMATS"]
+__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "figure_changes", "FORMATS"]
 
 #: output formats by file suffix
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
@@ -230,3 +230,52 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
     with atomic_file(out, "wb") as f:
         fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight")
     return out
+
+
+def figure_changes(res: dict, title: str | None = None):
+    """The paired comparison of :func:`rbjax.lmb.compare.compare_runs`: per bias type the mean change of the
+    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI, solid when significant after the
+    correction across types, hatched otherwise; a zero line.
+
+    Returns:
+        a ``matplotlib.figure.Figure`` (Agg canvas). Artists carry ``gid``s: ``"change:<type>"``, ``"ci:<type>"``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = res["types"]
+    if not rows:
+        raise ValueError("nothing to plot: no bias type compared")
+    fig = Figure(figsize=(max(5.0, 1.1 * len(rows) + 2.0), 4.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    alpha = res["alpha"]
+    for i, r in enumerate(rows):
+        m = r["mean_change"]
+        if m is None:
+            continue
+        sig = r["significant"]
+        (bar,) = ax.bar(i, m, 0.6, color="tab:blue", edgecolor="black", linewidth=0.5,
+                        hatch=None if sig else HATCH, alpha=1.0 if sig else 0.55)
+        bar.set_gid(f"change:{r['bias_type']}")
+        ci = r.get("mean_change_ci")
+        if ci:
+            ax.errorbar(i, m, yerr=[[m - ci[0]], [ci[1] - m]], fmt="none", ecolor="black", elinewidth=0.9,
+                        capsize=4, gid=f"ci:{r['bias_type']}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x, [r["bias_type"] for r in rows])
+    ax.set_ylabel("mean change of log ppl(biased) − log ppl(counterf.)\n(A − B; > 0: A less stereotypical)",
+                  fontsize=9)
+    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
+                 fontsize=10)
+    lvl = f"{100 * (1 - alpha):g}%"
+    handles = [Patch(facecolor="tab:blue", edgecolor="black", linewidth=0.5,
+                     label=f"solid: significant ({res['correction']}-corrected paired t-test, p < {alpha:g})"),
+               Patch(facecolor="tab:blue", alpha=0.55, edgecolor="black", linewidth=0.5, hatch=HATCH,
+                     label="hatched: not significant"),
+               Patch(facecolor="white", edgecolor="white", label=f"error bar: {lvl} bootstrap CI (BCa) of the mean")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
