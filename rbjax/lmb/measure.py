@@ -430,6 +430,13 @@ def _short_label(name: str) -> str:
     return Path(name).name or name
 
 
+def _verdict(r: dict) -> str:
+    """"not significant" first for a non-significant t (its sign is no direction), else the direction or status."""
+    if r["t_value"] is None:
+        return r["status"]
+    return r["direction"] if r["significant"] else "not significant"
+
+
 def format_table(records: list[dict]) -> str:
     """A plain-text table of LMB results (one row per bias type)."""
     head = f"{'bias type':<10} {'split':<10} {'pairs':>5} {'kept':>5} {'t':>8} {'p':>10} {'sig':>4}  {'direction':<19} {'welch t':>8} {'ref t':>8} {'d':>6}"
@@ -439,11 +446,12 @@ def format_table(records: list[dict]) -> str:
         lines.append(
             f"{r['bias_type']:<10} {r['split']:<10} {r['n_pairs']:>5} {r['n_pairs_after_outliers']:>5} "
             f"{fmt(r['t_value'], '8.3f'):>8} {fmt(r['p_value'], '10.2e'):>10} {'*' if r['significant'] else '':>4}  "
-            f"{(r['direction'] or r['status']):<19} {fmt(r['welch']['t_value'], '8.3f'):>8} "
+            f"{_verdict(r):<19} {fmt(r['welch']['t_value'], '8.3f'):>8} "
             f"{fmt(r['reference']['t_value'], '8.3f'):>8} {fmt(r['cohens_d_paired'], '6.3f'):>6}")
     applied = {r["outlier_rule"]["applied"] for r in records}
     how = "after 3σ outlier-pair removal" if applied == {True} else (
         "no outlier removal (the released sets are already reduced)" if applied == {False} else "see outlier_rule")
-    lines.append(f"t < 0: the model prefers the stereotypical (biased) phrases; * p < alpha "
+    lines.append(f"t < 0: the model prefers the stereotypical (biased) phrases (direction named only when p < alpha); "
+                 f"* p < alpha "
                  f"(two-tailed paired t-test, {how}); 'welch' = Welch's t, 'ref t' = reference ttest_rel on unfiltered values")
     return "\n".join(lines)
