@@ -11,7 +11,8 @@ import importlib
 import sys
 
 #: subcommand modules, in the order shown by ``rbjax --help``
-COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
+COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate", "run", "report", "retrieve", "annotate",
+            "splits")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
