@@ -149,7 +149,7 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     tcrit = float(stats.t.ppf(1 - alpha / 2, df_min)) if df_min else float(stats.norm.ppf(1 - alpha / 2))
 
     fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2) if not legend_below else
-                 (max(8.0, 0.9 * len(types) * len(labels) ** 0.5 + 2.0), 4.2 + 0.22 * (len(labels) + 9) / 2))
+                 (max(10.0, 0.9 * len(types) * len(labels) ** 0.5 + 2.0), 4.2 + 0.22 * (len(labels) + 9) / 2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     width = 0.8 / len(labels)

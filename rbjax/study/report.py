@@ -228,8 +228,8 @@ def _figure1(data: dict):
                              "p_value": statistics.median(ps) if ps else None})
         series[f"{METHOD_NAMES.get(m, m)} (debiased per type)"] = recs
     return figure_lmb(series, title="Figure 1: LMB t per bias type (test split; mean over seeds, error bar = seed sd)",
-                      na_label="n/a: no model was debiased for this type (its values on this type: the cross-type "
-                               "tables), or t undefined", legend_below=True)
+                      na_label="n/a: no model was debiased for this type (see the cross-type tables)",
+                      legend_below=True)
 
 
 def _png(fig) -> bytes:
