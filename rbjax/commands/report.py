@@ -5,8 +5,11 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser(
         "report", help="rebuild report.md / report.html from finished study folders",
-        description="Read the stage results of one or more `rbjax run` folders (several: their seeds are pooled) and "
-                    "write report.md, report.html (self-contained, figures embedded) and figure1.png.")
+        description="Read the stage results of one or more `rbjax run` folders (several: their seeds are pooled; a "
+                    "stage found in two folders with the same key — a copied run — is counted once, with a message; "
+                    "folders with different baselines are refused) and write report.md, report.html (self-contained, "
+                    "figures embedded), figure1.png and comparisons.json (the paired tests behind every 'changed / "
+                    "did not change' statement). A study with unfinished stages says so at the top.")
     p.add_argument("folders", nargs="+", metavar="DIR", help="finished study folders")
     p.add_argument("--out", metavar="DIR", help="where to write the report (when not given: the first folder)")
     p.set_defaults(func=run)
@@ -19,5 +22,7 @@ def run(args) -> int:
 
     out = Path(args.out or args.folders[0])
     rep = write_report([Path(f) for f in args.folders], out)
-    print(f"wrote {rep['md']}, {rep['html']}, {rep['figure']}")
+    if rep["incomplete"]:
+        print("rbjax report: the study is incomplete (stages missing; listed at the top of the report)")
+    print(f"wrote {rep['md']}, {rep['html']}, {rep['figure']}, {rep['comparisons']}")
     return 0
