@@ -158,3 +158,22 @@ def test_runs_with_different_pairs_are_refused_with_the_reason(two_runs, tmp_pat
     assert not (tmp_path / "x" / "compare.json").exists()
     with pytest.raises(ValueError, match=r"bias type\(s\) \['gender'\] not measured by every run"):
         compare_models(a, two_runs / "b", bias_types=["gender"])
+
+
+def test_overshoot_is_a_significant_change_past_zero(tmp_path):
+    """Hand data through the whole per-type path: B stereotypical (e < 0), A significantly anti-stereotypical → an
+    overshoot, said in words; the same A against a B already on the anti-stereotypical side → no overshoot."""
+    from rbjax.lmb.compare import _overshoot, describe_change
+
+    ea = np.array([0.21, 0.35, 0.18, 0.40, 0.27, 0.33, 0.25, 0.30])
+    for eb, want in ((np.array([-0.10, -0.05, -0.12, 0.02, -0.08, -0.03, -0.06, -0.09]), "anti-stereotypical"),
+                     (np.array([0.10, 0.15, 0.02, 0.12, 0.08, 0.13, 0.06, 0.09]), None)):
+        r = paired_change(ea, eb, n_bootstrap=0)
+        p = sps.ttest_rel(ea, eb).pvalue
+        r.update(p_corrected={"ttest": {"bonferroni": p, "benjamini_hochberg": p, "n_tests": 1}}, significant=p < 0.05)
+        assert r["significant"] and sps.ttest_1samp(ea, 0).pvalue < 0.05
+        r["overshoot"] = _overshoot(r)
+        assert r["overshoot"] == want
+        text = describe_change(r, ("HD", "baseline"))
+        assert text.startswith("significant change towards the anti-stereotypical side")
+        assert ("overshoot: HD went past zero" in text) == (want is not None)

@@ -380,18 +380,15 @@ def _seed_spread(ea: list[np.ndarray], eb: list[np.ndarray]) -> dict:
 
 
 def _overshoot(r: dict) -> str | None:
-    """``"anti-stereotypical"`` when A changed significantly towards the anti-stereotypical side and, on the same
-    pairs, is itself significantly anti-stereotypical while B was not (the change carried it past zero);
-    ``"stereotypical"`` for the mirror case; else ``None``."""
-    if not r["significant"] or r["mean_change"] is None:
+    """``"anti-stereotypical"`` when the change carried A past zero into the anti-stereotypical direction: a
+    significant change towards the anti-stereotypical side (d > 0), A significantly anti-stereotypical on these pairs
+    (one-sample t-test of its per-pair effects, p < alpha), and B's mean effect on them at or below zero; else
+    ``None``."""
+    if not r["significant"] or r["mean_change"] is None or r["mean_change"] <= 0:
         return None
     ea, eb = r["effect_a"], r["effect_b"]
-    if r["mean_change"] > 0 and ea["significant"] and ea["direction"] == "anti-stereotypical" and not (
-            eb["significant"] and eb["direction"] == "anti-stereotypical"):
+    if ea["significant"] and ea["direction"] == "anti-stereotypical" and eb["mean"] is not None and eb["mean"] <= 0:
         return "anti-stereotypical"
-    if r["mean_change"] < 0 and ea["significant"] and ea["direction"] == "stereotypical" and not (
-            eb["significant"] and eb["direction"] == "stereotypical"):
-        return "stereotypical"
     return None
 
 
@@ -418,10 +415,8 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
            f"stereotypical than {b} ({size})"
     if r.get("overshoot") == "anti-stereotypical":
         text += (f"; overshoot: {a} went past zero and is now significantly anti-stereotypical on these pairs "
-                 f"(mean effect {_f(r['effect_a']['mean'], '+.4f')}, p = {_f(r['effect_a']['p_value'], '.2g')})")
-    elif r.get("overshoot") == "stereotypical":
-        text += (f"; {a} went past zero and is now significantly stereotypical on these pairs "
-                 f"(mean effect {_f(r['effect_a']['mean'], '+.4f')}, p = {_f(r['effect_a']['p_value'], '.2g')})")
+                 f"(mean effect {_f(r['effect_a']['mean'], '+.4f')}, p = {_f(r['effect_a']['p_value'], '.2g')}; "
+                 f"{b}: {_f(r['effect_b']['mean'], '+.4f')})")
     return text
 
 

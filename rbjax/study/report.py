@@ -343,8 +343,6 @@ def _short_verdict(r: dict) -> str:
     way = "less stereotypical" if r["mean_change"] > 0 else "more stereotypical"
     if r.get("overshoot") == "anti-stereotypical":
         return f"significant: {way}, overshoot past zero into the anti-stereotypical direction"
-    if r.get("overshoot") == "stereotypical":
-        return f"significant: {way}, past zero into the stereotypical direction"
     return f"significant: {way}"
 
 
@@ -631,8 +629,9 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
         "− e(baseline) on the pairs every run kept; d > 0: less stereotypical. Paired t-test on d (p corrected across "
         f"the types compared, Bonferroni; significant: p < {alpha:g}), Wilcoxon signed-rank p, the mean change with "
         "its bootstrap CI, the share of pairs whose sign of e flipped, and the seed spread of the mean change. "
-        "Overshoot: a significant change past zero, the debiased model significantly anti-stereotypical on the same "
-        "pairs where the baseline was not. A change of t-values is not a test and is not used.")
+        "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
+        "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
+        "zero. A change of t-values is not a test and is not used.")
     mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A is "
                  "less stereotypical than B); one type per comparison, so no correction.")
     over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
