@@ -353,7 +353,7 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
     before = {r["bias_type"]: r for r in json.loads((tiny_study / "baseline/lmb_test/lmb.json").read_text())}
     after = {r["bias_type"]: r for r in json.loads((tiny_study / "seed42/religion1/hd/lmb_test/lmb.json").read_text())}
     comp = json.loads((out / "evidence" / "compare.json").read_text())
-    from rbjax.lmb.compare import compare_runs
+    from rbjax.lmb.compare import compare_runs, fmt_change
 
     ref = compare_runs(tiny_study / "seed42/religion1/hd/lmb_test", tiny_study / "baseline/lmb_test")
     for t in before:
@@ -362,7 +362,7 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
         assert f"t = {after[t]['t_value']:.2f}, p = {after[t]['p_value']:.2g}" in line.split("|")[3]
         c = next(r for r in comp["types"] if r["bias_type"] == t)
         r = next(r for r in ref["types"] if r["bias_type"] == t)
-        assert c["mean_change"] == pytest.approx(r["mean_change"]) and f"{r['mean_change']:+.4f}" in line
+        assert c["mean_change"] == pytest.approx(r["mean_change"]) and fmt_change(r["mean_change"]) in line
         assert line.split("|")[6].strip().startswith("significant" if r["significant"] else "not significant")
     # dialog checks of the model and of the base model
     lmp = json.loads((tiny_study / "seed42/religion1/hd/dialog/lmp.json").read_text())["metrics"]["perplexity"]

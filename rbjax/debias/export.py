@@ -207,6 +207,7 @@ def model_card(n: dict, license: str) -> str:
     """The model card (``README.md``) of an export: :func:`export_model`'s numbers ``n`` as text, with the Hugging Face
     metadata block as YAML front matter."""
     from rbjax import __version__
+    from rbjax.lmb.compare import fmt_change
     from rbjax.study.report import DIALOG_COLUMNS, _dig
 
     method, bt = n["method"], n["bias_type"]
@@ -279,7 +280,7 @@ def model_card(n: dict, license: str) -> str:
                 ch = pc = verdict = "n/a"
             else:
                 ci = c.get("mean_change_ci")
-                ch = _f(c["mean_change"], "+.4f") + ("" if not ci else f" [{_f(ci[0], '+.4f')}, {_f(ci[1], '+.4f')}]")
+                ch = fmt_change(c["mean_change"]) + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
                 pc = _f(c["p_corrected"]["ttest"]["bonferroni"], ".2g")
                 verdict = c["verdict"].split(":")[0].split(" (")[0]
                 if c.get("overshoot") == "anti-stereotypical":

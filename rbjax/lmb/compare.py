@@ -396,13 +396,21 @@ def _f(x, f=".3g"):
     return "n/a" if x is None else format(x, f)
 
 
+def fmt_change(x, sign: bool = True) -> str:
+    """A log-perplexity effect or change as text: 4 decimals, or 2 significant digits below 0.001 (never a bare
+    "-0.0000" that hides the size and the sign)."""
+    if x is None:
+        return "n/a"
+    return format(x, ("+" if sign else "") + (".4f" if abs(x) >= 1e-3 or x == 0 else ".1e"))
+
+
 def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
     """One sentence for a per-type comparison: "not significant" first when it is not, then the size; a significant
     change names its direction, and an overshoot says so in words."""
     a, b = labels
     ci = r.get("mean_change_ci")
-    size = (f"mean change {_f(r['mean_change'], '+.4f')}"
-            + ("" if not ci else f" [{_f(ci[0], '+.4f')}, {_f(ci[1], '+.4f')}]")
+    size = (f"mean change {fmt_change(r['mean_change'])}"
+            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
             + f", t = {_f(r['ttest']['t_value'], '.2f')}, p = {_f(r['ttest']['p_value'], '.2g')} "
               f"({r['p_corrected']['ttest']['n_tests']} types, {CORRECTION} p = "
               f"{_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), {r['n_pairs']} pairs")
@@ -415,8 +423,8 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
            f"stereotypical than {b} ({size})"
     if r.get("overshoot") == "anti-stereotypical":
         text += (f"; overshoot: {a} went past zero and is now significantly anti-stereotypical on these pairs "
-                 f"(mean effect {_f(r['effect_a']['mean'], '+.4f')}, p = {_f(r['effect_a']['p_value'], '.2g')}; "
-                 f"{b}: {_f(r['effect_b']['mean'], '+.4f')})")
+                 f"(mean effect {fmt_change(r['effect_a']['mean'])}, p = {_f(r['effect_a']['p_value'], '.2g')}; "
+                 f"{b}: {fmt_change(r['effect_b']['mean'])})")
     return text
 
 
@@ -488,8 +496,8 @@ def format_comparison(res: dict) -> str:
              res["change"], "", head, "-" * len(head)]
     for r in res["types"]:
         ci = r["mean_change_ci"]
-        cis = "n/a" if not ci else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
-        lines.append(f"{r['bias_type']:<10} {r['n_pairs']:>5} {_f(r['mean_change'], '+.4f'):>12} {cis:>21} "
+        cis = "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]"
+        lines.append(f"{r['bias_type']:<10} {r['n_pairs']:>5} {fmt_change(r['mean_change']):>12} {cis:>21} "
                      f"{_f(r['ttest']['t_value'], '.2f'):>7} {_f(r['ttest']['p_value'], '.2e'):>9} "
                      f"{_f(r['p_corrected']['ttest']['bonferroni'], '.2e'):>9} "
                      f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")

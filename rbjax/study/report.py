@@ -37,6 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rbjax.lmb.compare import fmt_change
 from rbjax.report.io import read_json
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
@@ -350,10 +351,10 @@ def _change_cells(r: dict) -> list[str]:
     ci = r.get("mean_change_ci")
     sp = r["seeds"]
     spread = ("one seed" if sp["per_seed_mean_change"] is None else
-              f"{_fmt(sp['sd'], '.4f')} ({', '.join(_fmt(x, '+.4f') for x in sp['per_seed_mean_change'])})")
+              f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
     pc = r["p_corrected"]["ttest"]
-    return [str(r["n_pairs"]), _fmt(r["mean_change"], "+.4f"),
-            "n/a" if not ci else f"[{_fmt(ci[0], '+.4f')}, {_fmt(ci[1], '+.4f')}]",
+    return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
+            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]",
             _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
             _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
 
@@ -631,7 +632,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
         "its bootstrap CI, the share of pairs whose sign of e flipped, and the seed spread of the mean change. "
         "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
         "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
-        "zero. A change of t-values is not a test and is not used.")
+        "zero. A change of t-values is not a test and is not used. The test takes the seeds' models as given (their "
+        "per-pair effects averaged): it says whether these models differ from the baseline on these pairs; whether a "
+        "method's effect holds across training seeds is what the seed spread beside it shows (per-seed mean "
+        "changes of opposite signs: not reproducible across seeds).")
     mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A is "
                  "less stereotypical than B); one type per comparison, so no correction.")
     over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
