@@ -326,7 +326,7 @@ def _front_matter(card: str) -> dict:
 
 
 def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_study, tmp_path, capsys):
-    from rbjax.report.io import sha256_file
+    from rbjax.core.io import sha256_file
 
     out = tmp_path / "hd"
     assert main(["export", str(tiny_study / "seed42/religion1/hd"), "--out", str(out), "--license", "mit"]) == 0

@@ -1,10 +1,13 @@
 """``rbjax compare A B --out DIR``: did the bias change? A paired comparison of two measured models on the same pairs."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from rbjax.commands import CLIError, HelpFormatter
+from rbjax.lmb.compare import compare_models, format_comparison
+
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
-
     p = sub.add_parser(
         "compare", help="paired comparison of two 'rbjax measure' results on the same pairs (did debiasing work?)",
         description="Per bias type, the per-pair change d = [log ppl(biased) − log ppl(counterfactual)] under A minus "
@@ -31,11 +34,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from rbjax.cli import CLIError
-    from rbjax.lmb.compare import compare_models, format_comparison
-
     labels = tuple(x.strip() for x in args.labels.split(","))
     if len(labels) != 2 or not all(labels):
         raise CLIError(f"--labels {args.labels!r}: expected two names, LABEL_A,LABEL_B")

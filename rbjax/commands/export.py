@@ -1,10 +1,11 @@
 """``rbjax export RUN --out DIR``: a finished debiased model as a release-ready HF folder with its model card."""
 from __future__ import annotations
 
+from rbjax.commands import HelpFormatter
+from rbjax.study.export import export_model
+
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
-
     p = sub.add_parser(
         "export", help="export a finished debiasing run (or a sweep's selected point) as an HF folder with a model card",
         description="Copies the run's HF model folder to OUT and writes OUT/README.md, the model card (Hugging Face "
@@ -31,8 +32,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rbjax.debias.export import export_model
-
     res = export_model(args.run, args.out, rule=args.rule, baseline=args.baseline, after=args.after,
                        license=args.license, overwrite=args.overwrite)
     n = res["numbers"]

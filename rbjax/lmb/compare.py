@@ -38,7 +38,8 @@ from scipy import stats as sps
 
 from rbjax.lmb import stats
 from rbjax.lmb.measure import CSV_HEADER, STATE_FILE, pairs_digest
-from rbjax.report.io import read_json
+from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
            "describe_change", "format_comparison", "write_comparison"]
@@ -111,8 +112,6 @@ def load_run(folder: str | os.PathLike) -> dict[str, MeasuredType]:
         FileNotFoundError: no ``lmb.json`` or a missing CSV. ValueError: a damaged file (file and line named), or a
         CSV that does not hold the pairs its record counts.
     """
-    from rbjax.report.plot import load_results
-
     f = Path(folder)
     if f.is_file() and f.name == "lmb.json":
         f = f.parent
@@ -453,8 +452,6 @@ def json_ready(res: dict) -> dict:
 def write_comparison(res: dict, out_dir: str | os.PathLike, plot: bool = True) -> dict:
     """Write ``compare.json``, ``compare.csv``, ``<type>_changes.csv`` (per pair: phrases, both effects, the change)
     and ``compare.png`` into ``out_dir`` (atomically). Returns the paths written."""
-    from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
-
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
@@ -467,9 +464,6 @@ def write_comparison(res: dict, out_dir: str | os.PathLike, plot: bool = True) -
                           for i, bp, cp, x, y in zip(p["index"], p["biased"], p["counterfactual"], p["effect_a"],
                                                      p["effect_b"])])
     if plot:
-        from rbjax.report.io import atomic_file
-        from rbjax.report.plot import figure_changes
-
         fig = figure_changes(res)
         with atomic_file(out / "compare.png", "wb") as f:
             fig.savefig(f, format="png", dpi=150, bbox_inches="tight")

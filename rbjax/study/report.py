@@ -29,6 +29,7 @@ same stage in two folders — a copied run — is counted once). Methods appear 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import json
@@ -37,8 +38,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rbjax.lmb.compare import fmt_change
-from rbjax.report.io import read_json
+from rbjax.core.io import atomic_file, atomic_write_json, atomic_write_text, read_json
+from rbjax.core.log import say
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.sweep import PAPER_GRID
+from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
+from rbjax.lmb.plot import figure_lmb
+from rbjax.specs import BIAS_TYPES
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
 
@@ -69,17 +75,9 @@ def _dig(d, path):
 
 
 def _planned_stages(st: dict) -> list[str] | None:
-    """The stage names a study folder planned: recorded in ``study.json`` by ``rbjax run``; for folders written
-    before that, rebuilt from its recorded config (``None`` when that fails)."""
-    if isinstance(st.get("stages"), list):
-        return [str(x) for x in st["stages"]]
-    try:
-        from rbjax.study.config import StudyConfig
-        from rbjax.study.run import plan_study
-
-        return [x.name for x in plan_study(StudyConfig(st["config"], Path(st["file"])), Path(st["folder"]), False)]
-    except Exception:  # noqa: BLE001 (an old or damaged study.json: completeness is then unknown, and said so)
-        return None
+    """The stage names a study folder planned, as ``rbjax run`` records them in ``study.json`` (``None`` for a
+    folder written before it did: completeness is then unknown, and the report says so)."""
+    return [str(x) for x in st["stages"]] if isinstance(st.get("stages"), list) else None
 
 
 def collect(folders: list[Path]) -> dict:
@@ -214,7 +212,6 @@ def _debiased(data: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------- figure
 def _figure1(data: dict):
-    from rbjax.report.plot import figure_lmb
 
     types = _types(data)
     series = {"baseline": data["baseline"]["lmb"]}
@@ -292,8 +289,6 @@ def _comparisons(data: dict) -> dict:
         result | {"error": why}}}``: each debiased model (its seeds averaged per pair) against the baseline on every
         measured type (corrected across those types); each pair of methods debiased for a type, on that type.
     """
-    from rbjax.lmb.compare import compare_runs, load_run
-
     cache: dict[str, dict] = {}
 
     def run(folder: Path):
@@ -489,12 +484,6 @@ DIALOG_CUTS = ("lmp_max_lines", "max_steps", "max_examples", "max_new_tokens", "
 
 def _cutdowns(raw: dict) -> list[str]:
     """The settings of a study file (``study.json``'s ``config``) that cut it down from the paper's §5 study."""
-    import dataclasses
-
-    from rbjax.debias.config import TrainConfig
-    from rbjax.debias.sweep import PAPER_GRID
-    from rbjax.specs import BIAS_TYPES
-
     out = []
     study, training = raw.get("study") or {}, raw.get("training") or {}
     sweep, measure, dialog = raw.get("sweep") or {}, raw.get("measure") or {}, raw.get("dialog") or {}
@@ -554,19 +543,12 @@ def _html_table(head, rows) -> str:
 
 
 def _incomplete(data: dict) -> list[str]:
-    """One line per folder whose study did not finish (its missing stages), or whose plan is unknown."""
-    out = []
-    for folder, missing in data["missing"].items():
-        if missing is None:
-            out.append(f"{folder}: the planned stages are not recorded, so completeness cannot be checked")
-        elif missing:
-            out.append(f"{folder}: {len(missing)} stage(s) did not finish: {', '.join(missing)}")
-    return out
+    """One line per folder whose study did not finish (its missing stages)."""
+    return [f"{folder}: {len(missing)} stage(s) did not finish: {', '.join(missing)}"
+            for folder, missing in data["missing"].items() if missing]
 
 
 def _comparisons_json(comp: dict) -> dict:
-    from rbjax.lmb.compare import json_ready
-
     def ready(res):
         return res if "error" in res else json_ready(res)
 
@@ -588,15 +570,12 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
         FileNotFoundError: a folder that is not a study with a measured baseline (see :func:`collect`).
         ValueError: folders with different baselines.
     """
-    import sys
-
-    from rbjax.report.io import atomic_file, atomic_write_json, atomic_write_text
 
     folders = [Path(f) for f in folders]
     out = Path(out_dir)
     data = collect(folders)
     for msg in data["duplicates"]:
-        print(f"rbjax report: {msg}", file=sys.stderr)
+        say("report", msg)
     fig = _figure1(data)
     png = _png(fig)
     with atomic_file(out / "figure1.png", "wb") as f:
@@ -622,6 +601,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
              f"Seeds pooled: {len(seeds)} ({', '.join(seeds) if seeds else 'none'}).")
     if data["duplicates"]:
         intro += f" Counted once: {len(data['duplicates'])} stage(s) found in more than one folder (see below)."
+    unknown = [f for f, m in data["missing"].items() if m is None]
+    if unknown:
+        intro += (f" Completeness not checked for {', '.join(unknown)}: its study.json predates the record of the "
+                  "planned stages (rerun `rbjax run` with the same study file: finished stages are skipped).")
     warn = ("INCOMPLETE STUDY: not every planned stage finished; every table below holds only the finished stages, "
             "and a missing model is absent, not a result.") if incomplete else ""
     change_intro = (

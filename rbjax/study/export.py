@@ -25,7 +25,11 @@ import os
 import shutil
 from pathlib import Path
 
-from rbjax.report.io import read_json
+from rbjax import __version__
+from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
+from rbjax.core.keys import file_digest
+from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.study.report import DIALOG_COLUMNS, _dig
 
 __all__ = ["resolve_run", "export_model", "model_card"]
 
@@ -146,9 +150,6 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
     res, cfg = info["results"], info["config"]
     c = res.get("config") or {}
     mf, study = info["method_folder"], info["study"]
-    from rbjax.lmb.compare import json_ready
-    from rbjax.report.provenance import file_digest
-
     data = cfg.get("data") or {}
     files = {}
     for f in data.get("files") or []:
@@ -206,10 +207,6 @@ def _lmb_cell(r: dict | None) -> str:
 def model_card(n: dict, license: str) -> str:
     """The model card (``README.md``) of an export: :func:`export_model`'s numbers ``n`` as text, with the Hugging Face
     metadata block as YAML front matter."""
-    from rbjax import __version__
-    from rbjax.lmb.compare import fmt_change
-    from rbjax.study.report import DIALOG_COLUMNS, _dig
-
     method, bt = n["method"], n["bias_type"]
     base = n["base_model"] or "unknown"
     tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", "gpt2", f"debiasing-{method}", f"bias-{bt}"]
@@ -348,9 +345,6 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, *, rule: st
         FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty;
         :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs.
     """
-    from rbjax.lmb.compare import compare_runs, write_comparison
-    from rbjax.report.io import atomic_write_json, atomic_write_text, sha256_file
-
     info = resolve_run(run, rule)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
