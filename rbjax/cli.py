@@ -17,7 +17,8 @@ from rbjax.core.distributed import initialize, requested
 from rbjax.core.errors import SettingError
 
 #: subcommand modules, in the order shown by ``rbjax --help``
-COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
+COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate", "run", "report", "retrieve", "annotate",
+            "splits")
 
 
 class SubParser(argparse.ArgumentParser):

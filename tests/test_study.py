@@ -77,8 +77,9 @@ def test_report_numbers_equal_the_stage_files(tiny_study):
     # the selected grid points are those of each sweep's selection.json
     sel_head, sel_rows = rep["tables"]["selections"]
     assert len(sel_rows) == 6  # lmd, add, hd × 2 seeds (CDA has no grid)
+    assert [r[0] for r in sel_rows] == ["LMD", "LMD", "ADD", "ADD", "HD", "HD"]  # LMD, ADD, HD, CDA everywhere
     for row in sel_rows:
-        method, seed = row[0], row[2]
+        method, seed = row[0].lower(), row[2]
         chosen = json.loads((out / f"seed{seed}/religion1/{method}/sweep/selection.json").read_text())["default"]
         assert row[sel_head.index("λ_D")] == f"{chosen['point']['lambda_d']:g}"
         assert row[sel_head.index("dev t")] == f"{chosen['dev']['t_value']:.2f}"
@@ -181,3 +182,212 @@ def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
     res = check(tiny_study / "report.html", tmp_path / "shot.png")
     assert res["ok"], res
     assert res["tables"] >= 7 and res["images"] == 1
+
+
+# ------------------------------------------------------------------ the report's comparisons are paired tests
+def _effects(folder, bias_type):
+    import csv
+    import math
+
+    import numpy as np
+
+    with open(Path(folder) / f"{bias_type}_perplexities.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    e = np.array([math.log(float(r["biased_ppl"])) - math.log(float(r["counterfactual_ppl"])) for r in rows])
+    return e, np.array([r["outlier"] == "false" for r in rows])
+
+
+def test_report_changes_are_paired_tests_on_the_same_pairs(tiny_study, tmp_path):
+    """Every "changed from the baseline" and "method vs method" row is the paired test on the same pairs, the seeds
+    averaged per pair (values recomputed here with scipy from the stages' CSVs); the Δt wording is gone; a verdict
+    says "not significant" first; overshoots are the comparisons' overshoots."""
+    import numpy as np
+    from scipy import stats as sps
+
+    from rbjax.study.report import write_report
+
+    out = tiny_study
+    rep = write_report([out], tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Δt" not in md and "seed noise" not in md and "## Change from the baseline" in md
+    comp = json.loads((tmp_path / "r" / "comparisons.json").read_text())
+    head, rows = rep["tables"]["change"]
+    types = [r["bias_type"] for r in json.loads((out / "baseline/lmb_test/lmb.json").read_text())]
+    assert len(rows) == 4 * len(types)  # 4 methods × every measured type
+    eb, kb = zip(*[_effects(out / "baseline/lmb_test", t) for t in types])
+    for m in ("lmd", "hd"):
+        res = next(c for c in comp["vs_baseline"] if c["method"] == m)
+        ps = []
+        for i, t in enumerate(types):
+            e42, k42 = _effects(out / f"seed42/religion1/{m}/lmb_test", t)
+            e43, k43 = _effects(out / f"seed43/religion1/{m}/lmb_test", t)
+            keep = k42 & k43 & kb[i]
+            ea = (e42[keep] + e43[keep]) / 2
+            ref = sps.ttest_rel(ea, eb[i][keep])
+            r = next(x for x in res["types"] if x["bias_type"] == t)
+            assert r["n_pairs"] == int(keep.sum())
+            assert r["ttest"]["t_value"] == pytest.approx(ref.statistic, rel=1e-9)
+            assert r["mean_change"] == pytest.approx(np.mean(ea - eb[i][keep]), rel=1e-9)
+            assert r["wilcoxon"]["p_value"] == pytest.approx(sps.wilcoxon(ea - eb[i][keep]).pvalue, rel=1e-9)
+            assert r["seeds"]["per_seed_mean_change"] == pytest.approx(
+                [np.mean(e42[keep] - eb[i][keep]), np.mean(e43[keep] - eb[i][keep])], rel=1e-9)
+            ps.append(ref.pvalue)
+            row = next(x for x in rows if x[1] == m.upper() and x[3] == t)
+            assert row[head.index("t")] == f"{ref.statistic:.2f}"
+        for r, p in zip(res["types"], ps):  # Bonferroni across the measured types
+            assert r["p_corrected"]["ttest"]["bonferroni"] == pytest.approx(min(1.0, p * len(types)), rel=1e-9)
+    for row in rows:
+        r = next(x for c in comp["vs_baseline"] if c["method"].upper() == row[1] for x in c["types"]
+                 if x["bias_type"] == row[3])
+        assert row[0].startswith("significant" if r["significant"] else "not significant"), row
+    over = [f"{c['method']}:{r['bias_type']}" for c in comp["vs_baseline"] for r in c["types"]
+            if r["overshoot"] == "anti-stereotypical"]
+    assert len(rep["tables"]["overshoots"]) == len(over)
+    # method vs method: the 6 pairs of LMD, ADD, HD, CDA on religion1, in that order
+    mh, mrows = rep["tables"]["method_vs_method"]
+    assert [(r[1], r[2]) for r in mrows] == [("LMD", "ADD"), ("LMD", "HD"), ("LMD", "CDA"), ("ADD", "HD"),
+                                             ("ADD", "CDA"), ("HD", "CDA")]
+    ea, ka = zip(*[_effects(out / f"seed{s}/religion1/hd/lmb_test", "religion1") for s in (42, 43)])
+    ec, kc = zip(*[_effects(out / f"seed{s}/religion1/cda/lmb_test", "religion1") for s in (42, 43)])
+    keep = ka[0] & ka[1] & kc[0] & kc[1]
+    ref = sps.ttest_rel((ea[0][keep] + ea[1][keep]) / 2, (ec[0][keep] + ec[1][keep]) / 2)
+    assert mrows[-1][mh.index("t")] == f"{ref.statistic:.2f}"
+
+
+def test_report_cut_downs_order_and_figure(tiny_study, tmp_path):
+    """The data notes name every cut-down setting of the tiny study; Figure 1's n/a says what it means, its stars sit
+    beyond the error-bar caps and its legend lies under the plot."""
+    from rbjax.study.report import _cell, _figure1, collect, write_report
+
+    rep = write_report([tiny_study], tmp_path / "r")
+    notes = "\n".join(rep["tables"]["notes"])
+    for want in ("max_steps = 2", "first 48 valid pairs", "reduced grid: batch_size [4] (paper [4, 8, 16])",
+                 "lambda_d [10.0, 100.0]", "debiased only for religion1", "random GPT-2",
+                 "LMP cut down: lmp_max_lines = 64", "DST cut down: max_steps = 2, max_examples = 24",
+                 "CRG cut down: max_examples = 4, max_new_tokens = 8"):
+        assert want in notes, want
+    assert rep["incomplete"] == [] and "INCOMPLETE" not in (tmp_path / "r" / "report.md").read_text()
+    fig = _figure1(collect([tiny_study]))
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert texts[:5] == ["baseline", "LMD (debiased per type)", "ADD (debiased per type)", "HD (debiased per type)",
+                         "CDA (debiased per type)"]
+    assert any(t.startswith("n/a: no model was debiased for this type") for t in texts)
+    assert not any("type not measured" in t for t in texts)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(r).y1 <= ax.get_window_extent(r).y0  # under the axes
+    data = collect([tiny_study])
+    checked = 0
+    for star in (a for a in ax.texts if (a.get_gid() or "").startswith("star:")):
+        _, label, bt = star.get_gid().split(":")
+        if label == "baseline":
+            continue
+        c = _cell(data, label.split()[0].lower(), bt, bt)
+        t, sd = c["t"]["mean"], c["t"]["sd"] or 0.0
+        assert star.xy[1] == pytest.approx(t + (sd if t > 0 else -sd))  # the error bar's end, not the bar's
+        checked += sd > 0
+    assert checked, "no starred bar with a seed spread in the tiny study"
+
+
+def test_report_of_a_copied_run_counts_it_once_and_of_an_incomplete_study_says_so(tiny_study, tmp_path, capsys):
+    from rbjax.study.report import write_report
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_study, copy)
+    rep = write_report([tiny_study, copy], tmp_path / "both")
+    assert len(rep["duplicates"]) == 8  # 4 methods × 2 seeds, each counted once
+    assert "Seeds pooled: 2 " in (tmp_path / "both" / "report.md").read_text()
+    assert "counted once" in capsys.readouterr().err
+    single = write_report([tiny_study], tmp_path / "one")
+    assert rep["tables"]["cross"] == single["tables"]["cross"]  # the spread is that of 2 seeds, not 4
+    # a stage that did not finish: said at the top, listed
+    st = json.loads((copy / "stages.json").read_text())
+    del st["stages"]["seed43/religion1/cda/lmb_test"]
+    (copy / "stages.json").write_text(json.dumps(st))
+    shutil.rmtree(copy / "seed43/religion1/cda/lmb_test")
+    assert main(["report", str(copy), "--out", str(tmp_path / "inc")]) == 0
+    md = (tmp_path / "inc" / "report.md").read_text()
+    top = md.split("## Figure 1")[0]
+    assert "INCOMPLETE STUDY" in top and "seed43/religion1/cda/lmb_test" in top
+    # another baseline cannot be pooled
+    st["stages"]["baseline/lmb_test"]["key"] = "0" * 64
+    (copy / "stages.json").write_text(json.dumps(st))
+    assert main(["report", str(tiny_study), str(copy), "--out", str(tmp_path / "x")]) == 1
+    assert "its baseline (baseline/lmb_test) is not the one of" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ release-ready models
+def _front_matter(card: str) -> dict:
+    import yaml
+
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_study, tmp_path, capsys):
+    from rbjax.core.io import sha256_file
+
+    out = tmp_path / "hd"
+    assert main(["export", str(tiny_study / "seed42/religion1/hd"), "--out", str(out), "--license", "mit"]) == 0
+    capsys.readouterr()
+    run = tiny_study / "seed42/religion1/hd/sweep/selected_default"
+    for f in (run / "model").iterdir():  # the model files, byte for byte
+        assert sha256_file(out / f.name) == sha256_file(f)
+    card = (out / "README.md").read_text()
+    meta = _front_matter(card)
+    assert meta["license"] == "mit" and meta["library_name"] == "transformers"
+    assert {"debiasing-hd", "bias-religion1", "rbjax"} <= set(meta["tags"])
+    assert "base_model" not in meta  # a local random model is no hub id: named in the text instead
+    assert "random GPT-2" in card
+    # the grid point and rule of selection.json
+    sel = json.loads((tiny_study / "seed42/religion1/hd/sweep/selection.json").read_text())["default"]
+    assert sel["rule"] in card and f"t = {sel['dev']['t_value']:.2f}" in card
+    assert f"| {sel['point']['batch_size']} | {sel['point']['grad_accum']} | {sel['point']['lambda_lm']:g} | " \
+           f"{sel['point']['lambda_d']:g} |" in card
+    # training data with its sha256
+    cfg = json.loads((run / "config.json").read_text())
+    for f in cfg["data"]["files"]:
+        assert f"`{f}`: sha256 `{sha256_file(f)}`" in card
+    # LMB before (study baseline) and after (the method's lmb_test) on every type, and the paired change
+    before = {r["bias_type"]: r for r in json.loads((tiny_study / "baseline/lmb_test/lmb.json").read_text())}
+    after = {r["bias_type"]: r for r in json.loads((tiny_study / "seed42/religion1/hd/lmb_test/lmb.json").read_text())}
+    comp = json.loads((out / "evidence" / "compare.json").read_text())
+    from rbjax.lmb.compare import compare_runs, fmt_change
+
+    ref = compare_runs(tiny_study / "seed42/religion1/hd/lmb_test", tiny_study / "baseline/lmb_test")
+    for t in before:
+        line = next(ln for ln in card.splitlines() if ln.startswith(f"| {t}"))
+        assert f"t = {before[t]['t_value']:.2f}, p = {before[t]['p_value']:.2g}" in line.split("|")[2]
+        assert f"t = {after[t]['t_value']:.2f}, p = {after[t]['p_value']:.2g}" in line.split("|")[3]
+        c = next(r for r in comp["types"] if r["bias_type"] == t)
+        r = next(r for r in ref["types"] if r["bias_type"] == t)
+        assert c["mean_change"] == pytest.approx(r["mean_change"]) and fmt_change(r["mean_change"]) in line
+        assert line.split("|")[6].strip().startswith("significant" if r["significant"] else "not significant")
+    # dialog checks of the model and of the base model
+    lmp = json.loads((tiny_study / "seed42/religion1/hd/dialog/lmp.json").read_text())["metrics"]["perplexity"]
+    base_lmp = json.loads((tiny_study / "baseline/dialog/lmp.json").read_text())["metrics"]["perplexity"]
+    assert f"| this model | {lmp:.3f} |" in card and f"| base model | {base_lmp:.3f} |" in card
+    numbers = json.loads((out / "export.json").read_text())
+    assert numbers["lmb_after"]["records"] == list(after.values())
+    assert "max_steps = 2" in card and "rbjax 0.1.0" in card
+    # a non-empty --out is refused
+    assert main(["export", str(tiny_study / "seed42/religion1/hd"), "--out", str(out)]) == 1
+    assert "is not an empty folder" in capsys.readouterr().err
+
+
+def test_export_of_a_single_run_and_a_sweeps_other_rule(tiny_study, tmp_path, capsys):
+    # CDA: one run (no grid)
+    assert main(["export", str(tiny_study / "seed43/religion1/cda/run"), "--out", str(tmp_path / "cda")]) == 0
+    card = (tmp_path / "cda" / "README.md").read_text()
+    assert "No grid: one run" in card and "CDA — counterfactual data augmentation" in card
+    assert _front_matter(card)["license"] == "other"
+    # the sweep's point of the other rule: only if it was retrained; else a clear error
+    sweep = tiny_study / "seed42/religion1/lmd/sweep"
+    code = main(["export", str(sweep), "--rule", "reference", "--out", str(tmp_path / "ref")])
+    if (sweep / "selected_reference").is_dir():
+        assert code == 0
+    else:
+        assert code == 1 and "was not retrained and exported" in capsys.readouterr().err
+    assert main(["export", str(tiny_study / "baseline"), "--out", str(tmp_path / "no")]) == 1
+    assert "not a debiasing run" in capsys.readouterr().err

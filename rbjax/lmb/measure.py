@@ -14,7 +14,7 @@ import numpy as np
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, files_key
+from rbjax.core.keys import canonical, describe_difference, digest, files_key
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
@@ -372,6 +372,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
                                        seed=seed, remove_outliers=outlier_removal)
             rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
+                   "inputs": record_inputs(key, pairs),
                    "n_pairs_unscorable": int((~keep).sum()),
                    "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
                    "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta,
@@ -415,10 +416,38 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     return records
 
 
+def pairs_digest(biased: Sequence[str], counterfactual: Sequence[str]) -> str:
+    """sha256 of a type's pair list (every biased phrase and its counterfactual, in order): two runs scored the same
+    pairs exactly when their digests are equal."""
+    return digest([list(biased), list(counterfactual)])
+
+
+def record_inputs(key: dict, pairs: PhrasePairs) -> dict:
+    """The ``inputs`` block of an ``lmb.json`` record: what the pairs and their scoring were made of, by content.
+
+    ``{"data_files": {file name: sha256}, "pairs_sha256": ..., "tokenizer": {file: sha256} | {"source": id} | None,
+    "model": {file: sha256} | None, "bos": bool, "skip_unscorable": bool, "precision": ...}`` (``model`` and
+    ``tokenizer`` are ``None`` for stored perplexities). :mod:`rbjax.lmb.compare` refuses to compare runs whose
+    pairs or tokenization differ on these; a model card names the model files by them.
+    """
+    m = key["model"]
+    stored = m.get("stored_perplexities") is True
+    return {"data_files": key["data"], "pairs_sha256": pairs_digest(pairs.biased, pairs.counterfactual),
+            "tokenizer": None if stored else m.get("tokenizer"), "model": None if stored else m.get("model"),
+            "bos": key["bos"], "skip_unscorable": key["skip_unscorable"], "precision": key["precision"]}
+
+
 def _short_label(name: str) -> str:
     if name == STORED_LABEL:
         return "stored perplexities"
     return Path(name).name or name
+
+
+def _verdict(r: dict) -> str:
+    """"not significant" first for a non-significant t (its sign is no direction), else the direction or status."""
+    if r["t_value"] is None:
+        return r["status"]
+    return r["direction"] if r["significant"] else "not significant"
 
 
 def format_table(records: list[dict]) -> str:
@@ -430,11 +459,12 @@ def format_table(records: list[dict]) -> str:
         lines.append(
             f"{r['bias_type']:<10} {r['split']:<10} {r['n_pairs']:>5} {r['n_pairs_after_outliers']:>5} "
             f"{fmt(r['t_value'], '8.3f'):>8} {fmt(r['p_value'], '10.2e'):>10} {'*' if r['significant'] else '':>4}  "
-            f"{(r['direction'] or r['status']):<19} {fmt(r['welch']['t_value'], '8.3f'):>8} "
+            f"{_verdict(r):<19} {fmt(r['welch']['t_value'], '8.3f'):>8} "
             f"{fmt(r['reference']['t_value'], '8.3f'):>8} {fmt(r['cohens_d_paired'], '6.3f'):>6}")
     applied = {r["outlier_rule"]["applied"] for r in records}
     how = "after 3σ outlier-pair removal" if applied == {True} else (
         "no outlier removal (the released sets are already reduced)" if applied == {False} else "see outlier_rule")
-    lines.append(f"t < 0: the model prefers the stereotypical (biased) phrases; * p < alpha "
+    lines.append(f"t < 0: the model prefers the stereotypical (biased) phrases (direction named only when p < alpha); "
+                 f"* p < alpha "
                  f"(two-tailed paired t-test, {how}); 'welch' = Welch's t, 'ref t' = reference ttest_rel on unfiltered values")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_file
 from rbjax.specs import BIAS_TYPES
 
-__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "FORMATS"]
+__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "figure_changes", "FORMATS"]
 
 #: output formats by file suffix
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
@@ -107,8 +107,11 @@ def _alpha(results: dict[str, list[dict]], alpha: float | None) -> float:
     return float(found.pop()) if found else 0.05
 
 
+NA_LABEL = "n/a: type not measured, or t undefined (see status)"
+
+
 def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title: str | None = None,
-               allow_mixed: bool = False):
+               allow_mixed: bool = False, na_label: str = NA_LABEL, legend_below: bool = False):
     """Build the t-value bar chart: one group per bias type, one bar per series (result folder).
 
     Args:
@@ -117,6 +120,9 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
             ``settings.alpha`` (0.05 if absent).
         title: axes title (default: a description of the test).
         allow_mixed: plot series from different splits or outlier handling together instead of refusing.
+        na_label: what an "n/a" mark means, in the legend (the study report: no model was debiased for the type).
+        legend_below: the legend under the axes in two columns (a wide figure stays readable when scaled to a
+            page), and the split/outlier description said once when every series shares it.
 
     Returns:
         a ``matplotlib.figure.Figure`` (Agg canvas, not registered with pyplot) with one axes. Artists carry
@@ -144,13 +150,15 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     df_min = min(dfs) if dfs else None
     tcrit = float(stats.t.ppf(1 - alpha / 2, df_min)) if df_min else float(stats.norm.ppf(1 - alpha / 2))
 
-    fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2))
+    fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2) if not legend_below else
+                 (max(10.0, 0.9 * len(types) * len(labels) ** 0.5 + 2.0), 4.2 + 0.22 * (len(labels) + 9) / 2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     width = 0.8 / len(labels)
     x = np.arange(len(types))
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
-    ts = [abs(r["t_value"]) for recs in results.values() for r in recs if r.get("t_value") is not None]
+    ts = [abs(r["t_value"]) + (r.get("t_sd") or 0.0) for recs in results.values() for r in recs
+          if r.get("t_value") is not None]
     top = 1.3 * max([tcrit, *ts])  # room for the stars inside the frame
     ax.set_ylim(-top, top)
     ax.set_xlim(-0.5, len(types) - 0.5)
@@ -175,11 +183,13 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
             if sd:  # several seeds: the bar is their mean, the error bar ± their standard deviation
                 ax.errorbar(xpos, t, yerr=sd, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
                             gid=f"sd:{lab}:{bt}")
-            if sig:
-                ax.annotate("*", (xpos, t), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
+            if sig:  # beyond the error bar's cap, never on it
+                ystar = t + (sd or 0.0) * (1 if t > 0 else -1)
+                ax.annotate("*", (xpos, ystar), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
                             ha="center", va="bottom" if t > 0 else "top", fontsize=12, gid=f"star:{lab}:{bt}")
+        shared = legend_below and len({d["text"] for d in desc.values()}) == 1
         handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
-                             label=f"{lab}: {desc[lab]['text']}"))
+                             label=lab if shared else f"{lab}: {desc[lab]['text']}"))
     ax.axhline(0, color="black", linewidth=0.8)
     for sign in (1, -1):
         ax.axhline(sign * tcrit, color="grey", linestyle="--", linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}")
@@ -195,8 +205,7 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
                label=f"*: p < {alpha:g} (two-tailed)"),
         Line2D([], [], color="grey", linestyle="--", linewidth=0.8,
                label=f"dashed: |t| = {tcrit:.2f}, p = {alpha:g} ({df_text})"),
-        Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray",
-               label="n/a: type not measured, or t undefined (see status)"),
+        Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray", label=na_label),
         Line2D([], [], linestyle="none", marker="$\\downarrow$", markersize=8, color="black",
                label="t < 0: stereotypical direction (biased phrase more likely)"),
         Line2D([], [], linestyle="none", marker="$\\uparrow$", markersize=8, color="black",
@@ -205,8 +214,15 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     if any(r.get("t_sd") for recs in results.values() for r in recs):
         handles.append(Line2D([], [], color="black", linewidth=0.8, marker="_", markersize=6,
                               label="error bar: ± seed standard deviation of t (bar: mean over seeds)"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
-              frameon=False)
+    if legend_below:
+        if len({d["text"] for d in desc.values()}) == 1:
+            handles.insert(len(labels), Patch(facecolor="white", edgecolor="white",
+                                              label=f"every series: {next(iter(desc.values()))['text']}"))
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.09), borderaxespad=0.0, fontsize=9,
+                  ncol=2, frameon=False)
+    else:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
+                  frameon=False)
     fig.tight_layout()
     return fig
 
@@ -231,3 +247,52 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
     with atomic_file(out, "wb") as f:
         fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight")
     return out
+
+
+def figure_changes(res: dict, title: str | None = None):
+    """The paired comparison of :func:`rbjax.lmb.compare.compare_runs`: per bias type the mean change of the
+    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI, solid when significant after the
+    correction across types, hatched otherwise; a zero line.
+
+    Returns:
+        a ``matplotlib.figure.Figure`` (Agg canvas). Artists carry ``gid``s: ``"change:<type>"``, ``"ci:<type>"``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = res["types"]
+    if not rows:
+        raise ValueError("nothing to plot: no bias type compared")
+    fig = Figure(figsize=(max(5.0, 1.1 * len(rows) + 2.0), 4.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    alpha = res["alpha"]
+    for i, r in enumerate(rows):
+        m = r["mean_change"]
+        if m is None:
+            continue
+        sig = r["significant"]
+        (bar,) = ax.bar(i, m, 0.6, color="tab:blue", edgecolor="black", linewidth=0.5,
+                        hatch=None if sig else HATCH, alpha=1.0 if sig else 0.55)
+        bar.set_gid(f"change:{r['bias_type']}")
+        ci = r.get("mean_change_ci")
+        if ci:
+            ax.errorbar(i, m, yerr=[[m - ci[0]], [ci[1] - m]], fmt="none", ecolor="black", elinewidth=0.9,
+                        capsize=4, gid=f"ci:{r['bias_type']}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x, [r["bias_type"] for r in rows])
+    ax.set_ylabel("mean change of log ppl(biased) − log ppl(counterf.)\n(A − B; > 0: A less stereotypical)",
+                  fontsize=9)
+    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
+                 fontsize=10)
+    lvl = f"{100 * (1 - alpha):g}%"
+    handles = [Patch(facecolor="tab:blue", edgecolor="black", linewidth=0.5,
+                     label=f"solid: significant ({res['correction']}-corrected paired t-test, p < {alpha:g})"),
+               Patch(facecolor="tab:blue", alpha=0.55, edgecolor="black", linewidth=0.5, hatch=HATCH,
+                     label="hatched: not significant"),
+               Patch(facecolor="white", edgecolor="white", label=f"error bar: {lvl} bootstrap CI (BCa) of the mean")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

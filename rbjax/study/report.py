@@ -2,25 +2,34 @@
 
 What it holds (paper §5, Figure 1, Tables 3–5):
 
+* **Completeness**: a study with stages that did not finish says so at the top and lists them.
 * **Figure 1**: LMB t-value per bias type for the starting model and for each method (the model debiased for that
   bias type), mean over seeds with the seed standard deviation as error bars, the two-tailed significance threshold,
   and the stereotypical (t < 0) / anti-stereotypical (t > 0) directions marked.
 * **Table 3 shape**: t and p per bias type for the baseline and each method (mean ± sd over seeds, the per-seed
   values, how many seeds are significant), the paired Cohen's d and the bootstrap CI of the mean log-perplexity
-  difference; whether a change from the baseline is larger than the seed noise.
+  difference (each model tested against zero).
+* **Change from the baseline** and **method vs method**: every statement that a model changed (or did not) is the
+  paired test of :mod:`rbjax.lmb.compare` on the same pairs — the per-pair bias effect averaged over seeds, the seed
+  spread of the mean change beside it, p-values corrected across the types compared; "not significant" is said first.
 * **Cross-type effects**: every debiased model measured on every bias type (does fixing one bias move another?).
-* **Anti-stereotypical overshoots** (§5.2): significant t > 0 where the baseline was not significantly
-  anti-stereotypical.
+* **Anti-stereotypical overshoots** (§5.2): a significant change from the baseline past zero into the
+  anti-stereotypical direction (the debiased model is significantly anti-stereotypical on the same pairs, the
+  baseline was not).
 * **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length.
-* **Data notes**: what stood in for an official split (e.g. the MultiWOZ val split for train), un-fine-tuned CRG.
+* **Data notes**: every setting that cuts the study down from the paper's (training steps, the dev pairs of the
+  selection, a reduced grid, LMP/DST/CRG cut-downs), what stood in for an official split, un-fine-tuned CRG.
 * **Settings and package versions** of every folder.
 
-Every number is read from the stage result files (``lmb.json``, ``<task>.json``); nothing is recomputed.
-``rbjax report DIR [DIR ...]`` rebuilds the report from finished folders (several folders: their seeds are pooled).
+Every number is read from the stage result files (``lmb.json``, ``<type>_perplexities.csv``, ``<task>.json``); the
+paired comparisons are computed from the per-pair perplexities and written to ``comparisons.json``.
+``rbjax report DIR [DIR ...]`` rebuilds the report from study folders (several folders: their seeds are pooled; the
+same stage in two folders — a copied run — is counted once). Methods appear in one order everywhere: LMD, ADD, HD, CDA.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import json
@@ -29,9 +38,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import atomic_file, atomic_write_text, check_output_dir, read_json
+from rbjax.core.io import atomic_file, atomic_write_json, atomic_write_text, check_output_dir, read_json
+from rbjax.core.log import say
 from rbjax.core.reuse import claim_outputs, record_outputs
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.sweep import PAPER_GRID
+from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
 from rbjax.lmb.plot import figure_lmb
+from rbjax.specs import BIAS_TYPES
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
 
@@ -61,28 +75,54 @@ def _dig(d, path):
     return d if isinstance(d, (int, float)) and not isinstance(d, bool) else None
 
 
+def _planned_stages(st: dict) -> list[str] | None:
+    """The stage names a study folder planned, as ``rbjax run`` records them in ``study.json`` (``None`` for a
+    folder written before it did: completeness is then unknown, and the report says so)."""
+    return [str(x) for x in st["stages"]] if isinstance(st.get("stages"), list) else None
+
+
 def collect(folders: list[Path]) -> dict:
     """Everything the report shows, read from study folders.
 
     Returns:
-        ``{"baseline": {"lmb": records, "dialog": {task: result}}, "runs": {(method, debiased_type): {seed:
-        {"lmb": records, "dialog": {...}, "selection": ...}}}, "studies": [study.json ...]}``.
+        ``{"baseline": {"lmb": records, "dialog": {task: result}, "folder": lmb_test folder}, "runs": {(method,
+        debiased_type): {seed label: {"lmb": records, "dialog": {...}, "selection": ..., "folder": lmb_test folder}}},
+        "studies": [study.json ...], "missing": {folder: [stage names not finished] | None}, "duplicates": [message
+        ...]}``. A stage found in two folders with the same key (a copied run) is counted once (``duplicates``).
 
     Raises:
         FileNotFoundError: a folder without ``study.json`` or a baseline ``lmb.json``.
+        ValueError: folders whose baselines differ (their seeds cannot be pooled against one baseline).
     """
-    out: dict[str, Any] = {"baseline": None, "runs": {}, "studies": [], "folders": [str(f) for f in folders]}
-    for f in folders:
+    out: dict[str, Any] = {"baseline": None, "runs": {}, "studies": [], "folders": [str(f) for f in folders],
+                           "missing": {}, "duplicates": []}
+    seen: dict[str, str] = {}  # stage key → where it was first found
+    base_key = None
+    names = [Path(f).name for f in folders]
+    for i, f in enumerate(folders):
         f = Path(f)
         st = read_json(f / "study.json")
         if st is None:
             raise FileNotFoundError(f"{f}: no study.json (is it an 'rbjax run' output folder?)")
-        out["studies"].append({**st, "folder": str(f)})
+        st = {**st, "folder": str(f)}
+        out["studies"].append(st)
+        done = {k: v for k, v in (read_json(f / "stages.json", {}) or {}).get("stages", {}).items()
+                if isinstance(v, dict) and v.get("status") == "done"}
+        planned = _planned_stages(st)
+        out["missing"][str(f)] = None if planned is None else [n for n in planned if n not in done]
         base = read_json(f / "baseline" / "lmb_test" / "lmb.json")
         if base is None:
             raise FileNotFoundError(f"{f}: no baseline/lmb_test/lmb.json (the study has not measured its baseline)")
+        bk = (done.get("baseline/lmb_test") or {}).get("key")
         if out["baseline"] is None:
-            out["baseline"] = {"lmb": base, "dialog": _dialog(f / "baseline" / "dialog")}
+            out["baseline"] = {"lmb": base, "dialog": _dialog(f / "baseline" / "dialog"),
+                               "folder": f / "baseline" / "lmb_test"}
+            base_key = bk
+        elif bk != base_key:
+            raise ValueError(f"{f}: its baseline (baseline/lmb_test) is not the one of {folders[0]} (the stage keys "
+                                 "differ: another starting model, data or measure settings); the seeds of these "
+                                 "folders cannot be pooled against one baseline — report them separately")
+        label = f.name if names.count(f.name) == 1 else f"{f.name}#{i + 1}"
         for sd in sorted(f.glob("seed*")):
             if not sd.is_dir():
                 continue
@@ -92,9 +132,19 @@ def collect(folders: list[Path]) -> dict:
                     lmb = read_json(md / "lmb_test" / "lmb.json")
                     if lmb is None:
                         continue
+                    stage = f"seed{seed}/{td.name}/{md.name}/lmb_test"
+                    key = (done.get(stage) or {}).get("key")
+                    if key is not None and key in seen:
+                        out["duplicates"].append(
+                            f"{f / stage} is the same stage as {seen[key]} (same key: the same model measured the "
+                            "same way, e.g. a copied run): counted once")
+                        continue
+                    if key is not None:
+                        seen[key] = str(f / stage)
                     sel = read_json(md / "sweep" / "selection.json")
-                    entry = {"lmb": lmb, "dialog": _dialog(md / "dialog"), "selection": sel}
-                    out["runs"].setdefault((md.name, td.name), {})[f"{f.name}:{seed}"] = entry
+                    entry = {"lmb": lmb, "dialog": _dialog(md / "dialog"), "selection": sel,
+                             "folder": md / "lmb_test"}
+                    out["runs"].setdefault((md.name, td.name), {})[f"{label}:{seed}"] = entry
     return out
 
 
@@ -176,7 +226,9 @@ def _figure1(data: dict):
                 recs.append({**r0, "t_value": c["t"]["mean"], "t_sd": c["t"]["sd"],
                              "p_value": statistics.median(ps) if ps else None})
         series[f"{METHOD_NAMES.get(m, m)} (debiased per type)"] = recs
-    return figure_lmb(series, title="Figure 1: LMB t per bias type (test split; mean over seeds, error bar = seed sd)")
+    return figure_lmb(series, title="Figure 1: LMB t per bias type (test split; mean over seeds, error bar = seed sd)",
+                      na_label="n/a: no model was debiased for this type (see the cross-type tables)",
+                      legend_below=True)
 
 
 def _png(fig) -> bytes:
@@ -206,7 +258,7 @@ def _table3(data: dict) -> tuple[list[str], list[list[str]]]:
 
 def _effects(data: dict) -> tuple[list[str], list[list[str]]]:
     head = ["model", "bias type", "n pairs kept", "t (per seed)", "Cohen's d (paired)", "mean log-ppl diff",
-            "95% CI", "vs baseline"]
+            "95% CI"]
     rows = []
     types = _types(data)
     for b in types:
@@ -215,30 +267,124 @@ def _effects(data: dict) -> tuple[list[str], list[list[str]]]:
             ci = r.get("mean_log_ppl_diff_ci")
             rows.append(["baseline", b, str(r.get("n_pairs_after_outliers")), _fmt(r.get("t_value")),
                          _fmt(r.get("cohens_d_paired"), ".3f"), _fmt(r.get("mean_log_ppl_diff"), ".4f"),
-                         "n/a" if not ci else f"[{_fmt(ci[0], '.4f')}, {_fmt(ci[1], '.4f')}]", ""])
+                         "n/a" if not ci else f"[{_fmt(ci[0], '.4f')}, {_fmt(ci[1], '.4f')}]"])
     for m in _methods(data):
         for b in _debiased(data):
             c = _cell(data, m, b, b)
             if not c["n"]:
                 continue
-            base = _rec(data["baseline"]["lmb"], b)
             rows.append([METHOD_NAMES.get(m, m), b, ", ".join(str(r.get("n_pairs_after_outliers")) for r in c["records"]),
                          ", ".join(_fmt(r.get("t_value")) for r in c["records"]), _ms(c["d"], ".3f"),
                          ", ".join(_fmt(r.get("mean_log_ppl_diff"), ".4f") for r in c["records"]),
                          "; ".join("n/a" if not ci else f"[{_fmt(ci[0], '.4f')}, {_fmt(ci[1], '.4f')}]"
-                                   for ci in c["ci"]),
-                         _noise(c, base)])
+                                   for ci in c["ci"])])
     return head, rows
 
 
-def _noise(c: dict, base: dict | None) -> str:
-    if base is None or base.get("t_value") is None or c["t"]["mean"] is None:
-        return "n/a"
-    diff = c["t"]["mean"] - base["t_value"]
-    if c["t"]["sd"] is None:
-        return f"Δt {diff:+.2f} (one seed: seed noise not estimated)"
-    within = abs(diff) <= 2 * c["t"]["sd"]
-    return f"Δt {diff:+.2f}; seed sd {c['t']['sd']:.2f}: " + ("within seed noise" if within else "beyond seed noise")
+# -------------------------------------------------------------------------------------- paired comparisons
+def _comparisons(data: dict) -> dict:
+    """The paired tests (:func:`rbjax.lmb.compare.compare_runs`) behind every "changed / did not change" statement.
+
+    Returns:
+        ``{"vs_baseline": {(method, debiased): result | {"error": why}}, "method_vs_method": {(debiased, m1, m2):
+        result | {"error": why}}}``: each debiased model (its seeds averaged per pair) against the baseline on every
+        measured type (corrected across those types); each pair of methods debiased for a type, on that type.
+    """
+    cache: dict[str, dict] = {}
+
+    def run(folder: Path):
+        k = str(folder)
+        if k not in cache:
+            cache[k] = load_run(folder)
+        return cache[k]
+
+    def seeds(m, d):
+        return [run(e["folder"]) for _, e in sorted(data["runs"].get((m, d), {}).items())]
+
+    out: dict[str, dict] = {"vs_baseline": {}, "method_vs_method": {}}
+    try:
+        base = run(data["baseline"]["folder"])
+    except (OSError, ValueError) as e:
+        out["error"] = f"the baseline's per-pair perplexities cannot be read: {e}"
+        return out
+    for m in _methods(data):
+        for d in _debiased(data):
+            if not data["runs"].get((m, d)):
+                continue
+            name = METHOD_NAMES.get(m, m)
+            try:
+                out["vs_baseline"][(m, d)] = compare_runs(seeds(m, d), base, labels=(f"{name} ({d})", "baseline"))
+            except (OSError, ValueError) as e:
+                out["vs_baseline"][(m, d)] = {"error": str(e)}
+    for d in _debiased(data):
+        ms = [m for m in _methods(data) if data["runs"].get((m, d))]
+        for i, m1 in enumerate(ms):
+            for m2 in ms[i + 1:]:
+                if d not in {r["bias_type"] for r in data["baseline"]["lmb"]}:
+                    continue
+                n1, n2 = METHOD_NAMES.get(m1, m1), METHOD_NAMES.get(m2, m2)
+                try:
+                    out["method_vs_method"][(d, m1, m2)] = compare_runs(seeds(m1, d), seeds(m2, d), bias_types=[d],
+                                                                        labels=(n1, n2))
+                except (OSError, ValueError) as e:
+                    out["method_vs_method"][(d, m1, m2)] = {"error": str(e)}
+    return out
+
+
+def _short_verdict(r: dict) -> str:
+    """The comparison in a few words, "not significant" first when it is not significant."""
+    if r["ttest"]["t_value"] is None:
+        return f"no test ({r['ttest']['status']})"
+    if not r["significant"]:
+        return "not significant"
+    way = "less stereotypical" if r["mean_change"] > 0 else "more stereotypical"
+    if r.get("overshoot") == "anti-stereotypical":
+        return f"significant: {way}, overshoot past zero into the anti-stereotypical direction"
+    return f"significant: {way}"
+
+
+def _change_cells(r: dict) -> list[str]:
+    ci = r.get("mean_change_ci")
+    sp = r["seeds"]
+    spread = ("one seed" if sp["per_seed_mean_change"] is None else
+              f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
+    pc = r["p_corrected"]["ttest"]
+    return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
+            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]",
+            _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
+            _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
+
+
+CHANGE_HEAD = ["pairs", "mean change", "CI", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
+               "seed sd of the change (per seed)"]
+
+
+def _change_table(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["verdict", "model", "debiased for", "measured on"] + CHANGE_HEAD
+    rows = []
+    types = _types(data)
+    for (m, d), res in comp["vs_baseline"].items():
+        name = METHOD_NAMES.get(m, m)
+        if "error" in res:
+            rows.append([f"not compared: {res['error']}", name, d, "", *[""] * len(CHANGE_HEAD)])
+            continue
+        by = {r["bias_type"]: r for r in res["types"]}
+        for b in sorted(by, key=lambda t: (t != d, types.index(t) if t in types else len(types))):
+            rows.append([_short_verdict(by[b]), name, d, b, *_change_cells(by[b])])
+    return head, rows
+
+
+def _method_table(comp: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["verdict", "A", "B", "debiased for and measured on"] + CHANGE_HEAD
+    rows = []
+    for (d, m1, m2), res in comp["method_vs_method"].items():
+        n1, n2 = METHOD_NAMES.get(m1, m1), METHOD_NAMES.get(m2, m2)
+        if "error" in res:
+            rows.append([f"not compared: {res['error']}", n1, n2, d, *[""] * len(CHANGE_HEAD)])
+            continue
+        (r,) = res["types"]
+        rows.append([_short_verdict(r), n1, n2, d, *_change_cells(r)])
+    return head, rows
 
 
 def _cross(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -258,26 +404,16 @@ def _cross(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     return out
 
 
-def _overshoots(data: dict) -> list[str]:
-    alpha = _alpha(data)
+def _overshoots(data: dict, comp: dict) -> list[str]:
+    """Significant changes from the baseline past zero into the anti-stereotypical direction, in words."""
     out = []
-    for m in _methods(data):
-        for d in _debiased(data):
-            for b in _types(data):
-                c = _cell(data, m, d, b)
-                base = _rec(data["baseline"]["lmb"], b)
-                if not c["n"] or c["t"]["mean"] is None or c["t"]["mean"] <= 0:
-                    continue
-                if c["n_sig"] * 2 <= c["n"]:
-                    continue  # not significant in most seeds
-                base_anti = base is not None and base.get("t_value") is not None and base["t_value"] > 0 and \
-                    base.get("p_value") is not None and base["p_value"] < alpha
-                if base_anti:
-                    continue
-                what = "the type it was debiased for" if b == d else f"{b} (debiased for {d})"
-                bt = "n/a" if base is None else _fmt(base.get("t_value"))
-                out.append(f"{METHOD_NAMES.get(m, m)} on {what}: t = {_ms(c['t'])} > 0, significant in "
-                           f"{c['n_sig']}/{c['n']} seeds (baseline t = {bt})")
+    for (m, d), res in comp["vs_baseline"].items():
+        for r in res.get("types", []):
+            if r.get("overshoot") != "anti-stereotypical":
+                continue
+            b = r["bias_type"]
+            what = "the type it was debiased for" if b == d else f"{b} (debiased for {d})"
+            out.append(f"{METHOD_NAMES.get(m, m)} on {what}: {r['verdict']}")
     return out
 
 
@@ -307,7 +443,9 @@ def _selections(data: dict) -> tuple[list[str], list[list[str]], list[str]]:
     rule_of = {}
     for st in data["studies"]:
         rule_of[Path(st["folder"]).name] = ((st.get("config") or {}).get("sweep") or {}).get("selection", "default")
-    for (method, debiased), per_seed in sorted(data["runs"].items()):
+    mo, do = _methods(data), _debiased(data)
+    for (method, debiased), per_seed in sorted(data["runs"].items(), key=lambda kv: (mo.index(kv[0][0]),
+                                                                                     do.index(kv[0][1]))):
         for seed, entry in sorted(per_seed.items()):
             sel = entry.get("selection")
             if not sel:
@@ -318,7 +456,7 @@ def _selections(data: dict) -> tuple[list[str], list[list[str]], list[str]]:
             if chosen.get("rule") and chosen["rule"] not in rules:
                 rules.append(chosen["rule"])
             budget = chosen.get("constraint_met")
-            rows.append([method, debiased, seed.split(":")[-1], str(pt.get("batch_size", "")),
+            rows.append([METHOD_NAMES.get(method, method), debiased, seed.split(":")[-1], str(pt.get("batch_size", "")),
                          str(pt.get("grad_accum", "")), f"{pt['lambda_lm']:g}" if "lambda_lm" in pt else "",
                          f"{pt['lambda_d']:g}" if "lambda_d" in pt else "", _fmt(dev.get("t_value")),
                          _fmt(dev.get("p_value"), ".2e"), _fmt(chosen.get("lmp"), ".1f"),
@@ -327,14 +465,69 @@ def _selections(data: dict) -> tuple[list[str], list[list[str]], list[str]]:
 
 
 def _notes(data: dict) -> list[str]:
-    """The dialog results' own notes (stand-in splits, capped examples, no fine-tuning, …), once each."""
+    """Every setting that cuts the study down from the paper's (:func:`_cutdowns`), then the dialog results' own notes
+    (stand-in splits, capped examples, no fine-tuning, …), once each."""
     notes: dict[str, None] = {}
+    for st in data["studies"]:
+        for n in _cutdowns(st.get("config") or {}):
+            notes[n] = None
     results = [data["baseline"]["dialog"]] + [e["dialog"] for seeds in data["runs"].values() for e in seeds.values()]
     for res in results:
         for task in ("lmp", "dst", "crg"):
             for n in (res.get(task) or {}).get("notes") or []:
                 notes[f"{task.upper()}: {n}"] = None
     return list(notes)
+
+
+#: dialog settings that make a check smaller than the paper's
+DIALOG_CUTS = ("lmp_max_lines", "max_steps", "max_examples", "max_new_tokens", "jga_max_dialogues", "epochs")
+
+
+def _cutdowns(raw: dict) -> list[str]:
+    """The settings of a study file (``study.json``'s ``config``) that cut it down from the paper's §5 study."""
+    out = []
+    study, training = raw.get("study") or {}, raw.get("training") or {}
+    sweep, measure, dialog = raw.get("sweep") or {}, raw.get("measure") or {}, raw.get("dialog") or {}
+    if study.get("random_model"):
+        out.append(f"the starting model is a random GPT-2 ({json.dumps(study['random_model'])}), not DialoGPT-small")
+    deb = study.get("debias_types") or study.get("bias_types")
+    if isinstance(deb, list) and set(deb) != set(BIAS_TYPES):
+        out.append(f"debiased only for {', '.join(deb)} (the paper: all five bias types)")
+    methods = study.get("methods")
+    if isinstance(methods, list) and set(methods) != {"lmd", "add", "hd", "cda"}:
+        out.append(f"methods: {', '.join(METHOD_NAMES.get(m, m) for m in methods)} (the paper: LMD, ADD, HD, CDA)")
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    if training.get("max_steps") is not None:
+        out.append(f"training: every debiasing run stopped after max_steps = {training['max_steps']} update(s) (the "
+                   f"paper: {defaults['epochs']} epochs over the training phrases)")
+    if training.get("lmp_max_lines") is not None:
+        out.append(f"training: the LMP of each grid point (the selection's LMP budget) on the first "
+                   f"{training['lmp_max_lines']} lines only")
+    for k, v in training.items():
+        if k in ("max_steps", "lmp_max_lines", "eval_batch_size", "progress", "save_every", "save_every_s",
+                 "keep_checkpoints") or k not in defaults or v == defaults[k]:
+            continue
+        out.append(f"training: {k} = {v!r} (the paper's / rbjax's default: {defaults[k]!r})")
+    if sweep.get("dev_max_pairs") is not None:
+        out.append(f"selection: the \"dev t\" of every grid point (and of the selected ones) is on the first "
+                   f"{sweep['dev_max_pairs']} valid pairs per bias type (dev_max_pairs), not the whole valid split")
+    cut = [f"{k} {list(sweep[k])} (paper {list(v)})" for k, v in PAPER_GRID.items()
+           if k in sweep and tuple(sweep[k]) != tuple(v)]
+    if cut:
+        out.append("reduced grid: " + "; ".join(cut))
+    if sweep.get("max_points") is not None:
+        out.append(f"grid: only the first {sweep['max_points']} point(s) per sweep (max_points)")
+    if measure.get("split", "test") != "test":
+        out.append(f"LMB measured on the {measure['split']} split (the paper: test)")
+    tasks = dialog.get("tasks", ["lmp", "dst", "crg"])
+    skipped = [t.upper() for t in ("lmp", "dst", "crg") if t not in tasks]
+    if skipped:
+        out.append(f"dialog checks not run: {', '.join(skipped)}")
+    for t in ("lmp", "dst", "crg"):
+        cuts = {k: v for k, v in (dialog.get(t) or {}).items() if k in DIALOG_CUTS and v is not None}
+        if t in tasks and cuts:
+            out.append(f"{t.upper()} cut down: " + ", ".join(f"{k} = {v}" for k, v in cuts.items()))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------- output
@@ -350,38 +543,64 @@ def _html_table(head, rows) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
 
 
+def _incomplete(data: dict) -> list[str]:
+    """One line per folder whose study did not finish (its missing stages)."""
+    return [f"{folder}: {len(missing)} stage(s) did not finish: {', '.join(missing)}"
+            for folder, missing in data["missing"].items() if missing]
+
+
+def _comparisons_json(comp: dict) -> dict:
+    def ready(res):
+        return res if "error" in res else json_ready(res)
+
+    return {"vs_baseline": [{"method": m, "debiased_for": d, **ready(r)} for (m, d), r in comp["vs_baseline"].items()],
+            "method_vs_method": [{"debiased_for": d, "a": m1, "b": m2, **ready(r)}
+                                 for (d, m1, m2), r in comp["method_vs_method"].items()],
+            **({"error": comp["error"]} if "error" in comp else {})}
+
+
 def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: bool = False) -> dict:
-    """Write ``report.md``, ``report.html`` and ``figure1.png`` into ``out_dir`` from finished study folders.
+    """Write ``report.md``, ``report.html``, ``figure1.png`` and ``comparisons.json`` into ``out_dir`` from study
+    folders (finished or not: an incomplete study says so at the top and lists its missing stages).
 
     ``overwrite``: replace report files in ``out_dir`` that are not rbjax's unchanged report of the same folders
     (a report edited by hand, the report of other folders); without it they are refused before anything is written
     (:func:`rbjax.core.reuse.claim_outputs`). The study runner, which owns its folder, passes True.
 
     Returns:
-        ``{"md": path, "html": path, "figure": path, "tables": {...}}`` (the tables as lists of rows, for tests).
+        ``{"md": path, "html": path, "figure": path, "tables": {...}, "incomplete": [...], "duplicates": [...]}``
+        (the tables as lists of rows, for tests).
 
     Raises:
-        FileNotFoundError: a folder that is not a finished study (see :func:`collect`).
-        ValueError: ``out_dir`` cannot be written; rbjax.core.reuse.OutputExists: see ``overwrite``.
+        FileNotFoundError: a folder that is not a study with a measured baseline (see :func:`collect`).
+        ValueError: folders with different baselines, or ``out_dir`` cannot be written;
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
 
     folders = [Path(f) for f in folders]
     out = check_output_dir(out_dir, "report folder")
     data = collect(folders)
-    targets = [out / "figure1.png", out / "report.md", out / "report.html"]
+    targets = [out / "figure1.png", out / "report.md", out / "report.html", out / "comparisons.json"]
     key = {"command": "report", "folders": [str(f.resolve()) for f in folders]}
     claim_outputs(targets, key, overwrite=overwrite)
+    for msg in data["duplicates"]:
+        say("report", msg)
     fig = _figure1(data)
     png = _png(fig)
     with atomic_file(out / "figure1.png", "wb") as f:
         f.write(png)
+    comp = _comparisons(data)
+    atomic_write_json(out / "comparisons.json", _comparisons_json(comp))
     t3 = _table3(data)
     eff = _effects(data)
+    change = _change_table(data, comp)
+    mvm = _method_table(comp)
     cross = _cross(data)
-    over = _overshoots(data)
+    over = _overshoots(data, comp)
     dia = _dialog_table(data)
     sel_head, sel_rows, sel_rules = _selections(data)
     notes = _notes(data)
+    incomplete = _incomplete(data)
     studies = data["studies"]
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
     alpha = _alpha(data)
@@ -389,22 +608,59 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
     intro = (f"Study: {names}. Folders: {', '.join(data['folders'])}. LMB on the test split (paired two-tailed t-test "
              f"after the 3σ outlier-pair rule; t < 0 = stereotypical, t > 0 = anti-stereotypical; * p < {alpha:g}). "
              f"Seeds pooled: {len(seeds)} ({', '.join(seeds) if seeds else 'none'}).")
-    md = [f"# RedditBias study report\n\n{intro}\n", "## Figure 1\n\n![Figure 1](figure1.png)\n",
-          "## LMB per bias type (Table 3 shape)\n\nEach method's cell is the model debiased for that column's bias type, "
-          "measured on it: t mean ± sd over seeds (per-seed p-values; seeds significant).\n\n" + _md_table(*t3) + "\n",
-          "## Effect sizes, confidence intervals and seed noise\n\n" + _md_table(*eff) + "\n",
-          "## Cross-type effects (every debiased model on every bias type)\n"]
+    if data["duplicates"]:
+        intro += f" Counted once: {len(data['duplicates'])} stage(s) found in more than one folder (see below)."
+    unknown = [f for f, m in data["missing"].items() if m is None]
+    if unknown:
+        intro += (f" Completeness not checked for {', '.join(unknown)}: its study.json predates the record of the "
+                  "planned stages (rerun `rbjax run` with the same study file: finished stages are skipped).")
+    warn = ("INCOMPLETE STUDY: not every planned stage finished; every table below holds only the finished stages, "
+            "and a missing model is absent, not a result.") if incomplete else ""
+    change_intro = (
+        "Every statement that a model changed is this paired test on the same pairs (rbjax compare): per pair, the "
+        "bias effect e = log ppl(biased) − log ppl(counterfactual), averaged over the seeds; the change d = e(debiased) "
+        "− e(baseline) on the pairs every run kept; d > 0: less stereotypical. Paired t-test on d (p corrected across "
+        f"the types compared, Bonferroni; significant: p < {alpha:g}), Wilcoxon signed-rank p, the mean change with "
+        "its bootstrap CI, the share of pairs whose sign of e flipped, and the seed spread of the mean change. "
+        "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
+        "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
+        "zero. A change of t-values is not a test and is not used. The test takes the seeds' models as given (their "
+        "per-pair effects averaged): it says whether these models differ from the baseline on these pairs; whether a "
+        "method's effect holds across training seeds is what the seed spread beside it shows (per-seed mean "
+        "changes of opposite signs: not reproducible across seeds).")
+    mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A is "
+                 "less stereotypical than B); one type per comparison, so no correction.")
+    over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
+                 "against the baseline on the same pairs).")
+    md = [f"# RedditBias study report\n"]
+    if warn:
+        md.append(f"**{warn}**\n\n" + "\n".join(f"- {x}" for x in incomplete) + "\n")
+    md += [f"{intro}\n"]
+    if data["duplicates"]:
+        md.append("\n".join(f"- {x}" for x in data["duplicates"]) + "\n")
+    md += ["## Figure 1\n\n![Figure 1](figure1.png)\n",
+           "## LMB per bias type (Table 3 shape)\n\nEach method's cell is the model debiased for that column's bias "
+           "type, measured on it: t mean ± sd over seeds (per-seed p-values; seeds significant).\n\n"
+           + _md_table(*t3) + "\n",
+           "## Effect sizes and confidence intervals (each model against zero)\n\n" + _md_table(*eff) + "\n",
+           "## Change from the baseline (paired test on the same pairs)\n\n" + change_intro + "\n\n"
+           + (_md_table(*change) if change[1] else "No debiased model finished.") + "\n",
+           "## Method vs method (paired test on the same pairs)\n\n" + mvm_intro + "\n\n"
+           + (_md_table(*mvm) if mvm[1] else "Fewer than two methods finished for any type.") + "\n",
+           "## Cross-type effects (every debiased model on every bias type)\n"]
     for m, head, rows in cross:
         md.append(f"### {m}\n\n" + _md_table(head, rows) + "\n")
     sel_intro = ("The grid point each sweep selected on the valid split (then retrained, exported and measured above). "
-                 "Rule: " + "; ".join(sel_rules) + ".") if sel_rows else "No sweeps in these folders."
+                 "Rule: " + "; ".join(sel_rules) + ".") if sel_rows else (
+        "No selected grid points in these folders" + (" (the sweep stages did not finish)." if incomplete else "."))
     md.append("## Selected grid points\n\n" + sel_intro + "\n\n" + (_md_table(sel_head, sel_rows) + "\n"
                                                                       if sel_rows else ""))
-    md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else
-                                                             "None: no significant t > 0 beyond the baseline's.") + "\n")
+    md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else over_none)
+              + "\n")
     md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*dia) + "\n")
-    md.append("## Data notes\n\n" + ("\n".join(f"- {n}" for n in notes) if notes else
-                                     "All dialog data were the official splits given.") + "\n")
+    md.append("## Data notes\n\nEvery setting that makes this study smaller than the paper's, and what stood in for "
+              "official data:\n\n" + ("\n".join(f"- {n}" for n in notes) if notes else
+                                      "- none: the paper's settings and the official splits.") + "\n")
     settings_md = []
     for s in studies:
         settings_md.append(f"### {s['folder']}\n\n```json\n{json.dumps(s.get('config'), indent=2)}\n```\n\n"
@@ -416,29 +672,39 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
     b64 = base64.b64encode(png).decode()
     css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
            "margin:1em 0;font-size:13px}td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}"
-           "th{background:#eee}pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}")
-    body = [f"<h1>RedditBias study report</h1><p>{html.escape(intro)}</p>",
-            f"<h2>Figure 1</h2><img alt='Figure 1' style='max-width:100%' src='data:image/png;base64,{b64}'>",
-            "<h2>LMB per bias type (Table 3 shape)</h2>" + _html_table(*t3),
-            "<h2>Effect sizes, confidence intervals and seed noise</h2>" + _html_table(*eff),
-            "<h2>Cross-type effects</h2>" + "".join(f"<h3>{html.escape(m)}</h3>" + _html_table(h, r)
-                                                    for m, h, r in cross),
-            "<h2>Selected grid points</h2><p>" + html.escape(sel_intro) + "</p>"
-            + (_html_table(sel_head, sel_rows) if sel_rows else ""),
-            "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + ("<ul>" + "".join(f"<li>{html.escape(o)}</li>"
-                                                                                for o in over) + "</ul>"
-                                                               if over else "<p>None.</p>"),
-            "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*dia),
-            "<h2>Data notes</h2>" + ("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
-                                     if notes else "<p>All dialog data were the official splits given.</p>"),
-            "<h2>Settings and versions</h2>" + "".join(
-                f"<h3>{html.escape(s['folder'])}</h3><pre>{html.escape(json.dumps(s.get('config'), indent=2))}</pre>"
-                f"<pre>{html.escape(json.dumps(s.get('versions'), indent=2))}</pre>" for s in studies)]
+           "th{background:#eee}pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}"
+           ".warn{border:2px solid #b00;background:#fee;padding:8px 12px}")
+    ul = lambda items: "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>"  # noqa: E731
+    body = ["<h1>RedditBias study report</h1>"]
+    if warn:
+        body.append(f"<div class='warn'><p><strong>{html.escape(warn)}</strong></p>{ul(incomplete)}</div>")
+    body += [f"<p>{html.escape(intro)}</p>" + (ul(data["duplicates"]) if data["duplicates"] else ""),
+             f"<h2>Figure 1</h2><img alt='Figure 1' style='width:100%;max-width:1100px' "
+             f"src='data:image/png;base64,{b64}'>",
+             "<h2>LMB per bias type (Table 3 shape)</h2>" + _html_table(*t3),
+             "<h2>Effect sizes and confidence intervals (each model against zero)</h2>" + _html_table(*eff),
+             "<h2>Change from the baseline (paired test on the same pairs)</h2><p>" + html.escape(change_intro)
+             + "</p>" + (_html_table(*change) if change[1] else "<p>No debiased model finished.</p>"),
+             "<h2>Method vs method (paired test on the same pairs)</h2><p>" + html.escape(mvm_intro) + "</p>"
+             + (_html_table(*mvm) if mvm[1] else "<p>Fewer than two methods finished for any type.</p>"),
+             "<h2>Cross-type effects</h2>" + "".join(f"<h3>{html.escape(m)}</h3>" + _html_table(h, r)
+                                                     for m, h, r in cross),
+             "<h2>Selected grid points</h2><p>" + html.escape(sel_intro) + "</p>"
+             + (_html_table(sel_head, sel_rows) if sel_rows else ""),
+             "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + (ul(over) if over else
+                                                               f"<p>{html.escape(over_none)}</p>"),
+             "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*dia),
+             "<h2>Data notes</h2><p>Every setting that makes this study smaller than the paper's, and what stood in "
+             "for official data:</p>" + (ul(notes) if notes else
+                                         "<p>None: the paper's settings and the official splits.</p>"),
+             "<h2>Settings and versions</h2>" + "".join(
+                 f"<h3>{html.escape(s['folder'])}</h3><pre>{html.escape(json.dumps(s.get('config'), indent=2))}</pre>"
+                 f"<pre>{html.escape(json.dumps(s.get('versions'), indent=2))}</pre>" for s in studies)]
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>RedditBias study report</title>"
             f"<style>{css}</style></head><body>{''.join(body)}</body></html>")
     atomic_write_text(out / "report.html", page)
     record_outputs(targets, key)
     return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
-            "tables": {"table3": t3, "effects": eff, "cross": cross, "dialog": dia, "overshoots": over,
-                       "selections": (sel_head, sel_rows),
-                       "notes": notes}}
+            "comparisons": out / "comparisons.json", "incomplete": incomplete, "duplicates": data["duplicates"],
+            "tables": {"table3": t3, "effects": eff, "change": change, "method_vs_method": mvm, "cross": cross,
+                       "dialog": dia, "overshoots": over, "selections": (sel_head, sel_rows), "notes": notes}}

@@ -357,7 +357,8 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
         raise ValueError(f"--out {out} holds files but is not a study folder (no study.json); give a new or empty "
                          "folder, or the folder of an earlier rbjax run")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions()})
+    atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions(),
+                                           "stages": [s.name for s in stages]})  # the report checks completeness
     state = _read_state(out)
     results: list[StageResult] = []
     for i, s in enumerate(stages):

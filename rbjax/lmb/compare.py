@@ -1,0 +1,502 @@
+"""Did a model's bias change? A paired comparison of two measured models on the same phrase pairs.
+
+The LMB test of one model (paper §3.1) asks whether *that* model prefers the stereotypical phrases; a difference of
+two such t-values is not a test of whether the models differ (a t-value grows with the number of pairs). This module
+tests the change itself, pair by pair:
+
+    e_i(M) = log ppl_M(biased_i) − log ppl_M(counterfactual_i)        (< 0: M prefers the stereotypical phrase)
+    d_i    = e_i(A) − e_i(B)                                           (> 0: A is more anti-stereotypical than B)
+
+on the pairs both runs kept (scorable and not a 3σ outlier in any run compared). Per bias type: the two-tailed paired
+t-test of e(A) vs e(B) (the one-sample t-test of d, ``scipy.stats.ttest_rel``), the Wilcoxon signed-rank test of d
+(``scipy.stats.wilcoxon``, two-sided), the mean change with a BCa bootstrap CI
+(:func:`rbjax.lmb.stats.bootstrap_ci`), the share of pairs whose sign of e flipped, and the p-values corrected across
+the types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *significant* when its Bonferroni-corrected
+t-test p-value is below alpha).
+
+With several runs per side (training seeds), e_i of that side is the mean over its runs, and the mean change of each
+seed is given beside the result (the seed spread).
+
+Runs are compared only when their pairs are the same: the same phrase pairs in the same order (the per-type CSVs),
+data files, split, outlier handling, tokenizer files, BOS setting and stored-vs-model perplexities. Anything else is
+refused with the reason (:class:`MismatchError`).
+
+``rbjax compare A B --out DIR`` and :func:`compare_models` write ``compare.json``, ``compare.csv``, ``compare.png`` and
+``<type>_changes.csv`` (the per-pair values); see ``docs/compare.md``.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+from rbjax.lmb import stats
+from rbjax.lmb.measure import CSV_HEADER, STATE_FILE, pairs_digest
+from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.lmb.plot import figure_changes, load_results
+
+__all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
+           "describe_change", "format_comparison", "write_comparison"]
+
+CORRECTION = "bonferroni"  # the correction that decides "significant"
+
+
+class MismatchError(ValueError):
+    """Two runs whose pairs differ (data, split, outlier handling, tokenization): a paired comparison is refused."""
+
+
+@dataclass
+class MeasuredType:
+    """One bias type of one ``rbjax measure`` output folder: its ``lmb.json`` record and its per-pair CSV.
+
+    Attributes:
+        folder: the measure output folder.
+        record: the type's ``lmb.json`` record.
+        biased, counterfactual: (N,) phrases, in the CSV's order.
+        effect: (N,) float64 ``log ppl(biased) − log ppl(counterfactual)``, NaN for excluded pairs.
+        kept: (N,) bool, the pair entered this run's primary test (scorable and not an outlier).
+    """
+
+    folder: Path
+    record: dict
+    biased: list[str]
+    counterfactual: list[str]
+    effect: np.ndarray
+    kept: np.ndarray
+
+
+def _read_pairs_csv(path: Path):
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: cannot read the per-pair perplexities ({e.strerror or e}); the paired "
+                                "comparison needs the CSVs 'rbjax measure' writes beside lmb.json") from None
+    if not rows or rows[0] != CSV_HEADER:
+        raise ValueError(f"{path}: expected the header {','.join(CSV_HEADER)}")
+    biased, counter, eff, kept = [], [], [], []
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != len(CSV_HEADER):
+            raise ValueError(f"{path} line {i}: expected {len(CSV_HEADER)} fields, got {len(r)}")
+        biased.append(r[0])
+        counter.append(r[1])
+        if r[4] == "excluded":
+            eff.append(math.nan)
+            kept.append(False)
+            continue
+        if r[4] not in ("true", "false"):
+            raise ValueError(f"{path} line {i}: field 'outlier' is {r[4]!r} (expected true, false or excluded)")
+        try:
+            b, c = float(r[2]), float(r[3])
+        except ValueError:
+            raise ValueError(f"{path} line {i}: perplexities {r[2]!r}, {r[3]!r} are not numbers") from None
+        if not (b > 0 and c > 0 and math.isfinite(b) and math.isfinite(c)):
+            raise ValueError(f"{path} line {i}: perplexities must be finite and positive, got {b}, {c}")
+        eff.append(math.log(b) - math.log(c))
+        kept.append(r[4] == "false")
+    return biased, counter, np.array(eff, dtype=np.float64), np.array(kept, dtype=bool)
+
+
+def load_run(folder: str | os.PathLike) -> dict[str, MeasuredType]:
+    """Every bias type of an ``rbjax measure`` output folder (``lmb.json`` and its ``<type>_perplexities.csv``).
+
+    Returns:
+        ``{bias_type: MeasuredType}`` in ``lmb.json`` order.
+    Raises:
+        FileNotFoundError: no ``lmb.json`` or a missing CSV. ValueError: a damaged file (file and line named), or a
+        CSV that does not hold the pairs its record counts.
+    """
+    f = Path(folder)
+    if f.is_file() and f.name == "lmb.json":
+        f = f.parent
+    recs = load_results(f)
+    out = {}
+    for r in recs:
+        path = f / f"{r['bias_type']}_perplexities.csv"
+        b, c, e, k = _read_pairs_csv(path)
+        if r.get("n_pairs") is not None and r["n_pairs"] != len(b):
+            raise ValueError(f"{path}: {len(b)} pairs, but {f / 'lmb.json'} counts {r['n_pairs']} for "
+                             f"{r['bias_type']} (the CSV is from another run)")
+        if r.get("n_pairs_after_outliers") is not None and r["n_pairs_after_outliers"] != int(k.sum()):
+            raise ValueError(f"{path}: {int(k.sum())} pairs kept, but {f / 'lmb.json'} kept "
+                             f"{r['n_pairs_after_outliers']} for {r['bias_type']} (the CSV is from another run)")
+        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ what the pairs are
+def _inputs(m: MeasuredType) -> dict:
+    """The record's ``inputs`` (content digests); for folders written before lmb.json carried them, the same facts
+    from the folder's hidden measure state file (the resume key of the type's CSV)."""
+    inp = m.record.get("inputs")
+    if isinstance(inp, dict):
+        return inp
+    st = read_json(m.folder / STATE_FILE) or {}
+    key = (st.get("types") or {}).get(m.record["bias_type"])
+    if not isinstance(key, dict):
+        return {}
+    model = key.get("model") or {}
+    stored = model.get("stored_perplexities") is True
+    return {"data_files": key.get("data"), "tokenizer": None if stored else model.get("tokenizer"),
+            "model": None if stored else model.get("model"), "bos": key.get("bos"),
+            "skip_unscorable": key.get("skip_unscorable"), "precision": key.get("precision")}
+
+
+def _facts(m: MeasuredType) -> dict:
+    """What must be equal for two runs' pairs to be the same pairs, each as (label, value)."""
+    r, s = m.record, m.record.get("settings") or {}
+    rule = r.get("outlier_rule") or {}
+    inp = _inputs(m)
+    applied = rule.get("applied")
+    return {
+        "pair phrases": pairs_digest(m.biased, m.counterfactual),
+        "split": r.get("split"),
+        "data files (sha256)": inp.get("data_files"),
+        "outlier handling": (applied, rule.get("n_std") if applied else None, rule.get("ddof") if applied else None),
+        "perplexity source": "stored perplexities" if s.get("stored_perplexities") else "model",
+        "BOS token": inp.get("bos", s.get("bos")),
+        "tokenizer files (sha256)": inp.get("tokenizer"),
+    }
+
+
+def _check_same_pairs(label_a: str, a: MeasuredType, label_b: str, b: MeasuredType) -> None:
+    fa, fb = _facts(a), _facts(b)
+    bt = a.record["bias_type"]
+    problems = []
+    for k in fa:
+        va, vb = fa[k], fb[k]
+        if va is None or vb is None:
+            stored = "stored perplexities" in (fa["perplexity source"], fb["perplexity source"])
+            if k == "data files (sha256)" or (k == "tokenizer files (sha256)" and not stored):
+                problems.append(f"{k}: not recorded in {label_a if va is None else label_b}, so the pairs cannot be "
+                                "checked (rerun its 'rbjax measure' with --resume: it records them without rescoring)")
+            continue
+        if va != vb:
+            if k == "pair phrases":
+                i = next((i for i, (x, y) in enumerate(zip(zip(a.biased, a.counterfactual),
+                                                          zip(b.biased, b.counterfactual))) if x != y), None)
+                where = (f"{len(a.biased)} vs {len(b.biased)} pairs" if i is None else
+                         f"first difference at CSV row {i + 1}: {a.biased[i]!r} vs {b.biased[i]!r}")
+                problems.append(f"the pair phrases differ ({where})")
+            elif k == "outlier handling":
+                desc = lambda v: "no outlier removal" if not v[0] else f"{v[1]:g}σ pair rule, ddof={v[2]}"  # noqa
+                problems.append(f"{k}: {desc(va)} vs {desc(vb)}")
+            elif isinstance(va, dict):
+                diff = sorted(n for n in set(va) | set(vb) if va.get(n) != vb.get(n))
+                problems.append(f"{k}: {', '.join(diff)} differ")
+            else:
+                problems.append(f"{k}: {va!r} vs {vb!r}")
+    if problems:
+        raise MismatchError(f"{bt}: {label_a} ({a.folder}) and {label_b} ({b.folder}) were not measured on the same "
+                            "pairs, so a paired comparison is refused: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+def _test_zero(e: np.ndarray, alpha: float) -> dict:
+    """One-sample two-tailed t-test of per-pair effects against 0 (the same pairs' LMB direction in log space)."""
+    r = stats.paired_ttest(e, np.zeros_like(e))
+    mean = float(e.mean()) if e.size else None
+    sig = r["p_value"] is not None and r["p_value"] < alpha
+    return {"mean": mean, "t_value": r["t_value"], "p_value": r["p_value"], "status": r["status"],
+            "significant": bool(sig),
+            "direction": None if r["t_value"] is None else ("stereotypical" if r["t_value"] < 0
+                                                           else "anti-stereotypical")}
+
+
+def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
+    """Two-sided Wilcoxon signed-rank test of paired changes ``d`` (``scipy.stats.wilcoxon``, its defaults:
+    zero differences dropped, exact distribution for small samples without ties, else the normal approximation).
+
+    Returns:
+        ``{"statistic", "p_value", "status"}``; status ``"ok"``, ``"too few pairs"`` (< 2 non-zero changes) or
+        ``"undefined: every paired change is zero"`` (statistic and p ``None``).
+    """
+    d = np.asarray(d, dtype=np.float64)
+    if scale is None:
+        scale = float(np.max(np.abs(d))) if d.size else 0.0
+    tol = stats.ROUNDING_ULPS * np.finfo(np.float64).eps * scale
+    if d.size and np.all(np.abs(d) <= tol):
+        return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
+    if int(np.sum(d != 0)) < 2:
+        return {"statistic": None, "p_value": None, "status": "too few pairs"}
+    r = sps.wilcoxon(d)
+    return {"statistic": stats._clean(r.statistic), "p_value": stats._clean(r.pvalue), "status": "ok"}
+
+
+def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 0.05, n_bootstrap: int = 10000,
+                  seed: int = 0) -> dict:
+    """The paired statistics of ``d = effect_a − effect_b`` on aligned pairs (all kept).
+
+    Args:
+        effect_a, effect_b: (N,) per-pair bias effects ``log ppl(biased) − log ppl(counterfactual)`` of the two
+            models (each the mean over its seeds when there are several).
+        alpha: two-tailed level of the test and of the CI (``1 − alpha``).
+        n_bootstrap: resamples of the BCa bootstrap CI of the mean change (0: no CI).
+        seed: bootstrap seed.
+    Returns:
+        ``{"n_pairs", "mean_change", "mean_change_ci", "ttest": {t_value, p_value, df, status}, "wilcoxon": {...},
+        "sign_flip": {...}, "effect_a": {...}, "effect_b": {...}}``; the effects are one-sample t-tests of each
+        side's per-pair effects against 0 on these pairs (is A past zero?).
+    """
+    a, b = np.asarray(effect_a, dtype=np.float64), np.asarray(effect_b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"effects differ in length ({a.size} vs {b.size})")
+    d = a - b
+    scale = max(float(np.max(np.abs(a))) if a.size else 0.0, float(np.max(np.abs(b))) if b.size else 0.0)
+    ci = stats.bootstrap_ci(d, 1 - alpha, n_bootstrap, seed, scale=scale) if n_bootstrap > 0 else None
+    sa, sb = np.sign(a), np.sign(b)
+    n = int(d.size)
+    return {
+        "n_pairs": n,
+        "mean_change": float(d.mean()) if n else None,
+        "mean_change_ci": None if ci is None else list(ci),
+        "ci_level": 1 - alpha,
+        "ttest": stats.paired_ttest(a, b),
+        "wilcoxon": wilcoxon(d, scale),
+        "sign_flip": {"share": float(np.mean(sa != sb)) if n else None,
+                      "n_flipped": int(np.sum(sa != sb)),
+                      "to_anti_stereotypical": int(np.sum((sb < 0) & (sa > 0))),
+                      "to_stereotypical": int(np.sum((sb > 0) & (sa < 0)))},
+        "effect_a": _test_zero(a, alpha),
+        "effect_b": _test_zero(b, alpha),
+    }
+
+
+def _as_runs(x) -> list[dict[str, MeasuredType]]:
+    if isinstance(x, dict):
+        return [x]
+    if isinstance(x, (str, os.PathLike)):
+        return [load_run(x)]
+    return [r if isinstance(r, dict) else load_run(r) for r in x]
+
+
+def _setting(runs, name, default):
+    vals = {(t.record.get("settings") or {}).get(name) for run in runs for t in run.values()} - {None}
+    return vals.pop() if len(vals) == 1 else default
+
+
+def compare_runs(a, b, *, bias_types: Sequence[str] | None = None, alpha: float | None = None,
+                 n_bootstrap: int | None = None, seed: int = 0, labels: tuple[str, str] = ("A", "B")) -> dict:
+    """Paired comparison of model A against model B per bias type (see the module docstring).
+
+    Args:
+        a, b: each a measure output folder, a list of them (seeds of one model: their per-pair effects are averaged),
+            or already loaded runs (:func:`load_run`).
+        bias_types: the types to compare (default: every type all runs measured).
+        alpha: significance level (default: the runs' own ``settings.alpha``, else 0.05).
+        n_bootstrap: bootstrap resamples (default: the runs' own ``settings.n_bootstrap``, else 10000).
+        labels: names of A and B in messages and in the result.
+    Returns:
+        ``{"a": {...}, "b": {...}, "alpha", "correction", "types": [per-type result], "not_compared": {type: why}}``;
+        each per-type result is :func:`paired_change` plus ``bias_type``, ``n_pairs`` (in the data),
+        ``n_pairs_dropped``, ``p_corrected``, ``significant``, ``seeds`` (per-seed mean changes and their sd),
+        ``overshoot`` and ``verdict`` (:func:`describe_change`), and ``pairs`` (the per-pair arrays, not JSON).
+    Raises:
+        MismatchError: runs not measured on the same pairs (the reason named). ValueError: no type in common, or
+        an asked-for type not measured by every run.
+    """
+    runs_a, runs_b = _as_runs(a), _as_runs(b)
+    if not runs_a or not runs_b:
+        raise ValueError("compare needs at least one run on each side")
+    alpha = float(alpha if alpha is not None else _setting(runs_a + runs_b, "alpha", 0.05))
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+    n_bootstrap = int(n_bootstrap if n_bootstrap is not None else _setting(runs_a + runs_b, "n_bootstrap", 10000))
+    allruns = [(f"{labels[0]}[{i}]" if len(runs_a) > 1 else labels[0], r) for i, r in enumerate(runs_a)] + \
+              [(f"{labels[1]}[{i}]" if len(runs_b) > 1 else labels[1], r) for i, r in enumerate(runs_b)]
+    common = [t for t in runs_a[0] if all(t in r for _, r in allruns)]
+    not_compared = {}
+    for _, r in allruns:
+        for t in r:
+            if t not in common:
+                missing = [lab for lab, rr in allruns if t not in rr]
+                not_compared[t] = f"not measured in {', '.join(missing)}"
+    if bias_types is not None:
+        bad = [t for t in bias_types if t not in common]
+        if bad:
+            raise ValueError(f"bias type(s) {bad} not measured by every run compared (common: {', '.join(common)})")
+        common = [t for t in common if t in bias_types]
+    if not common:
+        raise ValueError("the runs have no bias type in common: " + "; ".join(f"{t}: {w}" for t, w in
+                                                                            not_compared.items()))
+    results = []
+    for t in common:
+        lab0, ref = allruns[0]
+        for lab, r in allruns[1:]:
+            _check_same_pairs(lab0, ref[t], lab, r[t])
+        kept = np.logical_and.reduce([r[t].kept for _, r in allruns])
+        ea = np.mean([r[t].effect[kept] for r in runs_a], axis=0)
+        eb = np.mean([r[t].effect[kept] for r in runs_b], axis=0)
+        res = {"bias_type": t, "n_pairs_in_data": len(ref[t].biased),
+               "n_pairs_dropped": int(len(kept) - kept.sum()),
+               **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed)}
+        res["seeds"] = _seed_spread([r[t].effect[kept] for r in runs_a], [r[t].effect[kept] for r in runs_b])
+        res["pairs"] = {"index": np.nonzero(kept)[0], "biased": [ref[t].biased[i] for i in np.nonzero(kept)[0]],
+                        "counterfactual": [ref[t].counterfactual[i] for i in np.nonzero(kept)[0]],
+                        "effect_a": ea, "effect_b": eb}
+        results.append(res)
+    for test in ("ttest", "wilcoxon"):
+        adj = stats.adjust_pvalues([r[test]["p_value"] for r in results])
+        for r, pb, ph in zip(results, adj["bonferroni"], adj["benjamini_hochberg"]):
+            r.setdefault("p_corrected", {})[test] = {"bonferroni": pb, "benjamini_hochberg": ph,
+                                                     "n_tests": len(results)}
+    for r in results:
+        p = r["p_corrected"]["ttest"][CORRECTION]
+        r["significant"] = p is not None and p < alpha
+        r["overshoot"] = _overshoot(r)
+        r["verdict"] = describe_change(r, labels)
+    side = lambda runs: {"folders": [str(next(iter(x.values())).folder) for x in runs],  # noqa: E731
+                         "models": [next(iter(x.values())).record.get("model") for x in runs]}
+    return {"a": {"label": labels[0], **side(runs_a)}, "b": {"label": labels[1], **side(runs_b)}, "alpha": alpha,
+            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION,
+            "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A is "
+                      "more anti-stereotypical (less stereotypical) than B",
+            "types": results, "not_compared": not_compared}
+
+
+def _seed_spread(ea: list[np.ndarray], eb: list[np.ndarray]) -> dict:
+    """Mean change of each seed: seed-by-seed when both sides have the same number of runs (> 1), else each run of
+    the side with several against the other side's mean."""
+    if len(ea) == 1 and len(eb) == 1:
+        return {"n_a": 1, "n_b": 1, "per_seed_mean_change": None, "sd": None}
+    if len(ea) == len(eb):
+        ch = [float(np.mean(x - y)) for x, y in zip(ea, eb)]
+    elif len(ea) > 1 and len(eb) == 1:
+        ch = [float(np.mean(x - eb[0])) for x in ea]
+    elif len(eb) > 1 and len(ea) == 1:
+        ch = [float(np.mean(ea[0] - y)) for y in eb]
+    else:
+        mb, ma = np.mean(eb, axis=0), np.mean(ea, axis=0)
+        ch = [float(np.mean(x - mb)) for x in ea] + [float(np.mean(ma - y)) for y in eb]
+    return {"n_a": len(ea), "n_b": len(eb), "per_seed_mean_change": ch,
+            "sd": float(np.std(ch, ddof=1)) if len(ch) > 1 else None}
+
+
+def _overshoot(r: dict) -> str | None:
+    """``"anti-stereotypical"`` when the change carried A past zero into the anti-stereotypical direction: a
+    significant change towards the anti-stereotypical side (d > 0), A significantly anti-stereotypical on these pairs
+    (one-sample t-test of its per-pair effects, p < alpha), and B's mean effect on them at or below zero; else
+    ``None``."""
+    if not r["significant"] or r["mean_change"] is None or r["mean_change"] <= 0:
+        return None
+    ea, eb = r["effect_a"], r["effect_b"]
+    if ea["significant"] and ea["direction"] == "anti-stereotypical" and eb["mean"] is not None and eb["mean"] <= 0:
+        return "anti-stereotypical"
+    return None
+
+
+def _f(x, f=".3g"):
+    return "n/a" if x is None else format(x, f)
+
+
+def fmt_change(x, sign: bool = True) -> str:
+    """A log-perplexity effect or change as text: 4 decimals, or 2 significant digits below 0.001 (never a bare
+    "-0.0000" that hides the size and the sign)."""
+    if x is None:
+        return "n/a"
+    return format(x, ("+" if sign else "") + (".4f" if abs(x) >= 1e-3 or x == 0 else ".1e"))
+
+
+def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
+    """One sentence for a per-type comparison: "not significant" first when it is not, then the size; a significant
+    change names its direction, and an overshoot says so in words."""
+    a, b = labels
+    ci = r.get("mean_change_ci")
+    size = (f"mean change {fmt_change(r['mean_change'])}"
+            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
+            + f", t = {_f(r['ttest']['t_value'], '.2f')}, p = {_f(r['ttest']['p_value'], '.2g')} "
+              f"({r['p_corrected']['ttest']['n_tests']} types, {CORRECTION} p = "
+              f"{_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), {r['n_pairs']} pairs")
+    if r["ttest"]["t_value"] is None:
+        return f"no test: {r['ttest']['status']} ({r['n_pairs']} pairs)"
+    if not r["significant"]:
+        return f"not significant: no evidence that {a} differs from {b} ({size})"
+    way = "anti-stereotypical" if r["mean_change"] > 0 else "stereotypical"
+    text = f"significant change towards the {way} side: {a} is {'less' if way == 'anti-stereotypical' else 'more'} " \
+           f"stereotypical than {b} ({size})"
+    if r.get("overshoot") == "anti-stereotypical":
+        text += (f"; overshoot: {a} went past zero and is now significantly anti-stereotypical on these pairs "
+                 f"(mean effect {fmt_change(r['effect_a']['mean'])}, p = {_f(r['effect_a']['p_value'], '.2g')}; "
+                 f"{b}: {fmt_change(r['effect_b']['mean'])})")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------- output
+CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "t_value", "p_value",
+               "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
+               "sign_flip_share", "mean_effect_a", "mean_effect_b", "seed_sd", "significant", "overshoot"]
+
+
+def _csv_row(r: dict) -> list:
+    ci = r["mean_change_ci"] or [None, None]
+    v = lambda x: "" if x is None else repr(float(x)) if isinstance(x, float) else str(x)  # noqa: E731
+    return [r["bias_type"], r["n_pairs"], r["n_pairs_dropped"], v(r["mean_change"]), v(ci[0]), v(ci[1]),
+            v(r["ttest"]["t_value"]), v(r["ttest"]["p_value"]), v(r["p_corrected"]["ttest"]["bonferroni"]),
+            v(r["p_corrected"]["ttest"]["benjamini_hochberg"]), v(r["wilcoxon"]["statistic"]),
+            v(r["wilcoxon"]["p_value"]), v(r["p_corrected"]["wilcoxon"]["bonferroni"]),
+            v(r["sign_flip"]["share"]), v(r["effect_a"]["mean"]), v(r["effect_b"]["mean"]), v(r["seeds"]["sd"]),
+            "true" if r["significant"] else "false", r["overshoot"] or ""]
+
+
+def json_ready(res: dict) -> dict:
+    """The comparison without the per-pair arrays (those go to ``<type>_changes.csv``)."""
+    return {**res, "types": [{k: v for k, v in r.items() if k != "pairs"} for r in res["types"]]}
+
+
+def write_comparison(res: dict, out_dir: str | os.PathLike, plot: bool = True) -> dict:
+    """Write ``compare.json``, ``compare.csv``, ``<type>_changes.csv`` (per pair: phrases, both effects, the change)
+    and ``compare.png`` into ``out_dir`` (atomically). Returns the paths written."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    paths = {"csv": atomic_write_csv(out / "compare.csv", CSV_COLUMNS, [_csv_row(r) for r in res["types"]])}
+    for r in res["types"]:
+        p = r["pairs"]
+        atomic_write_csv(out / f"{r['bias_type']}_changes.csv",
+                         ["row", "biased_phrase", "counterfactual_phrase", "effect_a", "effect_b", "change"],
+                         [[int(i) + 1, bp, cp, repr(float(x)), repr(float(y)), repr(float(x - y))]
+                          for i, bp, cp, x, y in zip(p["index"], p["biased"], p["counterfactual"], p["effect_a"],
+                                                     p["effect_b"])])
+    if plot:
+        fig = figure_changes(res)
+        with atomic_file(out / "compare.png", "wb") as f:
+            fig.savefig(f, format="png", dpi=150, bbox_inches="tight")
+        paths["png"] = out / "compare.png"
+    paths["json"] = atomic_write_json(out / "compare.json", {**json_ready(res), "versions": versions()})
+    return paths
+
+
+def compare_models(a, b, out_dir: str | os.PathLike | None = None, **kw) -> dict:
+    """:func:`compare_runs`, and its files in ``out_dir`` when given (:func:`write_comparison`); the Python side of
+    ``rbjax compare A B --out DIR``."""
+    res = compare_runs(a, b, **kw)
+    if out_dir is not None:
+        write_comparison(res, out_dir)
+    return res
+
+
+def format_comparison(res: dict) -> str:
+    """A plain-text table of a comparison, one row per bias type, and each type's verdict."""
+    a, b = res["a"]["label"], res["b"]["label"]
+    head = (f"{'bias type':<10} {'pairs':>5} {'mean change':>12} {'CI':>21} {'t':>7} {'p':>9} {'p bonf':>9} "
+            f"{'wilcoxon p':>10} {'flipped':>7}")
+    lines = [f"A = {a}: {', '.join(res['a']['folders'])}", f"B = {b}: {', '.join(res['b']['folders'])}",
+             res["change"], "", head, "-" * len(head)]
+    for r in res["types"]:
+        ci = r["mean_change_ci"]
+        cis = "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]"
+        lines.append(f"{r['bias_type']:<10} {r['n_pairs']:>5} {fmt_change(r['mean_change']):>12} {cis:>21} "
+                     f"{_f(r['ttest']['t_value'], '.2f'):>7} {_f(r['ttest']['p_value'], '.2e'):>9} "
+                     f"{_f(r['p_corrected']['ttest']['bonferroni'], '.2e'):>9} "
+                     f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")
+    lines.append("")
+    lines += [f"{r['bias_type']}: {r['verdict']}" for r in res["types"]]
+    for t, why in res["not_compared"].items():
+        lines.append(f"{t}: not compared ({why})")
+    return "\n".join(lines)

@@ -1,0 +1,368 @@
+"""Release-ready debiased models: the HF folder of a finished debiasing run with a model card that carries its
+evidence (``rbjax export RUN --out DIR``).
+
+``RUN`` is one of
+
+* a finished ``rbjax debias`` run folder (``results.json`` with status done, ``model/``);
+* a sweep folder (``selection.json``): its selected point ``selected_<rule>`` (``--rule``, default ``default``);
+* a study's method folder ``OUT/seed<S>/<type>/<method>`` (``rbjax run``): its selected point or single run, with the
+  study's test-split LMB and dialog checks of that model and of the starting model.
+
+``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte, ``README.md`` (the model card: the
+Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
+method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
+with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
+``export.json`` (the same numbers, machine-readable) and ``evidence/`` (``compare.json``/``.csv``/``.png`` and the
+per-pair changes) when a before/after comparison was possible.
+
+Every number on the card is read from the run's files (``results.json``, ``config.json``, ``selection.json``,
+``lmb.json``, ``<task>.json``) or computed from its per-pair perplexities by :func:`rbjax.lmb.compare.compare_runs`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from rbjax import __version__
+from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
+from rbjax.core.keys import file_digest
+from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.study.report import DIALOG_COLUMNS, _dig
+
+__all__ = ["resolve_run", "export_model", "model_card"]
+
+METHOD_TEXT = {
+    "lmd": "LMD — language model debiasing with an equalising loss on the target terms (paper §4.1)",
+    "add": "ADD — attribute distance debiasing (paper §4.2)",
+    "hd": "HD — hard debiasing: projection away from the bias subspace (paper §4.3)",
+    "cda": "CDA — counterfactual data augmentation: fine-tuning on the phrases and their target-swapped "
+           "counterfactuals (paper §4.4)",
+    "lm": "LM — plain language-model fine-tuning on the bias type's phrases (a control, not a debiasing method)",
+}
+
+
+def _need_done_run(folder: Path) -> dict:
+    res = read_json(folder / "results.json")
+    if not isinstance(res, dict) or res.get("status") != "done":
+        raise ValueError(f"{folder}: not a finished debiasing run (no results.json with status 'done'); finish it "
+                         "with the same 'rbjax debias' (or 'rbjax run') command first")
+    model = folder / "model"
+    if not (model / "config.json").is_file():
+        raise ValueError(f"{folder}: the run has no exported model ({model}/config.json missing); it was trained "
+                         "with --no-export: rerun the same command without it")
+    return res
+
+
+def resolve_run(path: str | os.PathLike, rule: str | None = None) -> dict:
+    """What ``RUN`` names: ``{"run": run folder, "results": results.json, "config": config.json, "sweep": folder |
+    None, "selection": the chosen rule's selection entry | None, "rule": name | None, "method_folder": folder | None,
+    "study": study folder | None}``.
+
+    Raises:
+        FileNotFoundError: no such folder. ValueError: a folder that is none of the accepted kinds, an unfinished
+        run, or a rule the sweep did not select with.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such run folder")
+    sweep = method_folder = None
+    if (p / "results.json").exists():
+        run = p
+        if p.parent.name == "sweep" or (p.parent / "selection.json").exists():
+            sweep = p.parent
+    elif (p / "selection.json").exists():
+        sweep = p
+    elif (p / "sweep" / "selection.json").exists():
+        sweep, method_folder = p / "sweep", p
+    elif (p / "run" / "results.json").exists():
+        run, method_folder = p / "run", p
+    else:
+        raise ValueError(f"{p}: not a debiasing run (results.json), a sweep (selection.json) or a study's method "
+                         "folder (seed<S>/<type>/<method> with sweep/ or run/)")
+    selection = None
+    if sweep is not None:
+        sel = read_json(sweep / "selection.json") or {}
+        if p == sweep or method_folder is not None:
+            rule = rule or "default"
+            run = sweep / f"selected_{rule}"
+        else:
+            rule = run.name[len("selected_"):] if run.name.startswith("selected_") else None
+        if rule is not None:
+            if not isinstance(sel.get(rule), dict):
+                raise ValueError(f"{sweep / 'selection.json'}: no selection by rule {rule!r} (rules: "
+                                 f"{', '.join(k for k, v in sel.items() if isinstance(v, dict) and 'point' in v)})")
+            selection = sel[rule]
+            if not run.is_dir():
+                raise ValueError(f"{run}: the sweep's point selected by rule {rule!r} was not retrained and exported "
+                                 f"(rerun the sweep with --final {rule})")
+    elif rule is not None:
+        raise ValueError(f"--rule {rule}: {p} is a single run, not a sweep")
+    if method_folder is None:
+        cand = run.parent.parent if sweep is not None else run.parent
+        if (cand / "lmb_test").is_dir():
+            method_folder = cand
+    study = None
+    if method_folder is not None and len(method_folder.parents) >= 3:
+        root = method_folder.parents[2]
+        if (root / "study.json").exists() and method_folder.parents[1].name.startswith("seed"):
+            study = root
+    results = _need_done_run(run)
+    return {"run": run, "results": results, "config": read_json(run / "config.json") or {}, "sweep": sweep,
+            "selection": selection, "rule": rule, "method_folder": method_folder, "study": study}
+
+
+def _lmb_before_after(info: dict, before: str | os.PathLike | None, after: str | os.PathLike | None):
+    """(before folder | None, after folder | None): explicit ones, else the study's test-split measurements, else
+    the run's own valid-split LMB (after only)."""
+    mf, study, run = info["method_folder"], info["study"], info["run"]
+    if after is None:
+        if mf is not None and (mf / "lmb_test" / "lmb.json").exists():
+            after = mf / "lmb_test"
+        elif (run / "lmb_valid" / "lmb.json").exists():
+            after = run / "lmb_valid"
+    if before is None and study is not None and (study / "baseline" / "lmb_test" / "lmb.json").exists():
+        before = study / "baseline" / "lmb_test"
+    return (None if before is None else Path(before)), (None if after is None else Path(after))
+
+
+def _dialog(folder: Path | None) -> dict:
+    if folder is None:
+        return {}
+    return {t: r for t in ("lmp", "dst", "crg") if isinstance(r := read_json(folder / f"{t}.json"), dict)}
+
+
+def _is_hub_id(source: str | None) -> bool:
+    return bool(source) and not Path(source).exists() and source.count("/") == 1 and not source.startswith(
+        (".", "/", "~"))
+
+
+def _yaml_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid YAML scalar
+
+
+def _f(x, f=".2f") -> str:
+    return "n/a" if x is None else format(x, f)
+
+
+def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, comparison: dict | None) -> dict:
+    res, cfg = info["results"], info["config"]
+    c = res.get("config") or {}
+    mf, study = info["method_folder"], info["study"]
+    data = cfg.get("data") or {}
+    files = {}
+    for f in data.get("files") or []:
+        try:
+            files[str(f)] = file_digest(f)
+        except OSError:
+            files[str(f)] = None
+    before = None if before_dir is None else json.loads((before_dir / "lmb.json").read_text())
+    after = None if after_dir is None else json.loads((after_dir / "lmb.json").read_text())
+    study_cfg = (read_json(study / "study.json") or {}).get("config") if study else None
+    return {
+        "method": res.get("method"), "bias_type": res.get("bias_type"), "semantics": res.get("semantics"),
+        "base_model": (cfg.get("model") or {}).get("source") or c.get("model"),
+        "base_model_config": (cfg.get("model") or {}).get("config"),
+        "random_base_model": (study_cfg or {}).get("study", {}).get("random_model"),
+        "seed": c.get("seed"),
+        "training": {k: c.get(k) for k in ("epochs", "max_steps", "batch_size", "grad_accum", "learning_rate",
+                                           "lambda_lm", "lambda_d", "block_size", "dropout", "precision")}
+                    | {"updates": (res.get("training") or {}).get("updates")},
+        "grid_point": None if info["selection"] is None else info["selection"].get("point"),
+        "selection": None if info["selection"] is None else {
+            "rule_name": info["rule"], "rule": info["selection"].get("rule"), "id": info["selection"].get("id"),
+            "dev": info["selection"].get("dev"), "lmp": info["selection"].get("lmp"),
+            "constraint_met": info["selection"].get("constraint_met"),
+            "n_runs": (read_json(info["sweep"] / "selection.json") or {}).get("n_runs")},
+        "training_data": {"source": data.get("source"), "files_sha256": files, "n_lines": data.get("n_lines"),
+                          "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
+                          "run_key_data_digest": (res.get("key") or {}).get("data")},
+        "model_files_digest": res.get("model_files"),
+        "lmb_before": {"folder": None if before_dir is None else str(before_dir), "records": before},
+        "lmb_after": {"folder": None if after_dir is None else str(after_dir), "records": after},
+        "comparison": None if comparison is None else json_ready(comparison),
+        "dialog_after": _dialog(mf / "dialog" if mf is not None else None),
+        "dialog_before": _dialog(study / "baseline" / "dialog" if study is not None else None),
+        "lmp_run": res.get("lmp"),
+        "versions_training": res.get("versions"),
+        "source_run": str(info["run"]),
+    }
+
+
+def _rec(records, t):
+    return next((r for r in records or [] if r["bias_type"] == t), None)
+
+
+def _lmb_cell(r: dict | None) -> str:
+    if r is None:
+        return "not measured"
+    if r.get("t_value") is None:
+        return f"no test ({r.get('status')})"
+    sig = r.get("significant")
+    word = (r.get("direction") if sig else "not significant")
+    return f"t = {_f(r['t_value'])}, p = {_f(r['p_value'], '.2g')} ({word})"
+
+
+def model_card(n: dict, license: str) -> str:
+    """The model card (``README.md``) of an export: :func:`export_model`'s numbers ``n`` as text, with the Hugging Face
+    metadata block as YAML front matter."""
+    method, bt = n["method"], n["bias_type"]
+    base = n["base_model"] or "unknown"
+    tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", "gpt2", f"debiasing-{method}", f"bias-{bt}"]
+    front = ["---"]
+    if _is_hub_id(base):
+        front.append(f"base_model: {_yaml_str(base)}")
+    front += [f"license: {_yaml_str(license)}", "language:", "- en", "library_name: transformers",
+              "pipeline_tag: text-generation", "tags:"] + [f"- {_yaml_str(t)}" for t in tags] + ["---", ""]
+    base_text = base if _is_hub_id(base) else (
+        f"a local model folder ({base})" + (f": a random GPT-2 {json.dumps(n['random_base_model'])}"
+                                            if n["random_base_model"] else ""))
+    L = [f"# {base.split('/')[-1] if _is_hub_id(base) else 'GPT-2'} debiased for {bt} with "
+         f"{method.upper()} (rbjax)", ""]
+    L += [f"- **Base model**: {base_text}", f"- **Method**: {METHOD_TEXT.get(method, method)}",
+          f"- **Semantics**: `{n['semantics']}` (rbjax's `paper` follows the paper's equations; `reference` "
+          "reproduces the official PyTorch code; see rbjax docs/debiasing.md)",
+          f"- **Bias type**: {bt} (RedditBias, Barikeri et al., ACL 2021)", f"- **Training seed**: {n['seed']}"]
+    tr = n["training"]
+    L.append("- **Training**: " + ", ".join(f"{k} = {v}" for k, v in tr.items() if v is not None))
+    if n["grid_point"] is not None:
+        s = n["selection"]
+        dev = s.get("dev") or {}
+        L += ["", "## Grid point and selection", "",
+              f"Selected among {s.get('n_runs')} grid point(s) by rule `{s['rule_name']}`: {s.get('rule')}.", "",
+              "| " + " | ".join(n["grid_point"]) + " |", "|" + "---|" * len(n["grid_point"]),
+              "| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in n["grid_point"].values()) + " |",
+              "", f"Dev (valid split) LMB of the selected point: t = {_f(dev.get('t_value'))}, "
+                  f"p = {_f(dev.get('p_value'), '.2g')} on {dev.get('n_pairs')} pairs "
+                  f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
+                  f"{_f(s.get('lmp'), '.2f')}; within the LMP budget: {s.get('constraint_met')}."]
+    else:
+        L += ["", "## Grid point and selection", "",
+              "No grid: one run with the method's settings above (as the paper's CDA)."]
+    td = n["training_data"]
+    L += ["", "## Training data", "", f"{td['source']}: {td['n_lines']} lines, {td['n_tokens']} tokens "
+          f"(sha256 of the token ids: `{td['sha256_tokens']}`).", ""]
+    L += [f"- `{f}`: sha256 `{h}`" for f, h in td["files_sha256"].items()]
+    # LMB before / after
+    before, after = n["lmb_before"]["records"], n["lmb_after"]["records"]
+    comp = n["comparison"]
+    L += ["", "## Language model bias (LMB) before and after", ""]
+    if after is None and before is None:
+        L.append("Not measured: the run has no LMB of the exported model (export with --after, an `rbjax measure` "
+                 "folder of it).")
+    else:
+        split = (after or before)[0].get("split")
+        L.append(f"Paired two-tailed t-test of the perplexities of biased phrases vs their counterfactuals "
+                 f"({split} split, 3σ outlier pairs removed; t < 0: stereotypical). After: "
+                 + (f"`{n['lmb_after']['folder']}`" if after is not None else "not measured (export with --after, an "
+                    "`rbjax measure` folder of this model on the same split)")
+                 + (f"; before: `{n['lmb_before']['folder']}`." if before is not None else "."))
+        L.append("")
+        if comp is not None:
+            L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
+                     "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
+                     "ppl(counterfactual); d > 0: less stereotypical; p Bonferroni-corrected across the "
+                     f"{len(comp['types'])} types; files in `evidence/`).")
+        elif before is None:
+            L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
+                     "on the same split, to add it and the paired comparison).")
+        L += ["", "| bias type | before | after | change [CI] | p (corrected) | verdict |", "|---|---|---|---|---|---|"]
+        by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
+        for r0 in (after or before):
+            t = r0["bias_type"]
+            r = _rec(after, t)
+            c = by.get(t)
+            if c is None:
+                ch = pc = verdict = "n/a"
+            else:
+                ci = c.get("mean_change_ci")
+                ch = fmt_change(c["mean_change"]) + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
+                pc = _f(c["p_corrected"]["ttest"]["bonferroni"], ".2g")
+                verdict = c["verdict"].split(":")[0].split(" (")[0]
+                if c.get("overshoot") == "anti-stereotypical":
+                    verdict += ", overshoot into the anti-stereotypical direction"
+            L.append(f"| {t}{' (debiased)' if t == bt else ''} | {_lmb_cell(_rec(before, t)) if before else 'n/a'} | "
+                     f"{_lmb_cell(r)} | {ch} | {pc} | {verdict} |")
+    # dialog
+    da, db = n["dialog_after"], n["dialog_before"]
+    L += ["", "## Dialog quality", ""]
+    if da or db:
+        L += ["| model | " + " | ".join(h for h, t, _ in DIALOG_COLUMNS if t in da or t in db) + " |",
+              "|---|" + "---|" * sum(1 for _, t, _ in DIALOG_COLUMNS if t in da or t in db)]
+        for name, d in (("base model", db), ("this model", da)):
+            if d:
+                L.append(f"| {name} | " + " | ".join(_f(_dig((d.get(t) or {}).get("metrics"), path), ".3f")
+                                                    for _, t, path in DIALOG_COLUMNS if t in da or t in db) + " |")
+    elif n["lmp_run"]:
+        L.append(f"LMP (Reddit perplexity, §3.2) of this model: {_f((n['lmp_run'] or {}).get('perplexity'), '.3f')}.")
+    else:
+        L.append("Not measured (no LMP, DST or CRG results with this run).")
+    # limitations
+    lim = []
+    if tr.get("max_steps") is not None:
+        lim.append(f"training stopped after max_steps = {tr['max_steps']} update(s), not the paper's full epochs")
+    if n["selection"] and (n["selection"].get("dev") or {}).get("n_pairs") is not None:
+        lim.append(f"the selection's dev t is on {n['selection']['dev']['n_pairs']} valid pairs")
+    if n["random_base_model"]:
+        lim.append("the base model is a random GPT-2: this export is a pipeline test, not a usable model")
+    for d in (da, db):
+        for t, r in d.items():
+            for x in r.get("notes") or []:
+                lim.append(f"{t.upper()}: {x}")
+    lim = list(dict.fromkeys(lim))
+    L += ["", "## Limitations", ""] + ([f"- {x}" for x in lim] if lim else
+                                       ["- LMB measures bias on RedditBias phrase pairs only; it is not a guarantee "
+                                        "of unbiased generation."])
+    if lim:
+        L.append("- LMB measures bias on RedditBias phrase pairs only; it is not a guarantee of unbiased generation.")
+    L += ["", "## Files", ""] + [f"- `{f}`: sha256 `{h}`" for f, h in (n.get("files_sha256") or {}).items()]
+    v = n["versions_training"] or {}
+    L += ["", "## Versions", "", f"Exported by rbjax {__version__} from `{n['source_run']}`; model files digest "
+          f"`{n['model_files_digest']}`. Trained with: " + ", ".join(f"{k} {v[k]}" for k in
+                                                                     ("rbjax", "jax", "flax", "optax", "numpy")
+                                                                     if v.get(k)) + ".", ""]
+    return "\n".join(front + L)
+
+
+def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, *, rule: str | None = None,
+                 baseline: str | os.PathLike | None = None, after: str | os.PathLike | None = None,
+                 license: str = "other", overwrite: bool = False) -> dict:
+    """Export a finished debiasing run (or a sweep's selected point, or a study's method) as an HF folder with a
+    model card; see the module docstring.
+
+    Args:
+        run: the run, sweep or study method folder.
+        out_dir: the folder to write (must not exist or be empty, unless ``overwrite``).
+        rule: the sweep's selection rule (``default`` or ``reference``) for a sweep or study method folder.
+        baseline: an ``rbjax measure`` folder of the base model (default: the study's ``baseline/lmb_test``).
+        after: an ``rbjax measure`` folder of the exported model (default: the study's ``lmb_test`` of the method,
+            else the run's ``lmb_valid``).
+        license: the card's ``license`` (an HF license id; "other" when unknown — the base model's license applies).
+    Returns:
+        ``{"out": folder, "card": README.md, "numbers": export.json content}``.
+    Raises:
+        FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty;
+        :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs.
+    """
+    info = resolve_run(run, rule)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        raise ValueError(f"--out {out} exists and is not an empty folder (pass --overwrite to replace its files)")
+    before_dir, after_dir = _lmb_before_after(info, baseline, after)
+    comparison = None
+    if before_dir is not None and after_dir is not None:
+        comparison = compare_runs(after_dir, before_dir, labels=("debiased", "base model"))
+    n = _card_numbers(info, before_dir, after_dir, comparison)
+    out.mkdir(parents=True, exist_ok=True)
+    model = info["run"] / "model"
+    for f in sorted(model.iterdir()):
+        if f.is_file():
+            shutil.copy2(f, out / f.name)
+    n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
+    if comparison is not None:
+        write_comparison(comparison, out / "evidence")
+    card = model_card(n, license)
+    atomic_write_text(out / "README.md", card)
+    atomic_write_json(out / "export.json", n)
+    return {"out": out, "card": out / "README.md", "numbers": n}
