@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type", "bias_spec"]
+__all__ = ["METHODS", "LOSS_METHODS", "LAYOUTS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
+           "bias_spec"]
 
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
 METHODS = ("lmd", "add", "hd", "cda", "lm")
@@ -20,13 +21,16 @@ LOSS_METHODS = ("lmd", "add", "hd")
 TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
 PRECISIONS = ("fp32", "bf16")
+#: token layouts of a micro-batch (:class:`rbjax.debias.data.BatchPlan`): ``packed`` (the examples' tokens side by
+#: side in a few rows, no update computes on padding) or ``padded`` (one row of ``block_size`` per example)
+LAYOUTS = ("packed", "padded")
 
 #: fields of :class:`TrainConfig` that determine the training trajectory; a resumed run must match them (together
 #: with the content of the model, tokenizer, data and bias specification: see :mod:`rbjax.debias.loop`)
 TRAJECTORY_FIELDS = (
     "method", "bias_type", "train_file", "semantics", "seed", "epochs", "batch_size", "grad_accum",
     "learning_rate", "adam_b1", "adam_b2", "adam_eps", "max_grad_norm", "block_size", "lambda_lm", "lambda_d",
-    "max_steps", "leftover", "dropout", "precision",
+    "max_steps", "leftover", "dropout", "precision", "layout",
 )
 
 
@@ -119,6 +123,11 @@ class TrainConfig:
     dropout: bool = _f(True, "dropout 0.1 during training, as the reference", negate="--no-dropout")
     precision: str = _f("fp32", "compute precision: fp32 (default) or bf16 (bf16 matmuls, fp32 parameters, "
                                 "optimizer state and losses; for accelerators)", choices=PRECISIONS)
+    layout: str = _f("packed", "token layout of a micro-batch: packed (default: its phrases side by side in a few "
+                               "rows, block-diagonal attention, positions restarting per phrase; no compute on "
+                               "padding; the same losses and updates) or padded (one block_size row per phrase, for "
+                               "comparison). DST in reference semantics is always padded (its pooling attends "
+                               "padding)", choices=LAYOUTS)
     save_every: int = _f(100, "checkpoint every N updates (also every --save-every-s seconds, on Ctrl-C/SIGTERM and "
                               "at the end)")
     save_every_s: float = _f(600.0, "checkpoint when this many seconds passed since the last one (0: off)")
@@ -144,6 +153,8 @@ class TrainConfig:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.leftover not in (None, "drop", "carry"):
             raise ValueError(f"leftover must be 'drop', 'carry' or None, got {self.leftover!r}")
         for name in ("epochs", "batch_size", "grad_accum", "block_size", "save_every", "keep_checkpoints",
@@ -180,6 +191,12 @@ class TrainConfig:
             return self.leftover
         return "carry" if self.semantics == "reference" else "drop"
 
+    @property
+    def resolved_layout(self) -> str:
+        """The layout the trainer uses: ``layout``, except ``padded`` for DST in reference semantics, whose pooling
+        (the batch's longest row's last column, padding attended: ``lm_dst_binary.py``) depends on the padding."""
+        return "padded" if (self.method == "dst" and self.semantics == "reference") else self.layout
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -187,6 +204,7 @@ class TrainConfig:
         """The settings a resumed run must share with the checkpointed one."""
         d = {k: getattr(self, k) for k in TRAJECTORY_FIELDS}
         d["leftover"] = self.resolved_leftover
+        d["layout"] = self.resolved_layout
         return d
 
     def replace(self, **kw) -> "TrainConfig":

@@ -159,7 +159,9 @@ class Trainer:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
-                                      cfg.resolved_leftover, cfg.max_steps)
+                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.resolved_layout)
+        if self.plan.layout != cfg.resolved_layout:
+            raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.resolved_layout}")
         self.stacked = points is not None
         self.points = list(points) if points is not None else [RunHparams(cfg.lambda_lm, cfg.lambda_d,
                                                                          cfg.learning_rate)]
