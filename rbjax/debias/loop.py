@@ -14,7 +14,10 @@
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
   difference named.
 * **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
-  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s.
+  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. ``tokens`` counts the real (non-pad)
+  tokens of the update in either layout, so ``tokens_per_s`` compares packed and padded runs.
+* **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.debias.data.BatchPlan`); the run's summary
+  records it with the packed shapes and the real-slot fraction (:meth:`Trainer.layout_info`).
 * **Non-finite gradients**: an update with ``inf``/``NaN`` in its gradient is skipped and counted (per point); after
   :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
 """
@@ -211,6 +214,12 @@ class Trainer:
         """Unscaled gradient of one micro-batch's total loss (dropout as configured when ``rng`` is given)."""
         return micro_batch_grads(params, batch, self.lambdas, rng, self.spec)
 
+    def layout_info(self) -> dict:
+        """The token layout of the run's micro-batches: ``layout``, the packed ``(rows, slots)`` shapes of the plan
+        (one compiled program each) and the share of computed token slots that hold a real token."""
+        return {"layout": self.plan.layout, "packed_shapes": [list(s) for s in self.plan.shapes],
+                "real_slot_fraction": round(self.plan.real_fraction(), 4)}
+
     # -- state ------------------------------------------------------------------------------------------------
     def key(self) -> dict:
         """Everything that determines the trajectory (a checkpoint is resumed only when this matches)."""
@@ -296,7 +305,7 @@ class Trainer:
         n_pts = len(self.points)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
-                                   "skipped_updates": [0] * n_pts}
+                                   "skipped_updates": [0] * n_pts, **self.layout_info()}
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
