@@ -216,3 +216,33 @@ def test_reference_dst_stays_padded():
                       evaluate=False, lmp=False)
     assert cfg.resolved_layout == "padded" and cfg.trajectory()["layout"] == "padded"
     assert TrainConfig(method="dst", model="unused").resolved_layout == "packed"
+
+
+def test_layout_settings_are_checked_and_recorded():
+    from rbjax.dialog.evaluate import task_settings
+
+    with pytest.raises(ValueError, match="layout must be one of"):
+        TrainConfig(layout="diagonal")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        task_settings("dst", {"layout": "diagonal"})
+    assert task_settings("crg", {})["layout"] == "packed" and task_settings("dst", {"layout": "padded"})["layout"] == \
+        "padded"
+    assert TrainConfig().trajectory()["layout"] == "packed"  # enters checkpoint and result keys
+
+
+def test_study_cost_estimate_uses_the_packed_rate():
+    from pathlib import Path
+
+    from rbjax.study.config import load_study
+    from rbjax.study.run import COSTS, TOKENS_PER_LINE, TRAIN_LINES, estimate_cost
+
+    paper = Path(__file__).resolve().parents[1] / "experiments" / "paper.toml"
+    packed = estimate_cost(load_study(paper))
+    padded = estimate_cost(load_study(paper, ["training.layout=padded"]))
+    assert packed["layout"] == "packed" and padded["layout"] == "padded"
+    assert packed["training_tokens"] == padded["training_tokens"]  # real tokens either way
+    # packed: real tokens at the packed rate; padded: every 36-token slot at the padded rate
+    assert packed["train_hours"] == pytest.approx(packed["training_tokens"] / COSTS["train_tokens_per_s"] / 3600)
+    slots = padded["training_tokens"] * 36 / (sum(TOKENS_PER_LINE[b] * TRAIN_LINES[b] for b in TRAIN_LINES) /
+                                              sum(TRAIN_LINES.values()))
+    assert padded["train_hours"] == pytest.approx(slots / COSTS["train_padded_slots_per_s"] / 3600, rel=0.05)

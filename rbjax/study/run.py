@@ -251,7 +251,7 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 COSTS = {
     # bench_packed_train.py: real (non-pad) tokens/s of the trainer's update in the packed layout (the default),
     # religion1, batch 8, LM loss
-    "train_tokens_per_s": 420.0,
+    "train_tokens_per_s": 180.0,
     # bench_train_step.py: token slots/s of the padded layout (batch 8 × 36: every slot computed, real or not)
     "train_padded_slots_per_s": 200.0,
     "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
