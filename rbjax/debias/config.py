@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rbjax.core.precision import PRECISIONS
+from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
+
 __all__ = ["METHODS", "LOSS_METHODS", "LAYOUTS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
            "bias_spec"]
 
@@ -20,7 +23,6 @@ LOSS_METHODS = ("lmd", "add", "hd")
 #: classifier, BCE on a linear head) and ``crg`` (causal LM loss on the response tokens only)
 TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
-PRECISIONS = ("fp32", "bf16")
 #: token layouts of a micro-batch (:class:`rbjax.debias.data.BatchPlan`): ``packed`` (the examples' tokens side by
 #: side in a few rows, no update computes on padding) or ``padded`` (one row of ``block_size`` per example)
 LAYOUTS = ("packed", "padded")
@@ -61,7 +63,6 @@ def resolve_bias_type(name: str) -> str:
     Raises:
         ValueError: unknown bias type or invalid spec file. FileNotFoundError: a spec path that does not exist.
     """
-    from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
     if is_spec_path(name):
         load_spec(name)  # fail early on a bad spec file
@@ -71,7 +72,6 @@ def resolve_bias_type(name: str) -> str:
 
 def bias_spec(bias_type: str):
     """The :class:`rbjax.specs.BiasSpec` of a packaged type or a spec file."""
-    from rbjax.specs import load_spec
 
     return load_spec(bias_type)
 

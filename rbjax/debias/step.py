@@ -30,10 +30,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rbjax.core.precision import get_policy
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
+from rbjax.dialog.dst import dst_head_logits, dst_logits, dst_loss, pooled_index
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
+from rbjax.model.nll import nll_from_hidden
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
            "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
@@ -70,8 +73,13 @@ class StepSpec:
         return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
 
     @property
+    def policy(self):
+        """The precision policy (:mod:`rbjax.core.precision`)."""
+        return get_policy(self.precision)
+
+    @property
     def compute_dtype(self):
-        return jnp.bfloat16 if self.precision == "bf16" else jnp.float32
+        return self.policy.compute_dtype
 
 
 @flax.struct.dataclass
@@ -192,7 +200,6 @@ def _mean_nll(spec: StepSpec, params, rows, score_mask, context_mask):
     (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied embedding, never the (B, L, V)
     logits), shared with the LMB scorer. A slot predicts the next slot when both hold consecutive tokens of the same
     example, so the targets and their count are those of the padded layout."""
-    from rbjax.model.nll import nll_from_hidden
 
     h_rows, ids_rows, src, real = rows
     sf, cf = score_mask.reshape(-1), context_mask.reshape(-1)
@@ -208,7 +215,6 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
     """Losses of the dialog fine-tuning tasks (``spec.method`` ``dst`` or ``crg``) that share the trainer."""
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
     if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
-        from rbjax.dialog.dst import dst_head_logits, dst_logits, dst_loss, pooled_index
 
         if "pack" in batch:  # pooling "last" (the reference pooling attends padding and is never packed)
             hidden, _ = _forward(GPT2LMHeadModel(spec.config), params["gpt2"], batch, drop, key)
@@ -236,12 +242,19 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     Args:
         params: GPT-2 params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
             (``lmd_mask`` ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask``
-            ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``.
+            ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``; packed layout: also ``pack``
+            ``(R, Lp)`` and ``unpack`` ``(B, L)`` (:func:`rbjax.debias.data.pack_index`), and GPT-2 then runs on the
+            packed rows (:func:`_forward`) with the same losses.
         lambdas: ``(2,)`` ``[λ_LM, λ_D]``. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
         spec: static settings. dropout: override ``spec.dropout``.
     """
     drop = spec.dropout if dropout is None else dropout
     drop = drop and rng is not None
+    with spec.policy.matmul_context():  # fp32 = full fp32 matmuls on every backend, whatever the global default
+        return _batch_losses(params, batch, lambdas, rng, spec, drop)
+
+
+def _batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, drop: bool):
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rbjax.core.io import dir_mode, file_mode
+from rbjax.core.keys import files_key
 from rbjax.model.gpt2 import GPT2Config
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
@@ -335,8 +337,6 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
                 if src.exists():
                     shutil.copy2(src, tmp / f)
         # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
-        from rbjax.report.io import dir_mode, file_mode
-
         os.chmod(tmp, dir_mode())
         for f in tmp.iterdir():
             os.chmod(f, file_mode())
@@ -347,3 +347,12 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
+    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files
+    (``{file name: sha256}``, :func:`rbjax.core.keys.files_key`)."""
+    folder = Path(folder)
+    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
+    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
+    return files_key(folder / n for n in names)
