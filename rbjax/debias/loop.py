@@ -197,9 +197,10 @@ class Trainer:
     def batch_rows(self, epoch: int, index: int) -> np.ndarray:
         return self.plan.batch_rows(epoch, index)
 
-    def make_batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers)."""
-        return {**self.plan.make_batch(rows), **self.data.shared}
+    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers; packed layout:
+        packed in ``shape``, default its own need; ``plan.update_shape(u)`` gives update ``u``'s)."""
+        return {**self.plan.make_batch(rows, shape), **self.data.shared}
 
     def device_batch(self, u: int) -> dict:
         """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the

@@ -248,8 +248,10 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 # ------------------------------------------------------------------------------------------------ cost estimate
 #: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM); see there
 COSTS = {
-    # bench_packed_train.py: real (non-pad) tokens/s of the trainer's update in the packed layout (the default),
-    # religion1, batch 8, LM loss
+    # real (non-pad) tokens/s of the trainer's update in the packed layout (the default), religion1, batch 8, LM
+    # loss: bench_packed_train.py measures it; until it has run on a quiet machine this is an estimate from the
+    # quiet padded figure below: 200 slots/s computes 82 real tokens/s at 41 % real slots; packed computes 2.3× fewer
+    # slots (96 % real), of which about a quarter of the step (Adam over 124M parameters) does not shrink → ≈ 180
     "train_tokens_per_s": 180.0,
     # bench_train_step.py: token slots/s of the padded layout (batch 8 × 36: every slot computed, real or not)
     "train_padded_slots_per_s": 200.0,
