@@ -250,9 +250,10 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 COSTS = {
     # real (non-pad) tokens/s of the trainer's update in the packed layout (the default), religion1, batch 8, LM
     # loss: bench_packed_train.py measures it; until it has run on a quiet machine this is an estimate from the
-    # quiet padded figure below: 200 slots/s computes 82 real tokens/s at 41 % real slots; packed computes 2.3× fewer
-    # slots (96 % real), of which about a quarter of the step (Adam over 124M parameters) does not shrink → ≈ 180
-    "train_tokens_per_s": 180.0,
+    # quiet padded figures (RESULTS.md, train step: 1.46 s per 8 × 36 update, 82 real tokens/s at 41 % real slots;
+    # about a quarter of it, Adam over 124M parameters, does not depend on the tokens): 117 real tokens in ≈ 122
+    # packed slots → 0.37 s + 122 × 3.8 ms ≈ 0.83 s → ≈ 140 real tokens/s
+    "train_tokens_per_s": 140.0,
     # bench_train_step.py: token slots/s of the padded layout (batch 8 × 36: every slot computed, real or not)
     "train_padded_slots_per_s": 200.0,
     "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
