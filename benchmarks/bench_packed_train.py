@@ -140,8 +140,9 @@ def rbjax_worker(args) -> dict:
                             "shapes": [list(s) for s in plan.shapes], "real_fraction_plan": plan.real_fraction(),
                             "real_fraction_timed": sum(plan.tokens(u) for u in range(args.steps)) /
                             sum(plan.slots(u) for u in range(args.steps))}
-            print(f"[rbjax {v.name}] {info[v.name]['programs']} program(s) compiled in {info[v.name]['compile_s']:.0f} s;"
-                  f" real slots {info[v.name]['real_fraction_timed']:.2f}", file=sys.stderr, flush=True)
+            i = info[v.name]
+            print(f"[rbjax {v.name}] {i['programs']} program(s) compiled in {i['compile_s']:.0f} s; real slots "
+                  f"{i['real_fraction_timed']:.2f}", file=sys.stderr, flush=True)
             variants.append(v)
     for u in range(args.steps):  # interleaved rounds
         for v in variants:
@@ -258,7 +259,7 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--worker", fw, "--steps", str(args.steps), "--variants", args.variants,
                    "--tokenizer", args.tokenizer] + (["--smoke"] if args.smoke else [])
             loads.append(os.getloadavg()[0])
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
             if p.returncode != 0:
                 print(f"{fw} worker failed (exit {p.returncode})", file=sys.stderr)
                 return 1

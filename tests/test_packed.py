@@ -7,12 +7,18 @@ import numpy as np
 import pytest
 
 from rbjax.debias.config import TrainConfig
-from rbjax.debias.data import (ArrayData, BatchPlan, TrainingData, choose_packed_shapes, pack_index,
-                               pack_micro_batch, packed_need)
+from rbjax.debias.data import (
+    ArrayData,
+    BatchPlan,
+    TrainingData,
+    choose_packed_shapes,
+    pack_index,
+    pack_micro_batch,
+    packed_need,
+)
 from rbjax.debias.loop import RunHparams, Trainer
 from rbjax.debias.step import StepSpec, batch_losses, compiled_programs
 from rbjax.model.gpt2 import GPT2Config, init_params
-
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -28,7 +34,7 @@ def test_pack_index_round_trip_and_first_fit():
     assert pack_micro_batch(lengths, 32) == [[0, 2, 3, 4]]  # fits one row: batch order, filler left out
     assert packed_need(lengths, 32) == (1, 17)
     rows = pack_micro_batch(lengths, 8)  # first-fit decreasing: 7 | 5+3 | 2 → [3], [0, 2], [4]... as placed
-    assert sorted(sum(rows, [])) == [0, 2, 3, 4] and all(lengths[r].sum() <= 8 for r in rows)
+    assert sorted(b for r in rows for b in r) == [0, 2, 3, 4] and all(lengths[r].sum() <= 8 for r in rows)
     assert packed_need(lengths, 8) == (len(rows), 8)
     pack, unpack = pack_index(mask, rows, (len(rows) + 1, 9))
     flat = np.arange(mask.size).reshape(mask.shape)
@@ -72,14 +78,14 @@ def _run(cfg, start, data, layout, points=None, max_shapes=1):
     tr = Trainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok, data=data,
                  plan=plan)
     metrics = []
-    res = tr.run(checkpoints=False, callback=lambda ev: ev["kind"] == "update" and metrics.append(ev["metrics"]))
+    res = tr.run(checkpoints=False, callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
     return tr, res, metrics
 
 
 def _compare(a, b, keys=("lm_loss", "debias_loss", "total")):
     """Losses of every update to ``LOSS_RTOL`` (the first at identical parameters; later ones at parameters that
     already differ by float32 rounding) and the parameters after three updates to ``PARAM_ATOL``."""
-    (tr_a, res_a, m_a), (tr_b, res_b, m_b) = a, b
+    (tr_a, res_a, m_a), (_, res_b, m_b) = a, b
     assert len(m_a) == len(m_b) == 3
     worst_loss = 0.0
     for ua, ub in zip(m_a, m_b):
@@ -132,7 +138,7 @@ def test_packed_plan_compiles_one_program_per_shape(start, redditbias_dir, tmp_p
                       evaluate=False, lmp=False, progress=False)
     data = TrainingData(cfg, start[2], start[0].vocab_size)
     before = compiled_programs()
-    tr, res, metrics = _run(cfg, start, data, "packed", max_shapes=4)
+    tr, _, metrics = _run(cfg, start, data, "packed", max_shapes=4)
     used = {tr.plan.update_shape(u) for u in range(tr.t_total)}
     assert 1 < len(tr.plan.shapes) <= 4 and used == set(tr.plan.shapes)
     assert compiled_programs() - before == len(used)  # one program per packed shape, none per batch
@@ -205,7 +211,8 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
     for layout in ("padded", "packed"):
         tr = Trainer(cfg.replace(layout=layout), model_config=CFG, params=params, tokenizer=Tok(), data=data)
         metrics = []
-        res = tr.run(checkpoints=False, callback=lambda ev: ev["kind"] == "update" and metrics.append(ev["metrics"]))
+        res = tr.run(checkpoints=False,
+                     callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
         runs.append((tr, res, metrics))
     assert runs[1][0].plan.layout == "packed"
     _compare(*runs, keys=("lm_loss", "total"))
