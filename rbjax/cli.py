@@ -11,29 +11,22 @@ import importlib
 import os
 import sys
 
-import simple_parsing
-
 from rbjax import __version__
 from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
 from rbjax.core.distributed import initialize, requested
+from rbjax.core.errors import SettingError
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
 
 
-def _subparser_class():
-    class SubParser(simple_parsing.ArgumentParser):
-        """Subcommand parser: argparse plus simple_parsing's ``add_arguments(dataclass)`` (debias and sweep build
-        their options from :class:`rbjax.debias.config.TrainConfig`). Options are spelled with dashes, there is
-        no ``--config_path``, and help shows ``(default: X)`` only where the help text does not say it."""
+class SubParser(argparse.ArgumentParser):
+    """Subcommand parser: plain argparse with :class:`HelpFormatter` (debias and sweep generate their options from
+    :class:`rbjax.debias.config.TrainConfig`'s fields, :func:`rbjax.commands.debias.add_training_arguments`)."""
 
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("add_option_string_dash_variants", simple_parsing.DashVariant.DASH)
-            kwargs.setdefault("add_config_path_arg", False)
-            kwargs["formatter_class"] = HelpFormatter
-            super().__init__(*args, **kwargs)
-
-    return SubParser
+    def __init__(self, *args, **kwargs):
+        kwargs["formatter_class"] = HelpFormatter
+        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="RedditBias in JAX: measure (LMB) and reduce (LMD/ADD/HD/CDA) social bias in dialog language models.",
     )
     parser.add_argument("--version", action="version", version=f"rbjax {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_subparser_class())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SubParser)
     for name in COMMANDS:
         try:
             mod = importlib.import_module(f"rbjax.commands.{name}")
@@ -56,12 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)  # options built from a config dataclass are validated while parsing
-    except (ValueError, FileNotFoundError) as e:
-        cmd = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), "")
-        print(f"rbjax {cmd}: error: {e}", file=sys.stderr)
-        return 1
+    args = parser.parse_args(argv)  # a malformed option exits with argparse's message and status 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -73,10 +61,30 @@ def main(argv: list[str] | None = None) -> int:
         # rbjax.core.interrupt.Interrupted carries what was saved and how to resume
         print(str(e) if str(e) else f"rbjax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except SettingError as e:  # validation names the Python field; the user wrote a flag
+        flag = option_for(parser, args, e.field)
+        print(f"rbjax {args.command}: error: {e.renamed(flag) if flag else e}", file=sys.stderr)
+        return 1
     except (CLIError, OSError, ValueError, RuntimeError) as e:
         # Errors raised by rbjax carry the file/row/problem; show them without a traceback.
         print(f"rbjax {args.command}: error: {e}", file=sys.stderr)
         return 1
+
+
+def option_for(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str) -> str | None:
+    """The option the user writes for the destination ``dest`` in the subcommand ``args`` ran (e.g.
+    ``learning_rate`` → ``--lr``, ``batch_size`` → ``--batch-size``; the first long spelling), or None."""
+    p = parser
+    while True:  # down the chain of (nested) subcommands that were chosen
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen is None or chosen not in subs[0].choices:
+            break
+        p = subs[0].choices[chosen]
+    for a in p._actions:
+        if a.dest == dest and a.option_strings:
+            return next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+    return None
 
 
 def console_main() -> None:  # pragma: no cover (the process exits)

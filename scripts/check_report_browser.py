@@ -4,7 +4,8 @@ Usage: python scripts/check_report_browser.py runs/tiny/report.html [--screensho
 
 Needs Debian's chromium (``apt-get install chromium``; no network is used: the page is one self-contained file).
 Checks: the DOM after loading holds the tables and one embedded image, and the screenshot shows the figure's bars
-(matplotlib's default blue, #1f77b4). tests/test_report_browser.py runs it when chromium is installed.
+(matplotlib's default blue, #1f77b4). tests/test_study.py::test_report_renders_in_a_real_browser runs it when
+chromium is installed.
 """
 from __future__ import annotations
 

@@ -151,3 +151,49 @@ def test_jsonl_writer_and_prompts(tmp_path, tokenizer_dir):
     assert lines == recs and [r["key"] for r in lines] == ["k1", "k2", "k3"]
     assert [r["context"] for r in lines] == [c for _, c in ex]
     assert all(isinstance(r["response"], str) and r["response"] for r in lines)
+
+
+def test_ties_at_the_kth_logit_are_all_kept_as_hugging_face():
+    """Issue 20: top_k=2 on [3, 2, 2, 2, 0, −1] kept 2 tokens; HF's TopKLogitsWarper keeps every token tied with
+    the k-th (4 here), and top-p then works on that renormalised set."""
+    torch = pytest.importorskip("torch")
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    def hf(x, k, p=None):
+        s = TopKLogitsWarper(top_k=k)(None, torch.tensor(x, dtype=torch.float32))
+        if p is not None:
+            s = TopPLogitsWarper(top_p=p)(None, s)
+        return np.isfinite(s.numpy())
+
+    x = [[3.0, 2.0, 2.0, 2.0, 0.0, -1.0], [0.0, 1.0, 1.0, -2.0, 1.0, 1.0]]
+    got = np.isfinite(np.asarray(filter_logits(x, top_k=2)))
+    assert got.tolist() == hf(x, 2).tolist() == [[True, True, True, True, False, False],
+                                                 [False, True, True, False, True, True]]
+    # top-p over the 4 kept tokens: HF picks *which* tied tokens by torch.sort's order, so compare the counts and
+    # that every kept tie-free token agrees
+    rng = np.random.default_rng(0)
+    for p in (0.3, 0.6, 0.95, 1.0):
+        for k in (1, 2, 5):
+            z = rng.integers(-2, 3, size=(3, 12)).astype(np.float32)  # many ties
+            got = np.isfinite(np.asarray(filter_logits(z, top_k=k, top_p=p)))
+            want = hf(z, k, p)
+            assert got.sum(1).tolist() == want.sum(1).tolist(), (p, k, z)
+            for r in range(3):  # the kept logits are the same multiset
+                assert sorted(z[r][got[r]]) == sorted(z[r][want[r]]), (p, k, r)
+    with pytest.raises(ValueError, match="temperature"):
+        filter_logits(x, temperature=0)
+    with pytest.raises(ValueError, match="top_k"):
+        filter_logits(x, top_k=0)
+
+
+def test_sampler_keeps_ties_at_the_kth_logit(params):
+    """The sampler applies the same rule: two tokens with identical embeddings tie for the largest logit at every
+    step, and top_k=1 draws both (the old sampler only ever drew the lower id)."""
+    p = _eos_prone(params, logit=-1e4)  # constant next-token distribution, EOS never
+    b = np.asarray(p["ln_f"]["bias"])
+    wte = np.asarray(p["wte"]["embedding"]).copy()
+    wte[10] = wte[20] = 50.0 * b / float(b @ b)  # logit 50 for both, far above the rest
+    p["wte"] = {"embedding": jnp.asarray(wte)}
+    g = generate(p, CFG, PROMPTS, settings=SamplingSettings(max_new_tokens=8, top_k=1), seed=0, batch_size=5)
+    drawn = [t for row in g.tokens for t in row]
+    assert set(drawn) == {10, 20}

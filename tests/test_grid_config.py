@@ -61,7 +61,7 @@ def test_command_line_wins_over_the_file(tmp_path):
     ("[settings]\nbatch_size = 4\n", r"batch_size is a grid axis"),
     ("[settings]\nmethod = 'lmd'\n", r"method is chosen on the command line"),
     ("[settings]\nlearning_rat = 1e-4\n", r"learning_rat is not a training setting"),
-    ("[settings]\nepochs = 0\n", r"\[settings\]: epochs must be a positive integer"),
+    ("[settings]\nepochs = 0\n", r"\[settings\] epochs must be >= 1, got 0"),
     ("methods = ['lmdx']\n", r"methods must be a list of"),
     ("gird = 1\n", r"unknown key\(s\) \['gird'\]"),
     ("[grid\n", r"not valid TOML"),

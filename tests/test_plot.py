@@ -85,7 +85,7 @@ def test_labels_stay_off_the_bars_and_the_frame():
 
 def test_mixed_splits_or_outlier_handling_are_refused_unless_asked():
     valid = [dict(r, split="valid") for r in HD]
-    with pytest.raises(ValueError, match=r"mix splits \(base: test, hd: valid\).*--allow-mixed"):
+    with pytest.raises(ValueError, match=r"mix splits \(base: test, hd: valid\).*pass allow_mixed to plot"):
         figure_lmb({"base": BASE, "hd": valid})
     fig = figure_lmb({"base": BASE, "hd": valid}, allow_mixed=True)
     texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -130,13 +130,18 @@ def test_cli_writes_where_told_and_refuses_mixed_folders(tmp_path, capsys, monke
     bad = tmp_path / "mixed.png"
     assert main(["plot", str(a), str(v), "--out", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert "mix splits (base: test, hd_valid: valid)" in err and "--allow-mixed" in err and not bad.exists()
+    assert "mix splits (base: test, hd_valid: valid)" in err and "pass --allow-mixed to plot" in err and "allow_mixed" not in err and not bad.exists()
     assert main(["plot", str(a), str(v), "--out", str(bad), "--allow-mixed"]) == 0 and bad.exists()
     # --out is required: nothing lands in the current folder unannounced
     with pytest.raises(SystemExit):
         main(["plot", str(a)])
     assert "--out" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["mixed.png"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [".rbjax_outputs.json", "mixed.png"]
+    # the same plot again is this command's own file; another plot into it only with --overwrite
+    assert main(["plot", str(a), str(v), "--out", str(bad), "--allow-mixed"]) == 0
+    assert main(["plot", str(a), "--out", str(bad)]) == 1
+    assert "mixed.png (written from other inputs" in capsys.readouterr().err
+    assert main(["plot", str(a), "--out", str(bad), "--overwrite"]) == 0
     # clear errors
     assert main(["plot", str(a), "--out", str(tmp_path)]) == 1 and "is a folder" in capsys.readouterr().err
     assert main(["plot", str(a), "--out", "x.jpg"]) == 1 and "unsupported plot format" in capsys.readouterr().err

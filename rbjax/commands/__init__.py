@@ -9,7 +9,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         h = action.help or ""
-        if not h or "default" in h.lower() or action.default is None or action.default is False \
+        if not h or "default" in h.lower() or action.default is None or action.nargs == 0 \
                 or action.default == argparse.SUPPRESS:
             return h
         return super()._get_help_string(action)

@@ -40,7 +40,7 @@ def _run_crg_metrics(args) -> int:
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
                                   compute_meteor=not args.no_meteor, meteor_norm=not args.meteor_no_norm,
-                                  meteor_jar=args.meteor_jar, java=args.java)
+                                  meteor_jar=args.meteor_jar, java=args.java, overwrite=args.overwrite)
     print(format_crg_table(result))
     for metric, why in result["null_reasons"].items():
         if metric != "meteor":
@@ -61,7 +61,7 @@ def _settings(args) -> dict:
         "test_file": args.test_file, "refs": args.refs, "max_steps": args.max_steps, "max_examples": args.max_examples,
         "seed": args.seed, "semantics": args.semantics, "joint_goal": args.joint_goal or None,
         "jga_max_dialogues": args.jga_max_dialogues, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
-        "epochs": args.epochs, "learning_rate": args.lr, "gen_batch_size": args.gen_batch_size,
+        "epochs": args.epochs, "learning_rate": args.learning_rate, "gen_batch_size": args.gen_batch_size,
         "greedy": args.greedy or None, "max_new_tokens": args.max_new_tokens, "clean": args.clean,
         "meteor": False if args.no_meteor else None, "meteor_norm": False if args.meteor_no_norm else None,
         "meteor_jar": args.meteor_jar, "java": args.java, "dropout": False if args.no_dropout else None,
@@ -76,7 +76,8 @@ def _run_model_task(args) -> int:
                          "and/or --crg-train-file")
     if args.hyp:
         raise ValueError(f"--hyp belongs to --task crg-metrics, not --task {args.task}")
-    res = evaluate(args.task, args.model, args.out, tokenizer=args.tokenizer, **_settings(args))
+    res = evaluate(args.task, args.model, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                   **_settings(args))
     results = res if args.task == "all" else {args.task: res}
     for t in MODEL_TASKS:
         if t in results:
@@ -116,6 +117,9 @@ def register(sub) -> None:
         formatter_class=HelpFormatter)
     p.add_argument("--task", required=True, choices=list(TASKS), help="which check to run")
     p.add_argument("--out", help="output folder (the result is OUT/<task>.json)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a result in --out of other inputs (another model, data or settings); without it "
+                        "such a result is refused before the task computes anything (same inputs: reused)")
     p.add_argument("--model", metavar="MODEL",
                    help="HF GPT-2 folder, hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
@@ -143,7 +147,7 @@ def register(sub) -> None:
     g.add_argument("--batch-size", type=int, metavar="N", help="training micro-batch (default: dst 12, crg 16)")
     g.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per update (default: dst 4, crg 5)")
     g.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: 1)")
-    g.add_argument("--lr", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
+    g.add_argument("--lr", dest="learning_rate", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
     g.add_argument("--no-dropout", action="store_true", help="train without GPT-2's dropout (the reference uses it)")
     g.add_argument("--layout", choices=["packed", "padded"],
                    help="token layout of the training micro-batches: packed (default: examples side by side in a few "

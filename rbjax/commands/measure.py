@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
+from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.lmb.measure import format_table, measure_bias
 
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
@@ -30,8 +31,7 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="RedditBias data folder laid out like umanlp/RedditBias "
                                       "(default: $RBJAX_DATA_DIR, else download from the pinned commit and cache)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="packed rows per compiled batch (each row holds 64 token slots: several phrases)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
                         "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")
@@ -49,6 +49,9 @@ def register(sub) -> None:
                    help="reuse the per-type CSVs of an earlier run in --out whose inputs are all the same (model and "
                         "tokenizer file contents, data files, split, --bos, --precision, scoring settings); any "
                         "type whose inputs differ is scored again, never relabelled")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of another run in --out (another model, data, bias types or settings) "
+                        "or files rbjax did not write; without it such a folder is refused before anything is scored")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -61,7 +64,7 @@ def run(args) -> int:
         stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
         n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
         outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress,
-        precision=args.precision)
+        precision=args.precision, overwrite=args.overwrite)
     print(format_table(records))
     out = Path(args.out)
     csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)

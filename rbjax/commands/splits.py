@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from rbjax.data.splits import make_splits
-from rbjax.lmb import measure
+from rbjax.lmb import SCORING_BATCH_HELP, measure
 from rbjax.specs import load_spec
 
 
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", required=True, help="root folder of the released layout to write")
     p.add_argument("--model", required=True, help="model for the outlier reduction: HF GPT-2 folder or hub id")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64, help="phrases per compiled batch when scoring with --model")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP + " (--model's scoring)")
     p.add_argument("--train-size", type=float, default=None, help="train fraction (default 0.6, gender 0.75)")
     p.add_argument("--seed", type=int, default=1, help="random_state of both splits (paper: 1)")
     p.add_argument("--n-std", type=float, default=3.0, help="outlier interval in standard deviations")
@@ -32,6 +32,9 @@ def register(subparsers) -> None:
                         "row (upstream kept only rows equal to 1; the released gender file has 24 rows labelled 2)")
     p.add_argument("--swap-mode", choices=("paper", "reference"), default="paper",
                    help="counterfactuals: word-level pairs (paper) or the official substring rules (reference)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files of this bias type under --out-dir that this command did not write (e.g. the "
+                        "released RedditBias files); without it they are refused before anything is scored")
     p.set_defaults(func=run)
 
 
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     # make_splits checks the annotated file and --out-dir before the model is loaded
     res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
                       n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode, unknown=args.unknown_labels,
-                      model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})")
+                      model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})",
+                      overwrite=args.overwrite)
     print(res.summary())
     for role, path in res.files.items():
         print(f"  {role}: {path}")

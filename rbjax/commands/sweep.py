@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from rbjax.commands.debias import add_training_arguments, config_from_args
+from rbjax.commands.debias import add_training_arguments, config_from_args, training_settings
 from rbjax.core.distributed import initialize, requested
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
 from rbjax.debias.config import METHODS
-from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
+from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, run_sweeps
 from rbjax.specs import is_spec_path
 
 
@@ -88,18 +88,15 @@ def register(sub) -> None:
 
 def _combinations(args) -> list[tuple[str, str]]:
 
-    methods = [m.strip() for m in args.config.method.split(",") if m.strip()]
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"--method: unknown method(s) {bad}; expected a comma list of {', '.join(METHODS)}")
-    return [(b, m) for b in expand_bias_types(args.config.bias_type) for m in methods]
+    return [(b, m) for b in expand_bias_types(args.bias_type) for m in methods]
 
 
 def run(args) -> int:
-    import dataclasses
-    import shutil
     from pathlib import Path
-
 
     if args.executor == "ray" and requested(args.distributed):
         raise ValueError("--distributed (one program over several hosts) and --executor ray (chunks as tasks on a "
@@ -109,12 +106,12 @@ def run(args) -> int:
         print(f"rbjax sweep: process {d['process_index']} of {d['process_count']} of a distributed job: "
               f"{d['devices']} devices in all, {d['local_devices']} here", flush=True)
     combos = _combinations(args)
-    out = Path(args.config.out_dir)
+    out = Path(args.out_dir)
     many = len(combos) > 1
     files = gcfg.load_grid_configs(args.grid_config)
     cli_grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
                 "lambda_d": args.lambda_ds}
-    cli_settings = dataclasses.asdict(args.config)
+    cli_settings = training_settings(args)
     grids, settings = {}, {}
     for m in {m for _, m in combos}:
         grids[m], settings[m] = gcfg.merge(gcfg.config_for_method(files, m), cli_grid, PAPER_GRID, cli_settings)
@@ -122,13 +119,7 @@ def run(args) -> int:
     for b, m in combos:
         folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out
         if args.overwrite:
-            for name in ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json",
-                         "chunks", "points"):
-                q = folder / name
-                if q.is_dir():
-                    shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)
-                else:
-                    q.unlink(missing_ok=True)
+            clear_sweep(folder)
         g = grids[m]
         bases.append((config_from_args(args, **{**settings[m], "method": m, "bias_type": b, "out_dir": str(folder),
                                                 "batch_size": g["batch_size"][0], "grad_accum": g["grad_accum"][0],
@@ -138,7 +129,8 @@ def run(args) -> int:
                       keep_checkpoints=args.keep_point_checkpoints,
                       max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
                       dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
-                      ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress)
+                      ray_address=args.ray_address, jobs=args.jobs, progress=args.progress,
+                      replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
         print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")

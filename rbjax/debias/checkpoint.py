@@ -4,9 +4,16 @@ A checkpoint holds the whole :class:`rbjax.debias.step.TrainState` (parameters, 
 per-run hyper-parameters) and a metadata record (the run's key, the update count, the last metrics). It is restored
 into the pytree structure of a fresh state (namedtuples, not the lists/dicts an untyped restore gives), and it is
 never written with non-finite parameters.
+
+A step folder can be incomplete although its name says otherwise: a copy or a write interrupted on a file system
+without atomic renames leaves it without orbax's commit marker (``commit_success.txt``, or the commit time in
+``_CHECKPOINT_METADATA``) or without its array data. :meth:`Checkpointer.problem` tells such a folder from its files,
+:meth:`Checkpointer.set_aside` renames it out of the way (kept, as ``<step>.incomplete``), and the trainer resumes
+from the newest complete step (:meth:`rbjax.debias.loop.Trainer.run`).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,43 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def steps(self) -> list[int]:
+        """The step folders present, newest first."""
+        return sorted(self.manager.all_steps(), reverse=True)
+
+    def problem(self, step: int) -> str | None:
+        """Why step folder ``step`` is incomplete, judged from its files without reading arrays (None: it looks
+        complete): no commit marker, or no ``state``/``meta`` item."""
+        d = self.directory / str(step)
+        committed = (d / "commit_success.txt").is_file()
+        if not committed and (d / "_CHECKPOINT_METADATA").is_file():
+            try:
+                committed = bool(json.loads((d / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs"))
+            except (OSError, ValueError):
+                committed = False
+        if not committed:
+            return "no commit marker (commit_success.txt or a commit time in _CHECKPOINT_METADATA): its write or " \
+                   "copy was interrupted"
+        missing = [item for item in ("state", "meta") if not (d / item).is_dir()]
+        if missing:
+            return f"no {' or '.join(missing)} item in it"
+        return None
+
+    def set_aside(self, step: int) -> Path:
+        """Rename step folder ``step`` to ``<step>.incomplete`` (a number suffix if taken), so that it is neither
+        resumed from nor in the way of a new checkpoint of that step; returns the new path."""
+        src = self.directory / str(step)
+        dst = self.directory / f"{step}.incomplete"
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = self.directory / f"{step}.incomplete{n}"
+        src.rename(dst)
+        reload = getattr(self.manager, "reload", None)
+        if reload is not None:
+            reload()
+        return dst
 
     def save(self, step: int, state, meta: dict) -> None:
         """Save ``state`` at ``step`` (number of updates done); blocks until written.

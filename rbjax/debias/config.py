@@ -8,13 +8,17 @@ metadata, and nowhere else).
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from typing import Any
 
+from rbjax.core.errors import SettingError
 from rbjax.core.precision import PRECISIONS
+from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
 __all__ = ["METHODS", "LOSS_METHODS", "LAYOUTS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
-           "bias_spec"]
+           "bias_spec", "option_name"]
 
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
 METHODS = ("lmd", "add", "hd", "cda", "lm")
@@ -36,25 +40,50 @@ TRAJECTORY_FIELDS = (
 )
 
 
-def _f(default, help: str, *, flag: str | None = None, negate: str | None = None, **kw):  # noqa: A002
-    """A config field whose help, choices and command-line spelling live with it (simple_parsing builds the CLI).
+def _f(default, help: str, *, flag: str | None = None, negate: str | None = None,  # noqa: A002
+       choices: tuple | None = None, metavar: str | None = None, grid: bool = False):
+    """A config field whose help, choices and command-line spelling live with it (the CLI is generated from these
+    fields by :func:`rbjax.commands.debias.add_training_arguments`).
 
     ``flag``: the option's name when it is not ``--<field-name>``; ``negate``: a boolean switched off by
     ``--no-<name>`` (e.g. ``--no-dropout``); ``grid``: a hyper-parameter of the paper's grid (``rbjax sweep`` takes
     lists of values instead).
     """
-    from simple_parsing import field
-    from simple_parsing.helpers import flag as sp_flag
+    if metavar is None and choices is None and negate is None:
+        metavar = {int: "N", float: "X", str: "TEXT"}.get(type(default), "VALUE")
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "negate": negate,
+                                                        "choices": choices, "metavar": metavar, "grid": grid})
 
-    grid = kw.pop("grid", False)
-    if "metavar" not in kw and "choices" not in kw and negate is None:
-        kw["metavar"] = {int: "N", float: "X", str: "TEXT"}.get(type(default), "VALUE")
-    if negate is not None:
-        f = sp_flag(default, help=help, negative_option=negate, **kw)
-    else:
-        f = field(default, help=help, alias=[flag] if flag else None, **kw)
-    f.metadata = {**f.metadata, "grid": grid, "flag": flag}  # type: ignore[misc]
-    return f
+
+def option_name(field_name: str) -> str:
+    """The command-line option of a :class:`TrainConfig` field (``learning_rate`` → ``--lr``, ``dropout`` →
+    ``--no-dropout``, ``epochs`` → ``--epochs``)."""
+    md = {f.name: f.metadata for f in dataclasses.fields(TrainConfig)}[field_name]
+    return md["negate"] or md["flag"] or "--" + field_name.replace("_", "-")
+
+
+def _check_types(cfg) -> None:
+    """Each field holds a value of its declared type (ints not bools, finite floats, strings), else
+    :class:`SettingError` naming the field."""
+    for name, hint in typing.get_type_hints(type(cfg)).items():
+        v = getattr(cfg, name)
+        args = typing.get_args(hint)
+        if v is None and type(None) in args:
+            continue
+        base = next((a for a in args if a is not type(None)), hint)
+        if base is bool:
+            ok, words = isinstance(v, bool), "true or false"
+        elif base is int:
+            ok, words = isinstance(v, int) and not isinstance(v, bool), "an integer"
+        elif base is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            words = "a finite number"
+        elif base is str:
+            ok, words = isinstance(v, str), "a string"
+        else:
+            continue
+        if not ok:
+            raise SettingError(name, f"must be {words}, got {v!r}")
 
 
 def resolve_bias_type(name: str) -> str:
@@ -140,38 +169,42 @@ class TrainConfig:
     lmp_file: str | None = _f(None, "LMP reference file (default: RedditBias text_files/humanref6k.txt)",
                               metavar="FILE")
     lmp_max_lines: int | None = _f(None, "score only the first N LMP lines (smoke runs)", metavar="N")
-    eval_batch_size: int = _f(64, "phrases per scoring batch")
+    eval_batch_size: int = _f(64, "LMB and LMP after training: " + SCORING_BATCH_HELP)
     progress: bool = _f(True, "progress bars", negate="--no-progress")
 
     def __post_init__(self):
+        """Raises :class:`rbjax.core.errors.SettingError` (a ValueError) naming the field: the command line shows
+        the flag instead, a study file its section and key."""
+        _check_types(self)
         if self.method not in METHODS + TASKS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+            raise SettingError("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.batch_size is None:  # the method's default (the reference's CDA run uses batch size 2)
             object.__setattr__(self, "batch_size", 2 if self.method == "cda" else 8)
-        object.__setattr__(self, "bias_type", resolve_bias_type(self.bias_type))
-        if self.semantics not in SEMANTICS:
-            raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.leftover not in (None, "drop", "carry"):
-            raise ValueError(f"leftover must be 'drop', 'carry' or None, got {self.leftover!r}")
-        for name in ("epochs", "batch_size", "grad_accum", "block_size", "save_every", "keep_checkpoints",
-                     "eval_batch_size"):
+        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS), ("layout", LAYOUTS),
+                              ("leftover", (None, "drop", "carry"))):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, f"must be one of {', '.join(a for a in allowed if a)}, "
+                                         f"got {getattr(self, name)!r}")
+        for name in ("epochs", "batch_size", "grad_accum", "save_every", "keep_checkpoints", "eval_batch_size",
+                     "max_steps", "lmp_max_lines"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            if v is not None and v < 1:
+                raise SettingError(name, f"must be >= 1, got {v!r}")
         if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.lmp_max_lines is not None and self.lmp_max_lines < 1:
-            raise ValueError(f"lmp_max_lines must be >= 1, got {self.lmp_max_lines}")
-        if not (self.learning_rate > 0 and self.max_grad_norm > 0 and self.adam_eps >= 0):
-            raise ValueError("learning_rate and max_grad_norm must be > 0, adam_eps >= 0")
-        if self.save_every_s < 0:
-            raise ValueError(f"save_every_s must be >= 0, got {self.save_every_s}")
+            raise SettingError("block_size", f"must be >= 2, got {self.block_size}")
+        for name in ("learning_rate", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
+        for name in ("adam_eps", "save_every_s", "lambda_lm", "lambda_d"):
+            if getattr(self, name) < 0:
+                raise SettingError(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise SettingError(name, f"must be in [0, 1), got {getattr(self, name)}")
+        try:
+            object.__setattr__(self, "bias_type", resolve_bias_type(self.bias_type))
+        except ValueError as e:
+            raise SettingError("bias_type", f"{self.bias_type!r}: {e}") from None
         if self.semantics == "reference" and self.method in LOSS_METHODS:
             spec = bias_spec(self.bias_type)
             if not spec.reference:

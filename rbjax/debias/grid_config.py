@@ -29,6 +29,7 @@ from typing import Any
 
 from rbjax.core.io import read_toml
 from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.core.errors import SettingError
 
 __all__ = ["GridConfig", "load_grid_config", "load_grid_configs", "config_for_method", "merge"]
 
@@ -109,6 +110,8 @@ def load_grid_config(path: str | Path) -> GridConfig:
             raise ValueError(f"{path}: [settings] {k} is not a training setting (see `rbjax sweep --help`)")
     try:  # the types and ranges, checked now rather than after the first chunk
         TrainConfig(**{"method": methods[0] if methods else "hd", **settings})
+    except SettingError as e:  # names the key as written in the file
+        raise ValueError(f"{path}: [settings] {e}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: [settings]: {e}") from None
     return GridConfig(str(path), tuple(methods), grid, dict(settings), str(doc.get("description", "")))

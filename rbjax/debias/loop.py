@@ -8,18 +8,21 @@
   seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
   aborts at once). The interrupt is then raised as :class:`rbjax.core.interrupt.Interrupted`, whose message says what was
   saved and how to resume.
-* **Resume**: a run started again with the same folder restores its last checkpoint and goes on; data order and
+* **Resume**: a run started again with the same folder restores its newest complete checkpoint and goes on (a step
+  folder without orbax's commit marker or with unreadable arrays is renamed ``<step>.incomplete``, named on stderr
+  and in the summary's ``incomplete_checkpoints``, and the previous step is used); data order and
   dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
   used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
   difference named.
 * **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
-  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. ``tokens`` counts the real (non-pad)
-  tokens of the update in either layout, so ``tokens_per_s`` compares packed and padded runs.
+  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
+  (the losses of a skipped update) is ``null``. ``tokens`` counts the real (non-pad) tokens of the update in either
+  layout, so ``tokens_per_s`` compares packed and padded runs.
 * **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.debias.data.BatchPlan`); the run's summary
   records it with the packed shapes and the real-slot fraction (:meth:`Trainer.layout_info`).
-* **Non-finite gradients**: an update with ``inf``/``NaN`` in its gradient is skipped and counted (per point); after
-  :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
+* **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and
+  counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
 """
 from __future__ import annotations
 
@@ -33,8 +36,9 @@ import jax
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
-from rbjax.core.io import atomic_write_text
+from rbjax.core.io import atomic_write_text, to_json
 from rbjax.core.keys import canonical, describe_difference, digest, files_key, tree_digest
+from rbjax.core.log import say
 from rbjax.core.mesh import grid_mesh, padded_points, shard_batch, shard_state, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.debias.checkpoint import Checkpointer
@@ -288,16 +292,30 @@ class Trainer:
         start, resumed = 0, None
         ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
         key = canonical(self.key())
-        if ckpt is not None and ckpt.latest_step() is not None:
-            step = ckpt.latest_step()
-            meta = ckpt.restore_meta(step)
-            if meta.get("key") != key:
-                ckpt.close()
-                raise ValueError(
-                    f"{ckpt.directory}: holds checkpoints of a different run "
-                    f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
-            state, meta = ckpt.restore(step, state)
-            start = resumed = int(meta["update"])
+        set_aside: list[dict] = []
+        for step in ckpt.steps() if ckpt is not None else []:  # the newest complete checkpoint
+            why = ckpt.problem(step)
+            if why is None:
+                try:
+                    meta = ckpt.restore_meta(step)
+                except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
+                    why = f"its metadata cannot be read ({type(e).__name__})"
+            if why is None:
+                if meta.get("key") != key:
+                    ckpt.close()
+                    raise ValueError(
+                        f"{ckpt.directory}: holds checkpoints of a different run "
+                        f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+                try:
+                    state, meta = ckpt.restore(step, state)
+                    start = resumed = int(meta["update"])
+                    break
+                except ValueError as e:  # same run, unreadable arrays: damaged (e.g. array data missing)
+                    why = f"its arrays cannot be read: {e}"
+            moved = ckpt.set_aside(step) if jax.process_index() == 0 else ckpt.directory / str(step)
+            set_aside.append({"folder": str(ckpt.directory / str(step)), "moved_to": str(moved), "reason": why})
+            say("debias", f"skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
+                          f"{moved.name}, resuming from the newest complete one")
         metrics_path = out / "metrics.jsonl"
         primary = jax.process_index() == 0  # across hosts, one process writes the metrics
         if checkpoints:
@@ -307,7 +325,8 @@ class Trainer:
         n_pts = len(self.points)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
-                                   "skipped_updates": [0] * n_pts, **self.layout_info()}
+                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside,
+                                   **self.layout_info()}
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
@@ -361,7 +380,7 @@ class Trainer:
                         else:
                             consecutive[i] = 0
                     if mf is not None:
-                        mf.write("".join(json.dumps(r) + "\n" for r in last))
+                        mf.write("".join(to_json(r) + "\n" for r in last))
                         mf.flush()
                     bar.update(1)
                     bar.set_postfix(loss=f"{last[0]['total']:.4g}", lm=f"{last[0]['lm_loss']:.3f}",

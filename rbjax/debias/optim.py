@@ -8,8 +8,8 @@ reference-debias.md §7). Pure JAX/optax, no I/O.
 * The global gradient norm is computed without overflowing float32 (:func:`global_norm` scales by the largest
   entry first: a gradient of 1e20 everywhere has norm 1e21, not ``inf``), and the clip uses it.
 * An update whose gradient holds ``inf`` or ``NaN`` is skipped: it never reaches the parameters or the Adam moments
-  (``optax.apply_if_finite``); the skipped updates are counted in the optimiser state
-  (``total_notfinite``) and the trainer stops with a clear error after too many in a row.
+  (``optax.apply_if_finite``; the step also hands it a NaN gradient when the total loss is not finite); the skipped
+  updates are counted in the optimiser state (``total_notfinite``) and the trainer stops with a clear error after too many in a row.
 * HF's AdamW adds ε to √v before folding in the bias correction, optax after; the difference is of order ε and
   negligible (reference-debias.md §7).
 """

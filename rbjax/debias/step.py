@@ -11,7 +11,7 @@ One update (paper §5.1; reference-debias.md §1.7-§1.8, §7)::
     for each of the update's A micro-batches:       (lax.scan; A = grad_accum, more for a carried-over update)
         total = λ_LM·L_LM + λ_D·L_D  (eq. 2; losses.total_loss, the reference's λ rule under reference semantics)
         grad += ∇ total / grad_accum               (the reference Trainer's scaling)
-    direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad is not finite)
+    direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad or total is not finite)
     params -= learning_rate(step, lr, t_total) · direction
 
 Losses of a micro-batch: ``lm`` = mean next-token cross-entropy over its real targets (the chunked next-token NLL
@@ -281,7 +281,8 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
     Returns:
         ``(state, metrics)`` with float32 metrics ``lm``, ``debias``, ``total`` (means over the micro-batches),
         ``grad_norm`` (global norm of the accumulated gradient before clipping, overflow-free), ``lr`` (the learning
-        rate this update used) and ``skipped`` (1.0 when the gradient was not finite and the update was skipped).
+        rate this update used) and ``skipped`` (1.0 when the gradient or the total loss was not finite and the
+        update was skipped).
     """
     shared = {k: batch[k] for k in SHARED_KEYS if k in batch}
     micro = {k: v for k, v in batch.items() if k not in SHARED_KEYS}
@@ -304,10 +305,15 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
         grads, ms = jax.lax.scan(body, zeros, micro)
         m = ms.mean(axis=0)
     gnorm = global_norm(grads)
+    # A non-finite loss skips the update even when its gradient is finite (e.g. λ_D = NaN on a batch with no
+    # debiasing term: total NaN, gradient of the LM term only): the optimiser sees a NaN gradient, so it leaves
+    # the parameters and moments alone and counts the skip (optim.make_optimizer).
+    finite_loss = jnp.isfinite(m[2])
+    grads = jax.tree.map(lambda g: jnp.where(finite_loss, g, jnp.nan).astype(g.dtype), grads)
     direction, opt_state = spec.optimizer.update(grads, state.opt_state, state.params)
     lr = learning_rate(state.step, state.lr, state.t_total)
     params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), state.params, direction)
-    skipped = jnp.logical_not(jnp.isfinite(gnorm)).astype(jnp.float32)
+    skipped = jnp.logical_not(jnp.isfinite(gnorm) & finite_loss).astype(jnp.float32)
     new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new, {"lm": m[0], "debias": m[1], "total": m[2], "grad_norm": gnorm, "lr": lr, "skipped": skipped}
 

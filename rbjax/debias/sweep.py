@@ -49,8 +49,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.core.errors import SettingError
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, to_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest
+from rbjax.core.log import say
 from rbjax.core.mesh import to_host
 from rbjax.core.parallel import as_completed, available_memory
 from rbjax.core.progress import progress_bar
@@ -98,20 +100,25 @@ def grid_points(method: str, grid: dict[str, Sequence] | None = None) -> list[Gr
     For ``cda``/``lm`` (no debiasing loss) only the first λ values are used.
 
     Raises:
-        ValueError: an empty or invalid axis.
+        rbjax.core.errors.SettingError: an empty axis or an invalid value (naming the axis).
     """
     g = dict(PAPER_GRID if grid is None else grid)
     for k in PAPER_GRID:
         vals = g.get(k)
-        if not vals:
-            raise ValueError(f"grid axis {k!r} is empty")
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (list, tuple)) or not vals:
+            raise SettingError(k, f"(a grid axis) must be a non-empty list, got {vals!r}")
+        if k in ("batch_size", "grad_accum"):
+            ok, words = [isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals], "integers >= 1"
+        else:
+            ok = [isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                  for v in vals]
+            words = "finite numbers >= 0"
+        if not all(ok):
+            raise SettingError(k, f"(a grid axis) must hold {words}, got {list(vals)!r}")
     if method not in LOSS_METHODS:
         g["lambda_lm"], g["lambda_d"] = g["lambda_lm"][:1], g["lambda_d"][:1]
     pts = [GridPoint(int(b), int(a), float(lm), float(d))
            for b, a, lm, d in itertools.product(g["batch_size"], g["grad_accum"], g["lambda_lm"], g["lambda_d"])]
-    for p in pts:
-        if p.batch_size < 1 or p.grad_accum < 1:
-            raise ValueError(f"invalid grid point {p}")
     return pts
 
 
@@ -199,19 +206,6 @@ def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float
         "baseline_lmp": baseline_lmp,
         "lmp_tolerance": lmp_tolerance,
     }
-
-
-def _finite(o):
-    """Non-finite floats (and numpy scalars) made JSON-safe: NaN/inf become None."""
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return o
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -370,11 +364,11 @@ def run_chunk(task: dict) -> list[dict]:
                            dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
     eval_s = (time.perf_counter() - t1) / len(pts)
     for i, (p, k) in enumerate(zip(pts, keys)):
-        recs.append(_finite({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
+        recs.append(json.loads(to_json({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
                              "updates": res.updates_done, "train_s": train_s / len(pts), "eval_s": eval_s,
                              "last": last[i] if i < len(last) else None,
                              "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
-                             "resumed_from": res.resumed_from, "layout": tr.layout_info()}))
+                             "resumed_from": res.resumed_from, "layout": tr.layout_info()})))  # NaN/inf -> None
     atomic_write_json(rpath, recs)
     if not task.get("keep_checkpoints"):
         shutil.rmtree(cdir / "checkpoints", ignore_errors=True)
@@ -411,11 +405,25 @@ class _Sweep:
     tasks: list[dict]
 
 
-def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
-             keep_checkpoints) -> _Sweep:
+#: what a sweep writes in its folder (besides ``selected_<rule>/``, a run folder of its own)
+SWEEP_FILES = ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json", "chunks",
+               "points")
 
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+
+def clear_sweep(folder: str | Path) -> None:
+    """Delete a sweep's files in ``folder`` (:data:`SWEEP_FILES`; ``--overwrite``)."""
+    for name in SWEEP_FILES:
+        q = Path(folder) / name
+        if q.is_dir():
+            shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)
+        else:
+            q.unlink(missing_ok=True)
+
+
+def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
+             keep_checkpoints, replace_other_inputs: bool = False) -> _Sweep:
+
+    check_output_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     pts = grid_points(base.method, grid)
     if max_points is not None:
@@ -431,8 +439,11 @@ def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev
     if spath.exists():
         prev = json.loads(spath.read_text())
         if prev.get("key") != key:
-            raise ValueError(f"{out}: holds a sweep of other inputs ({describe_difference(prev.get('key'), key)}); "
-                             "use another --out or --overwrite")
+            why = describe_difference(prev.get("key"), key)
+            if not replace_other_inputs:
+                raise ValueError(f"{out}: holds a sweep of other inputs ({why}); use another --out or --overwrite")
+            say("sweep", f"{out}: held a sweep of other inputs ({why}); running it again")
+            clear_sweep(out)
     atomic_write_json(spath, {"key": key, "settings": settings})
     bpath = out / "baseline.json"
     baseline = json.loads(bpath.read_text()) if bpath.exists() else None
@@ -462,7 +473,8 @@ def _pt(rec: dict) -> GridPoint:
     return GridPoint(**rec["point"])
 
 
-def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True) -> dict:
+def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True,
+            replace_other_inputs: bool = False) -> dict:
 
     recs = [sw.records[p.id] for p in sw.points if p.id in sw.records]
     base_lmp = (sw.baseline.get("lmp") or {}).get("perplexity")
@@ -485,7 +497,7 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
         cfg = sw.base.replace(out_dir=str(sw.out / f"selected_{rule}"), **p)
         if not final_evaluate:  # the caller measures the selected model itself (e.g. the study's test stages)
             cfg = cfg.replace(evaluate=False, lmp=False)
-        res = train(cfg)
+        res = train(cfg, replace_other_inputs=replace_other_inputs)  # (another selected point: trained again)
         sel[rule]["final"] = {"out_dir": cfg.out_dir, "lmb_valid": res.get("lmb_valid"), "lmp": res.get("lmp")}
     atomic_write_json(sw.out / "selection.json", sel)
     return sel
@@ -496,7 +508,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
                grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
                jobs: int | None = None, resources: dict | None = None, progress: bool = True,
-               final_evaluate: bool = True) -> list[dict]:
+               final_evaluate: bool = True, replace_other_inputs: bool = False) -> list[dict]:
     """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
     executor, then select on the valid split in each folder (see the module docstring).
 
@@ -518,6 +530,10 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         progress: progress bars.
         final_evaluate: evaluate the retrained selection (LMB on the valid split, LMP) as ``rbjax debias`` does;
             off when the caller measures it itself.
+        replace_other_inputs: a folder holding a sweep of other inputs (another trajectory setting, model, data or
+            evaluation setting) is cleared and swept again instead of refused, and a ``selected_<rule>`` run of
+            another grid point is trained again; points of the same inputs are kept. For callers that own the
+            folders (the study runner).
 
     Returns:
         the ``selection.json`` content of every sweep, in order.
@@ -532,10 +548,13 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if grid_chunk is not None and grid_chunk < 1:
         raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
+    for _, o in bases:  # every output location before any work
+        check_output_dir(o, "--out")
     sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o),
                        grid=(method_grids or {}).get(b.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
-                       grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints) for b, o in bases]
+                       grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints,
+                       replace_other_inputs=replace_other_inputs) for b, o in bases]
     tasks = [(i, t) for i, sw in enumerate(sweeps) for t in sw.tasks]
     n_total = sum(len(sw.points) for sw in sweeps)
     n_done = sum(len(sw.records) for sw in sweeps)
@@ -554,7 +573,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 contextlib.closing(results):
             for j, recs in results:
                 sw = sweeps[tasks[j][0]]
-                lines = "".join(json.dumps(_finite(r), allow_nan=False, default=float) + "\n" for r in recs)
+                lines = "".join(to_json(r) + "\n" for r in recs)
                 if primary:  # several hosts of one program (jax.distributed): one of them appends
                     with open(sw.out / "sweep.jsonl", "a", encoding="utf-8") as f:
                         f.write(lines)
@@ -563,7 +582,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 ts = [r["dev"]["t_value"] for r in recs]
                 bar.set_postfix(last=", ".join(r["id"] for r in recs),
                                 t=", ".join("n/a" if t is None else f"{t:.2f}" for t in ts))
-    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate) for sw in sweeps]
+    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate,
+                    replace_other_inputs=replace_other_inputs) for sw in sweeps]
 
 
 def _ray_task_resources(task: dict) -> dict:

@@ -14,7 +14,7 @@ exported debiased model, is evaluated). The tokenizer comes from the model folde
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
 (:func:`rbjax.model.hf.model_files_key`), of the tokenizer files, of every data file read, and the settings
 that shape the numbers. A rerun whose key equals the file's returns the file's content without recomputing (and
-says so on stderr); a different key recomputes and overwrites the file (the difference is printed) — a result is
+says so on stderr); a different key is refused (the difference named) unless ``overwrite`` — a result is
 never relabelled. CRG also checks that ``crg_responses.jsonl`` is still the file its result was computed from.
 
 **Tasks** (defaults from the paper and the reference code; ``docs/dialog.md`` has the details):
@@ -50,7 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, versions
+from rbjax.core.errors import SettingError
+from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, file_digest, files_key
 from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
@@ -99,7 +100,7 @@ _OPTION = {"data_dir": "--data-dir", "lmp_file": "--lmp-file", "multiwoz": "--mu
            "ontology": "--ontology", "mapping": "--mapping", "crg_train_file": "--train-file",
            "test_file": "--test-file", "refs": "--refs"}
 #: settings that do not change a result
-_NO_KEY = {"progress", "keep_checkpoints"}
+_NO_KEY = {"progress", "keep_checkpoints", "overwrite"}
 SEMANTICS = ("paper", "reference")
 
 
@@ -117,25 +118,25 @@ def task_settings(task: str, settings: dict) -> dict:
     (keys the task does not take are ignored here; :func:`evaluate` rejects keys no task takes).
 
     Raises:
-        ValueError: a value out of range (names the setting).
+        rbjax.core.errors.SettingError: a value out of range (names the setting; the CLI shows its flag).
     """
     s = dict(DEFAULTS[task])
     for k, v in settings.items():
         if k in s and v is not None:
             s[k] = v
     if "semantics" in s and s["semantics"] not in SEMANTICS:
-        raise ValueError(f"semantics must be one of {SEMANTICS}, got {s['semantics']!r}")
+        raise SettingError("semantics", f"must be one of {SEMANTICS}, got {s['semantics']!r}")
     if "layout" in s and s["layout"] not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {s['layout']!r}")
+        raise SettingError("layout", f"must be one of {', '.join(LAYOUTS)}, got {s['layout']!r}")
     for k in ("max_steps", "max_examples", "lmp_max_lines", "jga_max_dialogues", "max_new_tokens"):
         if k in s and s[k] is not None and (not isinstance(s[k], int) or isinstance(s[k], bool) or s[k] < 1):
-            raise ValueError(f"{k} must be a positive integer, got {s[k]!r}")
+            raise SettingError(k, f"must be a positive integer, got {s[k]!r}")
     for k in ("batch_size", "grad_accum", "epochs", "block_size", "lmp_block_size", "eval_batch_size",
               "gen_batch_size"):
         if k in s and (not isinstance(s[k], int) or isinstance(s[k], bool) or s[k] < 1):
-            raise ValueError(f"{k} must be a positive integer, got {s[k]!r}")
+            raise SettingError(k, f"must be a positive integer, got {s[k]!r}")
     if "learning_rate" in s and not s["learning_rate"] > 0:
-        raise ValueError(f"learning_rate must be > 0, got {s['learning_rate']!r}")
+        raise SettingError("learning_rate", f"must be > 0, got {s['learning_rate']!r}")
     if s.get("refs") is not None:
         s["refs"] = [str(p) for p in ([s["refs"]] if isinstance(s["refs"], (str, os.PathLike)) else s["refs"])]
     for k in _PATH_SETTINGS - {"refs"}:
@@ -255,10 +256,15 @@ def _result_path(out_dir: Path, task: str) -> Path:
     return out_dir / f"{task}.json"
 
 
-def _existing(path: Path, key: dict, task: str, check=None) -> dict | None:
+def _existing(path: Path, key: dict, task: str, s: dict, check=None) -> dict | None:
     """The existing result at ``path`` when its key equals ``key`` (and ``check(prev)`` passes), else ``None``
-    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`."""
-    return KeyedResult(path, key, task, _say, check).stored()
+    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`.
+
+    Raises:
+        rbjax.core.reuse.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
+            ``s["overwrite"]`` is not set: it is never replaced silently (nothing was computed).
+    """
+    return KeyedResult(path, key, task, _say, check, refuse_other=not s.get("overwrite")).stored()
 
 
 def _key(task: str, model: EvalModel, data: dict, s: dict) -> dict:
@@ -349,7 +355,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     rec = _file_record(path)
     official = rec["sha256"] == manifest()["files"]["text_files/humanref6k.txt"]["sha256"]
     key = _key("lmp", model, {"lmp_file": rec["sha256"]}, s)
-    prev = _existing(_result_path(out_dir, "lmp"), key, "lmp")
+    prev = _existing(_result_path(out_dir, "lmp"), key, "lmp", s)
     if prev is not None:
         return prev
     t1 = time.perf_counter()
@@ -386,11 +392,21 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
     src = s["multiwoz"] or os.environ.get(mw.ENV_SOURCE)
     src = Path(src).expanduser() if src else None
     if src is not None and not src.exists():
-        raise FileNotFoundError(f"{mw.ENV_SOURCE}={src}: not found")
+        raise FileNotFoundError(f"{'--multiwoz ' if s['multiwoz'] else mw.ENV_SOURCE + '='}{src}: not found")
+
+    def pinned(name: str, flag: str) -> Path:
+        try:
+            return mw.default_file(name)
+        except RuntimeError as e:
+            if src is None:
+                raise
+            raise RuntimeError(f"{src}: no {name} in this MultiWOZ source, and the pinned copy cannot be fetched "
+                               f"({str(e).splitlines()[0]}); pass {flag} FILE") from None
+
     mapping = Path(s["mapping"]) if s["mapping"] else None
     if mapping is None and src is not None and src.is_dir():
         mapping = _search(src, "mapping.pair")
-    mapping = mapping or mw.default_file("mapping.pair")
+    mapping = mapping or pinned("mapping.pair", "--mapping")
     onto = Path(s["ontology"]).expanduser() if s["ontology"] else None
     if onto is not None and onto.is_dir():
         hit = _search(onto, "ontology.json")
@@ -404,7 +420,7 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
             with zipfile.ZipFile(src) as z:
                 if any(Path(n).name == "ontology.json" for n in z.namelist()):
                     onto = src
-    onto = onto or mw.default_file("ontology.json")
+    onto = onto or pinned("ontology.json", "--ontology")
     for p, what in ((mapping, "mapping.pair"), (onto, "ontology")):
         if not p.exists():
             raise FileNotFoundError(f"{p}: {what} not found")
@@ -442,15 +458,18 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     reference = s["semantics"] == "reference"
-    mapping, onto_path = _dst_support_files(s)
-    # the key from the files' content, before they are parsed (a reused result costs no loading)
+    # the data first: a --multiwoz folder without the splits is refused by name (not by a failed download of
+    # the support files it lacks too); the key from the files' content, before they are parsed (a reused result
+    # costs no loading)
+    test_files = mw.split_files(s["multiwoz"], "test")
     train_files = (mw.split_files(s["dst_train_file"], "train") if s["dst_train_file"]
                    else mw.split_files(s["multiwoz"], "val"))
+    mapping, onto_path = _dst_support_files(s)
     digests = lambda files: [_file_record(p)["sha256"] for p in files]  # noqa: E731
-    data_key = {"train": digests(train_files), "test": digests(mw.split_files(s["multiwoz"], "test")),
+    data_key = {"train": digests(train_files), "test": digests(test_files),
                 "ontology": _file_record(onto_path)["sha256"], "mapping": _file_record(mapping)["sha256"]}
     key = _key("dst", model, data_key, s)
-    prev = _existing(_result_path(out_dir, "dst"), key, "dst")
+    prev = _existing(_result_path(out_dir, "dst"), key, "dst", s)
     if prev is not None:
         return prev
     test = mw.load_multiwoz(s["multiwoz"], "test", mapping=mapping)
@@ -586,7 +605,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
                 return f"{p.name} is missing or was changed since the result was computed"
         return None
 
-    prev = _existing(_result_path(out_dir, "crg"), key, "crg", check=outputs_intact)
+    prev = _existing(_result_path(out_dir, "crg"), key, "crg", s, check=outputs_intact)
     if prev is not None:
         return prev
     t_data = time.perf_counter() - t0
@@ -649,7 +668,7 @@ _RUNNERS = {"lmp": run_lmp, "dst": run_dst, "crg": run_crg}
 
 
 def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
-             tokenizer: str | os.PathLike | None = None, **settings) -> dict:
+             tokenizer: str | os.PathLike | None = None, overwrite: bool = False, **settings) -> dict:
     """Run one dialog-quality task (or ``"all"``: lmp, dst, crg) on a model and write ``OUT/<task>.json``.
 
     Args:
@@ -657,6 +676,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         model: HF GPT-2 folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
         out_dir: result folder (created).
         tokenizer: tokenizer folder or hub id (default: the model folder).
+        overwrite: replace a task's result file that holds the result of other inputs (another model, data or
+            settings); without it such a file is refused before the task computes anything
+            (:func:`rbjax.core.reuse.claim_outputs` is the same rule for the other commands).
         **settings: see :data:`DEFAULTS` (``None`` = the task's default). ``train_file`` is the task's own training
             file (``dst_train_file`` or ``crg_train_file``; with ``task="all"`` name them so).
 
@@ -664,8 +686,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         the result dict (as written, plus ``reused``: whether it came from the existing file), or ``{task: result}``
         for ``"all"``.
     Raises:
-        ValueError: unknown task or setting, bad values, bad data (named); FileNotFoundError: missing model/data;
-        RuntimeError: downloads that fail.
+        ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``;
+        FileNotFoundError: missing model/data; RuntimeError: downloads that fail;
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
     if task not in (*TASKS, "all"):
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join((*TASKS, 'all'))}")
@@ -681,10 +704,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     tasks = TASKS if task == "all" else (task,)
-    resolved = {t: task_settings(t, settings) for t in tasks}  # validate everything before any work
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    resolved = {t: {**task_settings(t, settings), "overwrite": overwrite}
+                for t in tasks}  # validate everything before any work
+    out = check_output_dir(Path(out_dir).expanduser(), "--out")
     out.mkdir(parents=True, exist_ok=True)
     m = resolve_model(model, tokenizer)
     results = {}

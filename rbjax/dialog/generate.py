@@ -17,12 +17,11 @@ Output: one JSON object per line, ``{"key", "context", "response"}``, written at
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Sequence
 
-from rbjax.core.io import atomic_file
+from rbjax.core.io import atomic_file, to_json
 from rbjax.core.progress import progress_bar
 from rbjax.model.generate import Generated, SamplingSettings, generate, sampling_settings
 
@@ -89,5 +88,5 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
     if out_path is not None:
         with atomic_file(Path(out_path), "w", encoding="utf-8") as f:
             for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.write(to_json(r, ensure_ascii=False) + "\n")
     return records

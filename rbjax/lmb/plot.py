@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_file
 from rbjax.specs import BIAS_TYPES
 
@@ -90,8 +91,8 @@ def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, d
         problems.append("outlier handling (" + ", ".join(f"{lab}: {'; '.join(d['rules'])}" for lab, d in desc.items())
                         + ")")
     if problems:
-        raise ValueError("the results mix " + " and ".join(problems) + ": their t-values are not comparable side by "
-                         "side; pass --allow-mixed (allow_mixed=True) to plot them anyway, each series labelled")
+        raise SettingError("allow_mixed", "the results mix " + " and ".join(problems) + ": their t-values are not "
+                           "comparable side by side; pass {name} to plot them anyway, each series labelled")
     return desc
 
 

@@ -9,8 +9,9 @@ cache slots are masked, and it no longer counts. The loop ends when every row ha
 Randomness is per example: example ``i`` draws step ``t`` from ``fold_in(fold_in(PRNGKey(seed), i), t)``, so
 its output does not depend on which other examples share its batch, on the batch size or on the order.
 
-Filtering follows Hugging Face ``generate`` (temperature, then top-k, then top-p over the renormalised top-k
-distribution, keeping the smallest set of most likely tokens whose probability reaches ``top_p``). Presets
+Filtering follows Hugging Face ``generate`` (temperature, then top-k — every token tied with the k-th logit kept, as
+``TopKLogitsWarper`` — then top-p over the renormalised top-k distribution, keeping the smallest set of most likely
+tokens whose probability reaches ``top_p``). Presets
 (:func:`sampling_settings`):
 
 * ``semantics="rbjax"`` (default): top-k 50, up to 64 new tokens.
@@ -83,29 +84,56 @@ def sampling_settings(semantics: str = "rbjax", **overrides) -> SamplingSettings
     return dataclasses.replace(base, **overrides)
 
 
-def _top_k_top_p(logits, top_k: int, top_p, temperature):
-    """(B, V) float32 logits -> (B, k) filtered logits (−inf where removed, sorted descending) and their ids."""
-    vals, idx = jax.lax.top_k(logits / temperature, top_k)
-    probs = jax.nn.softmax(vals, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the strictly more likely tokens
-    keep = before < top_p  # the most likely token is always kept
-    return jnp.where(keep, vals, -jnp.inf), idx
+def _filter(logits, top_k: int, top_p, temperature):
+    """(B, V) float32 logits -> (B, V): the tempered logits of the tokens kept, −inf elsewhere.
+
+    Hugging Face's ``TopKLogitsWarper`` then ``TopPLogitsWarper``: top-k keeps every token whose logit reaches the
+    k-th largest (all tokens tied at the k-th value, so possibly more than k); top-p then keeps the smallest prefix
+    of the kept tokens, most likely first, whose renormalised probability reaches ``top_p`` (equal logits in order
+    of token id: HF leaves that order to ``torch.sort``). ``top_p >= 1`` keeps all. O(V) per row: one
+    ``lax.top_k`` and one cumulative count of the ties, no sort of the vocabulary.
+    """
+    lt = logits / temperature
+    vals, idx = jax.lax.top_k(lt, top_k)  # descending; equal values: lower token id first
+    kth = vals[:, -1:]
+    tie = lt == kth  # (B, V) tokens tied with the k-th
+    n_tie_in = jnp.sum(vals == kth, axis=-1, keepdims=True)  # of them, inside the top-k list
+    n_extra = jnp.sum(tie, axis=-1, keepdims=True) - n_tie_in  # beyond it: kept by top-k as well
+    e = jnp.exp(vals - vals[:, :1])
+    e_tie = jnp.exp(kth - vals[:, :1])
+    z = jnp.sum(e, axis=-1, keepdims=True) + n_extra * e_tie  # normaliser over every token top-k keeps
+    probs = e / z
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the tokens ahead in the order
+    all_p = top_p >= 1.0
+    keep_top = (before < top_p) | all_p  # the most likely token is always kept
+    # the extra ties follow the top-k list in the order, each with probability p_tie: keep those that start
+    # before top_p is reached (j < (top_p - P(top-k list)) / p_tie; the 1e-5 keeps an exact boundary, e.g. five
+    # ties of 0.2 and top_p 0.6, on the side of the strict inequality despite rounding)
+    p_tie = e_tie / z
+    room = (top_p - jnp.sum(probs, axis=-1, keepdims=True)) / jnp.maximum(p_tie, jnp.finfo(jnp.float32).tiny)
+    n_extra_keep = jnp.where(all_p, n_extra, jnp.clip(jnp.ceil(room - 1e-5), 0, n_extra))
+    tie_rank = jnp.cumsum(tie, axis=-1) - 1  # among the ties, by token id
+    keep = jax.vmap(lambda k, i, v: k.at[i].set(v))(jnp.zeros(lt.shape, bool), idx, keep_top)
+    keep = keep | (tie & (tie_rank >= n_tie_in) & (tie_rank < n_tie_in + n_extra_keep))
+    return jnp.where(keep, lt, -jnp.inf)
 
 
 def filter_logits(logits, top_k: int | None = 50, top_p: float | None = None, temperature: float = 1.0):
-    """Temperature, top-k and top-p filtering as the sampler applies it, on full logits.
+    """Temperature, top-k and top-p filtering as the sampler applies it (Hugging Face's warpers: every token tied
+    with the k-th logit is kept), on full logits.
 
     Args:
-        logits: (B, V) float. top_k: None = V. top_p: None = 1.
+        logits: (B, V) float. top_k: None = V. top_p: None = 1. temperature: > 0.
     Returns:
         float32 (B, V): the tempered logits of kept tokens, −inf elsewhere.
+    Raises:
+        ValueError: ``top_k < 1``, ``top_p`` outside (0, 1] or ``temperature <= 0`` (as :class:`SamplingSettings`).
     """
+    SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)  # the sampler's checks
     logits = jnp.asarray(logits, jnp.float32)
     V = logits.shape[-1]
     k = V if top_k is None else min(top_k, V)
-    vals, idx = _top_k_top_p(logits, k, 1.0 if top_p is None else top_p, temperature)
-    out = jnp.full(logits.shape, -jnp.inf, jnp.float32)
-    return jax.vmap(lambda o, i, v: o.at[i].set(v))(out, idx, vals)
+    return _filter(logits, k, jnp.float32(1.0 if top_p is None else top_p), jnp.float32(temperature))
 
 
 def _cast_kernels(params, dt):
@@ -149,10 +177,9 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
     def pick(logits, t):
         if greedy:
             return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        vals, idx = _top_k_top_p(logits, top_k, top_p, temperature)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
-        j = jax.vmap(jax.random.categorical)(step_keys, vals)
-        return jnp.take_along_axis(idx, j[:, None], axis=1)[:, 0].astype(jnp.int32)
+        return jax.vmap(jax.random.categorical)(step_keys, _filter(logits, top_k, top_p, temperature)).astype(
+            jnp.int32)
 
     def emit(state, logits):
         t, cache, out, n_new, done, eos = state

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rbjax.core.io import dir_mode, file_mode
+from rbjax.core.io import dir_mode, file_mode, to_json
 from rbjax.core.keys import files_key
 from rbjax.model.gpt2 import GPT2Config
 
@@ -330,7 +330,7 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file(params_to_state_dict(params, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+        (tmp / "config.json").write_text(to_json(cfg.to_hf_dict(), indent=2) + "\n")
         if tokenizer_dir is not None:
             for f in TOKENIZER_FILES:
                 src = Path(tokenizer_dir) / f
@@ -350,9 +350,19 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
 
 
 def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
-    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files
-    (``{file name: sha256}``, :func:`rbjax.core.keys.files_key`)."""
+    """Content key of an HF model folder: ``config.json``, every weight file, tokenizer files (``{file name: sha256}``,
+    :func:`rbjax.core.keys.files_key`).
+
+    A sharded checkpoint counts with every shard: the files its ``model.safetensors.index.json`` maps weights to
+    (whatever their names), and any ``model-*.safetensors`` beside it; changing any one shard changes the key, so
+    every result keyed on the folder (measure, training resume, evaluate, study stages) is recomputed.
+    """
     folder = Path(folder)
     names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
-    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
-    return files_key(folder / n for n in names)
+    shards = {p.name for p in folder.glob("model-*.safetensors")}
+    try:
+        index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards |= {str(v) for v in (index.get("weight_map") or {}).values()}
+    except (OSError, ValueError, AttributeError):
+        pass  # no index (or a damaged one: the loader names it)
+    return files_key(folder / n for n in [*names, *sorted(shards)])

@@ -1,0 +1,110 @@
+"""Issue 20, flags and messages: an option that takes a value requires one, a switch takes none, a malformed flag
+exits non-zero; errors name the flag (CLI), the field (Python API) or the file, section and key (study) the user
+wrote."""
+import pytest
+
+from rbjax.cli import main
+from rbjax.debias.config import TrainConfig
+
+RUN = ["debias", "--method", "hd", "--bias", "religion1"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (RUN + ["--max-steps"], "argument --max-steps: expected one argument"),
+    (RUN + ["--no-dropout", "false"], "unrecognized arguments: false"),
+    (RUN + ["--epochs", "one"], "argument --epochs: invalid int value: 'one'"),
+    (["sweep", "--method", "hd", "--bias", "religion1", "--seed"], "argument --seed: expected one argument"),
+    (["debias", "--bias", "religion1"], "the following arguments are required: --method"),
+])
+def test_malformed_flags_exit_non_zero(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["debias", "sweep"])
+def test_training_help_has_plain_titles_and_switches(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    for leak in ("RunSettings", "SweepSettings", "['config']", "[bool]", "config.", "--config"):
+        assert leak not in out, leak
+    assert "--no-dropout " in out and "--max-steps N" in out and "--lr X" in out
+    assert ("settings shared by every grid point" if command == "sweep" else "training settings") in out
+
+
+@pytest.mark.parametrize("flags,cli_msg,field_kw,api_msg", [
+    (["--lr", "-1"], "--lr must be > 0, got -1.0", {"learning_rate": -1.0}, "learning_rate must be > 0, got -1.0"),
+    (["--max-grad-norm", "0"], "--max-grad-norm must be > 0, got 0.0", {"max_grad_norm": 0.0},
+     "max_grad_norm must be > 0, got 0.0"),
+    (["--adam-eps=-1e-8"], "--adam-eps must be >= 0, got -1e-08", {"adam_eps": -1e-8},
+     "adam_eps must be >= 0, got -1e-08"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0", {"batch_size": 0}, "batch_size must be >= 1, got 0"),
+    (["--lambda-d", "nan"], "--lambda-d must be a finite number, got nan", {"lambda_d": float("nan")},
+     "lambda_d must be a finite number, got nan"),
+])
+def test_one_validation_names_the_flag_on_the_cli_and_the_field_in_python(flags, cli_msg, field_kw, api_msg, capsys,
+                                                                           tmp_path):
+    assert main(RUN + ["--out", str(tmp_path / "o"), *flags]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"rbjax debias: error: {cli_msg}"
+    with pytest.raises(ValueError) as e:
+        TrainConfig(method="hd", bias_type="religion1", **field_kw)
+    assert str(e.value) == api_msg
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_measure_batch_size_names_the_flag(capsys, tmp_path):
+    assert main(["measure", "--stored-perplexities", "--batch-size", "0", "--out", str(tmp_path / "m")]) == 1
+    assert capsys.readouterr().err.strip() == "rbjax measure: error: --batch-size must be >= 1, got 0"
+
+
+def test_study_values_name_file_section_and_key(tmp_path):
+    from rbjax.study.config import load_study
+
+    f = tmp_path / "s.toml"
+    f.write_text('[study]\nmodel = "m"\n\n[training]\nepochs = "one"\n', encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_study(f)
+    assert str(e.value) == f"{f.resolve()}: [training] epochs: training.epochs must be an integer, got 'one'"
+    f.write_text('[study]\nmodel = "m"\n', encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_study(f, ["sweep.batch_size=[0]"])  # the value came from --set: named, not the file
+    assert str(e.value).startswith("--set 'sweep.batch_size=[0]': sweep.batch_size must be")
+    assert "GridPoint" not in str(e.value)
+    # a range TrainConfig checks (SettingError): the key named, from the file or from --set
+    f.write_text('[study]\nmodel = "m"\n\n[training]\nadam_b2 = 1.0\n', encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_study(f)
+    assert str(e.value) == f"{f.resolve()}: [training] adam_b2: adam_b2 must be in [0, 1), got 1.0"
+    with pytest.raises(ValueError) as e:
+        load_study(f, ["training.learning_rate=-1"])
+    assert str(e.value) == "--set 'training.learning_rate=-1': learning_rate must be > 0, got -1"
+
+
+def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monkeypatch, capsys):
+    """Issue 20: a spec-file bias type without --data-dir complained about downloading the LMP file."""
+    import shutil
+    from pathlib import Path
+
+    import rbjax.specs
+
+    monkeypatch.delenv("RBJAX_DATA_DIR", raising=False)
+    monkeypatch.setenv("RBJAX_REDDITBIAS_URL", "http://127.0.0.1:9/nothing")  # a download attempt would fail
+    monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "cache"))
+    spec = tmp_path / "mine.json"
+    shutil.copy(Path(rbjax.specs.__file__).parent / "religion1.json", spec)
+    assert main(["debias", "--method", "hd", "--bias", str(spec), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"--bias {spec}: a bias type of your own trains on its phrases" in err
+    assert "_bias_manual_train.txt" in err and "--data-dir" in err and "download" not in err
+
+
+def test_evaluate_settings_name_the_flag(tmp_path, capsys):
+    from rbjax.dialog.evaluate import task_settings
+
+    with pytest.raises(ValueError, match="^learning_rate must be > 0, got -1.0$"):
+        task_settings("dst", {"learning_rate": -1.0})
+    assert main(["evaluate", "--task", "dst", "--model", "m", "--out", str(tmp_path / "o"), "--lr", "-1"]) == 1
+    assert capsys.readouterr().err.strip() == "rbjax evaluate: error: --lr must be > 0, got -1.0"
