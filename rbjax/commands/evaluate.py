@@ -65,6 +65,7 @@ def _settings(args) -> dict:
         "greedy": args.greedy or None, "max_new_tokens": args.max_new_tokens, "clean": args.clean,
         "meteor": False if args.no_meteor else None, "meteor_norm": False if args.meteor_no_norm else None,
         "meteor_jar": args.meteor_jar, "java": args.java, "dropout": False if args.no_dropout else None,
+        "layout": args.layout,
     }
 
 
@@ -148,6 +149,10 @@ def register(sub) -> None:
     g.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: 1)")
     g.add_argument("--lr", dest="learning_rate", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
     g.add_argument("--no-dropout", action="store_true", help="train without GPT-2's dropout (the reference uses it)")
+    g.add_argument("--layout", choices=["packed", "padded"],
+                   help="token layout of the training micro-batches: packed (default: examples side by side in a few "
+                        "rows, no compute on padding, the same loss) or padded (one block_size row per example, for "
+                        "comparison); DST in reference semantics is always padded")
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints after the result is "
                         "written (default: deleted then); with them a rerun that changes only evaluation settings "

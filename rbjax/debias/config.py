@@ -17,8 +17,8 @@ from rbjax.core.precision import PRECISIONS
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
-__all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type", "bias_spec",
-           "option_name"]
+__all__ = ["METHODS", "LOSS_METHODS", "LAYOUTS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
+           "bias_spec", "option_name"]
 
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
 METHODS = ("lmd", "add", "hd", "cda", "lm")
@@ -27,13 +27,16 @@ LOSS_METHODS = ("lmd", "add", "hd")
 #: classifier, BCE on a linear head) and ``crg`` (causal LM loss on the response tokens only)
 TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
+#: token layouts of a micro-batch (:class:`rbjax.debias.data.BatchPlan`): ``packed`` (the examples' tokens side by
+#: side in a few rows, no update computes on padding) or ``padded`` (one row of ``block_size`` per example)
+LAYOUTS = ("packed", "padded")
 
 #: fields of :class:`TrainConfig` that determine the training trajectory; a resumed run must match them (together
 #: with the content of the model, tokenizer, data and bias specification: see :mod:`rbjax.debias.loop`)
 TRAJECTORY_FIELDS = (
     "method", "bias_type", "train_file", "semantics", "seed", "epochs", "batch_size", "grad_accum",
     "learning_rate", "adam_b1", "adam_b2", "adam_eps", "max_grad_norm", "block_size", "lambda_lm", "lambda_d",
-    "max_steps", "leftover", "dropout", "precision",
+    "max_steps", "leftover", "dropout", "precision", "layout",
 )
 
 
@@ -149,6 +152,11 @@ class TrainConfig:
     dropout: bool = _f(True, "dropout 0.1 during training, as the reference", negate="--no-dropout")
     precision: str = _f("fp32", "compute precision: fp32 (default) or bf16 (bf16 matmuls, fp32 parameters, "
                                 "optimizer state and losses; for accelerators)", choices=PRECISIONS)
+    layout: str = _f("packed", "token layout of a micro-batch: packed (default: its phrases side by side in a few "
+                               "rows, block-diagonal attention, positions restarting per phrase; no compute on "
+                               "padding; the same losses and updates) or padded (one block_size row per phrase, for "
+                               "comparison). DST in reference semantics is always padded (its pooling attends "
+                               "padding)", choices=LAYOUTS)
     save_every: int = _f(100, "checkpoint every N updates (also every --save-every-s seconds, on Ctrl-C/SIGTERM and "
                               "at the end)")
     save_every_s: float = _f(600.0, "checkpoint when this many seconds passed since the last one (0: off)")
@@ -172,7 +180,7 @@ class TrainConfig:
             raise SettingError("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.batch_size is None:  # the method's default (the reference's CDA run uses batch size 2)
             object.__setattr__(self, "batch_size", 2 if self.method == "cda" else 8)
-        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS),
+        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS), ("layout", LAYOUTS),
                               ("leftover", (None, "drop", "carry"))):
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f"must be one of {', '.join(a for a in allowed if a)}, "
@@ -216,6 +224,12 @@ class TrainConfig:
             return self.leftover
         return "carry" if self.semantics == "reference" else "drop"
 
+    @property
+    def resolved_layout(self) -> str:
+        """The layout the trainer uses: ``layout``, except ``padded`` for DST in reference semantics, whose pooling
+        (the batch's longest row's last column, padding attended: ``lm_dst_binary.py``) depends on the padding."""
+        return "padded" if (self.method == "dst" and self.semantics == "reference") else self.layout
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -223,6 +237,7 @@ class TrainConfig:
         """The settings a resumed run must share with the checkpointed one."""
         d = {k: getattr(self, k) for k in TRAJECTORY_FIELDS}
         d["leftover"] = self.resolved_leftover
+        d["layout"] = self.resolved_layout
         return d
 
     def replace(self, **kw) -> "TrainConfig":

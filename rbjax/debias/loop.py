@@ -17,7 +17,10 @@
   difference named.
 * **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
   debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
-  (the losses of a skipped update) is ``null``.
+  (the losses of a skipped update) is ``null``. ``tokens`` counts the real (non-pad) tokens of the update in either
+  layout, so ``tokens_per_s`` compares packed and padded runs.
+* **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.debias.data.BatchPlan`); the run's summary
+  records it with the packed shapes and the real-slot fraction (:meth:`Trainer.layout_info`).
 * **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and
   counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
 """
@@ -172,7 +175,9 @@ class Trainer:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
-                                      cfg.resolved_leftover, cfg.max_steps)
+                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.resolved_layout)
+        if self.plan.layout != cfg.resolved_layout:
+            raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.resolved_layout}")
         self.stacked = points is not None
         self.points = list(points) if points is not None else [RunHparams(cfg.lambda_lm, cfg.lambda_d,
                                                                          cfg.learning_rate)]
@@ -196,9 +201,10 @@ class Trainer:
     def batch_rows(self, epoch: int, index: int) -> np.ndarray:
         return self.plan.batch_rows(epoch, index)
 
-    def make_batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers)."""
-        return {**self.plan.make_batch(rows), **self.data.shared}
+    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers; packed layout:
+        packed in ``shape``, default its own need; ``plan.update_shape(u)`` gives update ``u``'s)."""
+        return {**self.plan.make_batch(rows, shape), **self.data.shared}
 
     def device_batch(self, u: int) -> dict:
         """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
@@ -219,6 +225,12 @@ class Trainer:
     def grads(self, params, batch: dict, rng=None):
         """Unscaled gradient of one micro-batch's total loss (dropout as configured when ``rng`` is given)."""
         return micro_batch_grads(params, batch, self.lambdas, rng, self.spec)
+
+    def layout_info(self) -> dict:
+        """The token layout of the run's micro-batches: ``layout``, the packed ``(rows, slots)`` shapes of the plan
+        (one compiled program each) and the share of computed token slots that hold a real token."""
+        return {"layout": self.plan.layout, "packed_shapes": [list(s) for s in self.plan.shapes],
+                "real_slot_fraction": round(self.plan.real_fraction(), 4)}
 
     # -- state ------------------------------------------------------------------------------------------------
     def key(self) -> dict:
@@ -313,7 +325,8 @@ class Trainer:
         n_pts = len(self.points)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
-                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside}
+                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside,
+                                   **self.layout_info()}
         consecutive = np.zeros(n_pts, np.int64)
         t_run = last_save = time.perf_counter()
         session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)

@@ -34,8 +34,8 @@ from rbjax.core.precision import get_policy
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
-from rbjax.dialog.dst import dst_logits, dst_loss
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
+from rbjax.dialog.dst import dst_head_logits, dst_logits, dst_loss, pooled_index
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
 from rbjax.model.nll import nll_from_hidden
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
@@ -157,13 +157,73 @@ def _debias_loss(spec: StepSpec, params, hidden, batch):
                                  semantics=spec.semantics)
 
 
+def _forward(model, params, batch: dict, drop: bool, key):
+    """Final hidden states of a micro-batch, in the padded layout ``(B, L, d)``, and the mean next-token NLL inputs.
+
+    Padded layout: GPT-2 runs on the ``(B, L)`` rows as they are. Packed layout (``batch["pack"]`` ``(R, Lp)``,
+    :func:`rbjax.debias.data.pack_index`): GPT-2 runs on the packed rows, each slot attending only to the earlier
+    slots of its own example (block-diagonal causal mask from segment ids) at the example's own position ids, so
+    every real token gets the state it gets in the padded layout; ``batch["unpack"]`` brings the states back to
+    ``(B, L)`` (zeros at padding, which no loss reads).
+
+    Returns:
+        ``(hidden, rows)``: float32 ``(B, L, d)`` and ``rows = (h_rows, ids_rows, src, real)``, the states and ids of
+        the rows the model ran on, ``src`` the flat padded index of each slot and ``real`` which slots hold a token.
+    """
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rngs = None if not drop else {"dropout": key}
+    if "pack" not in batch:
+        _, hidden = model.apply({"params": params}, ids, attention_mask=mask, deterministic=not drop, rngs=rngs,
+                                return_logits=False)
+        hidden = hidden.astype(jnp.float32)
+        B, L = ids.shape
+        return hidden, (hidden, ids, jnp.arange(B * L, dtype=jnp.int32).reshape(B, L), mask > 0)
+    pack, unpack = batch["pack"], batch["unpack"]
+    L = ids.shape[1]
+    real = pack >= 0
+    src = jnp.where(real, pack, 0)
+    p_ids = jnp.where(real, ids.reshape(-1)[src], 0)
+    pos = jnp.where(real, position_ids_from_mask(mask).reshape(-1)[src], 0)
+    seg = jnp.where(real, pack // L, -1)
+    attn = seg[:, :, None] == seg[:, None, :]  # block-diagonal; the model ANDs the causal mask
+    _, h_rows = model.apply({"params": params}, p_ids, attention_mask=attn, position_ids=pos,
+                            deterministic=not drop, rngs=rngs, return_logits=False)
+    h_rows = h_rows.astype(jnp.float32)
+    d = h_rows.shape[-1]
+    hidden = jnp.where((unpack >= 0)[..., None], h_rows.reshape(-1, d)[jnp.maximum(unpack, 0)], 0.0)
+    return hidden, (h_rows, p_ids, src, real)
+
+
+def _mean_nll(spec: StepSpec, params, rows, score_mask, context_mask):
+    """Mean next-token NLL of the targets ``score_mask`` ``(B, L)`` marks, predicted from real tokens
+    (``context_mask``), over the rows the model ran on (:func:`_forward`): the one next-token NLL of rbjax
+    (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied embedding, never the (B, L, V)
+    logits), shared with the LMB scorer. A slot predicts the next slot when both hold consecutive tokens of the same
+    example, so the targets and their count are those of the padded layout."""
+
+    h_rows, ids_rows, src, real = rows
+    sf, cf = score_mask.reshape(-1), context_mask.reshape(-1)
+    L = score_mask.shape[-1]  # consecutive slots of one example: next flat index, not the start of a padded row
+    pair = real[:, 1:] & real[:, :-1] & (src[:, 1:] == src[:, :-1] + 1) & (src[:, 1:] % L != 0)
+    m = (pair * sf[src[:, 1:]] * cf[src[:, :-1]]).astype(jnp.float32)
+    nll = nll_from_hidden(h_rows[:, :-1], params["wte"]["embedding"], ids_rows[:, 1:],
+                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype)
+    return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
 def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
     """Losses of the dialog fine-tuning tasks (``spec.method`` ``dst`` or ``crg``) that share the trainer."""
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
     if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
 
-        logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"], spec.config,
-                            pooling=spec.semantics if spec.semantics == "reference" else "last", dropout_rng=key)
+        if "pack" in batch:  # pooling "last" (the reference pooling attends padding and is never packed)
+            hidden, _ = _forward(GPT2LMHeadModel(spec.config), params["gpt2"], batch, drop, key)
+            idx = pooled_index(batch["attention_mask"])
+            logits = dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], params["head"])
+        else:
+            logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"],
+                                spec.config, pooling=spec.semantics if spec.semantics == "reference" else "last",
+                                dropout_rng=key)
         w = batch.get("weights")
         if w is None:  # the filler rows of a short last batch (no token) do not count
             w = (jnp.sum(batch["attention_mask"], axis=-1) > 0).astype(jnp.float32)
@@ -171,23 +231,9 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
         return loss, (loss, jnp.zeros((), jnp.float32))
     # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
-    _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                            deterministic=not drop, rngs=None if key is None else {"dropout": key},
-                            return_logits=False)
-    lm = _mean_nll(spec, params, hidden, batch["input_ids"], batch["attention_mask"] * batch["loss_mask"],
-                   batch["attention_mask"])
+    _, rows = _forward(model, params, batch, drop, key)
+    lm = _mean_nll(spec, params, rows, batch["attention_mask"] * batch["loss_mask"], batch["attention_mask"])
     return lm, (lm, jnp.zeros((), jnp.float32))
-
-
-def _mean_nll(spec: StepSpec, params, hidden, input_ids, score_mask, context_mask):
-    """Mean next-token NLL of the targets ``score_mask`` marks, predicted from real tokens (``context_mask``):
-    the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied
-    embedding, never the (B, L, V) logits), shared with the LMB scorer."""
-
-    m = (score_mask[:, 1:] * context_mask[:, :-1]).astype(jnp.float32)
-    nll = nll_from_hidden(hidden[:, :-1], params["wte"]["embedding"], input_ids[:, 1:],
-                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype)
-    return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
@@ -196,7 +242,9 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     Args:
         params: GPT-2 params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
             (``lmd_mask`` ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask``
-            ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``.
+            ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``; packed layout: also ``pack``
+            ``(R, Lp)`` and ``unpack`` ``(B, L)`` (:func:`rbjax.debias.data.pack_index`), and GPT-2 then runs on the
+            packed rows (:func:`_forward`) with the same losses.
         lambdas: ``(2,)`` ``[λ_LM, λ_D]``. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
         spec: static settings. dropout: override ``spec.dropout``.
     """
@@ -210,11 +258,9 @@ def _batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, drop: bool)
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
-    rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
-    _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                            deterministic=not drop, rngs=rngs, return_logits=False)
-    hidden = hidden.astype(jnp.float32)
-    lm = _mean_nll(spec, params, hidden, batch["input_ids"], batch["attention_mask"], batch["attention_mask"])
+    key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
+    hidden, rows = _forward(model, params, batch, drop, key)
+    lm = _mean_nll(spec, params, rows, batch["attention_mask"], batch["attention_mask"])
     if spec.method not in LOSS_METHODS:
         return lm, (lm, jnp.zeros((), jnp.float32))
     deb = _debias_loss(spec, params, hidden, batch)

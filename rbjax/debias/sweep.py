@@ -368,7 +368,7 @@ def run_chunk(task: dict) -> list[dict]:
                              "updates": res.updates_done, "train_s": train_s / len(pts), "eval_s": eval_s,
                              "last": last[i] if i < len(last) else None,
                              "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
-                             "resumed_from": res.resumed_from})))  # NaN/inf -> None
+                             "resumed_from": res.resumed_from, "layout": tr.layout_info()})))  # NaN/inf -> None
     atomic_write_json(rpath, recs)
     if not task.get("keep_checkpoints"):
         shutil.rmtree(cdir / "checkpoints", ignore_errors=True)

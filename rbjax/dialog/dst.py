@@ -58,7 +58,7 @@ from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
     "example_text", "build_examples", "example_counts", "encode_examples", "dst_batches", "init_head",
-    "pooled_index", "dst_logits", "dst_loss", "make_loss_fn", "predict_proba", "binary_metrics",
+    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "predict_proba", "binary_metrics",
     "candidate_values", "jga_slots", "jga_candidates", "jga_cost", "gold_belief", "beliefs_equal",
     "predict_beliefs", "joint_goal_accuracy", "score_joint_goal",
 ]
@@ -336,8 +336,13 @@ def dst_logits(params, head_params: dict, input_ids, attention_mask, config: GPT
     else:
         _, hidden = model.apply({"params": params}, input_ids, attention_mask=None, **kw)
         idx = jnp.broadcast_to(jnp.max(pooled_index(attention_mask)), (input_ids.shape[0],))
-    h = jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0]  # (B, d)
-    return (h.astype(jnp.float32) @ head_params["kernel"].astype(jnp.float32))[:, 0] + head_params["bias"][0]
+    return dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], head_params)
+
+
+def dst_head_logits(pooled, head_params: dict) -> jax.Array:
+    """The classifier ``Linear(d→1)`` on pooled states: float32 ``(B, d)`` → ``(B,)`` logits (also used by the
+    trainer's packed layout, which pools from the unpacked states)."""
+    return (pooled.astype(jnp.float32) @ head_params["kernel"].astype(jnp.float32))[:, 0] + head_params["bias"][0]
 
 
 def dst_loss(logits, labels, weights=None) -> jax.Array:

@@ -57,7 +57,7 @@ from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedResult
 from rbjax.data.redditbias import RedditBiasData, manifest
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import LAYOUTS, TrainConfig
 from rbjax.debias.data import ArrayData
 from rbjax.debias.loop import Trainer
 from rbjax.dialog import crg, dst
@@ -85,11 +85,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "dst": {**_COMMON, "multiwoz": None, "dst_train_file": None, "ontology": None, "mapping": None, "max_steps": None,
             "max_examples": None, "seed": 42, "semantics": "paper", "joint_goal": False, "jga_max_dialogues": None,
             "batch_size": 12, "grad_accum": 4, "epochs": 1, "learning_rate": 5e-5, "block_size": 128,
-            "eval_batch_size": 64, "dropout": True},
+            "eval_batch_size": 64, "dropout": True, "layout": "packed"},
     "crg": {**_COMMON, "data_dir": None, "crg_train_file": None, "test_file": None, "refs": None, "max_steps": None,
             "max_examples": None, "seed": 42, "semantics": "paper", "batch_size": 16, "grad_accum": 5, "epochs": 1,
             "learning_rate": 5e-5, "block_size": 128, "gen_batch_size": 16, "greedy": False, "max_new_tokens": None,
-            "clean": True, "meteor": True, "meteor_norm": True, "meteor_jar": None, "java": None, "dropout": True},
+            "clean": True, "meteor": True, "meteor_norm": True, "meteor_jar": None, "java": None, "dropout": True,
+            "layout": "packed"},
 }
 #: settings that name files or folders: their *content* enters the key (as data digests), not the path
 _PATH_SETTINGS = {"data_dir", "lmp_file", "multiwoz", "dst_train_file", "ontology", "mapping", "crg_train_file",
@@ -125,6 +126,8 @@ def task_settings(task: str, settings: dict) -> dict:
             s[k] = v
     if "semantics" in s and s["semantics"] not in SEMANTICS:
         raise SettingError("semantics", f"must be one of {SEMANTICS}, got {s['semantics']!r}")
+    if "layout" in s and s["layout"] not in LAYOUTS:
+        raise SettingError("layout", f"must be one of {', '.join(LAYOUTS)}, got {s['layout']!r}")
     for k in ("max_steps", "max_examples", "lmp_max_lines", "jga_max_dialogues", "max_new_tokens"):
         if k in s and s[k] is not None and (not isinstance(s[k], int) or isinstance(s[k], bool) or s[k] < 1):
             raise SettingError(k, f"must be a positive integer, got {s[k]!r}")
@@ -298,7 +301,7 @@ def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, 
     cfg = TrainConfig(method=method, model=str(model.folder), out_dir=str(train_dir), semantics=s["semantics"],
                       seed=s["seed"], epochs=s["epochs"], batch_size=s["batch_size"], grad_accum=s["grad_accum"],
                       learning_rate=s["learning_rate"], block_size=s["block_size"], max_steps=s["max_steps"],
-                      dropout=s["dropout"], export=False, evaluate=False, lmp=False, progress=s["progress"],
+                      dropout=s["dropout"], layout=s["layout"], export=False, evaluate=False, lmp=False, progress=s["progress"],
                       keep_checkpoints=1)
     try:
         trainer = Trainer(cfg, model_config=config, params=params, model_key=model.digest, tokenizer=tok, data=data)

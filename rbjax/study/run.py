@@ -250,57 +250,78 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 
 
 # ------------------------------------------------------------------------------------------------ cost estimate
-#: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM, 2026-11-30); see there
+#: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM); see there
 COSTS = {
-    "train_tokens_per_s": 200.0,     # bench_train_step.py: one update, batch 8 × 36, rbjax, ≈ 200 tokens/s
+    # real (non-pad) tokens/s of the trainer's update in the packed layout (the default), religion1, batch 8, LM
+    # loss: bench_packed_train.py measures it; until it has run on a quiet machine this is an estimate from the
+    # quiet padded figures (RESULTS.md, train step: 1.46 s per 8 × 36 update, 82 real tokens/s at 41 % real slots;
+    # about a quarter of it, Adam over 124M parameters, does not depend on the tokens): 117 real tokens in ≈ 122
+    # packed slots → 0.37 s + 122 × 3.8 ms ≈ 0.83 s → ≈ 140 real tokens/s
+    "train_tokens_per_s": 140.0,
+    # bench_train_step.py: token slots/s of the padded layout (batch 8 × 36: every slot computed, real or not)
+    "train_padded_slots_per_s": 200.0,
     "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
     "machine": "2-core CPU (benchmarks/RESULTS.md); divide by your accelerator's speed-up",
 }
 TRAIN_LINES = {"religion1": 720, "religion2": 720, "race": 763, "gender": 1521, "queerness": 720}
+#: mean real GPT-2 tokens per training phrase (paper semantics, at most the block size of 36)
+TOKENS_PER_LINE = {"religion1": 14.65, "religion2": 14.54, "race": 12.27, "gender": 12.2, "queerness": 12.08}
 PHRASES = {"test": 2432, "valid": 2426}
 
 
 def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     """Training runs, token counts and an estimated wall time of the study from the benchmark figures (at the
-    DialoGPT-small shape; a user's own figures may be passed in ``costs``)."""
+    DialoGPT-small shape; a user's own figures may be passed in ``costs``).
+
+    Training time: the real tokens of every run at the packed rate (``train_tokens_per_s``), or, with
+    ``[training] layout = "padded"``, every slot of the ``batch × block_size`` micro-batches at the padded rate.
+    """
 
     c = {**COSTS, **(costs or {})}
     tr = cfg.training
     epochs, block = int(tr.get("epochs", 2)), int(tr.get("block_size", 36))
+    padded = tr.get("layout", "packed") == "padded"
     max_steps = tr.get("max_steps")
     n_seeds, n_types = len(cfg.seeds), len(cfg.debias_types)
-    runs, tokens = 0, 0.0
+    runs, tokens, seconds = 0, 0.0, 0.0
 
-    def run_tokens(n_lines: int, batch: int, accum: int) -> float:
+    def run_cost(n_lines: int, per_line: float, batch: int, accum: int) -> tuple[float, float]:
+        """(real tokens, seconds) of one run."""
         n_batches = -(-n_lines // batch)
         updates = (n_batches // accum) * epochs if max_steps is None else int(max_steps)
-        return updates * accum * batch * block
+        examples = updates * accum * batch
+        real = examples * min(per_line, block)
+        return real, (examples * block / c["train_padded_slots_per_s"] if padded else real / c["train_tokens_per_s"])
 
     for b in cfg.debias_types:
         lines = TRAIN_LINES.get(b, 720)
+        per_line = TOKENS_PER_LINE.get(b, float(block) / 2)
         for m in cfg.methods:
             n = lines * (2 if m == "cda" else 1)
             if m in cfg.sweep["methods"]:
                 pts = grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]
                 runs += len(pts) + 1
-                tokens += sum(run_tokens(n, p.batch_size, p.grad_accum) for p in pts)
-                tokens += run_tokens(n, pts[0].batch_size, pts[0].grad_accum)  # the retrained selection (approx.)
+                costs_ = [run_cost(n, per_line, p.batch_size, p.grad_accum) for p in pts]
+                costs_.append(run_cost(n, per_line, pts[0].batch_size, pts[0].grad_accum))  # the retrained selection
             else:
                 runs += 1
-                tokens += run_tokens(n, int(tr.get("batch_size") or (2 if m == "cda" else 8)),
-                                     int(tr.get("grad_accum", 1)))
+                costs_ = [run_cost(n, per_line, int(tr.get("batch_size") or (2 if m == "cda" else 8)),
+                                   int(tr.get("grad_accum", 1)))]
+            tokens += sum(t for t, _ in costs_)
+            seconds += sum(s_ for _, s_ in costs_)
     runs *= n_seeds
     tokens *= n_seeds
+    seconds *= n_seeds
     n_models = 1 + n_seeds * n_types * len(cfg.methods)
     dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
                                for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
     test_scored = n_models * PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
-    train_h = tokens / c["train_tokens_per_s"] / 3600
+    train_h = seconds / 3600
     score_h = (dev_scored + test_scored) / c["score_phrases_per_s"] / 3600
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
             "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
-            "rates": c}
+            "layout": "padded" if padded else "packed", "rates": c}
 
 
 def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) -> str:
@@ -317,10 +338,12 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
             extra = (f"  ({s.training_runs} training runs: {g} sweeps (method × bias type), each its grid points "
                      "+ 1 retraining of the selected point with export)")
         lines.append(f"    {s.name:<48} {s.kind}{extra}")
-    lines.append(f"  training runs: {cost['training_runs']}, training tokens: {cost['training_tokens']:,}; models "
+    rate = (f"{cost['rates']['train_padded_slots_per_s']:g} padded slots/s" if cost["layout"] == "padded"
+            else f"{cost['rates']['train_tokens_per_s']:g} real tokens/s, packed")
+    lines.append(f"  training runs: {cost['training_runs']}, real training tokens: {cost['training_tokens']:,}; models "
                  f"evaluated: {cost['models_evaluated']}; phrases scored: {cost['phrases_scored']:,}")
     lines.append(f"  estimated cost at the DialoGPT-small shape on {cost['rates']['machine']}: training "
-                 f"{cost['train_hours']:.1f} h ({cost['rates']['train_tokens_per_s']:g} tokens/s), LMB scoring "
+                 f"{cost['train_hours']:.1f} h ({rate}), LMB scoring "
                  f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s); "
                  f"{cost['dialog_note']}")
     return "\n".join(lines)

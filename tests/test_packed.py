@@ -1,0 +1,255 @@
+"""Packed micro-batches (issue 18): the phrases of a micro-batch side by side in a few rows give the same losses and
+updates as the padded layout (dropout off) for every method × semantics, the vmapped grid step and the dialog
+tasks; a plan compiles one program per packed shape."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.data import (
+    ArrayData,
+    BatchPlan,
+    TrainingData,
+    choose_packed_shapes,
+    pack_index,
+    pack_micro_batch,
+    packed_need,
+)
+from rbjax.debias.loop import RunHparams, Trainer
+from rbjax.debias.step import StepSpec, batch_losses, compiled_programs
+from rbjax.model.gpt2 import GPT2Config, init_params
+from tests.conftest import religion1_train_file
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+
+LOSS_RTOL = 1e-6  # losses of an update, relative
+PARAM_ATOL = 1e-5  # parameters after three updates, absolute (GPT-2 init N(0, 0.02))
+
+
+# ---------------------------------------------------------------------------------------------- host packing
+def test_pack_index_round_trip_and_first_fit():
+    lengths = np.array([5, 0, 3, 7, 2])
+    mask = (np.arange(8)[None] < lengths[:, None]).astype(np.int32)
+    assert pack_micro_batch(lengths, 32) == [[0, 2, 3, 4]]  # fits one row: batch order, filler left out
+    assert packed_need(lengths, 32) == (1, 17)
+    rows = pack_micro_batch(lengths, 8)  # first-fit decreasing: 7 | 5+3 | 2 → [3], [0, 2], [4]... as placed
+    assert sorted(b for r in rows for b in r) == [0, 2, 3, 4] and all(lengths[r].sum() <= 8 for r in rows)
+    assert packed_need(lengths, 8) == (len(rows), 8)
+    pack, unpack = pack_index(mask, rows, (len(rows) + 1, 9))
+    flat = np.arange(mask.size).reshape(mask.shape)
+    # every real token has exactly one slot, and the two indices invert each other
+    assert sorted(pack[pack >= 0].tolist()) == flat[mask > 0].tolist()
+    assert (unpack[mask == 0] == -1).all()
+    assert all(pack.reshape(-1)[unpack[b, i]] == b * 8 + i for b, i in zip(*np.nonzero(mask)))
+    with pytest.raises(ValueError, match="packed rows"):
+        pack_index(mask, rows, (1, 32))
+
+
+def test_choose_packed_shapes_covers_every_need_with_at_most_k():
+    rng = np.random.default_rng(0)
+    needs = [(1, int(n)) for n in rng.integers(40, 140, 200)] + [(2, 256)]
+    for k in (1, 2, 4):
+        shapes = choose_packed_shapes(needs, [1] * len(needs), k)
+        assert len(shapes) <= k and shapes[-1] == (2, 256)
+        assert all(any(s >= n for s in shapes) for n in needs)
+    # more shapes never cost more slots
+    cost = [sum(min(s for s in choose_packed_shapes(needs, [1] * len(needs), k) if s >= n)[0] *
+                min(s for s in choose_packed_shapes(needs, [1] * len(needs), k) if s >= n)[1] for n in needs)
+            for k in (1, 2, 3, 4)]
+    assert cost == sorted(cost, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------- packed == padded
+@pytest.fixture(scope="module")
+def start(tiny_model_dir, tokenizer_dir):
+    from rbjax.model.hf import load_pretrained
+    from rbjax.model.tokenizer import load_tokenizer
+
+    config, params = load_pretrained(tiny_model_dir)
+    return config, params, load_tokenizer(tokenizer_dir, expected_vocab_size=None)
+
+
+def _run(cfg, start, data, layout, points=None, max_shapes=1):
+    config, params, tok = start
+    cfg = cfg.replace(layout=layout)
+    plan = BatchPlan(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
+                     cfg.max_steps, layout=cfg.resolved_layout, max_shapes=max_shapes)  # 1: one compile per test
+    tr = Trainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok, data=data,
+                 plan=plan)
+    metrics = []
+    res = tr.run(checkpoints=False, callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
+    return tr, res, metrics
+
+
+def _compare(a, b, keys=("lm_loss", "debias_loss", "total")):
+    """Losses of every update to ``LOSS_RTOL`` (the first at identical parameters; later ones at parameters that
+    already differ by float32 rounding) and the parameters after three updates to ``PARAM_ATOL``."""
+    (tr_a, res_a, m_a), (_, res_b, m_b) = a, b
+    assert len(m_a) == len(m_b) == 3
+    worst_loss = 0.0
+    for ua, ub in zip(m_a, m_b):
+        for ra, rb in zip(ua if isinstance(ua, list) else [ua], ub if isinstance(ub, list) else [ub]):
+            assert ra["tokens"] == rb["tokens"] > 0  # real tokens, whatever the layout
+            for k in keys:
+                worst_loss = max(worst_loss, abs(ra[k] - rb[k]) / max(abs(ra[k]), 1e-30))
+    worst_param = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+                      for x, y in zip(jax.tree.leaves(jax.device_get(res_a.state.params)),
+                                      jax.tree.leaves(jax.device_get(res_b.state.params))))
+    moved = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+                for x, y in zip(jax.tree.leaves(jax.device_get(res_a.state.params)),
+                                jax.tree.leaves(jax.device_get(tr_a.init_params))))
+    assert moved > 3 * PARAM_ATOL  # the updates did move the parameters
+    print(f"packed vs padded: worst loss rel {worst_loss:.2e}, worst param abs {worst_param:.2e}")
+    assert worst_loss <= LOSS_RTOL, worst_loss
+    assert worst_param <= PARAM_ATOL, worst_param
+    return worst_loss, worst_param
+
+
+@pytest.mark.parametrize("method,semantics", [(m, s) for m in ("lmd", "add", "hd") for s in ("paper", "reference")]
+                         + [("cda", "paper"), ("cda", "reference")])
+def test_packed_update_equals_padded(start, tokenizer_dir, redditbias_dir, tmp_path, method, semantics):
+    f = religion1_train_file(redditbias_dir, tmp_path, 14 if method == "cda" else 28)
+    cfg = TrainConfig(method=method, semantics=semantics, bias_type="religion1", model="unused",
+                      out_dir=str(tmp_path / "run"), train_file=f, batch_size=4, grad_accum=2, max_steps=3,
+                      dropout=False, learning_rate=5e-5, export=False, evaluate=False, lmp=False, progress=False)
+    data = TrainingData(cfg, start[2], start[0].vocab_size)
+    padded, packed = _run(cfg, start, data, "padded"), _run(cfg, start, data, "packed")
+    assert packed[0].plan.layout == "packed" and packed[0].plan.real_fraction() > 0.8
+    if method in ("lmd", "add", "hd"):
+        assert any(abs(u["debias_loss"]) > 0 for u in padded[2])  # the debiasing loss is exercised
+    _compare(padded, packed)
+
+
+def test_packed_grid_step_equals_padded(start, redditbias_dir, tmp_path):
+    f = religion1_train_file(redditbias_dir, tmp_path, 28)
+    cfg = TrainConfig(method="hd", semantics="reference", bias_type="religion1", model="unused",
+                      out_dir=str(tmp_path / "run"), train_file=f, batch_size=4, grad_accum=2, max_steps=3,
+                      dropout=False, learning_rate=5e-5, export=False, evaluate=False, lmp=False, progress=False)
+    data = TrainingData(cfg, start[2], start[0].vocab_size)
+    pts = [RunHparams(0.01, 10.0, 5e-5), RunHparams(0.001, 100.0, 2e-5)]
+    _compare(_run(cfg, start, data, "padded", pts), _run(cfg, start, data, "packed", pts))
+
+
+def test_packed_plan_compiles_one_program_per_shape(start, redditbias_dir, tmp_path):
+    f = religion1_train_file(redditbias_dir, tmp_path, 64)
+    cfg = TrainConfig(method="lm", bias_type="religion1", model="unused", out_dir=str(tmp_path / "run"),
+                      train_file=f, batch_size=4, grad_accum=1, epochs=1, dropout=True, export=False,
+                      evaluate=False, lmp=False, progress=False)
+    data = TrainingData(cfg, start[2], start[0].vocab_size)
+    before = compiled_programs()
+    tr, _, metrics = _run(cfg, start, data, "packed", max_shapes=4)
+    used = {tr.plan.update_shape(u) for u in range(tr.t_total)}
+    assert 1 < len(tr.plan.shapes) <= 4 and used == set(tr.plan.shapes)
+    assert compiled_programs() - before == len(used)  # one program per packed shape, none per batch
+    assert all(m["tokens"] == tr.plan.tokens(u) for u, m in enumerate(metrics))
+
+
+# ------------------------------------------------------------------------------------------------ dialog tasks
+CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+
+
+def _dialog_batch(rng, lengths, L=12, with_loss_mask=False):
+    B = len(lengths)
+    ids = rng.integers(0, 60, (B, L)).astype(np.int32)
+    mask = (np.arange(L)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": (rng.random(B) > 0.5).astype(np.float32)}
+    if with_loss_mask:
+        batch["loss_mask"] = (mask * (np.arange(L)[None] >= np.asarray(lengths)[:, None] // 2)).astype(np.int32)
+    return batch
+
+
+def _packed(batch, capacity):
+    lengths = batch["attention_mask"].sum(1)
+    rows = pack_micro_batch(lengths, capacity)
+    need = packed_need(lengths, capacity)
+    pack, unpack = pack_index(batch["attention_mask"], rows, (need[0] + 1, need[1] + 2))  # room to spare
+    return {**batch, "pack": pack, "unpack": unpack}
+
+
+@pytest.mark.parametrize("method", ["dst", "crg"])
+def test_dialog_task_losses_packed_equal_padded(method):
+    rng = np.random.default_rng(3)
+    params = init_params(CFG, seed=2)
+    if method == "dst":
+        from rbjax.dialog.dst import init_head
+
+        params = {"gpt2": params, "head": init_head(CFG, seed=0)}
+    spec = StepSpec(config=CFG, method=method, dropout=False)
+    batch = _dialog_batch(rng, [12, 9, 7, 0, 11, 3], with_loss_mask=method == "crg")  # a full row, a filler row
+    ref, _ = batch_losses(params, batch, jnp.ones(2), None, spec)
+    g_ref = jax.grad(lambda p: batch_losses(p, batch, jnp.ones(2), None, spec)[0])(params)
+    for capacity in (64, 14):  # one row; several rows
+        pb = _packed(batch, capacity)
+        got, _ = batch_losses(params, pb, jnp.ones(2), None, spec)
+        assert float(got) == pytest.approx(float(ref), rel=LOSS_RTOL)
+        g = jax.grad(lambda p: batch_losses(p, pb, jnp.ones(2), None, spec)[0])(params)
+        for a, b in zip(jax.tree.leaves(g_ref), jax.tree.leaves(g)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["dst", "crg"])
+def test_dialog_task_training_packed_equals_padded(tmp_path, method):
+    rng = np.random.default_rng(4)
+    params = init_params(CFG, seed=2)
+    if method == "dst":
+        from rbjax.dialog.dst import init_head
+
+        params = {"gpt2": params, "head": init_head(CFG, seed=0)}
+    arrays = _dialog_batch(rng, rng.integers(2, 13, 20), with_loss_mask=method == "crg")
+    if method == "crg":
+        arrays.pop("labels")
+    data = ArrayData(arrays, pad_id=63, info={"task": "test"})
+
+    class Tok:  # the trainer only asks a tokenizer for its size and source
+        vocab_size, eos_id, source = 64, 63, "test"
+
+    cfg = TrainConfig(method=method, model="unused", out_dir=str(tmp_path / "run"), batch_size=4, grad_accum=2,
+                      max_steps=3, learning_rate=1e-2, dropout=False, export=False, evaluate=False, lmp=False,
+                      progress=False, block_size=12)
+    runs = []
+    for layout in ("padded", "packed"):
+        tr = Trainer(cfg.replace(layout=layout), model_config=CFG, params=params, tokenizer=Tok(), data=data)
+        metrics = []
+        res = tr.run(checkpoints=False,
+                     callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
+        runs.append((tr, res, metrics))
+    assert runs[1][0].plan.layout == "packed"
+    _compare(*runs, keys=("lm_loss", "total"))
+
+
+def test_reference_dst_stays_padded():
+    cfg = TrainConfig(method="dst", semantics="reference", model="unused", layout="packed", export=False,
+                      evaluate=False, lmp=False)
+    assert cfg.resolved_layout == "padded" and cfg.trajectory()["layout"] == "padded"
+    assert TrainConfig(method="dst", model="unused").resolved_layout == "packed"
+
+
+def test_layout_settings_are_checked_and_recorded():
+    from rbjax.dialog.evaluate import task_settings
+
+    with pytest.raises(ValueError, match="layout must be one of"):
+        TrainConfig(layout="diagonal")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        task_settings("dst", {"layout": "diagonal"})
+    assert task_settings("crg", {})["layout"] == "packed" and task_settings("dst", {"layout": "padded"})["layout"] == \
+        "padded"
+    assert TrainConfig().trajectory()["layout"] == "packed"  # enters checkpoint and result keys
+
+
+def test_study_cost_estimate_uses_the_packed_rate():
+    from pathlib import Path
+
+    from rbjax.study.config import load_study
+    from rbjax.study.run import COSTS, TOKENS_PER_LINE, TRAIN_LINES, estimate_cost
+
+    paper = Path(__file__).resolve().parents[1] / "experiments" / "paper.toml"
+    packed = estimate_cost(load_study(paper))
+    padded = estimate_cost(load_study(paper, ["training.layout=padded"]))
+    assert packed["layout"] == "packed" and padded["layout"] == "padded"
+    assert packed["training_tokens"] == padded["training_tokens"]  # real tokens either way
+    # packed: real tokens at the packed rate; padded: every 36-token slot at the padded rate
+    assert packed["train_hours"] == pytest.approx(packed["training_tokens"] / COSTS["train_tokens_per_s"] / 3600)
+    slots = padded["training_tokens"] * 36 / (sum(TOKENS_PER_LINE[b] * TRAIN_LINES[b] for b in TRAIN_LINES) /
+                                              sum(TRAIN_LINES.values()))
+    assert padded["train_hours"] == pytest.approx(slots / COSTS["train_padded_slots_per_s"] / 3600, rel=0.05)
