@@ -33,6 +33,8 @@ from rbjax.debias.config import TrainConfig
 from rbjax.debias.data import BatchPlan, TrainingData
 from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, init_state, micro_batch_grads, micro_batch_losses,
                                step_on_mesh, unstack_state)
+from rbjax.model.handle import ModelHandle, tokenizer_key
+from rbjax.report.provenance import describe_difference, digest, tree_digest
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -84,32 +86,20 @@ def _stacked(state) -> bool:
 
 
 def load_start(cfg: TrainConfig):
-    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder or hub id).
+    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder, hub id or finished
+    run folder), through the model handle (:class:`rbjax.model.handle.ModelHandle`: vocabulary and special-token
+    checks included).
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
     """
-    from rbjax.model.hf import load_pretrained, resolve_model_dir
-    from rbjax.model.tokenizer import load_tokenizer
-    from rbjax.report.provenance import digest, model_files_key
-
-    model_dir = resolve_model_dir(cfg.model)
-    config, params = load_pretrained(model_dir)
-    src = cfg.tokenizer if cfg.tokenizer is not None else model_dir
-    try:
-        tokenizer = load_tokenizer(src, expected_vocab_size=None)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{src}: no tokenizer files (vocab.json + merges.txt or tokenizer.json); "
-                                "pass --tokenizer") from None
-    return model_dir, config, params, tokenizer, digest(model_files_key(model_dir))
+    h = ModelHandle.open(cfg.model, cfg.tokenizer)
+    config, params, tokenizer = h.load()
+    return h.folder, config, params, tokenizer, h.digest
 
 
 def _tokenizer_key(tokenizer) -> str:
-    from rbjax.model.hf import TOKENIZER_FILES
-    from rbjax.report.provenance import digest, files_key
-
-    src = Path(str(getattr(tokenizer, "source", "")))
-    return digest(files_key(src / f for f in TOKENIZER_FILES) if src.is_dir() else {"source": str(src)})
+    return digest(tokenizer_key(tokenizer))
 
 
 class Trainer:
@@ -134,8 +124,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, points: list[RunHparams] | None = None, model_config=None, params=None,
                  model_key: str | None = None, tokenizer=None, texts: list[str] | None = None,
                  data: TrainingData | None = None, plan: BatchPlan | None = None, mesh=None):
-        from rbjax.report.provenance import tree_digest
-
         self.cfg = cfg
         self.model_dir = None
         if params is None:
@@ -145,18 +133,15 @@ class Trainer:
         elif model_config is None:
             raise ValueError("params given without model_config")
         if tokenizer is None:
-            from rbjax.model.tokenizer import load_tokenizer
-
-            tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else cfg.model,
-                                       expected_vocab_size=None)
+            tokenizer = ModelHandle.open(cfg.model, cfg.tokenizer).tokenizer
+        # the vocabulary and special-token checks of the handle, for parameters given in memory too
+        ModelHandle.from_params(params, model_config, tokenizer, name=str(cfg.model), key=model_key or "")
         self.config = model_config
         self.init_params = params
         self.model_key = model_key or tree_digest(params)
         if cfg.block_size > self.config.n_positions:
             raise ValueError(f"block_size {cfg.block_size} exceeds the model's n_positions {self.config.n_positions}")
         self.tokenizer = tokenizer
-        if tokenizer.vocab_size > self.config.vocab_size:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
                                       cfg.resolved_leftover, cfg.max_steps)
@@ -267,8 +252,6 @@ class Trainer:
         from rbjax.interrupt import Interrupted, deferred_interrupts
         from rbjax.mesh import to_host
         from rbjax.report.progress import progress_bar
-        from rbjax.report.provenance import describe_difference
-
         cfg = self.cfg
         out = Path(out_dir if out_dir is not None else cfg.out_dir)
         state = self.initial_state()

@@ -276,11 +276,10 @@ def _context(base: TrainConfig) -> dict:
     from rbjax.debias.loop import load_start
     from rbjax.report.provenance import digest
 
-    from rbjax.model.hf import resolve_model_dir
-    from rbjax.report.provenance import model_files_key
+    from rbjax.model.handle import ModelHandle
 
     # keyed on the model files' content too: weights replaced at the same path are another model
-    k = digest({"model_files": model_files_key(resolve_model_dir(base.model)),
+    k = digest({"model_files": ModelHandle.open(base.model).files_key(),
                 **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type", "method",
                                                   "semantics", "block_size", "lmp", "lmp_file", "lmp_max_lines")}})
     ctx = _CONTEXT.get(k)

@@ -54,6 +54,7 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
+    from rbjax.model.handle import has_tokenizer_files
     from rbjax.model.hf import resolve_model_dir
 
     src = cfg.tokenizer if cfg.tokenizer is not None else (trainer.model_dir or cfg.model)
@@ -61,12 +62,9 @@ def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
         folder = resolve_model_dir(src)
     except (FileNotFoundError, RuntimeError):
         return None
-    return folder if _has_tokenizer(folder) else None
+    return folder if has_tokenizer_files(folder) else None
 
 
-def _has_tokenizer(folder: Path) -> bool:
-    folder = Path(folder)
-    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
 
 
 def _lmb_summary(rec: dict) -> dict:
@@ -279,7 +277,8 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     """
     from rbjax.model.hf import load_pretrained, save_pretrained
     from rbjax.report.io import atomic_write_json, read_json, versions
-    from rbjax.report.provenance import describe_difference, digest, model_files_key, tree_digest
+    from rbjax.model.handle import model_files_key
+    from rbjax.report.provenance import describe_difference, digest, tree_digest
 
     out = Path(cfg.out_dir)
     _check_out_dir(out)

@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rbjax.model.handle import ModelHandle
+
 __all__ = ["TASKS", "DEFAULTS", "RESULT_FORMAT", "evaluate", "resolve_model", "EvalModel", "task_settings",
            "run_lmp", "run_dst", "run_crg", "format_result"]
 
@@ -133,72 +135,14 @@ def _key_settings(s: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ model
-class EvalModel:
-    """The model under evaluation: where it is, its content digest, and (loaded once, on demand) its weights.
-
-    Attributes:
-        source: as given. folder: the HF folder evaluated. run_folder: the ``rbjax debias`` run folder it came
-        from, or ``None``. tokenizer_source: the tokenizer folder / hub id.
-    """
-
-    def __init__(self, source: str, folder: Path, run_folder: Path | None, tokenizer_source: str):
-        self.source, self.folder, self.run_folder, self.tokenizer_source = source, folder, run_folder, tokenizer_source
-        self._digest: str | None = None
-        self._tok_digest: str | None = None
-        self._loaded = None
-
-    @property
-    def digest(self) -> str:
-        """sha256 over the content digests of the model files (config, weights, tokenizer files)."""
-        if self._digest is None:
-            from rbjax.report.provenance import digest, model_files_key
-
-            self._digest = digest(model_files_key(self.folder))
-        return self._digest
-
-    @property
-    def tokenizer_digest(self) -> str:
-        if self._tok_digest is None:
-            from rbjax.model.hf import TOKENIZER_FILES
-            from rbjax.report.provenance import digest, files_key
-
-            p = Path(self.tokenizer_source)
-            self._tok_digest = digest(files_key(p / f for f in TOKENIZER_FILES) if p.is_dir()
-                                      else {"source": self.tokenizer_source})
-        return self._tok_digest
-
-    def describe(self) -> dict:
-        return {"source": self.source, "folder": str(self.folder),
-                "run_folder": None if self.run_folder is None else str(self.run_folder),
-                "files_digest": self.digest, "tokenizer": self.tokenizer_source,
-                "tokenizer_digest": self.tokenizer_digest}
-
-    def load(self):
-        """``(config, params, tokenizer)`` (loaded on the first call).
-
-        Raises:
-            FileNotFoundError: no tokenizer files (pass ``tokenizer``); whatever the weight loader raises.
-        """
-        if self._loaded is None:
-            from rbjax.model.hf import load_pretrained
-            from rbjax.model.tokenizer import load_tokenizer
-
-            config, params = load_pretrained(self.folder)
-            try:
-                tok = load_tokenizer(self.tokenizer_source, expected_vocab_size=None)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{self.tokenizer_source}: no tokenizer files (vocab.json + merges.txt or "
-                                        "tokenizer.json); pass --tokenizer") from None
-            if tok.vocab_size > config.vocab_size:
-                raise ValueError(f"the tokenizer ({self.tokenizer_source}) has {tok.vocab_size} tokens but the model "
-                                 f"only {config.vocab_size}")
-            self._loaded = (config, params, tok)
-        return self._loaded
+#: the model under evaluation: :class:`rbjax.model.handle.ModelHandle` (its location, content digests, and weights
+#: loaded once on demand)
+EvalModel = ModelHandle
 
 
-def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> EvalModel:
+def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> ModelHandle:
     """Where the model to evaluate is: an HF folder, a hub id (downloaded into the HF cache), or a finished
-    ``rbjax debias`` run folder (then its ``model/`` subfolder).
+    ``rbjax debias`` run folder (then its ``model/`` subfolder) — :meth:`rbjax.model.handle.ModelHandle.open`.
 
     Raises:
         FileNotFoundError: no such folder (and not a hub id).
@@ -206,34 +150,7 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None 
             whose ``results.json`` says it did not finish.
         RuntimeError: a hub id that cannot be downloaded.
     """
-    from rbjax.model.hf import WEIGHT_FILES, resolve_model_dir
-
-    p = Path(model).expanduser()
-    run_folder = None
-    if p.is_dir():
-        has_weights = any((p / w).exists() for w in WEIGHT_FILES) or any(p.glob("model-*.safetensors"))
-        is_run = not has_weights and any((p / n).exists() for n in ("results.json", "checkpoints", "metrics.jsonl",
-                                                                      "model"))
-        if is_run:
-            res = p / "results.json"
-            status = None
-            if res.exists():
-                try:
-                    status = json.loads(res.read_text(encoding="utf-8")).get("status")
-                except (OSError, ValueError):
-                    status = "unreadable"
-            if not (p / "model" / "config.json").exists() or status not in ("done", None):
-                raise ValueError(f"{p}: a debiasing run folder without a finished, exported model ({p / 'model'}"
-                                 f"{'' if (p / 'model').exists() else ' is missing'}; results.json status: "
-                                 f"{status or 'absent'}); finish the run (the same `rbjax debias` command resumes "
-                                 "it, without --no-export) or pass the HF model folder itself")
-            run_folder, folder = p, p / "model"
-        else:
-            folder = p
-    else:
-        folder = resolve_model_dir(model)
-    tok_src = str(tokenizer) if tokenizer is not None else str(folder)
-    return EvalModel(str(model), folder, run_folder, tok_src)
+    return ModelHandle.open(model, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------ results

@@ -149,7 +149,7 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
 def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
                      block_size: int = BLOCK_SIZE, batch_size: int = 64, max_lines: int | None = None,
                      progress: bool = False) -> dict:
-    """LMP of an HF GPT-2 folder (or hub id) on a reference file; the file and its sha256 are recorded.
+    """LMP of an HF model folder (or hub id, or finished ``rbjax debias`` run folder) on a reference file; the file and its sha256 are recorded.
 
     Args:
         model: HF folder or hub id. tokenizer: tokenizer folder/hub id (default: the model folder).
@@ -159,12 +159,9 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     Returns:
         :func:`reddit_perplexity`'s dict plus ``file``, ``sha256``, ``max_lines``.
     """
-    from rbjax.model.hf import load_pretrained, resolve_model_dir
-    from rbjax.model.tokenizer import load_tokenizer
+    from rbjax.model.handle import ModelHandle
 
-    folder = resolve_model_dir(model)
-    config, params = load_pretrained(folder)
-    tok = load_tokenizer(tokenizer if tokenizer is not None else folder, expected_vocab_size=None)
+    config, params, tok = ModelHandle.open(model, tokenizer).load()
     lines = read_reference_lines(path, max_lines)
     bar = None
     if progress:

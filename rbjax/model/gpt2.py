@@ -59,6 +59,19 @@ class GPT2Config:
     def inner_dim(self) -> int:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
+    # family-agnostic names (rbjax.model.registry contract)
+    @property
+    def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def max_positions(self) -> int:
+        return self.n_positions
+
     @classmethod
     def from_dict(cls, d: dict) -> "GPT2Config":
         fields = {f.name: f for f in dataclasses.fields(cls)}

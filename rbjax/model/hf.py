@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from rbjax.model.gpt2 import GPT2Config
+from rbjax.model.tokenizer import TOKENIZER_FILES
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # (HF key suffix inside a block, rbjax path inside a block, kind)
 _BLOCK_MAP = [

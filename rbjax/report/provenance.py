@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from rbjax.report.io import sha256_file
 
-__all__ = ["file_digest", "files_key", "model_files_key", "tree_digest", "digest", "describe_difference"]
+__all__ = ["file_digest", "files_key", "tree_digest", "digest", "describe_difference"]
 
 _CACHE: dict[tuple[str, int, int], str] = {}
 
@@ -49,16 +49,6 @@ def files_key(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
         if p.is_file():
             out[p.name] = file_digest(p)
     return out
-
-
-def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
-    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files."""
-    from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
-
-    folder = Path(folder)
-    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
-    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
-    return files_key(folder / n for n in names)
 
 
 def tree_digest(tree) -> str:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from rbjax.model.handle import ModelHandle, has_tokenizer_files
 from rbjax.study.config import StudyConfig
 
 __all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "format_plan", "StageResult"]
@@ -59,14 +60,7 @@ def _say(msg: str) -> None:
 
 
 def _model_digest(folder: str | Path) -> str:
-    from rbjax.model.hf import resolve_model_dir
-    from rbjax.report.provenance import digest, model_files_key
-
-    return digest(model_files_key(resolve_model_dir(folder)))
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
+    return ModelHandle.open(folder).digest
 
 
 class _Study:
@@ -82,7 +76,7 @@ class _Study:
 
     def _tok_for(self, model_dir: str | Path) -> str | None:
         p = Path(model_dir)
-        return None if p.is_dir() and _has_tokenizer(p) else self.cfg.tokenizer
+        return None if p.is_dir() and has_tokenizer_files(p) else self.cfg.tokenizer
 
     def _make_random_model(self) -> dict:
         from rbjax.model.gpt2 import GPT2Config, init_params
