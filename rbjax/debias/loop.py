@@ -139,8 +139,8 @@ class Trainer:
         self.config = model_config
         self.init_params = params
         self.model_key = model_key or tree_digest(params)
-        if cfg.block_size > self.config.n_positions:
-            raise ValueError(f"block_size {cfg.block_size} exceeds the model's n_positions {self.config.n_positions}")
+        if cfg.block_size > self.config.max_positions:
+            raise ValueError(f"block_size {cfg.block_size} exceeds the model's maximum positions {self.config.max_positions}")
         self.tokenizer = tokenizer
         self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,

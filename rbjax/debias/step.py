@@ -33,7 +33,8 @@ import optax
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
+from rbjax.model.nll import nll_from_hidden
+from rbjax.model.registry import family_for_config
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
            "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
@@ -48,13 +49,13 @@ class StepSpec:
     """Static settings of a step (hashable; one compiled program per distinct value and batch shape).
 
     Attributes:
-        config: the model's :class:`GPT2Config`. method: ``lmd``/``add``/``hd``/``cda``/``lm``.
+        config: the model's config (any family of :mod:`rbjax.model.registry`). method: ``lmd``/``add``/``hd``/``cda``/``lm``.
         semantics: ``paper``/``reference``. dropout: dropout active. grad_accum: micro-batches per update (each
         micro-batch loss is scaled by ``1/grad_accum``). b1, b2, eps, max_grad_norm: Adam and clip settings.
         precision: ``fp32`` or ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
     """
 
-    config: GPT2Config
+    config: Any
     method: str
     semantics: str = "paper"
     dropout: bool = True
@@ -138,7 +139,8 @@ def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,
 
 
 def _debias_loss(spec: StepSpec, params, hidden, batch):
-    targets = L.gather_targets(params["wte"]["embedding"], batch["pair_ids"], batch["pair_mask"])
+    # the output embedding: the LM head (the tied wte for GPT-2, the untied head where a family has one)
+    targets = L.gather_targets(family_for_config(spec.config).lm_head(params), batch["pair_ids"], batch["pair_mask"])
     if spec.method == "lmd":
         return L.equalising_loss(hidden, targets, batch["lmd_mask"], batch["norm"], semantics=spec.semantics)
     if spec.method == "add":
@@ -163,7 +165,7 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
         loss = dst_loss(logits, batch["labels"], w)
         return loss, (loss, jnp.zeros((), jnp.float32))
     # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
-    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    model = family_for_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                             deterministic=not drop, rngs=None if key is None else {"dropout": key},
                             return_logits=False)
@@ -174,13 +176,14 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
 
 def _mean_nll(spec: StepSpec, params, hidden, input_ids, score_mask, context_mask):
     """Mean next-token NLL of the targets ``score_mask`` marks, predicted from real tokens (``context_mask``):
-    the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied
-    embedding, never the (B, L, V) logits), shared with the LMB scorer."""
-    from rbjax.model.nll import nll_from_hidden
-
+    the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the LM
+    head ``Family.lm_head(params)`` with the family's logit soft-cap, never the (B, L, V) logits), shared with the
+    LMB scorer."""
+    fam = family_for_config(spec.config)
     m = (score_mask[:, 1:] * context_mask[:, :-1]).astype(jnp.float32)
-    nll = nll_from_hidden(hidden[:, :-1], params["wte"]["embedding"], input_ids[:, 1:],
-                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype)
+    nll = nll_from_hidden(hidden[:, :-1], fam.lm_head(params), input_ids[:, 1:],
+                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype,
+                          softcap=fam.logit_softcap(spec.config))
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
@@ -188,7 +191,7 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     """``(total, (lm, debias))`` of one micro-batch (differentiable in ``params``).
 
     Args:
-        params: GPT-2 params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
+        params: the model's params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
             (``lmd_mask`` ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask``
             ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``.
         lambdas: ``(2,)`` ``[λ_LM, λ_D]``. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
@@ -198,7 +201,7 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     drop = drop and rng is not None
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
-    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    model = family_for_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
     _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                             deterministic=not drop, rngs=rngs, return_logits=False)

@@ -126,7 +126,9 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     pairs = load_pairs(bias_type, split, data)
     if max_pairs is not None:
         pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
-    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked)
+    # phrases scored as the model's own tokenizer encodes them (a BOS before each where it adds one), as measure does
+    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
+                              bos_id=tokenizer.default_bos_id)
     out = []
     for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True):
         st, _ = pair_statistics(b, c, notes, n_bootstrap=n_bootstrap, seed=seed)
@@ -317,7 +319,8 @@ def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max
         from rbjax.dialog.lmp import reddit_perplexity
 
         full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
-                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked)
+                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked,
+                                 bos_id=ctx["tokenizer"].default_bos_id)
         pick = lambda f: {k: f[k] for k in ("perplexity", "reference_grid", "reference_cda")}  # noqa: E731
         lmp = [pick(f) for f in full] if stacked else pick(full)
     return dev, lmp

@@ -177,7 +177,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
             with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=cfg.progress) as bar:
                 lmp = reddit_perplexity(jax.device_get(params), trainer.config, trainer.tokenizer, lines,
                                         block_size=cfg.block_size, batch_size=cfg.eval_batch_size,
-                                        progress=bar.update)
+                                        progress=bar.update, bos_id=trainer.tokenizer.default_bos_id)
             lmp.update(file=str(path), max_lines=cfg.lmp_max_lines, seconds=time.perf_counter() - t0, key=key)
             res["lmp"] = lmp
             res["reused"]["lmp"] = False

@@ -293,7 +293,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t1 = time.perf_counter()
     with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s["progress"]) as bar:
         m = reddit_perplexity(params, config, tok, lines, block_size=s["lmp_block_size"],
-                              batch_size=s["eval_batch_size"], progress=bar.update)
+                              batch_size=s["eval_batch_size"], progress=bar.update, bos_id=model.bos_id())
     t_eval = time.perf_counter() - t1
     data = {"lmp_file": {**rec, "n_lines_scored": len(lines), "official": official,
                          "what": "RedditBias text_files/humanref6k.txt (DialoGPT's human.ref.6k.txt)" if official
@@ -414,8 +414,8 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t1 = time.perf_counter()
     config, params, tok = model.load()
     t_model = time.perf_counter() - t1
-    if s["block_size"] > config.n_positions:
-        raise ValueError(f"block_size {s['block_size']} exceeds the model's n_positions {config.n_positions}")
+    if s["block_size"] > config.max_positions:
+        raise ValueError(f"block_size {s['block_size']} exceeds the model's maximum positions {config.max_positions}")
     trunc = "reference" if reference else "left"
     train_arr = dst.encode_examples(train_ex, tok, block_size=s["block_size"], truncation=trunc)
     test_arr = dst.encode_examples(test_ex, tok, block_size=s["block_size"], truncation=trunc)
@@ -542,8 +542,8 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     timings = {"load_data_s": t_data, "load_model_s": t_model}
     training, train_dir = None, None
     if train_rows is not None:
-        if s["block_size"] > config.n_positions:
-            raise ValueError(f"block_size {s['block_size']} exceeds the model's n_positions {config.n_positions}")
+        if s["block_size"] > config.max_positions:
+            raise ValueError(f"block_size {s['block_size']} exceeds the model's maximum positions {config.max_positions}")
         arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s["block_size"])
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
         params, training, train_dir = _train("crg", model, out_dir, s, params, data, what="CRG")

@@ -61,6 +61,12 @@ class Tokenizer:
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eos_id, self.bos_id, self.pad_id, self.adds_bos = eos_id, bos_id, pad_id, adds_bos
 
+    @property
+    def default_bos_id(self) -> int | None:
+        """The BOS to put before a scored text under the default policy (as the tokenizer itself encodes it):
+        :attr:`bos_id` when :attr:`adds_bos`, else ``None``."""
+        return self.bos_id if self.adds_bos else None
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
         return self._tok.encode(text, add_special_tokens=False).ids
