@@ -233,9 +233,13 @@ class TrainingData:
                            "shared": {k: v.tolist() for k, v in self.shared.items()}})
 
     def _setup_triggers(self, vocab_size: int) -> None:
-        from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
+        from rbjax.debias.triggers import TriggerBuilder, is_gpt2_bpe, pad_occurrences
 
         cfg = self.cfg
+        if cfg.semantics == "reference" and not is_gpt2_bpe(self.tokenizer):
+            raise ValueError(f"--semantics reference reproduces the official code's GPT-2 token-id lists; the "
+                             f"tokenizer {getattr(self.tokenizer, 'source', self.tokenizer)} is not GPT-2's BPE. "
+                             "Use --semantics paper (terms matched on text, any tokenizer)")
         self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics)
         ids, mask = self.tb.pair_ids("lmd" if cfg.method == "lmd" else "add_hd")
         if ids.max(initial=0) >= vocab_size:
