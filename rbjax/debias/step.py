@@ -34,7 +34,7 @@ from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
 from rbjax.model.nll import nll_from_hidden
-from rbjax.model.registry import family_for_config
+from rbjax.model.registry import family_of_config
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
            "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
@@ -140,7 +140,7 @@ def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,
 
 def _debias_loss(spec: StepSpec, params, hidden, batch):
     # the output embedding: the LM head (the tied wte for GPT-2, the untied head where a family has one)
-    targets = L.gather_targets(family_for_config(spec.config).lm_head(params), batch["pair_ids"], batch["pair_mask"])
+    targets = L.gather_targets(family_of_config(spec.config).lm_head(params), batch["pair_ids"], batch["pair_mask"])
     if spec.method == "lmd":
         return L.equalising_loss(hidden, targets, batch["lmd_mask"], batch["norm"], semantics=spec.semantics)
     if spec.method == "add":
@@ -165,7 +165,7 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
         loss = dst_loss(logits, batch["labels"], w)
         return loss, (loss, jnp.zeros((), jnp.float32))
     # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
-    model = family_for_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
+    model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                             deterministic=not drop, rngs=None if key is None else {"dropout": key},
                             return_logits=False)
@@ -179,7 +179,7 @@ def _mean_nll(spec: StepSpec, params, hidden, input_ids, score_mask, context_mas
     the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the LM
     head ``Family.lm_head(params)`` with the family's logit soft-cap, never the (B, L, V) logits), shared with the
     LMB scorer."""
-    fam = family_for_config(spec.config)
+    fam = family_of_config(spec.config)
     m = (score_mask[:, 1:] * context_mask[:, :-1]).astype(jnp.float32)
     nll = nll_from_hidden(hidden[:, :-1], fam.lm_head(params), input_ids[:, 1:],
                           compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype,
@@ -201,7 +201,7 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     drop = drop and rng is not None
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
-    model = family_for_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
+    model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     rngs = {"dropout": jax.random.wrap_key_data(rng, impl="rbg")} if drop else None
     _, hidden = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                             deterministic=not drop, rngs=rngs, return_logits=False)

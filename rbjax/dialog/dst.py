@@ -51,7 +51,7 @@ import numpy as np
 import optax
 
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
-from rbjax.model.registry import family_for_config
+from rbjax.model.registry import family_of_config
 
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
@@ -323,7 +323,7 @@ def dst_logits(params, head_params: dict, input_ids, attention_mask, config, *, 
     """
     if pooling not in POOLING:
         raise ValueError(f"pooling must be one of {POOLING}, got {pooling!r}")
-    model = family_for_config(config).module(config)
+    model = family_of_config(config).module(config)
     kw = dict(deterministic=dropout_rng is None, rngs=None if dropout_rng is None else {"dropout": dropout_rng},
               return_logits=False)
     if pooling == "last":

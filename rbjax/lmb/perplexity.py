@@ -46,7 +46,7 @@ import numpy as np
 
 from rbjax.model.gpt2 import position_ids_from_mask
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
-from rbjax.model.registry import family_for_config
+from rbjax.model.registry import family_of_config
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
@@ -86,7 +86,7 @@ def token_nll(params, input_ids, attention_mask, config, precision: str = "fp32"
         ``(nll_sum, n_scored)``: float32 (B,) in nats, int32 (B,).
     """
     dt = _compute_dtype(precision)
-    fam = family_for_config(config)
+    fam = family_of_config(config)
     model = fam.module(config, dtype=dt)
     pos = position_ids_from_mask(attention_mask)
     _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos,
@@ -114,7 +114,7 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, preci
     same = seg[:, :, None] == seg[:, None, :]
     bq, bk = br[:, :, None], br[:, None, :]
     allowed = same & ((bk == 0) | (bk == bq))  # the model adds the causal (slot order) mask
-    fam = family_for_config(config)
+    fam = family_of_config(config)
     model = fam.module(config, dtype=dt)
     _, hidden = model.apply({"params": params}, ids, attention_mask=allowed, position_ids=pos, return_logits=False)
     h = jnp.take_along_axis(hidden, pidx[..., None], axis=1)  # (R, P, d): only positions that predict a token
@@ -360,7 +360,7 @@ class PerplexityScorer:
         params = jax.device_put(params, replicated)
         self.params = params
         self._compute_params = _cast_for_compute(params, self.dtype)
-        head = family_for_config(config).lm_head
+        head = family_of_config(config).lm_head
         emb = jax.vmap(head)(params) if self.stacked else head(params)  # (V, d), stacked: (M, V, d)
         self._head_emb = emb.astype(self.dtype) if self.dtype != jnp.float32 else emb
         self.programs: set = set()

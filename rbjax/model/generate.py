@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rbjax.model.registry import family_for_config
+from rbjax.model.registry import family_of_config
 
 __all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
 
@@ -128,7 +128,7 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
         ``(tokens (B, max_new) int32 — pad after a row stops, n_new (B,) int32 — EOS included, eos (B,) bool)``.
     """
     dt = _PRECISIONS[precision]
-    fam = family_for_config(config)
+    fam = family_of_config(config)
     model = fam.module(config, dtype=dt)
     p = _cast_kernels(params, dt)
     emb = fam.lm_head(params).astype(dt)
@@ -227,7 +227,7 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    eos_id = family_for_config(config).special_tokens(config).get("eos") if eos_id is None else int(eos_id)
+    eos_id = family_of_config(config).special_tokens(config).get("eos") if eos_id is None else int(eos_id)
     if eos_id is None:
         raise ValueError("no eos_id given and the model config names no eos token")
     pad_id = eos_id if pad_id is None else int(pad_id)

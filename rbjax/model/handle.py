@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from rbjax.model.hf import WEIGHT_FILES, load_pretrained, resolve_model_dir
-from rbjax.model.registry import family_for_config
+from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import TOKENIZER_FILES, load_tokenizer
 from rbjax.report.provenance import digest, files_key, tree_digest
 
@@ -210,7 +210,7 @@ class ModelHandle:
     @property
     def family(self):
         """The :class:`rbjax.model.registry.Family` of the model."""
-        return family_for_config(self.config)
+        return family_of_config(self.config)
 
     def _check(self) -> None:
         cfg, tok = self._config, self._tokenizer
@@ -219,7 +219,7 @@ class ModelHandle:
         if tok.vocab_size > V:
             raise VocabularyError(f"the tokenizer ({tok.source}) has {tok.vocab_size} tokens but the model "
                                   f"({where}) only {V}")
-        named = [("config.json", k, v) for k, v in family_for_config(cfg).special_tokens(cfg).items()]
+        named = [("config.json", k, v) for k, v in family_of_config(cfg).special_tokens(cfg).items()]
         named += [(f"tokenizer {tok.source}", k, getattr(tok, f"{k}_id", None)) for k in ("bos", "eos", "pad")]
         for src, k, v in named:
             if v is not None and not 0 <= int(v) < V:
@@ -242,7 +242,7 @@ class ModelHandle:
             return None
         b = tok.bos_id
         if b is None:
-            b = family_for_config(self.config).special_tokens(self.config).get("bos")
+            b = family_of_config(self.config).special_tokens(self.config).get("bos")
         if b is None:
             raise SpecialTokenError(f"{self.name}: --bos, but neither the tokenizer ({tok.source}) nor config.json "
                                     "names a BOS token")
