@@ -227,7 +227,11 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    eos_id = family_of_config(config).special_tokens(config).get("eos") if eos_id is None else int(eos_id)
+    if eos_id is None:
+        eos_id = family_of_config(config).special_tokens(config).get("eos")
+        eos_id = eos_id[0] if isinstance(eos_id, (tuple, list)) else eos_id  # a list (Llama 3): its first id
+    else:
+        eos_id = int(eos_id)
     if eos_id is None:
         raise ValueError("no eos_id given and the model config names no eos token")
     pad_id = eos_id if pad_id is None else int(pad_id)

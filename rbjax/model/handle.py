@@ -222,7 +222,10 @@ class ModelHandle:
         named = [("config.json", k, v) for k, v in family_of_config(cfg).special_tokens(cfg).items()]
         named += [(f"tokenizer {tok.source}", k, getattr(tok, f"{k}_id", None)) for k in ("bos", "eos", "pad")]
         for src, k, v in named:
-            if v is not None and not 0 <= int(v) < V:
+            bad = [int(i) for i in (v if isinstance(v, (tuple, list)) else [v])
+                   if i is not None and not 0 <= int(i) < V]  # eos may be a list (Llama 3)
+            if bad:
+                v = bad[0]
                 raise SpecialTokenError(f"{where}: the {k} token id {v} of the {src} is outside the model "
                                         f"vocabulary [0, {V}); fix {k}_token_id / the tokenizer's {k}_token")
 
@@ -243,6 +246,7 @@ class ModelHandle:
         b = tok.bos_id
         if b is None:
             b = family_of_config(self.config).special_tokens(self.config).get("bos")
+            b = b[0] if isinstance(b, (tuple, list)) else b
         if b is None:
             raise SpecialTokenError(f"{self.name}: --bos, but neither the tokenizer ({tok.source}) nor config.json "
                                     "names a BOS token")
