@@ -79,17 +79,21 @@ class _Study:
         return None if p.is_dir() and has_tokenizer_files(p) else self.cfg.tokenizer
 
     def _make_random_model(self) -> dict:
-        from rbjax.model.gpt2 import GPT2Config, init_params
+        """A seeded random model of any family: the table is a ``config.json`` (``model_type`` picks the family;
+        GPT-2 without one) plus ``seed``."""
         from rbjax.model.hf import resolve_model_dir, save_pretrained
+        from rbjax.model.registry import family_of
 
         spec = dict(self.cfg.random_model)
         seed = int(spec.pop("seed", 0))
-        config = GPT2Config.from_dict(spec)
+        where = f"{self.cfg.path}: [study.random_model]"
+        fam = family_of(spec, where)
+        config = fam.config_from_hf(spec, where)
         if not self.cfg.tokenizer:
-            raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (the GPT-2 BPE files)")
+            raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (e.g. the GPT-2 BPE files)")
         tok = resolve_model_dir(self.cfg.tokenizer)
-        save_pretrained(init_params(config, seed), config, self.out / "model", tokenizer_dir=tok)
-        return {"folder": str(self.out / "model"), "config": dataclasses.asdict(config), "seed": seed}
+        save_pretrained(fam.init_params(config, seed), config, self.out / "model", tokenizer_dir=tok)
+        return {"folder": str(self.out / "model"), "config": fam.config_to_hf(config), "seed": seed}
 
     def _random_model_key(self) -> dict:
         from rbjax.model.hf import TOKENIZER_FILES, resolve_model_dir
