@@ -95,3 +95,22 @@ def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, 
     for method, folder in runs.items():
         m = transformers.AutoModelForCausalLM.from_pretrained(folder / "model")
         assert type(m).__name__ == "LlamaForCausalLM" and not m.config.tie_word_embeddings, method
+
+
+def test_generate_llama_grouped_query_cache_greedy_equals_torch(tiny_llama):
+    """Greedy generation through the family module and its grouped-query KV cache, batched with left padding,
+    token for token as ``transformers`` generates each prompt alone."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from rbjax.model.generate import SamplingSettings, generate
+    from rbjax.model.handle import ModelHandle
+
+    config, params, tok = ModelHandle.open(tiny_llama).load()
+    prompts = [[tok.bos_id] + tok.encode(s) for s in ("the jews are", "christians are always", "muslims")]
+    got = generate(params, config, prompts, settings=SamplingSettings(max_new_tokens=8, greedy=True), eos_id=399)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    for p, g in zip(prompts, got.tokens):
+        with torch.no_grad():
+            want = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=399,
+                                  pad_token_id=3)[0, len(p):].tolist()
+        assert list(g) == want

@@ -107,7 +107,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "evaluate", help="dialog-quality checks: Reddit perplexity, MultiWOZ DST, DSTC-7 response generation",
         description=f"Dialog-quality checks of a (debiased) model (paper §3.2, Tables 4-5). Tasks — {tasks}. "
-                    "MODEL may be an HF GPT-2 folder, a hub id, or a finished `rbjax debias` run folder (its "
+                    "MODEL may be an HF model folder of any supported family, a hub id, or a finished `rbjax debias` run folder (its "
                     "model/ is evaluated). Each result file carries a key (model, tokenizer and data file contents, "
                     "settings): a rerun with the same key reuses it, any change recomputes. Defaults follow the "
                     "paper and the reference code; see docs/dialog.md.",
@@ -115,7 +115,7 @@ def register(sub) -> None:
     p.add_argument("--task", required=True, choices=list(TASKS), help="which check to run")
     p.add_argument("--out", help="output folder (the result is OUT/<task>.json)")
     p.add_argument("--model", metavar="MODEL",
-                   help="HF GPT-2 folder, hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
+                   help="HF model folder (any supported family), hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed of the DST negatives, classifier head, data order and dropout, and of CRG sampling "

@@ -8,7 +8,7 @@ One entry point, :func:`evaluate` (``rbjax evaluate --task ...`` calls it; so do
 
 writes ``OUT/<task>.json`` for each task (atomically) and returns the result (``{task: result}`` for ``all``).
 
-**Model.** An HF GPT-2 folder, a hub id, or a finished ``rbjax debias`` run folder (its ``model/`` subfolder, the
+**Model.** An HF model folder of any supported family, a hub id, or a finished ``rbjax debias`` run folder (its ``model/`` subfolder, the
 exported debiased model, is evaluated). The tokenizer comes from the model folder unless ``tokenizer`` is given.
 
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
@@ -602,7 +602,7 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     Args:
         task: ``"lmp"``, ``"dst"``, ``"crg"`` or ``"all"``.
-        model: HF GPT-2 folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
+        model: HF model folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
         out_dir: result folder (created).
         tokenizer: tokenizer folder or hub id (default: the model folder).
         **settings: see :data:`DEFAULTS` (``None`` = the task's default). ``train_file`` is the task's own training
