@@ -219,7 +219,8 @@ class ModelHandle:
         if tok.vocab_size > V:
             raise VocabularyError(f"the tokenizer ({tok.source}) has {tok.vocab_size} tokens but the model "
                                   f"({where}) only {V}")
-        named = [("config.json", k, v) for k, v in family_of_config(cfg).special_tokens(cfg).items()]
+        special = family_of_config(cfg).special_tokens(cfg)
+        named = [("config.json", k, v) for k, v in special.items()]
         named += [(f"tokenizer {tok.source}", k, getattr(tok, f"{k}_id", None)) for k in ("bos", "eos", "pad")]
         for src, k, v in named:
             bad = [int(i) for i in (v if isinstance(v, (tuple, list)) else [v])
@@ -228,6 +229,10 @@ class ModelHandle:
                 v = bad[0]
                 raise SpecialTokenError(f"{where}: the {k} token id {v} of the {src} is outside the model "
                                         f"vocabulary [0, {V}); fix {k}_token_id / the tokenizer's {k}_token")
+        if tok.eos_id is None and special.get("eos") is not None:
+            # a tokenizer.json without tokenizer_config.json: the model's eos ends turns and generations (CRG, DST)
+            e = special["eos"]
+            tok.eos_id = int(e[0] if isinstance(e, (tuple, list)) else e)
 
     # -- BOS policy --------------------------------------------------------------------------------------------
     def bos_id(self, bos: bool | None = None) -> int | None:
