@@ -114,3 +114,35 @@ def test_generate_llama_grouped_query_cache_greedy_equals_torch(tiny_llama):
             want = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=399,
                                   pad_token_id=3)[0, len(p):].tolist()
         assert list(g) == want
+
+
+def test_reference_semantics_refused_for_another_tokenizer(tiny_llama, redditbias_dir, tmp_path):
+    from rbjax.debias.loop import Trainer
+
+    cfg = small_train_config(tiny_llama, tiny_llama, redditbias_dir, tmp_path / "r", semantics="reference")
+    with pytest.raises(ValueError, match="reference reproduces the official code's GPT-2 token-id lists.*not "
+                                         "GPT-2's BPE"):
+        Trainer(cfg)
+
+
+@pytest.mark.parametrize("kind,mark", [("bytelevel", "Ġ"), ("metaspace", "▁")])
+def test_triggers_find_terms_whatever_the_word_marker(tmp_path, redditbias_dir, kind, mark):
+    """Target terms are found on decoded text and their target vectors average the mid-sentence subwords, for
+    byte-level (``Ġ``) and SentencePiece-style (``▁``) pieces alike."""
+    from rbjax.debias.triggers import TriggerBuilder
+    from rbjax.model.tokenizer import load_tokenizer
+    from rbjax.specs import load_spec
+
+    tok = load_tokenizer(make_tokenizer_json(tmp_path / kind, kind=kind, redditbias_dir=redditbias_dir), None)
+    tb = TriggerBuilder(load_spec("religion1"), tok)
+    ids, mask = tb.pair_ids("lmd")
+    for p, pair in enumerate(tb.spec.pairs):
+        for k, term in enumerate(pair):
+            pieces = [tok.id_to_token(int(i)) for i in ids[p, k][mask[p, k]]]
+            assert pieces[0].startswith(mark) and "".join(pieces).replace(mark, " ").strip() == term.lower(), pieces
+    s = "i think christians are lazy and jews are greedy"
+    x = np.asarray([tok.encode(s)])
+    t = tb.lmd(x, np.ones_like(x))
+    starts = [i for i in range(1, x.shape[1]) if t.mask[0, i - 1].any()]  # tokens predicted with a pair
+    words = {tok.decode(x[0, i:i + 3].tolist()).split()[0] for i in starts}
+    assert {"christians", "jews"} <= words or {"christian", "jews"} <= words, words
