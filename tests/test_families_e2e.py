@@ -144,5 +144,5 @@ def test_triggers_find_terms_whatever_the_word_marker(tmp_path, redditbias_dir, 
     x = np.asarray([tok.encode(s)])
     t = tb.lmd(x, np.ones_like(x))
     starts = [i for i in range(1, x.shape[1]) if t.mask[0, i - 1].any()]  # tokens predicted with a pair
-    words = {tok.decode(x[0, i:i + 3].tolist()).split()[0] for i in starts}
-    assert {"christians", "jews"} <= words or {"christian", "jews"} <= words, words
+    words = {tok.decode(x[0, i:].tolist()).split()[0] for i in starts}
+    assert words == {"christians", "jews"}, words
