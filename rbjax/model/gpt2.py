@@ -62,6 +62,23 @@ class GPT2Config:
     scale_attn_by_inverse_layer_idx: bool = False
     reorder_and_upcast_attn: bool = False
 
+    # the family-agnostic names of the registry contract (FAMILY_INTERFACE.md)
+    @property
+    def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def width(self) -> int:
+        return self.n_embd
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def max_positions(self) -> int:
+        return self.n_positions
+
     @property
     def inner_dim(self) -> int:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
