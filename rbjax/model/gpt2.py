@@ -62,13 +62,13 @@ class GPT2Config:
     scale_attn_by_inverse_layer_idx: bool = False
     reorder_and_upcast_attn: bool = False
 
-    @property
-    def inner_dim(self) -> int:
-        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
-
-    # family-agnostic names (rbjax.model.registry contract)
+    # the family-agnostic names of the registry contract (FAMILY_INTERFACE.md)
     @property
     def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def width(self) -> int:
         return self.n_embd
 
     @property
@@ -78,6 +78,10 @@ class GPT2Config:
     @property
     def max_positions(self) -> int:
         return self.n_positions
+
+    @property
+    def inner_dim(self) -> int:
+        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPT2Config":

@@ -131,6 +131,23 @@ def family_of(config_json: dict, source: str) -> Family:
     return _BY_MODEL_TYPE[mt]
 
 
+def config_fields(model_type: str) -> tuple[set, dict]:
+    """``(handled, refused)`` config fields of a ``model_type``: the fields rbjax reads and implements (or that do
+    not change the computation, :data:`rbjax.model.hf_config.NO_COMPUTE`), and field → the values refused by name
+    (issue 17 item 2; tests/test_families.py checks them against the ``transformers`` config classes)."""
+    if model_type == "gpt2":
+        handled, refused = GPT2_HANDLED, GPT2_REFUSED
+    elif model_type in llama.MODEL_TYPES:
+        handled, refused = llama.HANDLED[model_type], llama.REFUSED
+    elif model_type == "gpt_neox":
+        handled, refused = gpt_neox.HANDLED, gpt_neox.REFUSED
+    elif model_type == "gemma2":
+        handled, refused = gemma2.HANDLED, gemma2.REFUSED
+    else:
+        raise ValueError(f"unknown model_type {model_type!r}")
+    return set(handled) | set(hc.NO_COMPUTE), dict(refused, **hc.REFUSED_COMMON)
+
+
 def family_of_config(config: Any) -> Family:
     """The family of a config object (as returned by ``Family.config_from_hf``)."""
     try:
