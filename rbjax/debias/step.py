@@ -30,9 +30,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rbjax.core.precision import get_policy
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
+from rbjax.dialog.dst import dst_logits, dst_loss
 from rbjax.model.nll import nll_from_hidden
 from rbjax.model.registry import family_of_config
 
@@ -71,8 +73,13 @@ class StepSpec:
         return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
 
     @property
+    def policy(self):
+        """The precision policy (:mod:`rbjax.core.precision`)."""
+        return get_policy(self.precision)
+
+    @property
     def compute_dtype(self):
-        return jnp.bfloat16 if self.precision == "bf16" else jnp.float32
+        return self.policy.compute_dtype
 
 
 @flax.struct.dataclass
@@ -155,8 +162,6 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
     """Losses of the dialog fine-tuning tasks (``spec.method`` ``dst`` or ``crg``) that share the trainer."""
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
     if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
-        from rbjax.dialog.dst import dst_logits, dst_loss
-
         logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"], spec.config,
                             pooling=spec.semantics if spec.semantics == "reference" else "last", dropout_rng=key)
         w = batch.get("weights")
@@ -199,6 +204,11 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     """
     drop = spec.dropout if dropout is None else dropout
     drop = drop and rng is not None
+    with spec.policy.matmul_context():  # fp32 = full fp32 matmuls on every backend, whatever the global default
+        return _batch_losses(params, batch, lambdas, rng, spec, drop)
+
+
+def _batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, drop: bool):
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
     model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)

@@ -28,7 +28,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.report.io import sha256_file
+from rbjax.core.io import sha256_file
+from rbjax.core.progress import progress_bar
+from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
+from rbjax.model.handle import ModelHandle
 
 __all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
 
@@ -124,7 +127,6 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     Raises:
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
     """
-    from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 
     if not lines:
         raise ValueError("no lines to score")
@@ -162,15 +164,11 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     Returns:
         :func:`reddit_perplexity`'s dict plus ``file``, ``sha256``, ``max_lines``.
     """
-    from rbjax.model.handle import ModelHandle
-
     handle = ModelHandle.open(model, tokenizer)
     config, params, tok = handle.load()
     lines = read_reference_lines(path, max_lines)
     bar = None
     if progress:
-        from rbjax.report.progress import progress_bar
-
         bar = progress_bar(len(lines), "LMP", "line")
     try:
         out = reddit_perplexity(params, config, tok, lines, block_size=block_size, batch_size=batch_size,

@@ -8,7 +8,8 @@ Every command and the study load a model through :class:`ModelHandle` (issue 16 
 
 Content key (:meth:`files_key`, :attr:`digest`): sha256 of ``config.json``, of *every* weight file — a sharded
 checkpoint's shards are the files named by ``model.safetensors.index.json``'s ``weight_map`` — and of the tokenizer
-files in the folder; in-memory parameters are keyed by :func:`rbjax.report.provenance.tree_digest`. The tokenizer
+files in the folder (:func:`rbjax.model.hf.model_files_key`); in-memory parameters are keyed by
+:func:`rbjax.core.keys.tree_digest`. The tokenizer
 has its own key (:meth:`tokenizer_key`), since ``--tokenizer`` may point elsewhere.
 
 Checks at load (:meth:`load`): the tokenizer's vocabulary fits in the model's embedding (a larger one would index
@@ -27,10 +28,10 @@ import json
 import os
 from pathlib import Path
 
-from rbjax.model.hf import WEIGHT_FILES, load_pretrained, resolve_model_dir
+from rbjax.core.keys import digest, files_key, tree_digest
+from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
 from rbjax.model.registry import family_of_config
-from rbjax.model.tokenizer import TOKENIZER_FILES, load_tokenizer
-from rbjax.report.provenance import digest, files_key, tree_digest
+from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_key",
            "is_run_folder", "has_tokenizer_files"]
@@ -45,35 +46,6 @@ class VocabularyError(ValueError):
 
 class SpecialTokenError(ValueError):
     """A special token id (bos, eos, pad) of the model config or the tokenizer lies outside the model vocabulary."""
-
-
-def _weight_files(folder: Path) -> list[Path]:
-    """Every weight file of an HF folder: the single files, the index and each shard it names (plus any
-    ``model-*.safetensors`` beside it)."""
-    names = list(WEIGHT_FILES)
-    idx = folder / "model.safetensors.index.json"
-    if idx.is_file():
-        try:
-            wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map", {})
-        except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"{idx}: cannot read the shard index ({e})") from None
-        for shard in sorted(set(wm.values())):
-            if not (folder / shard).is_file():
-                raise FileNotFoundError(f"{idx}: names the shard {shard}, which is not in {folder}")
-            names.append(shard)
-    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
-    return [folder / n for n in dict.fromkeys(names)]
-
-
-def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
-    """Content key of an HF model folder: ``{file name: sha256}`` of ``config.json``, every weight file (every shard
-    of a sharded checkpoint) and the tokenizer files.
-
-    Raises:
-        ValueError / FileNotFoundError: a shard index that cannot be read or names a missing shard.
-    """
-    folder = Path(folder)
-    return files_key([folder / "config.json", *_weight_files(folder), *(folder / n for n in TOKENIZER_FILES)])
 
 
 def tokenizer_key(tokenizer) -> dict:
@@ -148,7 +120,7 @@ class ModelHandle:
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, key=None) -> "ModelHandle":
         """Parameters already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and
-        a content ``key`` (default: :func:`rbjax.report.provenance.tree_digest` of the params, computed when first
+        a content ``key`` (default: :func:`rbjax.core.keys.tree_digest` of the params, computed when first
         asked for; or e.g. the digest of the files they were exported to).
 
         Raises:

@@ -24,14 +24,19 @@ from pathlib import Path
 
 import numpy as np
 
+from rbjax.core.io import dir_mode, file_mode
+from rbjax.core.keys import files_key
 from rbjax.model import registry
 from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
-from rbjax.model.tokenizer import TOKENIZER_FILES
 
 __all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "load_pretrained", "save_pretrained", "resolve_model_dir",
+           "model_files_key", "weight_files",
            "read_config_json", "state_dict_to_params", "params_to_state_dict"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
+#: files that make a tokenizer (a model folder's content key covers those that exist)
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model")
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16", "I64": np.int64,
               "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -281,8 +286,6 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
                 if src.exists():
                     shutil.copy2(src, tmp / f)
         # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
-        from rbjax.report.io import dir_mode, file_mode
-
         os.chmod(tmp, dir_mode())
         for f in tmp.iterdir():
             os.chmod(f, file_mode())
@@ -293,3 +296,38 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def weight_files(folder: str | os.PathLike) -> list[Path]:
+    """Every weight file of an HF folder: the single files, the shard index and each shard it names (plus any
+    ``model-*.safetensors`` beside it).
+
+    Raises:
+        ValueError: an unreadable shard index. FileNotFoundError: the index names a shard that is not there.
+    """
+    folder = Path(folder)
+    names = list(WEIGHT_FILES)
+    idx = folder / "model.safetensors.index.json"
+    if idx.is_file():
+        try:
+            wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map", {})
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{idx}: cannot read the shard index ({e})") from None
+        for shard in sorted(set(wm.values())):
+            if not (folder / shard).is_file():
+                raise FileNotFoundError(f"{idx}: names the shard {shard}, which is not in {folder}")
+            names.append(shard)
+    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
+    return [folder / n for n in dict.fromkeys(names)]
+
+
+def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
+    """Content key of an HF model folder: ``{file name: sha256}`` (:func:`rbjax.core.keys.files_key`) of
+    ``config.json``, every weight file — every shard the index of a sharded checkpoint names — and the tokenizer
+    files.
+
+    Raises:
+        ValueError / FileNotFoundError: a shard index that cannot be read or names a missing shard.
+    """
+    folder = Path(folder)
+    return files_key([folder / "config.json", *weight_files(folder), *(folder / n for n in TOKENIZER_FILES)])

@@ -27,13 +27,12 @@ import json
 import os
 from pathlib import Path
 
+from rbjax.model.hf import TOKENIZER_FILES, _looks_like_hub_id, resolve_model_dir
+
 EOS_TOKEN = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_ID = 50256
 
-#: files that make a tokenizer (its content key covers those that exist)
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model")
 _PROBE = "hello world"
 
 
@@ -193,7 +192,6 @@ def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = 
     """
     p = Path(source).expanduser()
     if not p.exists():
-        from rbjax.model.hf import _looks_like_hub_id, resolve_model_dir
 
         if not _looks_like_hub_id(str(source)):
             raise FileNotFoundError(f"tokenizer folder not found: {source}")
