@@ -29,12 +29,18 @@ import os
 from pathlib import Path
 
 from rbjax.core.keys import digest, files_key, tree_digest
-from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.hf import (
+    TOKENIZER_FILES,
+    WEIGHT_FILES,
+    load_pretrained,
+    model_files_key,
+    resolve_model_dir,
+)
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_key",
-           "is_run_folder", "has_tokenizer_files"]
+           "tokenizer_files_key", "is_run_folder", "has_tokenizer_files"]
 
 #: files that mark a finished or unfinished ``rbjax debias`` run folder
 RUN_FOLDER_MARKS = ("results.json", "checkpoints", "metrics.jsonl", "model")
@@ -48,11 +54,16 @@ class SpecialTokenError(ValueError):
     """A special token id (bos, eos, pad) of the model config or the tokenizer lies outside the model vocabulary."""
 
 
+def tokenizer_files_key(folder: str | os.PathLike) -> dict:
+    """``{file name: sha256}`` of the tokenizer files in ``folder`` (:data:`rbjax.model.hf.TOKENIZER_FILES`)."""
+    return files_key(Path(folder) / f for f in TOKENIZER_FILES)
+
+
 def tokenizer_key(tokenizer) -> dict:
-    """Content key of a loaded tokenizer: ``{file name: sha256}`` of its folder's tokenizer files (``{"source": …}``
-    for one that does not come from a folder)."""
+    """Content key of a loaded tokenizer: :func:`tokenizer_files_key` of its folder (``{"source": …}`` for one that
+    does not come from a folder)."""
     src = Path(str(getattr(tokenizer, "source", "")))
-    return files_key(src / f for f in TOKENIZER_FILES) if src.is_dir() else {"source": str(src)}
+    return tokenizer_files_key(src) if src.is_dir() else {"source": str(src)}
 
 
 def has_tokenizer_files(folder: str | os.PathLike) -> bool:

@@ -28,15 +28,15 @@ from typing import Callable
 
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, read_json, versions
-from rbjax.core.keys import canonical, digest, files_key
+from rbjax.core.keys import canonical, digest
 from rbjax.core.log import say
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.sweep import grid_points, run_sweeps
 from rbjax.debias.train import train
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
-from rbjax.model.handle import ModelHandle, has_tokenizer_files
-from rbjax.model.hf import TOKENIZER_FILES, resolve_model_dir, save_pretrained
+from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
+from rbjax.model.hf import resolve_model_dir, save_pretrained
 from rbjax.model.registry import family_of
 from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
@@ -104,10 +104,8 @@ class _Study:
         return {"folder": str(self.out / "model"), "config": fam.config_to_hf(config), "seed": seed}
 
     def _random_model_key(self) -> dict:
-
         tok = resolve_model_dir(self.cfg.tokenizer) if self.cfg.tokenizer else None
-        return {"random_model": self.cfg.random_model,
-                "tokenizer": files_key(tok / f for f in TOKENIZER_FILES) if tok else None}
+        return {"random_model": self.cfg.random_model, "tokenizer": tokenizer_files_key(tok) if tok else None}
 
     # -- common settings ----------------------------------------------------------------------------------------
     def _train_base(self, method: str, bias_type: str, seed: int, out_dir: Path):
