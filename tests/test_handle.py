@@ -6,12 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from rbjax.model.handle import (
-    ModelHandle,
-    SpecialTokenError,
-    VocabularyError,
-    model_files_key,
-)
+from rbjax.model.handle import ModelHandle, SpecialTokenError, VocabularyError, model_files_key
 from rbjax.model.tokenizer import TokenizerError, load_tokenizer
 from tests.conftest import make_rbjax_gpt2_folder, make_tokenizer_json
 

@@ -15,12 +15,7 @@ from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, files_key
 from rbjax.core.progress import progress_bar
-from rbjax.data.redditbias import (
-    PhrasePairs,
-    RedditBiasData,
-    expand_bias_types,
-    load_pairs,
-)
+from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb

@@ -29,13 +29,7 @@ import os
 from pathlib import Path
 
 from rbjax.core.keys import digest, files_key, tree_digest
-from rbjax.model.hf import (
-    TOKENIZER_FILES,
-    WEIGHT_FILES,
-    load_pretrained,
-    model_files_key,
-    resolve_model_dir,
-)
+from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
 
