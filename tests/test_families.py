@@ -5,6 +5,7 @@ chunked NLL takes the untied head and the final-logit soft-cap with its exact gr
 
 Parity with PyTorch ``transformers`` on checkpoints it builds is in ``test_families_torch.py``.
 """
+import functools
 import inspect
 import json
 
@@ -45,7 +46,9 @@ TINY = {
 IDS = np.array([[5, 17, 33, 8, 61, 40, 12, 3, 7], [9, 2, 44, 21, 30, 6, 50, 11, 19]], np.int32)
 
 
+@functools.lru_cache(maxsize=None)
 def _model(name):
+    """(config, family, params) of a tiny family model, initialised once per session."""
     cfg = TINY[name]
     fam = registry.family_of_config(cfg)
     params = fam.init_params(cfg, 0)

@@ -25,7 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from rbjax.model import registry
-from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
+from rbjax.model.gpt2_keys import (
+    flax_msgpack_to_state,
+    params_to_state_dict,
+    state_dict_to_params,
+)
 
 __all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "load_pretrained", "save_pretrained", "resolve_model_dir",
            "read_config_json", "state_dict_to_params", "params_to_state_dict"]
