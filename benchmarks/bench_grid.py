@@ -312,7 +312,7 @@ def main() -> int:
               f"programs, {s['training_compile_s']:.1f} s compiling them; whole sweep {s['sweep_wall_s']:.1f} s")
     line = json.dumps(res)
     if args.json_out:
-        from rbjax.report.io import atomic_write_text
+        from rbjax.core.io import atomic_write_text
 
         atomic_write_text(args.json_out, line + "\n")
     print(line)

@@ -309,7 +309,7 @@ def main() -> int:
 
     import subprocess
 
-    from rbjax.report.io import versions
+    from rbjax.core.io import versions
 
     # each framework in its own process, one after the other (their thread pools never compete), alternated
     # --repeats times; per framework and method the best repeat (lowest median step time) is kept

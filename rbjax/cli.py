@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+import simple_parsing
+
+from rbjax import __version__
+from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
+from rbjax.core.distributed import initialize, requested
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "plot", "debias", "sweep", "evaluate", "run", "report", "retrieve", "annotate", "splits")
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` only where there is a real default not already spelled out in the help."""
-
-    def _get_help_string(self, action):
-        h = action.help or ""
-        if not h or "default" in h.lower() or action.default is None or action.default is False \
-                or action.default == argparse.SUPPRESS:
-            return h
-        return super()._get_help_string(action)
-
-
 def _subparser_class():
-    import simple_parsing
-
     class SubParser(simple_parsing.ArgumentParser):
         """Subcommand parser: argparse plus simple_parsing's ``add_arguments(dataclass)`` (debias and sweep build
         their options from :class:`rbjax.debias.config.TrainConfig`). Options are spelled with dashes, there is
@@ -42,13 +36,7 @@ def _subparser_class():
     return SubParser
 
 
-class CLIError(Exception):
-    """An error the user can fix; printed without a traceback."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from rbjax import __version__
-
     parser = argparse.ArgumentParser(
         prog="rbjax",
         description="RedditBias in JAX: measure (LMB) and reduce (LMD/ADD/HD/CDA) social bias in dialog language models.",
@@ -78,13 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from rbjax.distributed import initialize, requested
-
         if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
             initialize()
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
-        # rbjax.interrupt.Interrupted carries what was saved and how to resume
+        # rbjax.core.interrupt.Interrupted carries what was saved and how to resume
         print(str(e) if str(e) else f"rbjax {args.command}: interrupted", file=sys.stderr)
         return 130
     except (CLIError, OSError, ValueError, RuntimeError) as e:
@@ -99,8 +85,6 @@ def console_main() -> None:  # pragma: no cover (the process exits)
     After Ctrl-C the process leaves with ``os._exit``: everything rbjax keeps is already written (atomically), and a
     normal interpreter shutdown can crash in a JAX compile thread still running (a segfault instead of exit 130).
     """
-    import os
-
     rc = main()
     if rc == 130:
         sys.stdout.flush()

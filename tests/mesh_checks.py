@@ -14,7 +14,7 @@ Checks (each prints ``{"check": NAME, ...figures}`` on one line):
 * ``data_parallel``: one run (a few updates, dropout on) trained on a 1 × 8 ``grid × data`` mesh (each micro-batch's
   rows split over 8 devices, gradients all-reduced by XLA) and on one device; maximum absolute and relative
   parameter differences, and the losses of both.
-* ``grid_chunk``: a chunk of 6 grid points (batch 4) on the 8-device mesh :func:`rbjax.mesh.grid_mesh` picks, and
+* ``grid_chunk``: a chunk of 6 grid points (batch 4) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
   the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
   devices; the training programs compiled (:func:`rbjax.debias.step.compiled_programs`), the batch plans, chunks
@@ -88,8 +88,8 @@ def _compare(params_a, params_b, init, metrics_a, metrics_b, lr: float) -> dict:
 def check_data_parallel(args) -> dict:
     import jax
 
+    from rbjax.core.mesh import grid_mesh
     from rbjax.debias.loop import Trainer
-    from rbjax.mesh import grid_mesh
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
@@ -112,8 +112,8 @@ def check_grid_chunk(args) -> dict:
     import jax
     import numpy as np
 
+    from rbjax.core.mesh import grid_mesh
     from rbjax.debias.loop import RunHparams, Trainer
-    from rbjax.mesh import grid_mesh
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3)
@@ -136,9 +136,9 @@ def check_grid_chunk(args) -> dict:
 def check_sweep_compiles(args) -> dict:
     import jax
 
+    from rbjax.core.mesh import grid_mesh
     from rbjax.debias import sweep as sw
     from rbjax.debias.step import compiled_programs
-    from rbjax.mesh import grid_mesh
 
     base = _cfg(args, method="lmd", max_steps=1, train_file=_train_file(Path(args.data_dir), Path(args.work), 32),
                 eval_batch_size=32)

@@ -64,8 +64,8 @@ def test_tsv_training_rows_need_a_response_and_other_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ offline contexts
 def test_response_hyp_contexts(redditbias_dir):
+    from rbjax.core.io import sha256_file
     from rbjax.data.redditbias import manifest
-    from rbjax.report.io import sha256_file
 
     path = redditbias_dir / crg.RESPONSE_HYP
     assert manifest()["files"][crg.RESPONSE_HYP]["sha256"] == sha256_file(path)  # downloadable, verified, for users

@@ -11,8 +11,17 @@ import pytest
 
 from rbjax.cli import main
 from rbjax.dialog import crg_metrics as cm
-from rbjax.dialog.crg_metrics import (bleu_nist, crg_metrics, distinct, entropy, find_meteor_jar, meteor,
-                                      mteval_words, read_hyp_refs, read_lines)
+from rbjax.dialog.crg_metrics import (
+    bleu_nist,
+    crg_metrics,
+    distinct,
+    entropy,
+    find_meteor_jar,
+    meteor,
+    mteval_words,
+    read_hyp_refs,
+    read_lines,
+)
 from rbjax.dialog.text import clean_dstc7
 
 

@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from rbjax.cli import main
+from rbjax.core.io import sha256_file
 from rbjax.dialog import crg
 from rbjax.dialog.crg_metrics import crg_metrics
 from rbjax.dialog.evaluate import evaluate
-from rbjax.report.io import sha256_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 

@@ -11,7 +11,6 @@ import pytest
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.grid_config import config_for_method, load_grid_config, load_grid_configs, merge
 from rbjax.debias.sweep import PAPER_GRID, grid_points
-
 from tests.conftest import religion1_train_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +116,7 @@ def test_cli_study_takes_each_methods_grid_from_its_file(tiny_model_dir, tokeniz
 
 
 def test_distributed_switch(monkeypatch):
-    from rbjax.distributed import requested
+    from rbjax.core.distributed import requested
 
     monkeypatch.delenv("RBJAX_DISTRIBUTED", raising=False)
     assert not requested() and requested(True)
@@ -126,7 +125,7 @@ def test_distributed_switch(monkeypatch):
         assert requested() is want
     monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
     monkeypatch.setenv("RBJAX_DISTRIBUTED", "1")
-    from rbjax.distributed import initialize
+    from rbjax.core.distributed import initialize
 
     with pytest.raises(ValueError, match=r"\$JAX_NUM_PROCESSES must be an integer"):
         initialize()

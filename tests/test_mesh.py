@@ -1,4 +1,4 @@
-"""Device meshes (issue 9, item 4): the mesh shapes :func:`rbjax.mesh.grid_mesh` picks, and training on 8 simulated
+"""Device meshes (issue 9, item 4): the mesh shapes :func:`rbjax.core.mesh.grid_mesh` picks, and training on 8 simulated
 CPU devices equal to training on one.
 
 The multi-device checks run in a subprocess (``tests/mesh_checks.py``) started with
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from rbjax.mesh import grid_mesh, padded_points
+from rbjax.core.mesh import grid_mesh, padded_points
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,6 @@ def test_two_process_sweep_equals_one_process(tiny_model_dir, tokenizer_dir, red
     the 4 devices of both processes (grid axis across hosts). The records equal a one-process run's, and only one
     process appended them (no duplicate lines)."""
     from rbjax.cli import main
-
     from tests.conftest import religion1_train_file
 
     train = religion1_train_file(redditbias_dir, tmp_path, 16)

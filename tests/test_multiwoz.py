@@ -340,7 +340,7 @@ def test_default_download_verified_and_cached(mwoz_shared, tmp_path, monkeypatch
     monkeypatch.setenv("RBJAX_MULTIWOZ_URL", mwoz_shared.as_uri())  # a mirror laid out like shared/: real code path
     monkeypatch.delenv("RBJAX_MULTIWOZ", raising=False)
     for name, (rel, _url, sha, size) in mw.DEFAULT_FILES.items():  # the pinned checksums are the shared files'
-        from rbjax.report.io import sha256_file
+        from rbjax.core.io import sha256_file
         assert sha256_file(mwoz_shared / rel) == sha and (mwoz_shared / rel).stat().st_size == size, name
     p = mw.default_file("ontology.json")
     assert p == tmp_path / "cache" / "multiwoz" / "ontology.json" and p.exists()

@@ -1,4 +1,4 @@
-"""The executor layer (rbjax.parallel) on its own, with trivial functions."""
+"""The executor layer (rbjax.core.parallel) on its own, with trivial functions."""
 from __future__ import annotations
 
 import os
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from rbjax import parallel
-from rbjax.parallel import TaskError, as_completed, plan_jobs, run_tasks
+from rbjax.core import parallel
+from rbjax.core.parallel import TaskError, as_completed, plan_jobs, run_tasks
 
 
 def square(x):

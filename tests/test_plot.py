@@ -6,7 +6,7 @@ import pytest
 from scipy import stats as sps
 
 from rbjax.cli import main
-from rbjax.report.plot import figure_lmb, load_results, plot_lmb
+from rbjax.lmb.plot import figure_lmb, load_results, plot_lmb
 
 
 def rec(bt, t, p, *, df=200, split="test", applied=True, stored=False, alpha=0.05, status="ok"):

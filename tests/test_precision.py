@@ -16,7 +16,6 @@ import pytest
 
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.loop import Trainer
-
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")

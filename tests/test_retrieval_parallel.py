@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from rbjax import parallel
 from rbjax.cli import main as cli_main
+from rbjax.core import parallel
 from rbjax.data.dumps import write_zst
 from rbjax.data.retrieval import CANDIDATE_COLUMNS, PART_RECORD, retrieve
 from rbjax.specs import load_spec

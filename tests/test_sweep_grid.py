@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from rbjax.debias.config import TrainConfig
-
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")

@@ -15,7 +15,6 @@ from rbjax.debias.data import update_plan
 from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
 from rbjax.debias.step import TrainState
 from rbjax.debias.train import Trainer
-
 from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 

@@ -14,7 +14,6 @@ import pytest
 from rbjax.debias.loop import RunHparams, Trainer
 from rbjax.debias.optim import global_norm, make_optimizer
 from rbjax.debias.step import TrainState
-
 from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
@@ -126,7 +125,7 @@ def test_grid_chunk_checkpoint_resumes_bit_identically(tiny_model_dir, tokenizer
 def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     """Ctrl-C during a 5-update run with --save-every 100: the update in flight finishes, a checkpoint of it is
     written, Interrupted says where and how to resume; the rerun ends bit-identical to an uninterrupted run."""
-    from rbjax.interrupt import Interrupted
+    from rbjax.core.interrupt import Interrupted
 
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=5, save_every=100)
     full = Trainer(cfg).run(checkpoints=False)

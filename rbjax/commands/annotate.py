@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rbjax.core.io import check_output_file
+from rbjax.data.annotation import aggregate, export_for_annotation, read_annotations, write_aggregated
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -37,7 +40,6 @@ def register(subparsers) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rbjax.data.annotation import export_for_annotation
 
     paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
                                   seed=args.seed, overlap=args.overlap)
@@ -48,8 +50,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from rbjax.data.annotation import aggregate, read_annotations, write_aggregated
-    from rbjax.data.retrieval import check_output_file
 
     if args.out:
         check_output_file(args.out, "--out")

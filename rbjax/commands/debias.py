@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.train import train
+
 
 def _cli_dataclass(grid: bool):
     """:class:`TrainConfig`'s fields as a dataclass for the command line (for the sweep: without the grid's
     hyper-parameters, which it takes as lists, and without the single run's export/evaluation switches)."""
-    from rbjax.debias.config import TrainConfig
 
     keep = [f for f in dataclasses.fields(TrainConfig)
             if not (grid and (f.metadata.get("grid") or f.name in ("export", "evaluate", "eval_bias")))]
@@ -62,7 +64,6 @@ def register(sub) -> None:
 
 def config_from_args(args, **override):
     """The :class:`TrainConfig` of parsed arguments (``--no-export`` implies no evaluation)."""
-    from rbjax.debias.config import TrainConfig
 
     kw = dataclasses.asdict(args.config)
     if "export" in kw and not kw["export"]:
@@ -113,7 +114,6 @@ def format_results(res: dict) -> str:
 def run(args) -> int:
     from pathlib import Path
 
-    from rbjax.debias.train import train
 
     cfg = config_from_args(args)
     res = train(cfg, overwrite=args.overwrite)

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rbjax.commands import HelpFormatter
+from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
+from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
+from rbjax.dialog.evaluate import evaluate, format_result
+
 
 @dataclass(frozen=True)
 class Task:
@@ -32,7 +37,6 @@ class Task:
 
 
 def _run_crg_metrics(args) -> int:
-    from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
                                   compute_meteor=not args.no_meteor, meteor_norm=not args.meteor_no_norm,
@@ -65,8 +69,6 @@ def _settings(args) -> dict:
 
 
 def _run_model_task(args) -> int:
-    from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
-    from rbjax.dialog.evaluate import evaluate, format_result
 
     if args.task == "all" and args.train_file:
         raise ValueError("--train-file is the training file of one task; with --task all use --dst-train-file "
@@ -101,7 +103,6 @@ TASKS: dict[str, Task] = {
 
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
 
     tasks = "; ".join(f"{name}: {t.help}" for name, t in TASKS.items())
     p = sub.add_parser(

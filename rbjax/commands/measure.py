@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rbjax.commands import HelpFormatter
+from rbjax.lmb.measure import format_table, measure_bias
+
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
 
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
 
     p = sub.add_parser(
         "measure", help="measure language model bias (LMB) on the RedditBias phrase pairs",
@@ -52,7 +54,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rbjax.lmb.measure import format_table, measure_bias
 
     records = measure_bias(
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", split=args.split, data_dir=args.data_dir,

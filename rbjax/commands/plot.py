@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rbjax.commands import HelpFormatter
+from rbjax.lmb.plot import load_results, plot_lmb
+
 
 def register(sub) -> None:
-    from rbjax.cli import HelpFormatter
 
     p = sub.add_parser(
         "plot", help="plot LMB t-values of one or more result folders (paper Figure 1)",
@@ -30,7 +32,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rbjax.report.plot import load_results, plot_lmb
 
     results = {}
     for f in args.folders:

@@ -1,6 +1,8 @@
 """``rbjax report DIR [DIR ...]``: rebuild the study report from finished study folders."""
 from __future__ import annotations
 
+from rbjax.study.report import write_report
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -15,7 +17,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from rbjax.study.report import write_report
 
     out = Path(args.out or args.folders[0])
     rep = write_report([Path(f) for f in args.folders], out)

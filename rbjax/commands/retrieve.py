@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rbjax.commands import HelpFormatter
+from rbjax.data.retrieval import retrieve
+from rbjax.specs import load_spec
+
 
 def register(subparsers) -> None:
-    from rbjax.cli import HelpFormatter
 
     p = subparsers.add_parser(
         "retrieve",
@@ -61,8 +64,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rbjax.data.retrieval import retrieve
-    from rbjax.specs import load_spec
 
     specs = [load_spec(b) for b in args.bias]
     if args.window < 1:

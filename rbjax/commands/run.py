@@ -2,6 +2,9 @@
 dialog checks → report) from one study file."""
 from __future__ import annotations
 
+from rbjax.study.config import load_study
+from rbjax.study.run import run_study
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -27,8 +30,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from rbjax.study.config import load_study
-    from rbjax.study.run import run_study
 
     cfg = load_study(args.study, args.overrides)
     if args.seeds is not None:

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import argparse
 
+from rbjax.data.splits import make_splits
+from rbjax.lmb import measure
+from rbjax.specs import load_spec
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -32,17 +36,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rbjax.data.splits import make_splits
-    from rbjax.lmb.measure import LoadedModel, score_phrases
-    from rbjax.specs import load_spec
 
     spec = load_spec(args.bias)
     loaded: list = []
 
     def score_fn(phrases):  # the model is loaded on first use, after the inputs were checked
         if not loaded:
-            loaded.append(LoadedModel(args.model, args.tokenizer, args.batch_size))
-        return score_phrases(loaded[0], phrases)
+            loaded.append(measure.LoadedModel(args.model, args.tokenizer, args.batch_size))
+        return measure.score_phrases(loaded[0], phrases)
 
     # make_splits checks the annotated file and --out-dir before the model is loaded
     res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,

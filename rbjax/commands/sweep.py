@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from rbjax.commands.debias import add_training_arguments, config_from_args
+from rbjax.core.distributed import initialize, requested
+from rbjax.data.redditbias import expand_bias_types
+from rbjax.debias import grid_config as gcfg
+from rbjax.debias.config import METHODS
+from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
+from rbjax.specs import is_spec_path
+
 
 def _floats(s: str) -> tuple[float, ...]:
     try:
@@ -23,7 +31,6 @@ def _ints(s: str) -> tuple[int, ...]:
 
 
 def register(sub) -> None:
-    from rbjax.commands.debias import add_training_arguments
 
     p = sub.add_parser(
         "sweep", help="run the paper's hyper-parameter grid (methods × bias types) and select on the valid split",
@@ -38,7 +45,6 @@ def register(sub) -> None:
                     "run as one study into OUT/<bias type>/<method>/. See docs/debiasing.md and docs/scale.md.")
     add_training_arguments(p, grid=True)
     g = p.add_argument_group("grid and execution")
-    from rbjax.debias.sweep import PAPER_GRID
 
     g.add_argument("--grid-config", action="append", metavar="FILE", default=None,
                    help="TOML grid file(s): axes under [grid], shared settings under [settings], optional `methods` "
@@ -81,8 +87,6 @@ def register(sub) -> None:
 
 
 def _combinations(args) -> list[tuple[str, str]]:
-    from rbjax.data.redditbias import expand_bias_types
-    from rbjax.debias.config import METHODS
 
     methods = [m.strip() for m in args.config.method.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -96,11 +100,6 @@ def run(args) -> int:
     import shutil
     from pathlib import Path
 
-    from rbjax.commands.debias import config_from_args
-    from rbjax.debias import grid_config as gcfg
-    from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
-    from rbjax.distributed import initialize, requested
-    from rbjax.specs import is_spec_path
 
     if args.executor == "ray" and requested(args.distributed):
         raise ValueError("--distributed (one program over several hosts) and --executor ray (chunks as tasks on a "

@@ -28,8 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
-from rbjax.report.io import atomic_write_text
+from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file
 
 #: The guideline's labels (paper App. B).
 LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")

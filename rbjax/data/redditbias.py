@@ -27,8 +27,8 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 
-from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, canonical_bias_type, is_spec_path, layout_names, load_spec
-from rbjax.report.io import atomic_file, sha256_file
+from rbjax.core.io import atomic_file, sha256_file
+from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, BiasSpec, canonical_bias_type, is_spec_path, layout_names, load_spec
 
 SPLITS = ("test", "valid", "valid+test")
 ENV_DATA_DIR = "RBJAX_DATA_DIR"
@@ -346,7 +346,6 @@ def load_pairs(bias_type: str, split: str = "test", data: RedditBiasData | str |
 
 def resolve_spec(bias_type):
     """A :class:`~rbjax.specs.BiasSpec` from a packaged name or a user spec file path."""
-    from rbjax.specs import BiasSpec
 
     if isinstance(bias_type, BiasSpec):
         return bias_type

@@ -30,7 +30,7 @@ Output (CSV, written to a temporary file and moved into place at the end) has th
 of :data:`CANDIDATE_COLUMNS`.
 
 Many files (:func:`retrieve`): each dump file is one task (:func:`scan_dump`), run in this
-process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.parallel`). A task
+process, in spawned worker processes or on a Ray cluster (:mod:`rbjax.core.parallel`). A task
 returns every window of its file *before* de-duplication; the calling process writes it as a
 part (``<parts>/<file name>-<hash of its path>/windows_<k>.csv`` + ``part.json``, the record
 of what produced it, written last) as soon as it comes back. The merge then replays the
@@ -53,6 +53,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from rbjax import __version__
+from rbjax.core import parallel
+from rbjax.core.io import atomic_csv_writer, atomic_write_json, check_output_dir, check_output_file, sha256_file
+from rbjax.core.progress import progress_bar
+from rbjax.data import dumps
 from rbjax.data.dumps import (
     WORKER_BASE_BYTES,
     DumpStats,
@@ -62,7 +67,6 @@ from rbjax.data.dumps import (
     expand_paths,
     iter_records,
 )
-from rbjax.report.io import atomic_file, atomic_write_json, sha256_file
 
 #: Columns of a candidates CSV. ``attribute`` = A1 entries (as written in the spec) found in
 #: the window, ``|``-separated; ``comment_attributes`` = those found anywhere in the comment.
@@ -396,78 +400,6 @@ def make_prefilter(matchers: Sequence[QueryMatcher]):
     return prefilter
 
 
-def _file_in_the_way(folder: Path) -> Path | None:
-    """The first of ``folder`` and its parents that exists, when it is not a folder."""
-    for p in (folder, *folder.parents):
-        if p.exists() or p.is_symlink():
-            return None if p.is_dir() else p
-    return None
-
-
-def check_output_dir(folder: str | Path, what: str = "output folder") -> Path:
-    """Check that ``folder`` is, or can be created as, a folder (nothing is created).
-
-    Raises:
-        ValueError: ``folder`` or one of its parents exists and is not a folder (named).
-    """
-    folder = Path(folder)
-    p = _file_in_the_way(folder)
-    if p == folder:
-        raise ValueError(f"{what} {folder} exists and is not a folder")
-    if p is not None:
-        raise ValueError(f"cannot create {what} {folder}: {p} exists and is not a folder")
-    return folder
-
-
-def check_output_file(path: str | Path, what: str = "output file") -> Path:
-    """Check that ``path`` can be written as a file: it is not a folder, and its folder
-    exists or can be created. Nothing is created.
-
-    Raises:
-        ValueError: ``path`` is a folder, or a parent of it exists and is not a folder (named).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder; give a file name")
-    p = _file_in_the_way(path.parent)
-    if p is not None:
-        raise ValueError(f"cannot write {what} {path}: {p} exists and is not a folder")
-    return path
-
-
-def _make_parent(path: Path) -> None:
-    check_output_file(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
-
-
-
-@contextlib.contextmanager
-def atomic_csv_writer(path: str | Path, header: Sequence[str], errors: str | None = None):
-    """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
-
-    On an exception the temporary file is removed and ``path`` is left untouched.
-    ``errors``: the UTF-8 encoder's error handler (``None`` = strict; retrieval writes lone
-    surrogates from ``\\ud800`` escapes in the dumps as ``backslashreplace`` text).
-
-    Raises:
-        ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
-            created (the message names the path).
-    """
-    path = Path(path)
-    _make_parent(path)
-    with contextlib.ExitStack() as stack:
-        try:
-            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline="", errors=errors))
-        except OSError as e:
-            raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
-        w = csv.writer(fh)
-        w.writerow(header)
-        yield w
-
-
 def output_paths(out: str | Path, names: Sequence[str]) -> dict[str, Path]:
     """Output CSV per bias type (see :func:`output_layout`)."""
     return output_layout(out, names).csvs
@@ -536,7 +468,6 @@ def code_digest() -> str:
     if _CODE_DIGEST is None:
         import hashlib
 
-        from rbjax.data import dumps
 
         h = hashlib.sha256()
         for f in (__file__, dumps.__file__):
@@ -590,7 +521,7 @@ class FileTask:
     settings: ScanSettings
 
     @property
-    def name(self) -> str:  # for rbjax.parallel's messages
+    def name(self) -> str:  # for rbjax.core.parallel's messages
         return self.path
 
     def inputs(self) -> dict:
@@ -922,7 +853,6 @@ class _RunProgress:
         self.t0 = self._shown = time.perf_counter()
         if enabled is False:
             return
-        from rbjax.report.progress import progress_bar
 
         self.bar = progress_bar(total_bytes, self._desc(), "B", enabled=enabled, leave=True, unit_scale=True,
                                 unit_divisor=1024, smoothing=0.1)
@@ -963,7 +893,6 @@ class _RunProgress:
 def _versions() -> dict:
     import platform
 
-    from rbjax import __version__
 
     out = {"rbjax": __version__, "retrieval_version": RETRIEVAL_VERSION, "python": platform.python_version(),
            "platform": platform.platform()}
@@ -1028,11 +957,11 @@ def retrieve(
         prefilter: use the raw-bytes target-word prefilter (exact; see the module notes).
         progress: tqdm bar on stderr; ``None`` = only when stderr is a terminal.
         jobs: local executor: worker processes (``1`` = this process; ``None`` = the cores
-            available, bounded by memory, see :func:`rbjax.parallel.plan_jobs`: a worker
+            available, bounded by memory, see :func:`rbjax.core.parallel.plan_jobs`: a worker
             needs the zstd window of its file, up to 2 GiB). Ray: the most files in flight
             (``None`` = all; each task asks Ray for 1 CPU and its file's memory).
         executor: ``"local"`` or ``"ray"`` (files must be at the same absolute path on every node).
-        ray_address: Ray cluster to attach to (see :func:`rbjax.parallel.as_completed`).
+        ray_address: Ray cluster to attach to (see :func:`rbjax.core.parallel.as_completed`).
         resume: reuse the parts of files already done with the same inputs; ``False`` reads
             every file again.
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
@@ -1050,11 +979,10 @@ def retrieve(
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
-        rbjax.parallel.TaskError: a file's scan failed or its worker died (parts of the files
+        rbjax.core.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
     """
-    from rbjax import parallel
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     if not isinstance(specs, (list, tuple)):

@@ -9,7 +9,7 @@
    (:func:`rbjax.data.swap.swap_targets`).
 4. Pairwise outlier reduction with a chosen model: the perplexity of every held-out phrase
    and of its counterfactual; a pair is dropped when either side lies outside mean ±
-   3 std of its own list (:func:`rbjax.lmb.stats.outlier_pairs`, population std).
+   3 std of its own list (:func:`rbjax.data.outliers.outlier_pairs`, population std).
 5. Valid / test halves of the reduced pairs (seed 1): valid = floor(n/2) pairs, test = the rest.
 
 The random splits reproduce upstream's ``sklearn.model_selection.train_test_split(...,
@@ -48,9 +48,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.specs import layout_names
+from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, versions
 from rbjax.data.annotation import parse_label, read_csv_file
-from rbjax.data.retrieval import atomic_csv_writer, check_output_dir, check_output_file
+from rbjax.data.outliers import outlier_pairs
+from rbjax.data.swap import reference_direction, swap_targets
+from rbjax.specs import layout_names
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -237,7 +239,6 @@ class SplitResult:
 
 
 def _atomic_text(path: Path, lines: Sequence[str]) -> None:
-    from rbjax.report.io import atomic_write_text
 
     check_output_file(path, "output file")
     atomic_write_text(path, "".join(s + "\n" for s in lines))
@@ -310,9 +311,6 @@ def make_splits(
             (or a parent of it) is a file. Inputs and ``out_dir`` are checked before the
             scorer is called.
     """
-    from rbjax.data.swap import reference_direction, swap_targets
-    from rbjax.lmb.stats import outlier_pairs
-    from rbjax.report.io import versions
 
     btype, g1, g2 = layout_names(spec)
     out = check_output_dir(out_dir, "output folder")

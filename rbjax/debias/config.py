@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rbjax.core.precision import PRECISIONS
+from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
+
 __all__ = ["METHODS", "LOSS_METHODS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type", "bias_spec"]
 
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
@@ -19,7 +22,6 @@ LOSS_METHODS = ("lmd", "add", "hd")
 #: classifier, BCE on a linear head) and ``crg`` (causal LM loss on the response tokens only)
 TASKS = ("dst", "crg")
 SEMANTICS = ("paper", "reference")
-PRECISIONS = ("fp32", "bf16")
 
 #: fields of :class:`TrainConfig` that determine the training trajectory; a resumed run must match them (together
 #: with the content of the model, tokenizer, data and bias specification: see :mod:`rbjax.debias.loop`)
@@ -57,7 +59,6 @@ def resolve_bias_type(name: str) -> str:
     Raises:
         ValueError: unknown bias type or invalid spec file. FileNotFoundError: a spec path that does not exist.
     """
-    from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
     if is_spec_path(name):
         load_spec(name)  # fail early on a bad spec file
@@ -67,7 +68,6 @@ def resolve_bias_type(name: str) -> str:
 
 def bias_spec(bias_type: str):
     """The :class:`rbjax.specs.BiasSpec` of a packaged type or a spec file."""
-    from rbjax.specs import load_spec
 
     return load_spec(bias_type)
 

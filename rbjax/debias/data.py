@@ -25,7 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from rbjax.core.keys import digest
+from rbjax.data.redditbias import RedditBiasData
+from rbjax.debias import cda
 from rbjax.debias.config import LOSS_METHODS, TrainConfig, bias_spec
+from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
 
 __all__ = ["load_training_texts", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key",
            "TrainingData", "ArrayData", "BatchPlan"]
@@ -49,8 +53,6 @@ def load_training_texts(cfg: TrainConfig, data=None) -> tuple[list[str], dict]:
     Raises:
         FileNotFoundError, ValueError, RuntimeError: missing or empty data.
     """
-    from rbjax.data.redditbias import RedditBiasData
-    from rbjax.debias import cda
 
     if cfg.train_file is not None:
         p = Path(cfg.train_file)
@@ -225,7 +227,6 @@ class TrainingData:
         self._per_example: dict[str, np.ndarray] | None = None
         if cfg.method in LOSS_METHODS:
             self._setup_triggers(vocab_size)
-        from rbjax.report.provenance import digest
 
         self.key = digest({"tokens": self.info["sha256_tokens"], "spec": dataclasses.asdict(self.spec),
                            "triggers": None if self._per_example is None else _sha256_arrays(
@@ -233,7 +234,6 @@ class TrainingData:
                            "shared": {k: v.tolist() for k, v in self.shared.items()}})
 
     def _setup_triggers(self, vocab_size: int) -> None:
-        from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
 
         cfg = self.cfg
         self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics)

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rbjax.core.io import read_toml
 from rbjax.debias.config import METHODS, TrainConfig
 
 __all__ = ["GridConfig", "load_grid_config", "load_grid_configs", "config_for_method", "merge"]
@@ -76,7 +77,6 @@ def load_grid_config(path: str | Path) -> GridConfig:
         FileNotFoundError: no such file. ValueError: not TOML, an unknown key or table, a bad axis or setting (the
         message names the file and the key).
     """
-    from rbjax.report.io import read_toml
 
     path = Path(path)
     doc = read_toml(path, "--grid-config file")

@@ -2,11 +2,11 @@
 
 :class:`Trainer` drives :func:`rbjax.debias.step.train_step` (one run) or :func:`~rbjax.debias.step.grid_train_step`
 (a chunk of grid points that share a batch plan, vmapped over a stacked state) over the updates of a
-:class:`~rbjax.debias.data.BatchPlan`, on a device mesh (:mod:`rbjax.mesh`), and owns everything around it:
+:class:`~rbjax.debias.data.BatchPlan`, on a device mesh (:mod:`rbjax.core.mesh`), and owns everything around it:
 
 * **Checkpoints** (orbax, :mod:`rbjax.debias.checkpoint`) every ``save_every`` updates, every ``save_every_s``
   seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
-  aborts at once). The interrupt is then raised as :class:`rbjax.interrupt.Interrupted`, whose message says what was
+  aborts at once). The interrupt is then raised as :class:`rbjax.core.interrupt.Interrupted`, whose message says what was
   saved and how to resume.
 * **Resume**: a run started again with the same folder restores its last checkpoint and goes on; data order and
   dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
@@ -29,10 +29,26 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from rbjax.core.interrupt import Interrupted, deferred_interrupts
+from rbjax.core.io import atomic_write_text
+from rbjax.core.keys import canonical, describe_difference, digest, files_key, tree_digest
+from rbjax.core.mesh import grid_mesh, padded_points, shard_batch, shard_state, to_host
+from rbjax.core.progress import progress_bar
+from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.data import BatchPlan, TrainingData
-from rbjax.debias.step import (SHARED_KEYS, StepSpec, TrainState, init_state, micro_batch_grads, micro_batch_losses,
-                               step_on_mesh, unstack_state)
+from rbjax.debias.step import (
+    SHARED_KEYS,
+    StepSpec,
+    TrainState,
+    init_state,
+    micro_batch_grads,
+    micro_batch_losses,
+    step_on_mesh,
+    unstack_state,
+)
+from rbjax.model.hf import TOKENIZER_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -89,9 +105,6 @@ def load_start(cfg: TrainConfig):
     Raises:
         FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
     """
-    from rbjax.model.hf import load_pretrained, resolve_model_dir
-    from rbjax.model.tokenizer import load_tokenizer
-    from rbjax.report.provenance import digest, model_files_key
 
     model_dir = resolve_model_dir(cfg.model)
     config, params = load_pretrained(model_dir)
@@ -105,8 +118,6 @@ def load_start(cfg: TrainConfig):
 
 
 def _tokenizer_key(tokenizer) -> str:
-    from rbjax.model.hf import TOKENIZER_FILES
-    from rbjax.report.provenance import digest, files_key
 
     src = Path(str(getattr(tokenizer, "source", "")))
     return digest(files_key(src / f for f in TOKENIZER_FILES) if src.is_dir() else {"source": str(src)})
@@ -125,7 +136,7 @@ class Trainer:
         tokenizer: a loaded tokenizer (default: ``cfg.tokenizer`` or the model folder).
         texts, data, plan: the training phrases / a prepared :class:`TrainingData` / :class:`BatchPlan` (shared by
             the chunks of a sweep).
-        mesh: device mesh (default: :func:`rbjax.mesh.grid_mesh` over all devices).
+        mesh: device mesh (default: :func:`rbjax.core.mesh.grid_mesh` over all devices).
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: missing model/data, bad settings.
@@ -134,7 +145,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, points: list[RunHparams] | None = None, model_config=None, params=None,
                  model_key: str | None = None, tokenizer=None, texts: list[str] | None = None,
                  data: TrainingData | None = None, plan: BatchPlan | None = None, mesh=None):
-        from rbjax.report.provenance import tree_digest
 
         self.cfg = cfg
         self.model_dir = None
@@ -145,7 +155,6 @@ class Trainer:
         elif model_config is None:
             raise ValueError("params given without model_config")
         if tokenizer is None:
-            from rbjax.model.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else cfg.model,
                                        expected_vocab_size=None)
@@ -166,7 +175,6 @@ class Trainer:
         self.spec = StepSpec(config=self.config, method=cfg.method, semantics=cfg.semantics, dropout=cfg.dropout,
                              grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                              max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
-        from rbjax.mesh import grid_mesh, padded_points
 
         self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
                                                             cfg.batch_size)
@@ -191,7 +199,6 @@ class Trainer:
     def device_batch(self, u: int) -> dict:
         """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
         dropout keys (``rng`` ``(A, 4)``: key words, not rows) replicated."""
-        from rbjax.mesh import shard_batch
 
         return shard_batch({**self.plan.update_batch(u), **self.data.shared}, self.mesh, row_axis=1,
                            shared_keys=SHARED_KEYS + ("rng",))
@@ -223,7 +230,6 @@ class Trainer:
 
     def initial_state(self) -> TrainState:
         """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
-        from rbjax.mesh import shard_state
 
         p0 = self.points[0]
         one = jax.device_get(init_state(self.init_params, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,
@@ -260,21 +266,16 @@ class Trainer:
 
         Raises:
             ValueError: a checkpoint from a different run is in ``OUT/checkpoints``.
-            rbjax.interrupt.Interrupted: SIGINT/SIGTERM (after saving a checkpoint).
+            rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM (after saving a checkpoint).
             RuntimeError: too many consecutive non-finite updates.
         """
-        from rbjax.debias.checkpoint import Checkpointer
-        from rbjax.interrupt import Interrupted, deferred_interrupts
-        from rbjax.mesh import to_host
-        from rbjax.report.progress import progress_bar
-        from rbjax.report.provenance import describe_difference
 
         cfg = self.cfg
         out = Path(out_dir if out_dir is not None else cfg.out_dir)
         state = self.initial_state()
         start, resumed = 0, None
         ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
-        key = json.loads(json.dumps(self.key()))
+        key = canonical(self.key())
         if ckpt is not None and ckpt.latest_step() is not None:
             step = ckpt.latest_step()
             meta = ckpt.restore_meta(step)
@@ -405,6 +406,5 @@ def _truncate_metrics(path: Path, upto: int) -> None:
                 keep.append(ln)
         except json.JSONDecodeError:
             break  # a line cut by a kill: drop it and everything after
-    from rbjax.report.io import atomic_write_text
 
     atomic_write_text(path, "".join(k + "\n" for k in keep))

@@ -30,10 +30,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rbjax.core.precision import get_policy
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
+from rbjax.dialog.dst import dst_logits, dst_loss
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
+from rbjax.model.nll import nll_from_hidden
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
            "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
@@ -70,8 +73,13 @@ class StepSpec:
         return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
 
     @property
+    def policy(self):
+        """The precision policy (:mod:`rbjax.core.precision`)."""
+        return get_policy(self.precision)
+
+    @property
     def compute_dtype(self):
-        return jnp.bfloat16 if self.precision == "bf16" else jnp.float32
+        return self.policy.compute_dtype
 
 
 @flax.struct.dataclass
@@ -153,7 +161,6 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
     """Losses of the dialog fine-tuning tasks (``spec.method`` ``dst`` or ``crg``) that share the trainer."""
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
     if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
-        from rbjax.dialog.dst import dst_logits, dst_loss
 
         logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"], spec.config,
                             pooling=spec.semantics if spec.semantics == "reference" else "last", dropout_rng=key)
@@ -176,7 +183,6 @@ def _mean_nll(spec: StepSpec, params, hidden, input_ids, score_mask, context_mas
     """Mean next-token NLL of the targets ``score_mask`` marks, predicted from real tokens (``context_mask``):
     the one next-token NLL of rbjax (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied
     embedding, never the (B, L, V) logits), shared with the LMB scorer."""
-    from rbjax.model.nll import nll_from_hidden
 
     m = (score_mask[:, 1:] * context_mask[:, :-1]).astype(jnp.float32)
     nll = nll_from_hidden(hidden[:, :-1], params["wte"]["embedding"], input_ids[:, 1:],
@@ -196,6 +202,11 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     """
     drop = spec.dropout if dropout is None else dropout
     drop = drop and rng is not None
+    with spec.policy.matmul_context():  # fp32 = full fp32 matmuls on every backend, whatever the global default
+        return _batch_losses(params, batch, lambdas, rng, spec, drop)
+
+
+def _batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, drop: bool):
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
     model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)

@@ -12,7 +12,7 @@ Execution
       batch plan (9 for the paper's grid; a reference-semantics update that carries an epoch's leftovers adds one).
     * A plan's points are cut into **chunks** that fit the device memory (``grid_chunk``; ``None`` picks it from the
       free memory: parameters, Adam moments, gradient and accumulator per point, :func:`auto_grid_chunk`). On several
-      devices a chunk is spread over a ``grid`` × ``data`` mesh (:mod:`rbjax.mesh`).
+      devices a chunk is spread over a ``grid`` × ``data`` mesh (:mod:`rbjax.core.mesh`).
     * After a chunk: LMB on the *valid* split of the debiased bias type (the released ``*_valid_reduced`` files) and
       the Reddit-6K perplexity (LMP) of each of its points, from the parameters in memory.
     * A chunk is one **task** (:func:`run_chunk`): run in this process (``executor="local"``) or on a Ray cluster
@@ -49,7 +49,20 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.core.keys import canonical, describe_difference, digest
+from rbjax.core.mesh import to_host
+from rbjax.core.parallel import as_completed, available_memory
+from rbjax.core.progress import progress_bar
+from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
+from rbjax.debias.data import TrainingData
+from rbjax.debias.loop import CHECKPOINT_FORMAT, RunHparams, Trainer, _tokenizer_key, load_start
+from rbjax.debias.train import lmp_reference_file, train
+from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
+from rbjax.lmb.perplexity import PerplexityScorer
+from rbjax.model.hf import model_files_key, resolve_model_dir
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
            "run_chunk", "auto_grid_chunk", "format_selection"]
@@ -119,9 +132,6 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     Raises:
         ValueError: an unscorable phrase (fewer than 2 tokens) or non-finite perplexities.
     """
-    from rbjax.data.redditbias import load_pairs
-    from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
-    from rbjax.lmb.perplexity import PerplexityScorer
 
     pairs = load_pairs(bias_type, split, data)
     if max_pairs is not None:
@@ -233,14 +243,13 @@ def _param_bytes(params) -> int:
 
 def free_device_memory(device) -> int | None:
     """Bytes free on ``device``: the allocator's limit minus what is in use (GPU/TPU), else the host's available
-    memory (CPU; :func:`rbjax.parallel.available_memory`); ``None`` when unknown."""
+    memory (CPU; :func:`rbjax.core.parallel.available_memory`); ``None`` when unknown."""
     try:
         st = device.memory_stats()
     except Exception:  # noqa: BLE001 (backends without memory stats)
         st = None
     if st and "bytes_limit" in st:
         return int(st["bytes_limit"]) - int(st.get("bytes_in_use", 0))
-    from rbjax.parallel import available_memory
 
     return available_memory()
 
@@ -271,13 +280,7 @@ _CONTEXT: dict[str, Any] = {}
 
 def _context(base: TrainConfig) -> dict:
     """The starting model, tokenizer, training data and evaluation data of a sweep (loaded once per process)."""
-    from rbjax.data.redditbias import RedditBiasData
-    from rbjax.debias.data import TrainingData
-    from rbjax.debias.loop import load_start
-    from rbjax.report.provenance import digest
 
-    from rbjax.model.hf import resolve_model_dir
-    from rbjax.report.provenance import model_files_key
 
     # keyed on the model files' content too: weights replaced at the same path are another model
     k = digest({"model_files": model_files_key(resolve_model_dir(base.model)),
@@ -285,14 +288,12 @@ def _context(base: TrainConfig) -> dict:
                                                   "semantics", "block_size", "lmp", "lmp_file", "lmp_max_lines")}})
     ctx = _CONTEXT.get(k)
     if ctx is None:
-        from rbjax.debias.train import lmp_reference_file
 
         model_dir, config, params, tokenizer, model_key = load_start(base)
         data = TrainingData(base, tokenizer, config.vocab_size)
         lines = None
         lmp_path = None
         if base.lmp:
-            from rbjax.dialog.lmp import read_reference_lines
 
             lmp_path = lmp_reference_file(base)
             lines = read_reference_lines(lmp_path, base.lmp_max_lines)
@@ -315,7 +316,6 @@ def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max
                   stacked=stacked)
     lmp = [None] * len(dev) if stacked else None
     if ctx["lmp_lines"] is not None:
-        from rbjax.dialog.lmp import reddit_perplexity
 
         full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
                                  block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked)
@@ -326,7 +326,7 @@ def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max
 
 def run_chunk(task: dict) -> list[dict]:
     """Train one chunk of grid points (one batch plan) and evaluate each point; a top-level function, so that it
-    runs as a task of :mod:`rbjax.parallel` (this process, or a Ray worker reading the same paths).
+    runs as a task of :mod:`rbjax.core.parallel` (this process, or a Ray worker reading the same paths).
 
     Args:
         task: ``{"base": TrainConfig fields, "plan": [batch_size, grad_accum], "points": [GridPoint fields],
@@ -339,8 +339,6 @@ def run_chunk(task: dict) -> list[dict]:
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
 
-    from rbjax.debias.loop import RunHparams, Trainer
-    from rbjax.report.io import atomic_write_json, read_json
 
     base = TrainConfig(**task["base"])
     B, A = task["plan"]
@@ -365,7 +363,6 @@ def run_chunk(task: dict) -> list[dict]:
     train_s = time.perf_counter() - t0
     recs = []
     last = res.summary.get("last") or []
-    from rbjax.mesh import to_host
 
     stacked = to_host(res.state.params)  # on every host (the chunk may span several)
     t1 = time.perf_counter()
@@ -385,14 +382,12 @@ def run_chunk(task: dict) -> list[dict]:
 
 
 def _point_key(sweep_key: dict, p: GridPoint) -> str:
-    from rbjax.report.provenance import digest
 
     return digest({"sweep": sweep_key, "point": p.as_dict()})
 
 
 # ------------------------------------------------------------------------------------------------------ sweeps
 def _sweep_key(base: TrainConfig, ctx: dict, dev_max_pairs, n_bootstrap) -> dict:
-    from rbjax.debias.loop import CHECKPOINT_FORMAT, _tokenizer_key
 
     traj = base.trajectory()
     for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
@@ -418,8 +413,6 @@ class _Sweep:
 
 def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
              keep_checkpoints) -> _Sweep:
-    from rbjax.report.io import atomic_write_json, versions
-    from rbjax.report.provenance import describe_difference
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
@@ -428,7 +421,7 @@ def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev
     if max_points is not None:
         pts = pts[:max_points]
     ctx = _context(base)
-    key = json.loads(json.dumps(_sweep_key(base, ctx, dev_max_pairs, n_bootstrap)))
+    key = canonical(_sweep_key(base, ctx, dev_max_pairs, n_bootstrap))
     settings = {"method": base.method, "bias_type": base.bias_type, "semantics": base.semantics, "model": base.model,
                 "seed": base.seed, "epochs": base.epochs, "max_steps": base.max_steps,
                 "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()},
@@ -470,8 +463,6 @@ def _pt(rec: dict) -> GridPoint:
 
 
 def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True) -> dict:
-    from rbjax.debias.train import train
-    from rbjax.report.io import atomic_write_csv, atomic_write_json, versions
 
     recs = [sw.records[p.id] for p in sw.points if p.id in sw.records]
     base_lmp = (sw.baseline.get("lmp") or {}).get("perplexity")
@@ -532,9 +523,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         the ``selection.json`` content of every sweep, in order.
 
     Raises:
-        ValueError, FileNotFoundError, RuntimeError: bad settings or data; rbjax.parallel.TaskError: a task failed.
+        ValueError, FileNotFoundError, RuntimeError: bad settings or data; rbjax.core.parallel.TaskError: a task failed.
     """
-    from rbjax.report.progress import progress_bar
 
     if final not in ("none", "default", "reference", "both"):
         raise ValueError(f"final must be none, default, reference or both, got {final!r}")
@@ -554,7 +544,6 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
 
         import jax
 
-        from rbjax.parallel import as_completed
 
         primary = jax.process_index() == 0
         if executor == "ray" and resources is None:

@@ -27,17 +27,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from rbjax.core.interrupt import Interrupted
+from rbjax.core.io import atomic_write_json, read_json, versions
+from rbjax.core.keys import canonical, describe_difference, digest, file_digest, tree_digest
+from rbjax.core.log import say
+from rbjax.core.progress import progress_bar
+from rbjax.data.redditbias import RedditBiasData, expand_bias_types
 from rbjax.debias.config import LOSS_METHODS, METHODS, TRAJECTORY_FIELDS, TrainConfig  # noqa: F401 (re-exported)
 from rbjax.debias.data import load_training_texts, tokenize_lines, update_plan  # noqa: F401 (re-exported)
 from rbjax.debias.loop import Trainer, TrainResult  # noqa: F401 (re-exported)
 from rbjax.debias.step import lm_loss  # noqa: F401 (re-exported)
+from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.lmb import measure
+from rbjax.model.hf import load_pretrained, model_files_key, resolve_model_dir, save_pretrained
+from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "train", "evaluate_run", "METHODS"]
 
@@ -54,7 +63,6 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
-    from rbjax.model.hf import resolve_model_dir
 
     src = cfg.tokenizer if cfg.tokenizer is not None else (trainer.model_dir or cfg.model)
     try:
@@ -79,7 +87,6 @@ def _lmb_summary(rec: dict) -> dict:
 
 def _type_name(bias_type: str) -> str:
     """The name LMB records carry for a bias type: the packaged name, or a spec file's ``name``."""
-    from rbjax.specs import is_spec_path, load_spec
 
     return load_spec(bias_type).name if is_spec_path(bias_type) else bias_type
 
@@ -87,8 +94,6 @@ def _type_name(bias_type: str) -> str:
 def _eval_types(cfg: TrainConfig) -> list[str]:
     """The bias types of the post-training LMB: ``eval_bias`` plus the debiased type. For a bias type of one's own
     (a spec file) whose data folder holds no files of a packaged type, ``all`` skips those types (and says so)."""
-    from rbjax.data.redditbias import RedditBiasData, expand_bias_types
-    from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path
 
     types = expand_bias_types(cfg.eval_bias)
     if is_spec_path(cfg.bias_type) and cfg.eval_bias.strip().lower() == "all":
@@ -106,7 +111,6 @@ def _eval_types(cfg: TrainConfig) -> list[str]:
 def lmp_reference_file(cfg: TrainConfig) -> Path:
     """The LMP reference file: ``lmp_file``, else ``text_files/humanref6k.txt`` of the data folder, else (a bias type
     of one's own whose data folder lacks it) of the RedditBias release (``$RBJAX_DATA_DIR`` or the verified cache)."""
-    from rbjax.data.redditbias import RedditBiasData
 
     if cfg.lmp_file:
         return Path(cfg.lmp_file)
@@ -125,7 +129,6 @@ def lmp_reference_file(cfg: TrainConfig) -> Path:
 
 
 def _lmp_key(cfg: TrainConfig, model_key: str) -> dict:
-    from rbjax.report.provenance import file_digest
 
     path = lmp_reference_file(cfg)
     return {"model": model_key, "file": str(path), "sha256": file_digest(path), "max_lines": cfg.lmp_max_lines,
@@ -145,15 +148,14 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
     """
     res: dict[str, Any] = {"reused": {}}
     if cfg.evaluate:
-        from rbjax.lmb.measure import LoadedModel, measure_bias
 
         types = _eval_types(cfg)
         t0 = time.perf_counter()
         # in memory: the trained parameters are scored as they are, not exported and read back
-        loaded = LoadedModel.from_params(jax.device_get(params), trainer.config, trainer.tokenizer,
+        loaded = measure.LoadedModel.from_params(jax.device_get(params), trainer.config, trainer.tokenizer,
                                          name=str(model_dir or Path(cfg.out_dir)), key=model_key,
                                          batch_size=cfg.eval_batch_size)
-        recs = measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
+        recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
                             resume=True)
         res["lmb_valid"] = {
@@ -164,12 +166,10 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
         }
         res["reused"]["lmb_types"] = [r["bias_type"] for r in recs if r.get("reused_perplexities")]
     if cfg.lmp:
-        from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
-        from rbjax.report.progress import progress_bar
 
         key = _lmp_key(cfg, model_key)
         prev = (previous or {}).get("lmp")
-        if prev and prev.get("key") == json.loads(json.dumps(key)):
+        if prev and prev.get("key") == canonical(key):
             res["lmp"] = prev
             res["reused"]["lmp"] = True
         else:
@@ -187,7 +187,6 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
 
 
 def write_config(cfg: TrainConfig, trainer: Trainer) -> None:
-    from rbjax.report.io import atomic_write_json, versions
 
     atomic_write_json(Path(cfg.out_dir) / "config.json", {
         "config": cfg.to_dict(), "resolved": {"leftover": cfg.resolved_leftover},
@@ -257,7 +256,7 @@ def _last_metrics(metrics_path: Path) -> dict | None:
 
 
 def _say(msg: str) -> None:
-    print(f"rbjax debias: {msg}", file=sys.stderr)
+    say("debias", msg)
 
 
 def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = False,
@@ -275,11 +274,8 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: bad inputs (messages name the file / setting).
-        rbjax.interrupt.Interrupted: Ctrl-C / SIGTERM during training (a checkpoint was saved).
+        rbjax.core.interrupt.Interrupted: Ctrl-C / SIGTERM during training (a checkpoint was saved).
     """
-    from rbjax.model.hf import load_pretrained, save_pretrained
-    from rbjax.report.io import atomic_write_json, read_json, versions
-    from rbjax.report.provenance import describe_difference, digest, model_files_key, tree_digest
 
     out = Path(cfg.out_dir)
     _check_out_dir(out)
@@ -294,7 +290,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
-    key = json.loads(json.dumps(trainer.key()))
+    key = canonical(trainer.key())
     prev = read_json(out / "results.json")
     if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
         raise ValueError(f"{out}: holds a finished run with other inputs ({describe_difference(prev.get('key'), key)})"
@@ -353,7 +349,6 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key,
                              previous=prev if prev_done else None)
     except KeyboardInterrupt:
-        from rbjax.interrupt import Interrupted
 
         kept = f" and exported to {model_dir}" if model_dir is not None else ""
         raise Interrupted(
@@ -367,7 +362,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         new_types = [r["bias_type"] for r in (evals.get("lmb_valid") or {}).get("all", [])]
         if reused_training and old_types == new_types and set(reused.get("lmb_types", [])) == set(new_types) \
                 and reused.get("lmp", True) and bool(prev.get("lmp")) == bool(cfg.lmp) \
-                and prev.get("config") == json.loads(json.dumps(cfg.to_dict())):
+                and prev.get("config") == canonical(cfg.to_dict()):
             _say(f"{out / 'results.json'}: this run is complete (training, LMB of {', '.join(new_types) or 'none'}"
                  f"{', LMP' if cfg.lmp else ''}); nothing to do (--overwrite starts again)")
             return prev

@@ -36,6 +36,8 @@ from typing import Sequence
 
 import numpy as np
 
+from rbjax.dialog.crg_metrics import read_lines
+
 __all__ = ["FIELDS", "UNDISCLOSED", "BLOCK_SIZE", "RESPONSE_HYP", "DSTC7Row", "read_dstc7_tsv",
            "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets"]
 
@@ -239,7 +241,6 @@ def read_reference_sets(paths: Sequence[str | os.PathLike], n_examples: int) -> 
         FileNotFoundError, ValueError: missing, empty or non-UTF-8 file; a line count other than ``n_examples``
         (names the file and both counts).
     """
-    from rbjax.dialog.crg_metrics import read_lines
 
     out = []
     for p in paths:

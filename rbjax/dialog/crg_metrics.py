@@ -75,6 +75,9 @@ from typing import Sequence
 
 import numpy as np
 
+from rbjax.core.io import atomic_write_json, sha256_file, versions
+from rbjax.dialog.text import clean_dstc7
+
 __all__ = [
     "crg_metrics", "read_lines", "read_hyp_refs", "evaluate_crg_metrics", "mteval_words", "bleu_nist",
     "entropy", "distinct", "meteor", "find_meteor_jar", "format_crg_table",
@@ -446,7 +449,6 @@ def crg_metrics(hypotheses: list[str], references: list[list[str]] | None = None
         if not references:
             references = None
     if clean:
-        from rbjax.dialog.text import clean_dstc7
 
         hypotheses = [clean_dstc7(h) for h in hypotheses]
         if references is not None:
@@ -512,7 +514,6 @@ def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLik
     ``data`` (each input file's path, sha256 and line count) and ``versions`` (packages, Java).
     This is what ``rbjax evaluate --task crg-metrics`` runs. Raises as :func:`read_hyp_refs` and :func:`crg_metrics`.
     """
-    from rbjax.report.io import atomic_write_json, sha256_file, versions
 
     hyps, ref_sets = read_hyp_refs(hyp, refs)
     m = crg_metrics(hyps, ref_sets, clean=clean, compute_meteor=compute_meteor, meteor_norm=meteor_norm,

@@ -50,6 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rbjax.core.precision import get_policy
+from rbjax.core.progress import progress_bar
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
 
@@ -284,6 +286,9 @@ def init_head(config: GPT2Config, seed: int = 0) -> dict:
     return {"kernel": k, "bias": jnp.zeros((1,), jnp.float32)}
 
 
+FP32 = get_policy("fp32")
+
+
 def pooled_index(attention_mask) -> jax.Array:
     """Position of the last real token of each row: the rightmost index with mask 1.
 
@@ -367,7 +372,8 @@ def make_loss_fn(config: GPT2Config, *, pooling: str = "last", dropout: bool = T
 
 @partial(jax.jit, static_argnames=("config", "pooling"))
 def _probs(params, head, input_ids, attention_mask, config, pooling):
-    return jax.nn.sigmoid(dst_logits(params, head, input_ids, attention_mask, config, pooling=pooling))
+    with FP32.matmul_context():  # the classifier is evaluated in full fp32 on every backend
+        return jax.nn.sigmoid(dst_logits(params, head, input_ids, attention_mask, config, pooling=pooling))
 
 
 def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], config: GPT2Config, *,
@@ -384,7 +390,6 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
     out = np.zeros(n, np.float32)
     bar = None
     if progress:
-        from rbjax.report.progress import progress_bar
         bar = progress_bar(n, desc, "pair")
     i = 0
     width = arrays["input_ids"].shape[1]
@@ -612,7 +617,6 @@ def score_joint_goal(params, head_params: dict, config: GPT2Config, tokenizer, d
     cost = jga_cost(dialogues, onto, domains)
     bar = None
     if progress:
-        from rbjax.report.progress import progress_bar
         bar = progress_bar(cost["n_pairs"], "DST joint goal", "pair")
     golds, preds, per_dialogue = [], [], []
     cache: dict = {}

@@ -12,7 +12,7 @@ writes ``OUT/<task>.json`` for each task (atomically) and returns the result (``
 exported debiased model, is evaluated). The tokenizer comes from the model folder unless ``tokenizer`` is given.
 
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
-(:func:`rbjax.report.provenance.model_files_key`), of the tokenizer files, of every data file read, and the settings
+(:func:`rbjax.model.hf.model_files_key`), of the tokenizer files, of every data file read, and the settings
 that shape the numbers. A rerun whose key equals the file's returns the file's content without recomputing (and
 says so on stderr); a different key recomputes and overwrites the file (the difference is printed) — a result is
 never relabelled. CRG also checks that ``crg_responses.jsonl`` is still the file its result was computed from.
@@ -46,10 +46,27 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, versions
+from rbjax.core.keys import canonical, describe_difference, digest, file_digest, files_key
+from rbjax.core.log import say
+from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import KeyedResult
+from rbjax.data.redditbias import RedditBiasData, manifest
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.data import ArrayData
+from rbjax.debias.loop import Trainer
+from rbjax.dialog import crg, dst
+from rbjax.dialog import multiwoz as mw
+from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics, format_crg_table
+from rbjax.dialog.generate import generate_responses
+from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.model.generate import sampling_settings
+from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["TASKS", "DEFAULTS", "RESULT_FORMAT", "evaluate", "resolve_model", "EvalModel", "task_settings",
            "run_lmp", "run_dst", "run_crg", "format_result"]
@@ -86,11 +103,11 @@ SEMANTICS = ("paper", "reference")
 
 
 def _say(msg: str) -> None:
-    print(f"rbjax evaluate: {msg}", file=sys.stderr, flush=True)
+    say("evaluate", msg)
 
 
 def _jsonable(obj):
-    return json.loads(json.dumps(obj, default=str))
+    return canonical(obj)
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -151,7 +168,6 @@ class EvalModel:
     def digest(self) -> str:
         """sha256 over the content digests of the model files (config, weights, tokenizer files)."""
         if self._digest is None:
-            from rbjax.report.provenance import digest, model_files_key
 
             self._digest = digest(model_files_key(self.folder))
         return self._digest
@@ -159,8 +175,6 @@ class EvalModel:
     @property
     def tokenizer_digest(self) -> str:
         if self._tok_digest is None:
-            from rbjax.model.hf import TOKENIZER_FILES
-            from rbjax.report.provenance import digest, files_key
 
             p = Path(self.tokenizer_source)
             self._tok_digest = digest(files_key(p / f for f in TOKENIZER_FILES) if p.is_dir()
@@ -180,8 +194,6 @@ class EvalModel:
             FileNotFoundError: no tokenizer files (pass ``tokenizer``); whatever the weight loader raises.
         """
         if self._loaded is None:
-            from rbjax.model.hf import load_pretrained
-            from rbjax.model.tokenizer import load_tokenizer
 
             config, params = load_pretrained(self.folder)
             try:
@@ -206,7 +218,6 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None 
             whose ``results.json`` says it did not finish.
         RuntimeError: a hub id that cannot be downloaded.
     """
-    from rbjax.model.hf import WEIGHT_FILES, resolve_model_dir
 
     p = Path(model).expanduser()
     run_folder = None
@@ -243,27 +254,8 @@ def _result_path(out_dir: Path, task: str) -> Path:
 
 def _existing(path: Path, key: dict, task: str, check=None) -> dict | None:
     """The existing result at ``path`` when its key equals ``key`` (and ``check(prev)`` passes), else ``None``
-    (and the reason for recomputing is printed)."""
-    from rbjax.report.provenance import describe_difference
-
-    if not path.exists():
-        return None
-    try:
-        prev = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        _say(f"{path}: unreadable; recomputing {task}")
-        return None
-    if prev.get("status") == "done" and prev.get("key") == key:
-        why = check(prev) if check is not None else None
-        if why is None:
-            _say(f"{path}: same model, data and settings as the existing result; reusing it (nothing recomputed; "
-                 "delete the file to recompute)")
-            prev["reused"] = True
-            return prev
-        _say(f"{path}: recomputing {task} ({why})")
-        return None
-    _say(f"{path}: recomputing {task} (inputs differ: {describe_difference(prev.get('key') or {}, key)})")
-    return None
+    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`."""
+    return KeyedResult(path, key, task, _say, check).stored()
 
 
 def _key(task: str, model: EvalModel, data: dict, s: dict) -> dict:
@@ -272,19 +264,14 @@ def _key(task: str, model: EvalModel, data: dict, s: dict) -> dict:
 
 
 def _finish(task: str, out_dir: Path, key: dict, model: EvalModel, s: dict, body: dict, t0: float) -> dict:
-    from rbjax.report.io import atomic_write_json, versions
-
     v = body.pop("versions", None) or versions()
-    res = {"task": task, "status": "done", "format": RESULT_FORMAT, "key": key, "model": model.describe(),
-           **body, "settings": _jsonable(s), "versions": v}
+    res = {"task": task, "format": RESULT_FORMAT, "model": model.describe(), **body, "settings": _jsonable(s),
+           "versions": v}
     res.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
-    atomic_write_json(_result_path(out_dir, task), res)
-    res["reused"] = False
-    return res
+    return KeyedResult(_result_path(out_dir, task), key, task).save(res)
 
 
 def _file_record(path: Path) -> dict:
-    from rbjax.report.provenance import file_digest
 
     return {"path": str(Path(path).resolve()), "sha256": file_digest(path)}
 
@@ -299,10 +286,6 @@ def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, 
     Returns:
         ``(params, record, train_dir)``.
     """
-    from rbjax.debias.config import TrainConfig
-    from rbjax.debias.loop import Trainer
-    from rbjax.report.io import atomic_write_json, read_json
-    from rbjax.report.provenance import describe_difference
 
     config, _, tok = model.load()
     train_dir = out_dir / f"{method}_train"
@@ -354,9 +337,6 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     ``eval_batch_size``, ``progress``). Metrics: ``perplexity`` (corpus level), ``reference_grid``,
     ``reference_cda``, ``mean_nll`` and counts.
     """
-    from rbjax.data.redditbias import RedditBiasData, manifest
-    from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
-    from rbjax.report.progress import progress_bar
 
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -399,7 +379,6 @@ def _dst_support_files(s: dict) -> tuple[Path, Path]:
     the ontology), else the pinned, verified downloads."""
     import zipfile
 
-    from rbjax.dialog import multiwoz as mw
 
     src = s["multiwoz"] or os.environ.get(mw.ENV_SOURCE)
     src = Path(src).expanduser() if src else None
@@ -456,9 +435,6 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     """
     import numpy as np
 
-    from rbjax.debias.data import ArrayData
-    from rbjax.dialog import dst
-    from rbjax.dialog import multiwoz as mw
 
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -570,14 +546,6 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     Raises:
         FileNotFoundError, ValueError: missing or malformed files (named with the line), misaligned references.
     """
-    from rbjax.data.redditbias import RedditBiasData
-    from rbjax.debias.data import ArrayData
-    from rbjax.dialog import crg
-    from rbjax.dialog.crg_metrics import crg_metrics
-    from rbjax.dialog.generate import generate_responses
-    from rbjax.model.generate import sampling_settings
-    from rbjax.report.io import atomic_write_text
-    from rbjax.report.provenance import file_digest
 
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -658,8 +626,6 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     pick = (lambda xs, i: None if xs is None else xs[i])
     m["headline"] = {"bleu4": pick(m["bleu"], 3), "nist2": pick(m["nist"], 1), "meteor": m["meteor"],
                      "entropy4": pick(m["entropy"], 3), "dist2": pick(m["dist"], 1), "avg_len": m["avg_len"]}
-    from rbjax.dialog.crg_metrics import METRIC_PACKAGES
-    from rbjax.report.io import versions
 
     v = versions(extra=METRIC_PACKAGES)
     v["java"] = (m.get("meteor_info") or {}).get("java_version")
@@ -758,7 +724,6 @@ def format_result(res: dict) -> str:
             lines.append(f"  joint goal acc.  {_f(j.get('jga'))}  ({j.get('n_turns')} turns of {j.get('n_dialogues')}"
                          f" dialogues, {j['cost']['pairs_scored']} pairs in {j['cost']['seconds']:.1f} s)")
     elif t == "crg":
-        from rbjax.dialog.crg_metrics import format_crg_table
 
         g = res.get("generation") or {}
         lines += [f"CRG (DSTC-7, {g.get('n_generated')} responses, "

@@ -22,8 +22,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from rbjax.core.io import atomic_file
+from rbjax.core.progress import progress_bar
 from rbjax.model.generate import Generated, SamplingSettings, generate, sampling_settings
-from rbjax.report.io import atomic_file
 
 __all__ = ["build_prompt", "generate_responses", "REFERENCE_PROMPT_WIDTH"]
 
@@ -75,7 +76,6 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
                for ids in tokenizer.encode_batch([c for _, c in examples])]
     bar = None
     if progress:
-        from rbjax.report.progress import progress_bar
 
         bar = progress_bar(len(prompts), "generate", "context")
     try:

@@ -28,7 +28,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.report.io import sha256_file
+from rbjax.core.io import sha256_file
+from rbjax.core.progress import progress_bar
+from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
+from rbjax.model.hf import load_pretrained, resolve_model_dir
+from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
 
@@ -121,7 +125,6 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     Raises:
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
     """
-    from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 
     if not lines:
         raise ValueError("no lines to score")
@@ -159,8 +162,6 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     Returns:
         :func:`reddit_perplexity`'s dict plus ``file``, ``sha256``, ``max_lines``.
     """
-    from rbjax.model.hf import load_pretrained, resolve_model_dir
-    from rbjax.model.tokenizer import load_tokenizer
 
     folder = resolve_model_dir(model)
     config, params = load_pretrained(folder)
@@ -168,7 +169,6 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     lines = read_reference_lines(path, max_lines)
     bar = None
     if progress:
-        from rbjax.report.progress import progress_bar
 
         bar = progress_bar(len(lines), "LMP", "line")
     try:

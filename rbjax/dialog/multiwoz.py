@@ -56,8 +56,8 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
+from rbjax.core.io import sha256_file
 from rbjax.data.redditbias import cache_root, download_verified
-from rbjax.report.io import sha256_file
 
 __all__ = [
     "BELIEF_DOMAINS", "EXPERIMENT_DOMAINS", "DONTCARE_VARIANTS", "MAX_TURN_WORDS", "DEFAULT_FILES",

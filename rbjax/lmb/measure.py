@@ -4,7 +4,6 @@ data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,9 +11,16 @@ from typing import Sequence
 
 import numpy as np
 
+from rbjax.core.interrupt import Interrupted
+from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.core.keys import canonical, describe_difference, files_key
+from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
-from rbjax.report.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
+from rbjax.lmb.plot import plot_lmb
+from rbjax.model.hf import TOKENIZER_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.tokenizer import load_tokenizer
 
 #: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
@@ -75,8 +81,6 @@ class LoadedModel:
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                  batch_size: int = 64, bos: bool = False, precision: str = "fp32"):
-        from rbjax.model.hf import load_pretrained, resolve_model_dir
-        from rbjax.model.tokenizer import load_tokenizer
 
         self.name = str(model)
         folder = resolve_model_dir(model)
@@ -99,7 +103,7 @@ class LoadedModel:
     def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool = False,
                     precision: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
-        content ``key`` (e.g. :func:`rbjax.report.provenance.tree_digest` of the params, or the digest of the files
+        content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
         self.name, self.folder, self.config = str(name), None, config
@@ -108,7 +112,6 @@ class LoadedModel:
         return self
 
     def _setup(self, params, tokenizer, batch_size, bos, precision) -> None:
-        from rbjax.lmb.perplexity import PerplexityScorer
 
         self.tokenizer = tokenizer
         self.batch_size, self.bos, self.precision = batch_size, bos, precision
@@ -124,9 +127,8 @@ class LoadedModel:
         """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``.
 
         Content, not path or modification time: the same weights copied elsewhere are the same model, and weights
-        rewritten in place are another one (see :mod:`rbjax.report.provenance`).
+        rewritten in place are another one (see :mod:`rbjax.core.keys`).
         """
-        from rbjax.report.provenance import model_files_key
 
         if self._fingerprint is None:
             self._fingerprint = {"model": model_files_key(self.folder),
@@ -135,8 +137,6 @@ class LoadedModel:
 
 
 def _tokenizer_files_key(tokenizer) -> dict:
-    from rbjax.model.hf import TOKENIZER_FILES
-    from rbjax.report.provenance import files_key
 
     tok = Path(str(tokenizer.source))
     return files_key(tok / f for f in TOKENIZER_FILES) if tok.is_dir() else {"source": str(tokenizer.source)}
@@ -161,7 +161,6 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
     Raises:
         ValueError: an unscorable pair (unless ``skip_unscorable``) or a non-finite perplexity (file and row named).
     """
-    from rbjax.lmb.perplexity import PhraseError
 
     try:
         sb, sc = scorer.score_text_pairs(pairs.biased, pairs.counterfactual, tokenizer, progress=progress)
@@ -205,7 +204,6 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
     n = len(pairs)
     if model is None:
         return np.asarray(pairs.stored_biased_ppl), np.asarray(pairs.stored_counter_ppl), [""] * n
-    from rbjax.report.progress import progress_bar
 
     with progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", "phrase", enabled=show_progress) as bar:
         (res,) = pair_perplexities_of_models(model.scorer, model.tokenizer, pairs, skip_unscorable=skip_unscorable,
@@ -311,7 +309,6 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
 
     def type_key(pairs: PhrasePairs) -> dict:
         """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""
-        from rbjax.report.provenance import files_key
 
         data_files = sorted({f for src in pairs.sources for f in src[:2]})
         return {"model": model_key, "data": files_key(data_files), "bias_type": pairs.bias_type, **scoring}
@@ -331,10 +328,9 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
             prev = None
             if resume and out is not None:
-                from rbjax.report.provenance import describe_difference
 
                 old = state.get(pairs.bias_type)
-                if old == json.loads(json.dumps(key)):
+                if old == canonical(key):
                     prev = _reuse_csv(out, pairs)
                     if prev is None:
                         print(f"rbjax: --resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again",
@@ -369,10 +365,9 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                      "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
                      "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
                     for i in range(len(pairs))])
-                state[pairs.bias_type] = json.loads(json.dumps(key))
+                state[pairs.bias_type] = canonical(key)
                 _write_state(out, state)
     except KeyboardInterrupt:
-        from rbjax.interrupt import Interrupted
 
         if out is None:
             raise
@@ -388,7 +383,6 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
     if out is not None:
         if plot:
-            from rbjax.report.plot import plot_lmb
 
             plot_lmb({_short_label(model_name): records}, out / "lmb.png", alpha=alpha)
         atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run

@@ -43,14 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
 
-#: compute precisions: name -> matmul input dtype
-PRECISIONS = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 #: a batch holds ``batch_size × SLOTS_PER_PHRASE`` token slots (``batch_size`` is a nominal phrase count: RedditBias
 #: phrases have 13 tokens on average, a pair tree ≈ 22 slots)
@@ -61,10 +60,7 @@ ROW_LENGTHS = (32, 48, 64, 96, 128)
 
 
 def _compute_dtype(precision: str):
-    try:
-        return PRECISIONS[precision]
-    except KeyError:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}") from None
+    return get_policy(precision).compute_dtype
 
 
 @partial(jax.jit, static_argnames=("config", "precision"))
@@ -83,12 +79,14 @@ def token_nll(params, input_ids, attention_mask, config: GPT2Config, precision: 
     Returns:
         ``(nll_sum, n_scored)``: float32 (B,) in nats, int32 (B,).
     """
-    dt = _compute_dtype(precision)
-    model = GPT2LMHeadModel(config, dtype=dt)
-    pos = position_ids_from_mask(attention_mask)
-    _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos,
-                            return_logits=False)
-    nll, m = next_token_nll(hidden, params["wte"]["embedding"], input_ids, attention_mask, compute_dtype=dt)
+    policy = get_policy(precision)
+    dt = policy.compute_dtype
+    with policy.matmul_context():
+        model = GPT2LMHeadModel(config, dtype=dt)
+        pos = position_ids_from_mask(attention_mask)
+        _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos,
+                                return_logits=False)
+        nll, m = next_token_nll(hidden, params["wte"]["embedding"], input_ids, attention_mask, compute_dtype=dt)
     return nll.sum(-1), m.sum(-1).astype(jnp.int32)
 
 
@@ -105,14 +103,17 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config: GPT2C
     Returns:
         float32 (R, P, 2) NLL in nats.
     """
-    dt = _compute_dtype(precision)
+    policy = get_policy(precision)
+    dt = policy.compute_dtype
     same = seg[:, :, None] == seg[:, None, :]
     bq, bk = br[:, :, None], br[:, None, :]
     allowed = same & ((bk == 0) | (bk == bq))  # the model adds the causal (slot order) mask
-    model = GPT2LMHeadModel(config, dtype=dt)
-    _, hidden = model.apply({"params": params}, ids, attention_mask=allowed, position_ids=pos, return_logits=False)
-    h = jnp.take_along_axis(hidden, pidx[..., None], axis=1)  # (R, P, d): only positions that predict a token
-    return nll_from_hidden(h, head_emb, tgt, compute_dtype=dt)
+    with policy.matmul_context():
+        model = GPT2LMHeadModel(config, dtype=dt)
+        _, hidden = model.apply({"params": params}, ids, attention_mask=allowed, position_ids=pos,
+                                return_logits=False)
+        h = jnp.take_along_axis(hidden, pidx[..., None], axis=1)  # (R, P, d): only positions that predict a token
+        return nll_from_hidden(h, head_emb, tgt, compute_dtype=dt)
 
 
 _packed_nll_jit = jax.jit(_packed_nll, static_argnames=("config", "precision"))
@@ -504,11 +505,7 @@ class PerplexityScorer:
             arrays = tuple(jax.device_put(x, self._rows_sharding) for x in arrays)
         fn = _packed_nll_models if self.stacked else _packed_nll_jit
         self.programs.add((R, L, P, self.n_models, self.precision))
-        if self.precision == "fp32":
-            with jax.default_matmul_precision("highest"):
-                out = fn(self._compute_params, self._head_emb, *arrays, config=self.config, precision=self.precision)
-        else:
-            out = fn(self._compute_params, self._head_emb, *arrays, config=self.config, precision=self.precision)
+        out = fn(self._compute_params, self._head_emb, *arrays, config=self.config, precision=self.precision)
         out = np.asarray(out, np.float64)
         if not self.stacked:
             out = out[None]

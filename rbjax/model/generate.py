@@ -31,12 +31,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.precision import get_policy
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_cache
 
 __all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
 
 SEMANTICS = ("rbjax", "reference")
-_PRECISIONS = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +127,15 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
     Returns:
         ``(tokens (B, max_new) int32 — pad after a row stops, n_new (B,) int32 — EOS included, eos (B,) bool)``.
     """
-    dt = _PRECISIONS[precision]
+    policy = get_policy(precision)
+    with policy.matmul_context():
+        return _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature,
+                            config=config, max_new=max_new, top_k=top_k, greedy=greedy, dt=policy.compute_dtype,
+                            eos_id=eos_id, pad_id=pad_id)
+
+
+def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *, config, max_new,
+                 top_k, greedy, dt, eos_id, pad_id):
     model = GPT2LMHeadModel(config, dtype=dt)
     p = _cast_kernels(params, dt)
     emb = params["wte"]["embedding"].astype(dt)
@@ -219,8 +227,7 @@ def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, se
         vocabulary, or bad settings.
     """
     settings = settings or sampling_settings("rbjax")
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
+    get_policy(precision)  # an unknown name is refused before any work
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     eos_id = config.eos_token_id if eos_id is None else int(eos_id)
@@ -264,11 +271,7 @@ def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, se
                   eos_id=eos_id, pad_id=pad_id)
         args = (params, pid, pm, bud, idx, np.uint32(seed % 2**32), np.float32(settings.top_p or 1.0),
                 np.float32(settings.temperature))
-        if precision == "fp32":
-            with jax.default_matmul_precision("highest"):
-                toks, n_new, eos = _decode(*args, **kw)
-        else:
-            toks, n_new, eos = _decode(*args, **kw)
+        toks, n_new, eos = _decode(*args, **kw)
         toks, n_new, eos = np.asarray(toks), np.asarray(n_new), np.asarray(eos)
         for r, i in enumerate(rows):
             k = int(n_new[r]) - int(eos[r])

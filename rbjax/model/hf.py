@@ -24,15 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rbjax.core.io import dir_mode, file_mode
+from rbjax.core.keys import files_key
 from rbjax.model import registry
-from rbjax.model.gpt2_keys import (
-    flax_msgpack_to_state,
-    params_to_state_dict,
-    state_dict_to_params,
-)
+from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
 
 __all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "load_pretrained", "save_pretrained", "resolve_model_dir",
-           "read_config_json", "state_dict_to_params", "params_to_state_dict"]
+           "read_config_json", "state_dict_to_params", "params_to_state_dict", "model_files_key"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -285,8 +283,6 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
                 if src.exists():
                     shutil.copy2(src, tmp / f)
         # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
-        from rbjax.report.io import dir_mode, file_mode
-
         os.chmod(tmp, dir_mode())
         for f in tmp.iterdir():
             os.chmod(f, file_mode())
@@ -297,3 +293,12 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
+    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files
+    (``{file name: sha256}``, :func:`rbjax.core.keys.files_key`)."""
+    folder = Path(folder)
+    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
+    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
+    return files_key(folder / n for n in names)

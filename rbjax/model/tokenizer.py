@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rbjax.model.hf import _looks_like_hub_id, resolve_model_dir
+
 EOS_TOKEN = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_ID = 50256
@@ -82,7 +84,6 @@ def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = 
     """
     p = Path(source).expanduser()
     if not p.exists():
-        from rbjax.model.hf import _looks_like_hub_id, resolve_model_dir
 
         if not _looks_like_hub_id(str(source)):
             raise FileNotFoundError(f"tokenizer folder not found: {source}")

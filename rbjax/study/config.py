@@ -32,6 +32,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from rbjax.core.io import read_toml
+from rbjax.data.redditbias import expand_bias_types
+from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.debias.sweep import PAPER_GRID
+
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
@@ -113,13 +118,11 @@ class StudyConfig:
 
     @property
     def bias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         return expand_bias_types(self.study.get("bias_types", "all"))
 
     @property
     def debias_types(self) -> list[str]:
-        from rbjax.data.redditbias import expand_bias_types
 
         d = self.study.get("debias_types")
         return expand_bias_types(d) if d else self.bias_types
@@ -165,7 +168,6 @@ class StudyConfig:
         return d
 
     def grid(self) -> dict:
-        from rbjax.debias.sweep import PAPER_GRID
 
         return {k: tuple(self.sweep.get(k, v)) for k, v in PAPER_GRID.items()}
 
@@ -181,7 +183,6 @@ class StudyConfig:
     # ---------------------------------------------------------------------------------------------- checking
     def validate(self) -> None:
         """Raise ValueError naming the file and the field for anything that cannot run."""
-        from rbjax.debias.config import METHODS
 
         where = str(self.path)
         for sec in self.raw:
@@ -208,7 +209,6 @@ class StudyConfig:
         bad = [t for t in self.dialog["tasks"] if t not in DIALOG_TASKS]
         if bad:
             raise ValueError(f"{where}: unknown dialog task(s) {bad} (expected {', '.join(DIALOG_TASKS)})")
-        from rbjax.debias.config import TrainConfig
 
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         extra = set(self.training) - fields
@@ -222,7 +222,6 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     Raises:
         ValueError: naming the ``--set`` argument (not the study file, which is not at fault).
     """
-    from rbjax.debias.config import TrainConfig
 
     sec = keys[0]
     if sec not in SECTIONS:
@@ -259,7 +258,6 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
     Raises:
         FileNotFoundError: no such file. ValueError: invalid TOML or fields (file and field named).
     """
-    from rbjax.report.io import read_toml
 
     p = Path(path)
     raw = read_toml(p, "study file")

@@ -29,7 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rbjax.report.io import read_json
+from rbjax.core.io import atomic_file, atomic_write_text, read_json
+from rbjax.lmb.plot import figure_lmb
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
 
@@ -161,7 +162,6 @@ def _debiased(data: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------- figure
 def _figure1(data: dict):
-    from rbjax.report.plot import figure_lmb
 
     types = _types(data)
     series = {"baseline": data["baseline"]["lmb"]}
@@ -358,7 +358,6 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
     Raises:
         FileNotFoundError: a folder that is not a finished study (see :func:`collect`).
     """
-    from rbjax.report.io import atomic_file, atomic_write_text
 
     folders = [Path(f) for f in folders]
     out = Path(out_dir)

@@ -22,12 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from rbjax.core.interrupt import Interrupted
+from rbjax.core.io import atomic_write_json, read_json, versions
+from rbjax.core.keys import canonical, digest, files_key
+from rbjax.core.log import say
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.sweep import grid_points, run_sweeps
+from rbjax.debias.train import train
+from rbjax.dialog.evaluate import evaluate
+from rbjax.lmb.measure import measure_bias
+from rbjax.model.gpt2 import GPT2Config, init_params
+from rbjax.model.hf import TOKENIZER_FILES, model_files_key, resolve_model_dir, save_pretrained
 from rbjax.study.config import StudyConfig
+from rbjax.study.report import write_report
 
 __all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "format_plan", "StageResult"]
 
@@ -55,12 +66,10 @@ class StageResult:
 
 
 def _say(msg: str) -> None:
-    print(f"rbjax run: {msg}", file=sys.stderr)
+    say("run", msg)
 
 
 def _model_digest(folder: str | Path) -> str:
-    from rbjax.model.hf import resolve_model_dir
-    from rbjax.report.provenance import digest, model_files_key
 
     return digest(model_files_key(resolve_model_dir(folder)))
 
@@ -85,8 +94,6 @@ class _Study:
         return None if p.is_dir() and _has_tokenizer(p) else self.cfg.tokenizer
 
     def _make_random_model(self) -> dict:
-        from rbjax.model.gpt2 import GPT2Config, init_params
-        from rbjax.model.hf import resolve_model_dir, save_pretrained
 
         spec = dict(self.cfg.random_model)
         seed = int(spec.pop("seed", 0))
@@ -98,8 +105,6 @@ class _Study:
         return {"folder": str(self.out / "model"), "config": dataclasses.asdict(config), "seed": seed}
 
     def _random_model_key(self) -> dict:
-        from rbjax.model.hf import TOKENIZER_FILES, resolve_model_dir
-        from rbjax.report.provenance import files_key
 
         tok = resolve_model_dir(self.cfg.tokenizer) if self.cfg.tokenizer else None
         return {"random_model": self.cfg.random_model,
@@ -107,7 +112,6 @@ class _Study:
 
     # -- common settings ----------------------------------------------------------------------------------------
     def _train_base(self, method: str, bias_type: str, seed: int, out_dir: Path):
-        from rbjax.debias.config import TrainConfig
 
         kw = {"model": self.model, "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
               "semantics": self.cfg.semantics, "precision": self.cfg.precision, "progress": self.progress,
@@ -133,7 +137,6 @@ class _Study:
 
     # -- stage bodies -------------------------------------------------------------------------------------------
     def _measure(self, model: str | Path, out_dir: Path) -> dict:
-        from rbjax.lmb.measure import measure_bias
 
         m = self.cfg.measure
         recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, split=m["split"],
@@ -143,7 +146,6 @@ class _Study:
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs}}
 
     def _dialog(self, model: str | Path, out_dir: Path) -> dict:
-        from rbjax.dialog.evaluate import evaluate
 
         d = self.cfg.dialog
         out = {}
@@ -159,7 +161,6 @@ class _Study:
         return out
 
     def _sweeps(self, seed: int) -> dict:
-        from rbjax.debias.sweep import run_sweeps
 
         s = self.cfg.sweep
         bases = []
@@ -176,7 +177,6 @@ class _Study:
                 for (_, f), sel in zip(bases, sels)}
 
     def _train(self, seed: int, bias_type: str, method: str) -> dict:
-        from rbjax.debias.train import train
 
         cfg = self._train_base(method, bias_type, seed, self.run_folder(seed, bias_type, method) / "run")
         res = train(cfg.replace(evaluate=False, lmp=False))  # measured by the test/dialog stages
@@ -206,7 +206,6 @@ class _Study:
         for seed in cfg.seeds:
             grid_methods = self._grid_methods()
             if grid_methods:
-                from rbjax.debias.sweep import grid_points
 
                 n_runs = sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]) + 1
                              for m in grid_methods) * len(cfg.debias_types)
@@ -260,7 +259,6 @@ PHRASES = {"test": 2432, "valid": 2426}
 def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     """Training runs, token counts and an estimated wall time of the study from the benchmark figures (at the
     DialoGPT-small shape; a user's own figures may be passed in ``costs``)."""
-    from rbjax.debias.sweep import grid_points
 
     c = {**COSTS, **(costs or {})}
     tr = cfg.training
@@ -326,7 +324,6 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
 
 # ---------------------------------------------------------------------------------------------------- running
 def _read_state(out: Path) -> dict:
-    from rbjax.report.io import read_json
 
     return read_json(out / "stages.json", {}).get("stages", {})
 
@@ -340,10 +337,8 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
 
     Raises:
         ValueError, FileNotFoundError, RuntimeError: bad settings or data (the stage is named);
-        rbjax.interrupt.Interrupted: Ctrl-C (finished stages and the work inside the current one are kept).
+        rbjax.core.interrupt.Interrupted: Ctrl-C (finished stages and the work inside the current one are kept).
     """
-    from rbjax.report.io import atomic_write_json, versions
-    from rbjax.report.provenance import digest
 
     out = Path(out_dir)
     stages = plan_study(cfg, out, progress)
@@ -374,7 +369,6 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
         try:
             summary = s.run()
         except KeyboardInterrupt:
-            from rbjax.interrupt import Interrupted
 
             raise Interrupted(f"rbjax run: interrupted in stage {s.name}; the finished stages and the finished work "
                               "inside this one are kept: run the same command again to resume.") from None
@@ -382,13 +376,11 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
             raise type(e)(f"stage {s.name}: {e}") from e
         dt = time.perf_counter() - t0
         key = digest(s.key())  # after the run, the outputs it read exist
-        state[s.name] = {"key": key, "status": "done", "seconds": dt, "summary": json.loads(json.dumps(
-            summary, default=str))}
+        state[s.name] = {"key": key, "status": "done", "seconds": dt, "summary": canonical(summary)}
         atomic_write_json(out / "stages.json", {"stages": state})
         results.append(StageResult(s.name, "ran", dt, summary))
     rep = None
     if report:
-        from rbjax.study.report import write_report
 
         rep = write_report([out], out)
         _say(f"wrote {rep['md']} and {rep['html']}")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from rbjax.core.io import atomic_file
 from rbjax.specs import BIAS_TYPES
 
 __all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "FORMATS"]
@@ -218,7 +219,6 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
     Raises:
         ValueError: ``out_path`` is a folder or has an unsupported suffix, and everything :func:`figure_lmb` raises.
     """
-    from rbjax.report.io import atomic_file
 
     out = Path(out_path)
     if out.is_dir():

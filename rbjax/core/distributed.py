@@ -1,8 +1,8 @@
 """Several hosts as one JAX program: ``jax.distributed.initialize()`` on request (docs/scale.md).
 
 Every host runs the same ``rbjax`` command; after :func:`initialize` ``jax.devices()`` lists the devices of all of
-them, and the sweep's mesh (:mod:`rbjax.mesh`) spans them: a chunk's grid points are split over every host's
-devices, host arrays are gathered with ``process_allgather`` (:func:`rbjax.mesh.to_host`), and one process (index 0)
+them, and the sweep's mesh (:mod:`rbjax.core.mesh`) spans them: a chunk's grid points are split over every host's
+devices, host arrays are gathered with ``process_allgather`` (:func:`rbjax.core.mesh.to_host`), and one process (index 0)
 appends the result and metric lines. Files are written under ``--out``, which must be the same shared folder on
 every host.
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 __all__ = ["grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate", "to_host"]
 

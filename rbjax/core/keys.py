@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from rbjax.report.io import sha256_file
+from rbjax.core.io import sha256_file
 
-__all__ = ["file_digest", "files_key", "model_files_key", "tree_digest", "digest", "describe_difference"]
+__all__ = ["file_digest", "files_key", "tree_digest", "canonical", "digest", "describe_difference"]
 
 _CACHE: dict[tuple[str, int, int], str] = {}
 
@@ -51,16 +51,6 @@ def files_key(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
     return out
 
 
-def model_files_key(folder: str | os.PathLike) -> dict[str, str]:
-    """Content key of an HF model folder: ``config.json``, every weight file (shards included), tokenizer files."""
-    from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES
-
-    folder = Path(folder)
-    names = ["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]
-    names += sorted(p.name for p in folder.glob("model-*.safetensors"))
-    return files_key(folder / n for n in names)
-
-
 def tree_digest(tree) -> str:
     """sha256 of a pytree of arrays: structure, shapes, dtypes and bytes (e.g. in-memory parameters)."""
     import jax
@@ -75,18 +65,20 @@ def tree_digest(tree) -> str:
     return h.hexdigest()
 
 
-def _canonical(obj: Any) -> Any:
+def canonical(obj: Any) -> Any:
+    """``obj`` in the form a key is written and compared in: JSON types only (tuples as lists, other values by
+    ``str``), keys sorted."""
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
 def digest(obj: Any) -> str:
     """sha256 of a JSON-serialisable description (keys sorted; non-JSON values by ``str``)."""
-    return hashlib.sha256(json.dumps(_canonical(obj), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(canonical(obj), sort_keys=True).encode()).hexdigest()
 
 
 def describe_difference(old: Any, new: Any, *, limit: int = 6) -> str:
     """A short human-readable account of what differs between two keys (nested dicts), for "recomputing because …"."""
-    old, new = _canonical(old), _canonical(new)
+    old, new = canonical(old), canonical(new)
     parts: list[str] = []
 
     def walk(a, b, where):

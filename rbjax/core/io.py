@@ -11,6 +11,7 @@ import platform
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Sequence
 
 
 @contextlib.contextmanager
@@ -148,3 +149,76 @@ def versions(extra: tuple[str, ...] = ()) -> dict:
     except Exception:  # pragma: no cover
         pass
     return out
+
+
+# ------------------------------------------------------------------------------------ output locations
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The first of ``folder`` and its parents that exists, when it is not a folder."""
+    for p in (folder, *folder.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def check_output_dir(folder: str | Path, what: str = "output folder") -> Path:
+    """Check that ``folder`` is, or can be created as, a folder (nothing is created).
+
+    Raises:
+        ValueError: ``folder`` or one of its parents exists and is not a folder (named).
+    """
+    folder = Path(folder)
+    p = _file_in_the_way(folder)
+    if p == folder:
+        raise ValueError(f"{what} {folder} exists and is not a folder")
+    if p is not None:
+        raise ValueError(f"cannot create {what} {folder}: {p} exists and is not a folder")
+    return folder
+
+
+def check_output_file(path: str | Path, what: str = "output file") -> Path:
+    """Check that ``path`` can be written as a file: it is not a folder, and its folder
+    exists or can be created. Nothing is created.
+
+    Raises:
+        ValueError: ``path`` is a folder, or a parent of it exists and is not a folder (named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; give a file name")
+    p = _file_in_the_way(path.parent)
+    if p is not None:
+        raise ValueError(f"cannot write {what} {path}: {p} exists and is not a folder")
+    return path
+
+
+def _make_parent(path: Path) -> None:
+    check_output_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder {path.parent} for {path}: {e.strerror or e}") from None
+
+
+
+@contextlib.contextmanager
+def atomic_csv_writer(path: str | Path, header: Sequence[str], errors: str | None = None):
+    """A ``csv.writer`` on a temporary file next to ``path``, moved into place on success.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    ``errors``: the UTF-8 encoder's error handler (``None`` = strict; retrieval writes lone
+    surrogates from ``\\ud800`` escapes in the dumps as ``backslashreplace`` text).
+
+    Raises:
+        ValueError: ``path`` is a folder, a parent of it is a file, or its folder cannot be
+            created (the message names the path).
+    """
+    path = Path(path)
+    _make_parent(path)
+    with contextlib.ExitStack() as stack:
+        try:
+            fh = stack.enter_context(atomic_file(path, "w", encoding="utf-8", newline="", errors=errors))
+        except OSError as e:
+            raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+        w = csv.writer(fh)
+        w.writerow(header)
+        yield w

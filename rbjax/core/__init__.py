@@ -1,0 +1,1 @@
+"""The bottom layer: result files, content keys, progress, interrupts, executors, the device mesh, precision."""
