@@ -124,6 +124,10 @@ def test_logits_and_nll_use_the_family_head_and_softcap():
             z = cap * np.tanh(z / cap)
         np.testing.assert_allclose(np.asarray(lg), z, rtol=1e-5, atol=1e-5)
         assert ("lm_head" in params or "embed_out" in params) == (not cfg.tie_word_embeddings)
+        # bf16 compute: bf16 matmul inputs, float32 outputs (accumulation, norms, softmax, residual stream)
+        lb, hb = fam.module(cfg, dtype=jnp.bfloat16).apply({"params": params}, IDS)
+        assert lb.dtype == jnp.float32 and hb.dtype == jnp.float32
+        assert np.abs(np.asarray(lb) - np.asarray(lg)).max() < 0.05 * np.abs(np.asarray(lg)).max()
 
 
 @pytest.mark.parametrize("cap", [None, 2.5])
