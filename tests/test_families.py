@@ -5,6 +5,7 @@ chunked NLL takes the untied head and the final-logit soft-cap with its exact gr
 
 Parity with PyTorch ``transformers`` on checkpoints it builds is in ``test_families_torch.py``.
 """
+import functools
 import inspect
 import json
 
@@ -45,7 +46,9 @@ TINY = {
 IDS = np.array([[5, 17, 33, 8, 61, 40, 12, 3, 7], [9, 2, 44, 21, 30, 6, 50, 11, 19]], np.int32)
 
 
+@functools.lru_cache(maxsize=None)
 def _model(name):
+    """(config, family, params) of a tiny family model, initialised once per session."""
     cfg = TINY[name]
     fam = registry.family_of_config(cfg)
     params = fam.init_params(cfg, 0)
@@ -121,6 +124,10 @@ def test_logits_and_nll_use_the_family_head_and_softcap():
             z = cap * np.tanh(z / cap)
         np.testing.assert_allclose(np.asarray(lg), z, rtol=1e-5, atol=1e-5)
         assert ("lm_head" in params or "embed_out" in params) == (not cfg.tie_word_embeddings)
+        # bf16 compute: bf16 matmul inputs, float32 outputs (accumulation, norms, softmax, residual stream)
+        lb, hb = fam.module(cfg, dtype=jnp.bfloat16).apply({"params": params}, IDS)
+        assert lb.dtype == jnp.float32 and hb.dtype == jnp.float32
+        assert np.abs(np.asarray(lb) - np.asarray(lg)).max() < 0.05 * np.abs(np.asarray(lg)).max()
 
 
 @pytest.mark.parametrize("cap", [None, 2.5])

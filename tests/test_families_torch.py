@@ -151,7 +151,7 @@ def test_lm_loss_and_gradient_norm(case):
     out = tm(torch.tensor(IDS), labels=torch.tensor(IDS))
     out.loss.backward()
     tnorm = float(torch.sqrt(sum((p.grad ** 2).sum() for p in tm.parameters() if p.grad is not None)))
-    np.testing.assert_allclose(float(val), float(out.loss), rtol=1e-5)
+    np.testing.assert_allclose(float(val), out.loss.detach().item(), rtol=1e-5)
     np.testing.assert_allclose(gnorm, tnorm, rtol=1e-4)
 
 

@@ -25,9 +25,20 @@ import jax.numpy as jnp
 
 from rbjax.model import hf_config as hc
 from rbjax.model import keymap
-from rbjax.model.layers import (ACTIVATIONS, KVCache, Linear, RMSNorm, apply_rope, attention_inputs,
-                                dot_product_attention, init_kv_cache, normal_init_params, rope_cos_sin,
-                                rope_inv_freq, write_cache)
+from rbjax.model.layers import (
+    ACTIVATIONS,
+    KVCache,
+    Linear,
+    RMSNorm,
+    apply_rope,
+    attention_inputs,
+    dot_product_attention,
+    init_kv_cache,
+    normal_init_params,
+    rope_cos_sin,
+    rope_inv_freq,
+    write_cache,
+)
 
 #: transformers Gemma2Config fields read and implemented
 HANDLED = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -30,6 +30,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
+from rbjax.model.layers import attention_inputs, position_ids_from_mask
+
+__all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
+
 Params = Any
 
 
@@ -146,18 +151,6 @@ class GPT2Config:
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions,
                  tie_word_embeddings=True)
         return d
-
-
-def _gelu_new(x):
-    return 0.5 * x * (1.0 + jnp.tanh(jnp.sqrt(2.0 / jnp.pi) * (x + 0.044715 * jnp.power(x, 3.0))))
-
-
-_ACTIVATIONS = {
-    "gelu_new": _gelu_new,
-    "gelu_pytorch_tanh": _gelu_new,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "relu": jax.nn.relu,
-}
 
 
 class _Dense(nn.Module):
@@ -318,30 +311,8 @@ class GPT2LMHeadModel(nn.Module):
         wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=nn.initializers.normal(cfg.initializer_range),
                        name="wte")
         wpe = nn.Embed(cfg.n_positions, cfg.n_embd, embedding_init=nn.initializers.normal(0.01), name="wpe")
-        index = None
-        if cache is not None:
-            if attention_mask is not None and attention_mask.ndim != 2:
-                raise ValueError("with a cache, attention_mask must be (B, L): 1 for the block's real tokens")
-            m = jnp.ones((B, L), bool) if attention_mask is None else attention_mask > 0
-            if position_ids is None:
-                seen = cache.mask.sum(-1, dtype=jnp.int32)[:, None]
-                position_ids = (seen + jnp.cumsum(m, axis=-1, dtype=jnp.int32) - 1) * m
-            index = cache.index
-            new_mask = jax.lax.dynamic_update_slice(cache.mask, m, (0, index))
-            S = cache.max_length
-            causal = jnp.arange(S)[None, :] <= index + jnp.arange(L)[:, None]  # (L, S) slot order
-            allowed = (causal[None] & new_mask[:, None, :])[:, None]
-        elif attention_mask is not None and attention_mask.ndim == 3:
-            if position_ids is None:
-                raise ValueError("a (B, L, L) attention_mask needs explicit position_ids")
-            causal = jnp.tril(jnp.ones((L, L), dtype=bool))
-            allowed = (causal[None] & (attention_mask > 0))[:, None]
-        else:
-            if position_ids is None:
-                position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
-                                else position_ids_from_mask(attention_mask))
-            causal = jnp.tril(jnp.ones((L, L), dtype=bool))[None, None]
-            allowed = causal if attention_mask is None else causal & (attention_mask[:, None, None, :] > 0)
+        ai = attention_inputs(B, L, attention_mask, position_ids, cache)
+        allowed, position_ids, index = ai.allowed, ai.q_pos, ai.index
         x = (wte(input_ids) + wpe(position_ids)).astype(jnp.float32)
         x = nn.Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
         new_k, new_v = [], []
@@ -358,20 +329,8 @@ class GPT2LMHeadModel(nn.Module):
             logits = jnp.dot(hidden.astype(self.dtype), emb.astype(self.dtype).T, preferred_element_type=jnp.float32)
         if cache is None:
             return logits, hidden
-        new_cache = KVCache(keys=tuple(new_k), values=tuple(new_v), mask=new_mask, index=index + L)
+        new_cache = KVCache(keys=tuple(new_k), values=tuple(new_v), mask=ai.cache_mask, index=index + L)
         return logits, hidden, new_cache
-
-
-def position_ids_from_mask(attention_mask):
-    """Position ids for possibly left-padded rows: the k-th real token gets position k.
-
-    Args:
-        attention_mask: (B, L) array of 0/1.
-    Returns:
-        int32 (B, L) array (padding positions get 0).
-    """
-    m = jnp.asarray(attention_mask).astype(jnp.int32)
-    return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0) * m
 
 
 def init_params(config: GPT2Config, seed: int = 0) -> Params:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
@@ -18,8 +19,6 @@ Entry = tuple  # (hf_key: str, path: tuple[str, ...], transpose: bool)
 
 def expected_shapes(module, dummy_len: int = 2) -> dict[tuple, tuple]:
     """Parameter shapes of a family module, from its ``init`` traced abstractly (no arrays are allocated)."""
-    import jax.numpy as jnp
-
     tree = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, dummy_len), jnp.int32)))
     return {k: tuple(v.shape) for k, v in flatten_dict(tree["params"]).items()}
 

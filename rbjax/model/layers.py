@@ -1,4 +1,5 @@
-"""Building blocks shared by the rotary model families (Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2).
+"""Building blocks shared by the model families (the rotary ones: Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2; GPT-2 shares
+the activations and the attention mask).
 
 One place for what the families compute alike: the dense layer with HF ``nn.Linear`` weights, RMSNorm (with the
 Gemma ``1 + w`` variant), rotary position embeddings (RoPE, Su et al. 2021; the ``default``, ``linear`` and
@@ -26,11 +27,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rbjax.model.gpt2 import _ACTIVATIONS as _GPT2_ACTIVATIONS
-from rbjax.model.gpt2 import position_ids_from_mask
 
-#: HF ``ACT2FN`` names rbjax implements (``gelu`` is the exact erf GELU, ``gelu_pytorch_tanh`` = ``gelu_new``)
-ACTIVATIONS = dict(_GPT2_ACTIVATIONS, silu=jax.nn.silu, swish=jax.nn.silu)
+def _gelu_new(x):
+    return 0.5 * x * (1.0 + jnp.tanh(jnp.sqrt(2.0 / jnp.pi) * (x + 0.044715 * jnp.power(x, 3.0))))
+
+
+#: GPT-2's ``activation_function`` values (HF ``ACT2FN`` names; ``gelu`` is the exact erf GELU)
+GPT2_ACTIVATIONS = {
+    "gelu_new": _gelu_new,
+    "gelu_pytorch_tanh": _gelu_new,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "relu": jax.nn.relu,
+}
+
+#: HF ``ACT2FN`` names the rotary families implement (``gelu_pytorch_tanh`` = ``gelu_new``)
+ACTIVATIONS = dict(GPT2_ACTIVATIONS, silu=jax.nn.silu, swish=jax.nn.silu)
 
 NEG = float(np.finfo(np.float32).min)
 
@@ -165,6 +176,18 @@ class AttentionInputs(NamedTuple):
     index: Any = None
 
 
+def position_ids_from_mask(attention_mask):
+    """Position ids for possibly left-padded rows: the k-th real token gets position k.
+
+    Args:
+        attention_mask: (B, L) array of 0/1.
+    Returns:
+        int32 (B, L) array (padding positions get 0).
+    """
+    m = jnp.asarray(attention_mask).astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0) * m
+
+
 def attention_inputs(B: int, L: int, attention_mask=None, position_ids=None, cache: KVCache | None = None
                      ) -> AttentionInputs:
     """The attention mask and positions of a call, in the three modes of ``GPT2LMHeadModel.__call__``:
@@ -184,7 +207,8 @@ def attention_inputs(B: int, L: int, attention_mask=None, position_ids=None, cac
         position_ids = position_ids.astype(jnp.int32)
         index = cache.index
         new_mask = jax.lax.dynamic_update_slice(cache.mask, m, (0, index))
-        new_pos = jax.lax.dynamic_update_slice(cache.positions, position_ids, (0, index))
+        old_pos = getattr(cache, "positions", None)  # GPT-2's cache has none (no sliding window)
+        new_pos = None if old_pos is None else jax.lax.dynamic_update_slice(old_pos, position_ids, (0, index))
         S = cache.max_length
         causal = jnp.arange(S)[None, :] <= index + jnp.arange(L)[:, None]
         allowed = (causal[None] & new_mask[:, None, :])[:, None]

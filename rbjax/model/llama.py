@@ -36,9 +36,20 @@ import jax.numpy as jnp
 
 from rbjax.model import hf_config as hc
 from rbjax.model import keymap
-from rbjax.model.layers import (ACTIVATIONS, KVCache, Linear, RMSNorm, apply_rope, attention_inputs,
-                                dot_product_attention, init_kv_cache, normal_init_params, rope_cos_sin,
-                                rope_inv_freq, write_cache)
+from rbjax.model.layers import (
+    ACTIVATIONS,
+    KVCache,
+    Linear,
+    RMSNorm,
+    apply_rope,
+    attention_inputs,
+    dot_product_attention,
+    init_kv_cache,
+    normal_init_params,
+    rope_cos_sin,
+    rope_inv_freq,
+    write_cache,
+)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
