@@ -17,6 +17,7 @@ _LAZY = {
     "load_pretrained": ("rbjax.model.hf", "load_pretrained"),
     "save_pretrained": ("rbjax.model.hf", "save_pretrained"),
     "load_tokenizer": ("rbjax.model.tokenizer", "load_tokenizer"),
+    "ModelHandle": ("rbjax.model.handle", "ModelHandle"),
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -122,3 +122,43 @@ def small_train_config(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
                 export=False, evaluate=False, lmp=False, progress=False)
     base.update(kw)
     return TrainConfig(**base)
+
+
+def make_tokenizer_json(folder: Path, *, kind: str = "bytelevel", add_bos: bool = True, vocab_size: int = 400,
+                        redditbias_dir: Path = REDDITBIAS) -> Path:
+    """A tiny ``tokenizer.json`` folder trained offline with ``tokenizers`` on RedditBias phrases (religion1 train):
+    ``kind`` ``"bytelevel"`` (byte-level BPE, ``Ġ`` pieces, as Llama 3 / Qwen2) or ``"metaspace"`` (Unigram with
+    ``▁`` pieces, as SentencePiece: Llama 2, Mistral, Gemma); ``add_bos``: a template post-processor that puts
+    ``<s>`` before every text (as Llama/Gemma tokenizers do). Special tokens ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2,
+    ``<pad>`` 3, named in ``tokenizer_config.json``."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    src = _need(Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt", "the RedditBias data")
+    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()][:600]
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    if kind == "bytelevel":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "metaspace":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        tr = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>")
+    else:
+        raise ValueError(kind)
+    tok.train_from_iterator(lines, tr)
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+         "unk_token": "<unk>"}))
+    return folder

@@ -67,3 +67,4 @@ def test_bf16_compute_is_close_and_float32_out():
     assert b.dtype == jnp.float32 and m.shape == (2, 5)
     rel = float(jnp.max(jnp.abs(a - b) / jnp.abs(a)))
     assert 0 < rel < 2e-2
+

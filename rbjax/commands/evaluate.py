@@ -110,7 +110,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "evaluate", help="dialog-quality checks: Reddit perplexity, MultiWOZ DST, DSTC-7 response generation",
         description=f"Dialog-quality checks of a (debiased) model (paper §3.2, Tables 4-5). Tasks — {tasks}. "
-                    "MODEL may be an HF GPT-2 folder, a hub id, or a finished `rbjax debias` run folder (its "
+                    "MODEL may be an HF model folder of any supported family, a hub id, or a finished `rbjax debias` run folder (its "
                     "model/ is evaluated). Each result file carries a key (model, tokenizer and data file contents, "
                     "settings): a rerun with the same key reuses it, any change recomputes. Defaults follow the "
                     "paper and the reference code; see docs/dialog.md.",
@@ -121,7 +121,7 @@ def register(sub) -> None:
                    help="replace a result in --out of other inputs (another model, data or settings); without it "
                         "such a result is refused before the task computes anything (same inputs: reused)")
     p.add_argument("--model", metavar="MODEL",
-                   help="HF GPT-2 folder, hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
+                   help="HF model folder (any supported family), hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed of the DST negatives, classifier head, data order and dropout, and of CRG sampling "

@@ -1,6 +1,7 @@
 """``rbjax measure``: language model bias (LMB) of a model on RedditBias (paper §3.1)."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
@@ -19,7 +20,8 @@ def register(sub) -> None:
                     "OUT/<bias_type>_perplexities.csv and OUT/lmb.png.",
         formatter_class=HelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="HF GPT-2 folder or hub id, e.g. microsoft/DialoGPT-small")
+    src.add_argument("--model", help="HF model folder (GPT-2, Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2), hub id (e.g. "
+                     "microsoft/DialoGPT-small, Qwen/Qwen2.5-0.5B-Instruct) or finished rbjax debias run folder")
     src.add_argument("--stored-perplexities", action="store_true",
                      help="no model: use the perplexity columns of the released files (DialoGPT-small)")
     p.add_argument("--bias", action="append", metavar="BIAS",
@@ -36,7 +38,10 @@ def register(sub) -> None:
                    help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
                         "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--bos", action="store_true", help="prepend <|endoftext|> and score every token (reference: off)")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score every token; "
+                        "--no-bos: never. Default: as the model's own tokenizer encodes a phrase (Llama, Mistral, "
+                        "Gemma add a BOS; GPT-2/DialoGPT as the reference, Qwen2, Pythia do not); recorded in lmb.json")
     p.add_argument("--n-std", type=float, default=3.0, help="outlier interval width in standard deviations")
     p.add_argument("--ddof", type=int, default=0, choices=[0, 1], help="std convention: 0 population (reference), 1 sample")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (two-tailed); CI level is 1 - alpha")

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                    help="bias type (religion1 ... queerness) or a spec JSON file")
     p.add_argument("--annotated", required=True, help="annotated CSV (released layout or 'rbjax annotate import --out')")
     p.add_argument("--out-dir", required=True, help="root folder of the released layout to write")
-    p.add_argument("--model", required=True, help="model for the outlier reduction: HF GPT-2 folder or hub id")
+    p.add_argument("--model", required=True, help="model for the outlier reduction: HF model folder or hub id (any supported family)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP + " (--model's scoring)")
     p.add_argument("--train-size", type=float, default=None, help="train fraction (default 0.6, gender 0.75)")

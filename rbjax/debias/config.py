@@ -121,7 +121,7 @@ class TrainConfig:
                                      "bias-specification JSON file of your own (with --data-dir holding its "
                                      "text_files/<name>/<name>_bias_manual_train.txt, as `rbjax splits` writes)",
                         flag="--bias", metavar="TYPE")
-    model: str = _f("microsoft/DialoGPT-small", "HF GPT-2 folder or hub id to start from", metavar="MODEL")
+    model: str = _f("microsoft/DialoGPT-small", "HF model folder (any supported family), hub id or finished run folder to start from", metavar="MODEL")
     out_dir: str = _f("runs/debias", "run folder (an unfinished run there is resumed; a finished one is reused)",
                       flag="--out", metavar="DIR")
     tokenizer: str | None = _f(None, "tokenizer folder or hub id (default: the model folder)", metavar="PATH")

@@ -30,6 +30,7 @@ from rbjax.data.redditbias import RedditBiasData
 from rbjax.debias import cda
 from rbjax.debias.config import LAYOUTS, LOSS_METHODS, TrainConfig, bias_spec
 from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
+from rbjax.debias.triggers import is_gpt2_bpe
 
 __all__ = ["load_training_texts", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key",
            "TrainingData", "ArrayData", "BatchPlan", "LAYOUTS", "pack_micro_batch", "packed_need", "pack_index",
@@ -357,6 +358,10 @@ class TrainingData:
     def _setup_triggers(self, vocab_size: int) -> None:
 
         cfg = self.cfg
+        if cfg.semantics == "reference" and not is_gpt2_bpe(self.tokenizer):
+            raise ValueError(f"--semantics reference reproduces the official code's GPT-2 token-id lists; the "
+                             f"tokenizer {getattr(self.tokenizer, 'source', self.tokenizer)} is not GPT-2's BPE. "
+                             "Use --semantics paper (terms matched on text, any tokenizer)")
         self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics)
         ids, mask = self.tb.pair_ids("lmd" if cfg.method == "lmd" else "add_hd")
         if ids.max(initial=0) >= vocab_size:

@@ -37,7 +37,7 @@ import numpy as np
 
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
-from rbjax.core.keys import canonical, describe_difference, digest, files_key, tree_digest
+from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
 from rbjax.core.log import say
 from rbjax.core.mesh import grid_mesh, padded_points, shard_batch, shard_state, to_host
 from rbjax.core.progress import progress_bar
@@ -54,8 +54,7 @@ from rbjax.debias.step import (
     step_on_mesh,
     unstack_state,
 )
-from rbjax.model.hf import TOKENIZER_FILES, load_pretrained, model_files_key, resolve_model_dir
-from rbjax.model.tokenizer import load_tokenizer
+from rbjax.model.handle import ModelHandle, tokenizer_key
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -107,27 +106,20 @@ def _stacked(state) -> bool:
 
 
 def load_start(cfg: TrainConfig):
-    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder or hub id).
+    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder, hub id or finished
+    run folder), through the model handle (:class:`rbjax.model.handle.ModelHandle`: vocabulary and special-token
+    checks included).
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
     """
-
-    model_dir = resolve_model_dir(cfg.model)
-    config, params = load_pretrained(model_dir)
-    src = cfg.tokenizer if cfg.tokenizer is not None else model_dir
-    try:
-        tokenizer = load_tokenizer(src, expected_vocab_size=None)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{src}: no tokenizer files (vocab.json + merges.txt or tokenizer.json); "
-                                "pass --tokenizer") from None
-    return model_dir, config, params, tokenizer, digest(model_files_key(model_dir))
+    h = ModelHandle.open(cfg.model, cfg.tokenizer)
+    config, params, tokenizer = h.load()
+    return h.folder, config, params, tokenizer, h.digest
 
 
 def _tokenizer_key(tokenizer) -> str:
-
-    src = Path(str(getattr(tokenizer, "source", "")))
-    return digest(files_key(src / f for f in TOKENIZER_FILES) if src.is_dir() else {"source": str(src)})
+    return digest(tokenizer_key(tokenizer))
 
 
 class Trainer:
@@ -152,7 +144,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, points: list[RunHparams] | None = None, model_config=None, params=None,
                  model_key: str | None = None, tokenizer=None, texts: list[str] | None = None,
                  data: TrainingData | None = None, plan: BatchPlan | None = None, mesh=None):
-
         self.cfg = cfg
         self.model_dir = None
         if params is None:
@@ -162,17 +153,15 @@ class Trainer:
         elif model_config is None:
             raise ValueError("params given without model_config")
         if tokenizer is None:
-
-            tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else cfg.model,
-                                       expected_vocab_size=None)
+            tokenizer = ModelHandle.open(cfg.model, cfg.tokenizer).tokenizer
+        # the vocabulary and special-token checks of the handle, for parameters given in memory too
+        ModelHandle.from_params(params, model_config, tokenizer, name=str(cfg.model), key=model_key or "")
         self.config = model_config
         self.init_params = params
         self.model_key = model_key or tree_digest(params)
-        if cfg.block_size > self.config.n_positions:
-            raise ValueError(f"block_size {cfg.block_size} exceeds the model's n_positions {self.config.n_positions}")
+        if cfg.block_size > self.config.max_positions:
+            raise ValueError(f"block_size {cfg.block_size} exceeds the model's maximum positions {self.config.max_positions}")
         self.tokenizer = tokenizer
-        if tokenizer.vocab_size > self.config.vocab_size:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.data = data or TrainingData(cfg, tokenizer, self.config.vocab_size, texts)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
                                       cfg.resolved_leftover, cfg.max_steps, layout=cfg.resolved_layout)

@@ -10,7 +10,7 @@ Notation and shapes
 * ``h``: final hidden states **after ``ln_f``**, the vectors the tied LM head multiplies, shape ``(B, L, d)``.
   An unbatched ``(L, d)`` input (with unbatched masks) is accepted everywhere and equals a batch of one.
 * ``targets``: target vectors ``(P, 2, d)``: for pair ``p``, ``targets[p, 0]`` is e_{t1} and ``targets[p, 1]`` is
-  e_{t2}, rows of the output embedding (= ``wte``) averaged over the term's subwords (paper §4.2 fn); see
+  e_{t2}, rows of the output embedding (the LM head: GPT-2's tied ``wte``, or an untied head) averaged over the term's subwords (paper §4.2 fn); see
   :func:`gather_targets`.
 * ``mask`` (LMD): ``(B, L, P)``, 1 where pair ``p`` applies to the state ``h[b, i]``.
 * ``occ_weights`` (ADD, HD): ``(B, N, L)``, row ``n`` holds the averaging weights of the ``n``-th attribute occurrence
@@ -87,7 +87,7 @@ def gather_targets(embeddings: jax.Array, pair_ids: jax.Array, pair_mask: jax.Ar
     (width 1), where this is a plain row lookup.
 
     Args:
-        embeddings: output embedding matrix ``(V, d)`` (GPT-2's tied ``wte``).
+        embeddings: output embedding matrix ``(V, d)`` (``Family.lm_head(params)``: GPT-2's tied ``wte``).
         pair_ids: ``(P, 2, W)`` int subword ids of t1 (``[:, 0]``) and t2 (``[:, 1]``), right-padded.
         pair_mask: ``(P, 2, W)`` bool/0-1, which of the ``W`` slots are real subwords.
 

@@ -35,8 +35,9 @@ from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, TASKS
 from rbjax.debias.optim import global_norm, learning_rate, make_optimizer
 from rbjax.dialog.dst import dst_head_logits, dst_logits, dst_loss, pooled_index
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
+from rbjax.model.layers import position_ids_from_mask
 from rbjax.model.nll import nll_from_hidden
+from rbjax.model.registry import family_of_config
 
 __all__ = ["StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "lm_loss", "batch_losses",
            "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
@@ -51,13 +52,13 @@ class StepSpec:
     """Static settings of a step (hashable; one compiled program per distinct value and batch shape).
 
     Attributes:
-        config: the model's :class:`GPT2Config`. method: ``lmd``/``add``/``hd``/``cda``/``lm``.
+        config: the model's config (any family of :mod:`rbjax.model.registry`). method: ``lmd``/``add``/``hd``/``cda``/``lm``.
         semantics: ``paper``/``reference``. dropout: dropout active. grad_accum: micro-batches per update (each
         micro-batch loss is scaled by ``1/grad_accum``). b1, b2, eps, max_grad_norm: Adam and clip settings.
         precision: ``fp32`` or ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
     """
 
-    config: GPT2Config
+    config: Any
     method: str
     semantics: str = "paper"
     dropout: bool = True
@@ -146,7 +147,8 @@ def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,
 
 
 def _debias_loss(spec: StepSpec, params, hidden, batch):
-    targets = L.gather_targets(params["wte"]["embedding"], batch["pair_ids"], batch["pair_mask"])
+    # the output embedding: the LM head (the tied wte for GPT-2, the untied head where a family has one)
+    targets = L.gather_targets(family_of_config(spec.config).lm_head(params), batch["pair_ids"], batch["pair_mask"])
     if spec.method == "lmd":
         return L.equalising_loss(hidden, targets, batch["lmd_mask"], batch["norm"], semantics=spec.semantics)
     if spec.method == "add":
@@ -197,8 +199,8 @@ def _forward(model, params, batch: dict, drop: bool, key):
 def _mean_nll(spec: StepSpec, params, rows, score_mask, context_mask):
     """Mean next-token NLL of the targets ``score_mask`` ``(B, L)`` marks, predicted from real tokens
     (``context_mask``), over the rows the model ran on (:func:`_forward`): the one next-token NLL of rbjax
-    (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the tied embedding, never the (B, L, V)
-    logits), shared with the LMB scorer. A slot predicts the next slot when both hold consecutive tokens of the same
+    (:func:`rbjax.model.nll.nll_from_hidden`, chunked log-sum-exp over the LM head ``Family.lm_head(params)``
+    with the family's logit soft-cap, never the (B, L, V) logits), shared with the LMB scorer. A slot predicts the next slot when both hold consecutive tokens of the same
     example, so the targets and their count are those of the padded layout."""
 
     h_rows, ids_rows, src, real = rows
@@ -206,8 +208,10 @@ def _mean_nll(spec: StepSpec, params, rows, score_mask, context_mask):
     L = score_mask.shape[-1]  # consecutive slots of one example: next flat index, not the start of a padded row
     pair = real[:, 1:] & real[:, :-1] & (src[:, 1:] == src[:, :-1] + 1) & (src[:, 1:] % L != 0)
     m = (pair * sf[src[:, 1:]] * cf[src[:, :-1]]).astype(jnp.float32)
-    nll = nll_from_hidden(h_rows[:, :-1], params["wte"]["embedding"], ids_rows[:, 1:],
-                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype)
+    fam = family_of_config(spec.config)
+    nll = nll_from_hidden(h_rows[:, :-1], fam.lm_head(params), ids_rows[:, 1:],
+                          compute_dtype=None if spec.precision == "fp32" else spec.compute_dtype,
+                          softcap=fam.logit_softcap(spec.config))
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
@@ -217,7 +221,7 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
     if spec.method == "dst":  # paper §3.2: a linear classifier on the last real token's state, BCE
 
         if "pack" in batch:  # pooling "last" (the reference pooling attends padding and is never packed)
-            hidden, _ = _forward(GPT2LMHeadModel(spec.config), params["gpt2"], batch, drop, key)
+            hidden, _ = _forward(family_of_config(spec.config).module(spec.config), params["gpt2"], batch, drop, key)
             idx = pooled_index(batch["attention_mask"])
             logits = dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], params["head"])
         else:
@@ -230,7 +234,7 @@ def _task_losses(params, batch: dict, rng, spec: StepSpec, drop: bool):
         loss = dst_loss(logits, batch["labels"], w)
         return loss, (loss, jnp.zeros((), jnp.float32))
     # crg (paper §3.2): the causal LM loss on the response only (context + <eos> + response + <eos>)
-    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     _, rows = _forward(model, params, batch, drop, key)
     lm = _mean_nll(spec, params, rows, batch["attention_mask"] * batch["loss_mask"], batch["attention_mask"])
     return lm, (lm, jnp.zeros((), jnp.float32))
@@ -240,7 +244,7 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
     """``(total, (lm, debias))`` of one micro-batch (differentiable in ``params``).
 
     Args:
-        params: GPT-2 params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
+        params: the model's params. batch: ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays
             (``lmd_mask`` ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask``
             ``(B, N)``) and the target pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``; packed layout: also ``pack``
             ``(R, Lp)`` and ``unpack`` ``(B, L)`` (:func:`rbjax.debias.data.pack_index`), and GPT-2 then runs on the
@@ -257,7 +261,7 @@ def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: 
 def _batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, drop: bool):
     if spec.method in TASKS:
         return _task_losses(params, batch, rng, spec, drop)
-    model = GPT2LMHeadModel(spec.config, dtype=spec.compute_dtype)
+    model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop else None
     hidden, rows = _forward(model, params, batch, drop, key)
     lm = _mean_nll(spec, params, rows, batch["attention_mask"], batch["attention_mask"])

@@ -64,7 +64,7 @@ from rbjax.debias.train import lmp_reference_file, train
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
-from rbjax.model.hf import model_files_key, resolve_model_dir
+from rbjax.model.handle import ModelHandle
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
            "run_chunk", "auto_grid_chunk", "format_selection"]
@@ -143,7 +143,9 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     pairs = load_pairs(bias_type, split, data)
     if max_pairs is not None:
         pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
-    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked)
+    # phrases scored as the model's own tokenizer encodes them (a BOS before each where it adds one), as measure does
+    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
+                              bos_id=tokenizer.default_bos_id)
     out = []
     for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True):
         st, _ = pair_statistics(b, c, notes, n_bootstrap=n_bootstrap, seed=seed)
@@ -274,10 +276,8 @@ _CONTEXT: dict[str, Any] = {}
 
 def _context(base: TrainConfig) -> dict:
     """The starting model, tokenizer, training data and evaluation data of a sweep (loaded once per process)."""
-
-
     # keyed on the model files' content too: weights replaced at the same path are another model
-    k = digest({"model_files": model_files_key(resolve_model_dir(base.model)),
+    k = digest({"model_files": ModelHandle.open(base.model).files_key(),
                 **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type", "method",
                                                   "semantics", "block_size", "lmp", "lmp_file", "lmp_max_lines")}})
     ctx = _CONTEXT.get(k)
@@ -312,7 +312,8 @@ def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max
     if ctx["lmp_lines"] is not None:
 
         full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
-                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked)
+                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked,
+                                 bos_id=ctx["tokenizer"].default_bos_id)
         pick = lambda f: {k: f[k] for k in ("perplexity", "reference_grid", "reference_cda")}  # noqa: E731
         lmp = [pick(f) for f in full] if stacked else pick(full)
     return dev, lmp

@@ -47,6 +47,7 @@ from rbjax.debias.loop import Trainer, TrainResult  # noqa: F401 (re-exported)
 from rbjax.debias.step import lm_loss  # noqa: F401 (re-exported)
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
+from rbjax.model.handle import has_tokenizer_files
 from rbjax.model.hf import load_pretrained, model_files_key, resolve_model_dir, save_pretrained
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
 
@@ -64,18 +65,12 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
-
     src = cfg.tokenizer if cfg.tokenizer is not None else (trainer.model_dir or cfg.model)
     try:
         folder = resolve_model_dir(src)
     except (FileNotFoundError, RuntimeError):
         return None
-    return folder if _has_tokenizer(folder) else None
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    folder = Path(folder)
-    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
+    return folder if has_tokenizer_files(folder) else None
 
 
 def _lmb_summary(rec: dict) -> dict:
@@ -195,7 +190,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
             with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=cfg.progress) as bar:
                 lmp = reddit_perplexity(jax.device_get(params), trainer.config, trainer.tokenizer, lines,
                                         block_size=cfg.block_size, batch_size=cfg.eval_batch_size,
-                                        progress=bar.update)
+                                        progress=bar.update, bos_id=trainer.tokenizer.default_bos_id)
             lmp.update(file=str(path), max_lines=cfg.lmp_max_lines, seconds=time.perf_counter() - t0, key=key)
             res["lmp"] = lmp
             res["reused"]["lmp"] = False

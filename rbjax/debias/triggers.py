@@ -21,8 +21,10 @@ line each, as the reference's ``LineByLineTextDataset``.
       (P_t) on position ``i − 1``: ``h_{i−1}`` is the state whose logits predict the term, so "the probability of
       the term at that position" is read off it. A term at position 0 has no predicting state (no BOS is added, as
       in the reference); it is skipped and counted in ``LMDTriggers.unpredicted``.
-    * Target vectors (§4.2 fn): each term is encoded in its mid-sentence form (``" " + term``, lower-case) and its
-      subword embeddings are averaged (``pair_ids`` / ``pair_mask`` of width W).
+    * Target vectors (§4.2 fn): each term is encoded in its mid-sentence form (``" " + term``, lower-case: ``Ġjews``
+      for byte-level BPE, ``▁jews`` for a SentencePiece-style tokenizer) and its subword embeddings (rows of the LM
+      head) are averaged (``pair_ids`` / ``pair_mask`` of width W). Terms are matched on decoded text, so any
+      tokenizer whose pieces decode one by one works (byte-level ``Ġ`` or SentencePiece ``▁``).
     * ADD / HD attributes (§4.2, §4.3): occurrences of the A1 attributes (wildcards ``*``, multi-word
       attributes), each represented by the mean of the hidden states over the tokens its words cover.
 
@@ -38,7 +40,8 @@ line each, as the reference's ``LineByLineTextDataset``.
       window mean, otherwise a **zero vector** (all-zero weights, still a valid occurrence: it adds 0 to ADD and
       ``‖r‖₁`` to HD). Rows with one id use ``h_i``. Occurrences are emitted in the code's loop order, which HD's
       running sum depends on.
-    * Target pairs are the code's single-token id lists (``reference.lmd_pairs``, ``reference.add_hd_pairs``).
+    * Target pairs are the code's single-token id lists (``reference.lmd_pairs``, ``reference.add_hd_pairs``):
+      GPT-2 BPE ids, so reference semantics is refused for any other tokenizer (:func:`is_gpt2_bpe`).
 """
 from __future__ import annotations
 
@@ -50,7 +53,17 @@ import numpy as np
 from rbjax.data.swap import term_regex
 from rbjax.specs import BiasSpec
 
-__all__ = ["TriggerBuilder", "LMDTriggers", "Occurrences", "pad_occurrences"]
+__all__ = ["TriggerBuilder", "LMDTriggers", "Occurrences", "pad_occurrences", "is_gpt2_bpe"]
+
+#: GPT-2 BPE ids of "Hello, my dog is cute" (the HF GPT-2 docs' example)
+_GPT2_PROBE = ("Hello, my dog is cute", [15496, 11, 616, 3290, 318, 13779])
+
+
+def is_gpt2_bpe(tokenizer) -> bool:
+    """Whether ``tokenizer`` is GPT-2's byte-level BPE (DialoGPT's), whose ids the reference lists use: 50,257
+    tokens and the ids of a probe sentence."""
+    return (getattr(tokenizer, "vocab_size", None) == 50257
+            and list(_encode_fn(tokenizer)(_GPT2_PROBE[0])) == _GPT2_PROBE[1])
 
 #: pad id of the reference's grid script (``<pad>`` added to GPT-2: 50257).
 REFERENCE_PAD_ID = 50257
@@ -102,7 +115,13 @@ def _encode_fn(tokenizer) -> Callable[[str], list[int]]:
 
 
 class _PieceText:
-    """id -> decoded text piece (cached), so a token sequence maps to text with exact per-token char offsets."""
+    """id -> decoded text piece (cached), so a token sequence maps to text with exact per-token char offsets.
+
+    Byte-level BPE (GPT-2, Llama 3, Qwen2: ``Ġ`` pieces) decodes one id at a time exactly. A SentencePiece-style
+    decoder (``▁`` pieces: Llama 2, Mistral, Gemma) drops the space of a sequence's first piece, so there a piece is
+    decoded after an anchor token and the anchor's text is cut off (``decode([a, i])[len(decode([a])):]``), which
+    keeps its leading space.
+    """
 
     def __init__(self, tokenizer):
         dec = getattr(tokenizer, "decode", None)
@@ -110,15 +129,24 @@ class _PieceText:
             raise TypeError(f"tokenizer {tokenizer!r} has no decode(ids) method")
         self._dec = dec
         self._cache: dict[int, str] = {}
+        self._anchor: list[int] | None = None
         ids = _encode_fn(tokenizer)(" the cat")
         if "".join(self.piece(i) for i in ids) != " the cat":
-            raise ValueError("tokenizer.decode([id]) must undo the byte-level encoding (set a ByteLevel decoder)")
+            anchor = _encode_fn(tokenizer)("a")
+            self._anchor, self._anchor_text, self._cache = anchor, dec(anchor), {}
+            if "".join(self.piece(i) for i in ids) != " the cat":
+                raise ValueError("tokenizer.decode must undo the encoding piece by piece (a byte-level or "
+                                 "SentencePiece-style decoder)")
 
     def piece(self, i: int) -> str:
         s = self._cache.get(i)
         if s is None:
             try:
-                s = self._dec([int(i)])
+                if self._anchor is None:
+                    s = self._dec([int(i)])
+                else:
+                    s = self._dec(self._anchor + [int(i)])
+                    s = s[len(self._anchor_text):] if s.startswith(self._anchor_text) else s
             except Exception:  # ids outside the vocabulary (e.g. an added pad row)
                 s = ""
             self._cache[i] = s
@@ -228,7 +256,7 @@ class TriggerBuilder:
         if self.semantics == "reference":
             p = self._lmd_pairs if which == "lmd" else self._add_pairs
             return p[:, :, None].astype(np.int32), np.ones(p.shape + (1,), bool)
-        enc = [[self._encode(" " + t) for t in pair] for pair in self.spec.pairs]
+        enc = [[self._mid_sentence(t) for t in pair] for pair in self.spec.pairs]
         w = max(len(e) for pair in enc for e in pair)
         ids = np.zeros((len(enc), 2, w), np.int32)
         mask = np.zeros((len(enc), 2, w), bool)
@@ -237,6 +265,17 @@ class TriggerBuilder:
                 ids[p, k, : len(e)] = e
                 mask[p, k, : len(e)] = True
         return ids, mask
+
+    def _mid_sentence(self, term: str) -> list[int]:
+        """Subword ids of ``term`` in its mid-sentence form: GPT-2 ``encode(" " + term)`` (``Ġjews``); for a
+        tokenizer that marks word starts itself (SentencePiece ``▁``, which would turn the leading space into a
+        lone ``▁`` piece) the ids that follow an anchor word (``encode("a " + term)`` minus ``encode("a")``)."""
+        plain = self._encode(" " + term)
+        if self._text._anchor is None:
+            return plain
+        pre = self._encode("a")
+        full = self._encode("a " + term)
+        return full[len(pre):] if full[:len(pre)] == pre and len(full) > len(pre) else plain
 
     # ------------------------------------------------------------------------------------------------- LMD
     def lmd(self, input_ids, attention_mask) -> LMDTriggers:

@@ -53,7 +53,7 @@ import optax
 from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel
+from rbjax.model.registry import family_of_config
 
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
@@ -279,10 +279,10 @@ def dst_batches(arrays: dict[str, np.ndarray], batch_size: int, *, shuffle: bool
 
 
 # ------------------------------------------------------------------------------------------------ model
-def init_head(config: GPT2Config, seed: int = 0) -> dict:
+def init_head(config, seed: int = 0) -> dict:
     """The classifier ``Linear(d → 1)``: ``{"kernel": (d, 1) ~ N(0, initializer_range), "bias": (1,) zeros}``
     (HF's ``_init_weights`` for ``nn.Linear``, which the reference's ``GPT2LMandDST`` uses)."""
-    k = jax.random.normal(jax.random.PRNGKey(seed), (config.n_embd, 1), jnp.float32) * config.initializer_range
+    k = jax.random.normal(jax.random.PRNGKey(seed), (config.hidden_size, 1), jnp.float32) * config.initializer_range
     return {"kernel": k, "bias": jnp.zeros((1,), jnp.float32)}
 
 
@@ -307,14 +307,15 @@ def pooled_index(attention_mask) -> jax.Array:
     return jnp.maximum(idx, 0).astype(jnp.int32)
 
 
-def dst_logits(params, head_params: dict, input_ids, attention_mask, config: GPT2Config, *, pooling: str = "last",
+def dst_logits(params, head_params: dict, input_ids, attention_mask, config, *, pooling: str = "last",
                dropout_rng=None) -> jax.Array:
-    """One logit per row: ``Linear(d→1)`` on the GPT-2 final hidden state (after ``ln_f``) of the pooled token.
+    """One logit per row: ``Linear(d→1)`` on the model's final hidden state (after the final norm, GPT-2's
+    ``ln_f``) of the pooled token.
 
     Args:
-        params: GPT-2 params (:mod:`rbjax.model.gpt2`). head_params: :func:`init_head`.
+        params: the model's params. head_params: :func:`init_head`.
         input_ids, attention_mask: ``(B, L)``.
-        config: GPT-2 config.
+        config: the model's config (any family of :mod:`rbjax.model.registry`).
         pooling: ``"last"`` (default): the state of the last real token (:func:`pooled_index`), computed with the
             attention mask and position ids from the mask, so a row's logit does not depend on how much padding it
             has or on which side. ``"reference"``: ``lm_dst_binary.py`` — no attention mask (pads are attended,
@@ -327,7 +328,7 @@ def dst_logits(params, head_params: dict, input_ids, attention_mask, config: GPT
     """
     if pooling not in POOLING:
         raise ValueError(f"pooling must be one of {POOLING}, got {pooling!r}")
-    model = GPT2LMHeadModel(config)
+    model = family_of_config(config).module(config)
     kw = dict(deterministic=dropout_rng is None, rngs=None if dropout_rng is None else {"dropout": dropout_rng},
               return_logits=False)
     if pooling == "last":
@@ -355,7 +356,7 @@ def dst_loss(logits, labels, weights=None) -> jax.Array:
     return jnp.sum(per * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
-def make_loss_fn(config: GPT2Config, *, pooling: str = "last", dropout: bool = True):
+def make_loss_fn(config, *, pooling: str = "last", dropout: bool = True):
     """``loss_fn(params, batch, rng) -> (loss, aux)`` for a generic trainer.
 
     ``params = {"gpt2": GPT-2 params, "head": init_head(...)}``; ``batch`` from :func:`dst_batches`
@@ -381,7 +382,7 @@ def _probs(params, head, input_ids, attention_mask, config, pooling):
         return jax.nn.sigmoid(dst_logits(params, head, input_ids, attention_mask, config, pooling=pooling))
 
 
-def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], config: GPT2Config, *,
+def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], config, *,
                   batch_size: int = 64, pooling: str = "last", bucket: int = 32, progress: bool = False,
                   desc: str = "DST") -> np.ndarray:
     """``sigmoid(dst_logits)`` of every row of ``arrays`` (:func:`encode_examples`), float32 ``(N,)``.
@@ -601,7 +602,7 @@ def _encode_turn_pairs(tokenizer, turn: dict, candidates: Sequence[tuple[str, st
     return out
 
 
-def score_joint_goal(params, head_params: dict, config: GPT2Config, tokenizer, dialogues: Sequence[dict],
+def score_joint_goal(params, head_params: dict, config, tokenizer, dialogues: Sequence[dict],
                      onto: SlotOntology, *, domains: Iterable[str] = EXPERIMENT_DOMAINS, batch_size: int = 64,
                      block_size: int = BLOCK_SIZE, truncation: str = "left", pooling: str = "last",
                      threshold: float = 0.5, pad_id: int | None = None, progress: bool = True) -> dict:

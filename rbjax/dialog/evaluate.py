@@ -8,7 +8,7 @@ One entry point, :func:`evaluate` (``rbjax evaluate --task ...`` calls it; so do
 
 writes ``OUT/<task>.json`` for each task (atomically) and returns the result (``{task: result}`` for ``all``).
 
-**Model.** An HF GPT-2 folder, a hub id, or a finished ``rbjax debias`` run folder (its ``model/`` subfolder, the
+**Model.** An HF model folder of any supported family, a hub id, or a finished ``rbjax debias`` run folder (its ``model/`` subfolder, the
 exported debiased model, is evaluated). The tokenizer comes from the model folder unless ``tokenizer`` is given.
 
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
@@ -41,7 +41,6 @@ own training file (``dst_train_file`` / ``crg_train_file`` name them for ``task=
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import random
@@ -52,7 +51,7 @@ from typing import Any
 
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, digest, file_digest, files_key
+from rbjax.core.keys import canonical, describe_difference, file_digest
 from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedResult
@@ -66,8 +65,7 @@ from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics, format_crg_ta
 from rbjax.dialog.generate import generate_responses
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.model.generate import sampling_settings
-from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
-from rbjax.model.tokenizer import load_tokenizer
+from rbjax.model.handle import ModelHandle
 
 __all__ = ["TASKS", "DEFAULTS", "RESULT_FORMAT", "evaluate", "resolve_model", "EvalModel", "task_settings",
            "run_lmp", "run_dst", "run_crg", "format_result"]
@@ -154,67 +152,14 @@ def _key_settings(s: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ model
-class EvalModel:
-    """The model under evaluation: where it is, its content digest, and (loaded once, on demand) its weights.
-
-    Attributes:
-        source: as given. folder: the HF folder evaluated. run_folder: the ``rbjax debias`` run folder it came
-        from, or ``None``. tokenizer_source: the tokenizer folder / hub id.
-    """
-
-    def __init__(self, source: str, folder: Path, run_folder: Path | None, tokenizer_source: str):
-        self.source, self.folder, self.run_folder, self.tokenizer_source = source, folder, run_folder, tokenizer_source
-        self._digest: str | None = None
-        self._tok_digest: str | None = None
-        self._loaded = None
-
-    @property
-    def digest(self) -> str:
-        """sha256 over the content digests of the model files (config, weights, tokenizer files)."""
-        if self._digest is None:
-
-            self._digest = digest(model_files_key(self.folder))
-        return self._digest
-
-    @property
-    def tokenizer_digest(self) -> str:
-        if self._tok_digest is None:
-
-            p = Path(self.tokenizer_source)
-            self._tok_digest = digest(files_key(p / f for f in TOKENIZER_FILES) if p.is_dir()
-                                      else {"source": self.tokenizer_source})
-        return self._tok_digest
-
-    def describe(self) -> dict:
-        return {"source": self.source, "folder": str(self.folder),
-                "run_folder": None if self.run_folder is None else str(self.run_folder),
-                "files_digest": self.digest, "tokenizer": self.tokenizer_source,
-                "tokenizer_digest": self.tokenizer_digest}
-
-    def load(self):
-        """``(config, params, tokenizer)`` (loaded on the first call).
-
-        Raises:
-            FileNotFoundError: no tokenizer files (pass ``tokenizer``); whatever the weight loader raises.
-        """
-        if self._loaded is None:
-
-            config, params = load_pretrained(self.folder)
-            try:
-                tok = load_tokenizer(self.tokenizer_source, expected_vocab_size=None)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{self.tokenizer_source}: no tokenizer files (vocab.json + merges.txt or "
-                                        "tokenizer.json); pass --tokenizer") from None
-            if tok.vocab_size > config.vocab_size:
-                raise ValueError(f"the tokenizer ({self.tokenizer_source}) has {tok.vocab_size} tokens but the model "
-                                 f"only {config.vocab_size}")
-            self._loaded = (config, params, tok)
-        return self._loaded
+#: the model under evaluation: :class:`rbjax.model.handle.ModelHandle` (its location, content digests, and weights
+#: loaded once on demand)
+EvalModel = ModelHandle
 
 
-def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> EvalModel:
+def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> ModelHandle:
     """Where the model to evaluate is: an HF folder, a hub id (downloaded into the HF cache), or a finished
-    ``rbjax debias`` run folder (then its ``model/`` subfolder).
+    ``rbjax debias`` run folder (then its ``model/`` subfolder) — :meth:`rbjax.model.handle.ModelHandle.open`.
 
     Raises:
         FileNotFoundError: no such folder (and not a hub id).
@@ -222,33 +167,7 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None 
             whose ``results.json`` says it did not finish.
         RuntimeError: a hub id that cannot be downloaded.
     """
-
-    p = Path(model).expanduser()
-    run_folder = None
-    if p.is_dir():
-        has_weights = any((p / w).exists() for w in WEIGHT_FILES) or any(p.glob("model-*.safetensors"))
-        is_run = not has_weights and any((p / n).exists() for n in ("results.json", "checkpoints", "metrics.jsonl",
-                                                                      "model"))
-        if is_run:
-            res = p / "results.json"
-            status = None
-            if res.exists():
-                try:
-                    status = json.loads(res.read_text(encoding="utf-8")).get("status")
-                except (OSError, ValueError):
-                    status = "unreadable"
-            if not (p / "model" / "config.json").exists() or status not in ("done", None):
-                raise ValueError(f"{p}: a debiasing run folder without a finished, exported model ({p / 'model'}"
-                                 f"{'' if (p / 'model').exists() else ' is missing'}; results.json status: "
-                                 f"{status or 'absent'}); finish the run (the same `rbjax debias` command resumes "
-                                 "it, without --no-export) or pass the HF model folder itself")
-            run_folder, folder = p, p / "model"
-        else:
-            folder = p
-    else:
-        folder = resolve_model_dir(model)
-    tok_src = str(tokenizer) if tokenizer is not None else str(folder)
-    return EvalModel(str(model), folder, run_folder, tok_src)
+    return ModelHandle.open(model, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -365,7 +284,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t1 = time.perf_counter()
     with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s["progress"]) as bar:
         m = reddit_perplexity(params, config, tok, lines, block_size=s["lmp_block_size"],
-                              batch_size=s["eval_batch_size"], progress=bar.update)
+                              batch_size=s["eval_batch_size"], progress=bar.update, bos_id=model.bos_id())
     t_eval = time.perf_counter() - t1
     data = {"lmp_file": {**rec, "n_lines_scored": len(lines), "official": official,
                          "what": "RedditBias text_files/humanref6k.txt (DialoGPT's human.ref.6k.txt)" if official
@@ -495,8 +414,8 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     t1 = time.perf_counter()
     config, params, tok = model.load()
     t_model = time.perf_counter() - t1
-    if s["block_size"] > config.n_positions:
-        raise ValueError(f"block_size {s['block_size']} exceeds the model's n_positions {config.n_positions}")
+    if s["block_size"] > config.max_positions:
+        raise ValueError(f"block_size {s['block_size']} exceeds the model's maximum positions {config.max_positions}")
     trunc = "reference" if reference else "left"
     train_arr = dst.encode_examples(train_ex, tok, block_size=s["block_size"], truncation=trunc)
     test_arr = dst.encode_examples(test_ex, tok, block_size=s["block_size"], truncation=trunc)
@@ -615,8 +534,8 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     timings = {"load_data_s": t_data, "load_model_s": t_model}
     training, train_dir = None, None
     if train_rows is not None:
-        if s["block_size"] > config.n_positions:
-            raise ValueError(f"block_size {s['block_size']} exceeds the model's n_positions {config.n_positions}")
+        if s["block_size"] > config.max_positions:
+            raise ValueError(f"block_size {s['block_size']} exceeds the model's maximum positions {config.max_positions}")
         arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s["block_size"])
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
         params, training, train_dir = _train("crg", model, out_dir, s, params, data, what="CRG")
@@ -673,7 +592,7 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     Args:
         task: ``"lmp"``, ``"dst"``, ``"crg"`` or ``"all"``.
-        model: HF GPT-2 folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
+        model: HF model folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
         out_dir: result folder (created).
         tokenizer: tokenizer folder or hub id (default: the model folder).
         overwrite: replace a task's result file that holds the result of other inputs (another model, data or

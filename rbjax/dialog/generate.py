@@ -59,7 +59,7 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
     """Generate a response for every ``(key, context)`` and (optionally) write them as JSONL.
 
     Args:
-        params, config: the GPT-2. tokenizer: a :class:`rbjax.model.tokenizer.GPT2BPETokenizer`.
+        params, config: the model. tokenizer: a :class:`rbjax.model.tokenizer.Tokenizer`.
         examples: ``(key, context)`` pairs; the example's position is its PRNG stream (with ``seed``).
         out_path: JSONL file to write (atomically), or None.
         semantics: ``"rbjax"`` (top-k 50, 64 new tokens) or ``"reference"`` (see the module docstring).

@@ -31,8 +31,7 @@ import numpy as np
 from rbjax.core.io import sha256_file
 from rbjax.core.progress import progress_bar
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
-from rbjax.model.hf import load_pretrained, resolve_model_dir
-from rbjax.model.tokenizer import load_tokenizer
+from rbjax.model.handle import ModelHandle
 
 __all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
 
@@ -100,8 +99,8 @@ def lmp_from_counts(nll_sum: np.ndarray, n_pred: np.ndarray, n_tokens: np.ndarra
 
 def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
                       batch_size: int = 64, progress: Callable[[int], None] | None = None,
-                      stacked: bool = False) -> dict | list[dict]:
-    """LMP of a GPT-2 on reference lines (paper §3.2).
+                      stacked: bool = False, bos_id: int | None = None) -> dict | list[dict]:
+    """LMP of a causal LM on reference lines (paper §3.2).
 
     Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored by the LMB scorer
     (:class:`rbjax.lmb.perplexity.PerplexityScorer`: length-sorted batches, padding masked out of attention and
@@ -109,18 +108,21 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
 
     Args:
         params: GPT-2 params pytree (numpy or jax arrays).
-        config: its :class:`rbjax.model.gpt2.GPT2Config`.
-        tokenizer: a :class:`rbjax.model.tokenizer.GPT2BPETokenizer` (``encode_batch``).
+        config: its config (any family).
+        tokenizer: a :class:`rbjax.model.tokenizer.Tokenizer` (``encode_batch``).
         lines: the utterances (:func:`read_reference_lines`).
-        block_size: truncation length in tokens (36 as the reference; must be ≤ ``config.n_positions``).
+        block_size: truncation length in tokens (36 as the reference; must be ≤ ``config.max_positions``).
         batch_size: lines per compiled batch.
         progress: called with the number of lines after each batch.
         stacked: ``params`` carry a leading model axis M (several models, e.g. a sweep chunk's grid points): one
             vmapped pass over the lines, one result per model.
+        bos_id: put this token before every line as context (the model's tokenizer adds a BOS:
+            :meth:`rbjax.model.handle.ModelHandle.bos_id`), so every line token is predicted; ``None`` (GPT-2, as
+            the reference): the first token is context only. Not counted in ``block_size``.
 
     Returns:
         :func:`lmp_from_counts`'s dict plus ``n_lines``, ``n_truncated`` (lines longer than ``block_size``),
-        ``block_size`` (a list of M such dicts with ``stacked``).
+        ``block_size``, ``bos`` (whether a BOS was put before each line) (a list of M such dicts with ``stacked``).
 
     Raises:
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
@@ -128,22 +130,22 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
 
     if not lines:
         raise ValueError("no lines to score")
-    if not 2 <= block_size <= config.n_positions:
-        raise ValueError(f"block_size must be in [2, {config.n_positions}], got {block_size}")
+    if not 2 <= block_size <= config.max_positions:
+        raise ValueError(f"block_size must be in [2, {config.max_positions}], got {block_size}")
     toks = tokenizer.encode_batch(list(lines))
     n_trunc = sum(len(t) > block_size for t in toks)
     toks = [t[:block_size] for t in toks]
     n = len(toks)
     lens = np.array([len(t) for t in toks], np.int64)
     try:
-        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked).score_ids(
+        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked, bos_id=bos_id).score_ids(
             toks, progress=progress)
     except PhraseError as e:
         raise ValueError(f"line {e.index + 1}: {e.problem}") from None
     outs = []
     for sc in (scores if stacked else [scores]):
         out = lmp_from_counts(sc.nll_sum, sc.n_scored, lens)
-        out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size))
+        out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size), bos=bos_id is not None)
         outs.append(out)
     return outs if stacked else outs[0]
 
@@ -152,7 +154,7 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
 def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
                      block_size: int = BLOCK_SIZE, batch_size: int = 64, max_lines: int | None = None,
                      progress: bool = False) -> dict:
-    """LMP of an HF GPT-2 folder (or hub id) on a reference file; the file and its sha256 are recorded.
+    """LMP of an HF model folder (or hub id, or finished ``rbjax debias`` run folder) on a reference file; the file and its sha256 are recorded.
 
     Args:
         model: HF folder or hub id. tokenizer: tokenizer folder/hub id (default: the model folder).
@@ -162,17 +164,15 @@ def model_perplexity(model: str | os.PathLike, path: str | os.PathLike, *, token
     Returns:
         :func:`reddit_perplexity`'s dict plus ``file``, ``sha256``, ``max_lines``.
     """
-
-    folder = resolve_model_dir(model)
-    config, params = load_pretrained(folder)
-    tok = load_tokenizer(tokenizer if tokenizer is not None else folder, expected_vocab_size=None)
+    handle = ModelHandle.open(model, tokenizer)
+    config, params, tok = handle.load()
     lines = read_reference_lines(path, max_lines)
     bar = None
     if progress:
-
         bar = progress_bar(len(lines), "LMP", "line")
     try:
         out = reddit_perplexity(params, config, tok, lines, block_size=block_size, batch_size=batch_size,
+                                bos_id=handle.bos_id(),
                                 progress=None if bar is None else bar.update)
     finally:
         if bar is not None:

@@ -21,8 +21,7 @@ from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types
 from rbjax.lmb import stats
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
-from rbjax.model.hf import TOKENIZER_FILES, load_pretrained, model_files_key, resolve_model_dir
-from rbjax.model.tokenizer import load_tokenizer
+from rbjax.model.handle import ModelHandle
 
 #: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
@@ -74,74 +73,52 @@ def _reuse_csv(out: Path, pairs: PhrasePairs):
 
 
 class LoadedModel:
-    """A GPT-2 and its tokenizer, loaded once and reused across bias types.
+    """A model handle (:class:`rbjax.model.handle.ModelHandle`) with its packed scorer, loaded once and reused across
+    bias types.
 
-    Build it from a folder or hub id (``LoadedModel(model, tokenizer, ...)``), or from parameters already in memory
-    (:meth:`from_params`: the sweep's grid points and a finished training run are measured without writing and
-    re-reading a model). ``fingerprint()`` is the content key that per-type results are reused under.
+    Build it from a folder, hub id or finished ``rbjax debias`` run folder (``LoadedModel(model, tokenizer, ...)``),
+    or from parameters already in memory (:meth:`from_params`: the sweep's grid points and a finished training run
+    are measured without writing and re-reading a model). ``fingerprint()`` is the content key that per-type results
+    are reused under.
+
+    ``bos``: ``None`` (default) scores a phrase as the model's own tokenizer encodes it (a BOS before it where the
+    tokenizer adds one); ``True``/``False`` force it (:meth:`rbjax.model.handle.ModelHandle.bos_id`). The resolved
+    choice is :attr:`bos`.
     """
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
-                 batch_size: int = 64, bos: bool = False, precision: str = "fp32"):
-
-        self.name = str(model)
-        folder = resolve_model_dir(model)
-        self.folder = folder
-        self.config, params = load_pretrained(folder)
-        if tokenizer is None:
-            try:
-                tok = load_tokenizer(folder, expected_vocab_size=None)
-            except FileNotFoundError:
-                raise FileNotFoundError(
-                    f"{folder}: the model folder has no tokenizer files; pass --tokenizer (e.g. a folder with the "
-                    "GPT-2 vocab.json and merges.txt, or microsoft/DialoGPT-small)"
-                ) from None
-        else:
-            tok = load_tokenizer(tokenizer)
-        self._setup(params, tok, batch_size, bos, precision)
-        self._fingerprint = None
+                 batch_size: int = 64, bos: bool | None = None, precision: str = "fp32"):
+        handle = ModelHandle.open(model, tokenizer)
+        handle.load()
+        self._setup(handle, batch_size, bos, precision)
 
     @classmethod
-    def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool = False,
+    def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool | None = None,
                     precision: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
         content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
-        self.name, self.folder, self.config = str(name), None, config
-        self._setup(params, tokenizer, batch_size, bos, precision)
-        self._fingerprint = {"model": key, "tokenizer": _tokenizer_files_key(tokenizer)}
+        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, key=key), batch_size, bos, precision)
         return self
 
-    def _setup(self, params, tokenizer, batch_size, bos, precision) -> None:
-
-        self.tokenizer = tokenizer
-        self.batch_size, self.bos, self.precision = batch_size, bos, precision
-        if self.tokenizer.vocab_size > self.config.vocab_size:
-            raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
-        self.scorer = PerplexityScorer(params, self.config, batch_size=batch_size,
-                                       bos_id=self.tokenizer.eos_id if bos else None, precision=precision)
+    def _setup(self, handle, batch_size, bos, precision) -> None:
+        self.handle = handle
+        self.name, self.folder = handle.name, handle.folder
+        self.config, self.tokenizer = handle.config, handle.tokenizer
+        self.batch_size, self.precision = batch_size, precision
+        self.bos = handle.resolve_bos(bos)
+        self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
+        self.scorer = PerplexityScorer(handle.params, self.config, batch_size=batch_size,
+                                       bos_id=handle.bos_id(bos), precision=precision)
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
 
     def fingerprint(self) -> dict:
-        """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``.
-
-        Content, not path or modification time: the same weights copied elsewhere are the same model, and weights
-        rewritten in place are another one (see :mod:`rbjax.core.keys`).
-        """
-
-        if self._fingerprint is None:
-            self._fingerprint = {"model": model_files_key(self.folder),
-                                 "tokenizer": _tokenizer_files_key(self.tokenizer)}
-        return self._fingerprint
-
-
-def _tokenizer_files_key(tokenizer) -> dict:
-
-    tok = Path(str(tokenizer.source))
-    return files_key(tok / f for f in TOKENIZER_FILES) if tok.is_dir() else {"source": str(tokenizer.source)}
+        """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``
+        (:meth:`rbjax.model.handle.ModelHandle.fingerprint`)."""
+        return self.handle.fingerprint()
 
 
 def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
@@ -216,7 +193,7 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
 def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Sequence[str] = "all",
                  split: str = "test", data_dir: str | os.PathLike | None = None,
                  tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-                 batch_size: int = 64, seed: int = 0, bos: bool = False,
+                 batch_size: int = 64, seed: int = 0, bos: bool | None = None,
                  stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
                  outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
@@ -240,7 +217,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             (nothing written when ``None``).
         batch_size: packed rows per compiled batch (64 token slots each, several phrases per row).
         seed: bootstrap seed.
-        bos: prepend ``<|endoftext|>`` and score every token (not the reference's choice).
+        bos: ``None`` (default): score each phrase as the model's own tokenizer encodes it — a BOS before it where
+            the tokenizer adds one (Llama, Mistral, Gemma), none otherwise (GPT-2/DialoGPT as the reference, Qwen2,
+            Pythia); ``True`` (``--bos``): prepend the BOS token (GPT-2: ``<|endoftext|>``) and score every token;
+            ``False`` (``--no-bos``): never. The resolved choice is recorded as ``settings.bos`` (with
+            ``settings.bos_policy``) and is part of the resume key; docs/lmb.md defines the perplexity per case.
         stored_perplexities: use the data files' ``perplexity`` columns instead of a model (in the released
             RedditBias files: DialoGPT-small, per the upstream README).
         skip_unscorable: exclude pairs with a < 2-token phrase instead of failing.
@@ -276,7 +257,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError("give either a model or --stored-perplexities, not both")
     if not stored_perplexities and model is None:
         raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
-    if stored_perplexities and (tokenizer is not None or bos):
+    if stored_perplexities and (tokenizer is not None or bos is not None):
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise SettingError("batch_size", f"must be >= 1, got {batch_size!r}")
@@ -304,12 +285,16 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                 raise ValueError("a LoadedModel brings its own tokenizer")
             loaded = model
             model_name = loaded.name
-            batch_size, bos, precision = loaded.batch_size, loaded.bos, loaded.precision
+            batch_size, precision = loaded.batch_size, loaded.precision
         else:
             loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before out_dir
+        bos = loaded.bos
+    else:
+        bos = False
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
                 "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
+                "bos_policy": None if loaded is None else loaded.bos_policy,
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
     model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()

@@ -1,10 +1,11 @@
-"""Per-phrase perplexity under a GPT-2 (paper §3.1), jit-compiled, packed and batched.
+"""Per-phrase perplexity under a causal LM of any supported family (GPT-2 as in paper §3.1), jit-compiled, packed and batched.
 
 Perplexity of a phrase with tokens x_1..x_n is ``exp(mean_{j=2..n} -log p(x_j | x_<j))``:
 the mean next-token negative log-likelihood (natural log) over tokens 2..n, exactly as
 the reference's ``perplexity_score`` computes it (HF GPT-2 loss with ``labels=ids``, no
-BOS/EOS added). With ``bos=True`` an ``<|endoftext|>`` is prepended and all n tokens
-are scored. A phrase with fewer than 2 scorable tokens has no perplexity: it is
+BOS/EOS added). With a ``bos_id`` (the model's tokenizer adds a BOS — Llama, Mistral,
+Gemma — or ``--bos``; GPT-2's is ``<|endoftext|>``) the BOS is prepended as context and
+all n tokens are scored (docs/lmb.md). A phrase with fewer than 2 scorable tokens has no perplexity: it is
 reported as unscorable (NaN, ``n_scored == 0``), never as 0 (the reference's fallback).
 
 How the work is cut down (issue 11), each step exact in float32:
@@ -44,8 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
+from rbjax.model.gpt2 import position_ids_from_mask
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
+from rbjax.model.registry import family_of_config
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
@@ -64,7 +66,7 @@ def _compute_dtype(precision: str):
 
 
 @partial(jax.jit, static_argnames=("config", "precision"))
-def token_nll(params, input_ids, attention_mask, config: GPT2Config, precision: str = "fp32"):
+def token_nll(params, input_ids, attention_mask, config, precision: str = "fp32"):
     """Summed next-token NLL and scored-token count per row of a padded batch.
 
     Works for right- or left-padded rows (positions are counted from the first real
@@ -72,29 +74,32 @@ def token_nll(params, input_ids, attention_mask, config: GPT2Config, precision: 
     :func:`rbjax.model.nll.next_token_nll` (chunked log-sum-exp, float32).
 
     Args:
-        params: GPT-2 params pytree.
+        params: the model's params pytree (any family of :mod:`rbjax.model.registry`).
         input_ids: int32 (B, L).
         attention_mask: int32 (B, L), 1 for real tokens.
-        config: static :class:`GPT2Config`. precision: ``"fp32"`` or ``"bf16"`` compute.
+        config: the static model config (its family gives the module, LM head and logit soft-cap). precision: ``"fp32"`` or ``"bf16"`` compute.
     Returns:
         ``(nll_sum, n_scored)``: float32 (B,) in nats, int32 (B,).
     """
     policy = get_policy(precision)
     dt = policy.compute_dtype
+    fam = family_of_config(config)
     with policy.matmul_context():
-        model = GPT2LMHeadModel(config, dtype=dt)
+        model = fam.module(config, dtype=dt)
         pos = position_ids_from_mask(attention_mask)
         _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, position_ids=pos,
                                 return_logits=False)
-        nll, m = next_token_nll(hidden, params["wte"]["embedding"], input_ids, attention_mask, compute_dtype=dt)
+        nll, m = next_token_nll(hidden, fam.lm_head(params), input_ids, attention_mask, compute_dtype=dt,
+                                softcap=fam.logit_softcap(config))
     return nll.sum(-1), m.sum(-1).astype(jnp.int32)
 
 
-def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config: GPT2Config, precision: str):
+def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, precision: str):
     """NLL of the predicting slots of a packed batch.
 
     Args:
-        params: GPT-2 params (kernels may already be in the compute dtype). head_emb: (V, d) LM-head embedding.
+        params: the model's params (kernels may already be in the compute dtype). head_emb: (V, d) LM-head
+            embedding (``Family.lm_head(params)``).
         ids, pos: int32 (R, L) tokens and position ids. seg: int32 (R, L) tree id of each slot within its row
             (−1 for empty slots). br: int32 (R, L) branch (0 = shared prefix / whole phrase, 1 and 2 = the two
             continuations of a pair).
@@ -108,17 +113,18 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config: GPT2C
     same = seg[:, :, None] == seg[:, None, :]
     bq, bk = br[:, :, None], br[:, None, :]
     allowed = same & ((bk == 0) | (bk == bq))  # the model adds the causal (slot order) mask
+    fam = family_of_config(config)
     with policy.matmul_context():
-        model = GPT2LMHeadModel(config, dtype=dt)
+        model = fam.module(config, dtype=dt)
         _, hidden = model.apply({"params": params}, ids, attention_mask=allowed, position_ids=pos,
                                 return_logits=False)
         h = jnp.take_along_axis(hidden, pidx[..., None], axis=1)  # (R, P, d): only positions that predict a token
-        return nll_from_hidden(h, head_emb, tgt, compute_dtype=dt)
+        return nll_from_hidden(h, head_emb, tgt, compute_dtype=dt, softcap=fam.logit_softcap(config))
 
 
 _packed_nll_jit = jax.jit(_packed_nll, static_argnames=("config", "precision"))
 @partial(jax.jit, static_argnames=("config", "precision"))
-def _packed_nll_models(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config: GPT2Config, precision: str):
+def _packed_nll_models(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, precision: str):
     """:func:`_packed_nll` for M models at once: params/head_emb with a leading model axis -> (M, R, P, 2)."""
     fn = partial(_packed_nll, config=config, precision=precision)
     return jax.vmap(fn, in_axes=(0, 0, None, None, None, None, None, None))(params, head_emb, ids, pos, seg, br,
@@ -258,14 +264,14 @@ def _head_slots(L: int) -> int:
     return max(1, L - max(4, L // 16)) if L > 8 else L
 
 
-def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config: GPT2Config, row_len: int | None):
+def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None):
     """Choose the row length, pack, return ``(L, P, rows)``."""
     longest = int(sizes.max())
     if row_len is not None:
         cands = [max(int(row_len), -(-longest // 16) * 16)]
     else:
         cands = [c for c in ROW_LENGTHS if c >= longest][:3] or [-(-longest // 64) * 64]
-    d, V, nl = config.n_embd, config.vocab_size, config.n_layer
+    d, V, nl = config.hidden_size, config.vocab_size, config.num_layers
     best = None
     for L in cands:
         P = max(_head_slots(L), int(preds.max()))
@@ -288,12 +294,13 @@ def _cast_for_compute(params, dt):
 
 
 class PerplexityScorer:
-    """Scores token-id sequences (or biased/counterfactual pairs) with a GPT-2, packed and jit-compiled.
+    """Scores token-id sequences (or biased/counterfactual pairs) with a causal LM, packed and jit-compiled.
 
     Args:
-        params: GPT-2 params (numpy or jax arrays; moved to the device(s) once). With ``stacked=True`` every leaf
+        params: the model's params (any family of :mod:`rbjax.model.registry`; numpy or jax arrays; moved to the device(s) once). With ``stacked=True`` every leaf
             has a leading model axis M and results are per model.
-        config: the model's :class:`GPT2Config`.
+        config: the model's config (its family gives the module, the LM head ``Family.lm_head`` — untied where
+            the checkpoint has one — and the final-logit soft-cap).
         batch_size: nominal phrases per compiled batch: a batch holds about ``batch_size × 16`` token slots
             (:data:`SLOTS_PER_PHRASE`), i.e. ``max(1, batch_size·16 // row_len)`` packed rows, rounded up to a
             multiple of the device count when batches are sharded. 64 (1,024 slots) suits a CPU; accelerators
@@ -317,7 +324,7 @@ class PerplexityScorer:
             predict a token), ``head_rows`` (positions the LM head processes), ``batches``, ``rows``.
     """
 
-    def __init__(self, params, config: GPT2Config, batch_size: int = 64, bos_id: int | None = None,
+    def __init__(self, params, config, batch_size: int = 64, bos_id: int | None = None,
                  precision: str = "fp32", *, row_len: int | None = None, stacked: bool = False,
                  devices: Sequence | None = None):
         if batch_size < 1:
@@ -354,7 +361,8 @@ class PerplexityScorer:
         params = jax.device_put(params, replicated)
         self.params = params
         self._compute_params = _cast_for_compute(params, self.dtype)
-        emb = params["wte"]["embedding"]
+        head = family_of_config(config).lm_head
+        emb = jax.vmap(head)(params) if self.stacked else head(params)  # (V, d), stacked: (M, V, d)
         self._head_emb = emb.astype(self.dtype) if self.dtype != jnp.float32 else emb
         self.programs: set = set()
         self.last_stats: dict = {}
@@ -364,12 +372,12 @@ class PerplexityScorer:
         """Score token-id lists.
 
         Args:
-            token_ids: N phrases, each a list of GPT-2 token ids (no BOS; :attr:`bos_id` adds it).
+            token_ids: N phrases, each a list of token ids (no BOS; :attr:`bos_id` adds it).
             progress: called with a number of phrases as batches finish (N in all).
         Returns:
             :class:`PhraseScores` (a list of M of them when ``stacked``).
         Raises:
-            PhraseError: a phrase longer than ``n_positions`` or with an id outside the vocabulary.
+            PhraseError: a phrase longer than ``config.max_positions`` or with an id outside the vocabulary.
         """
         seqs = self._prepare(token_ids, None)
         trees = [(_single_tree(s, i) if len(s) >= 2 else None) for i, s in enumerate(seqs)]
@@ -415,7 +423,7 @@ class PerplexityScorer:
     # ------------------------------------------------------------------------------------------- internals
     def _prepare(self, token_ids, side):
         seqs = [([self.bos_id] if self.bos_id is not None else []) + [int(x) for x in t] for t in token_ids]
-        max_pos, vmax = self.config.n_positions, self.config.vocab_size
+        max_pos, vmax = self.config.max_positions, self.config.vocab_size
         for i, s in enumerate(seqs):
             if len(s) > max_pos:
                 raise PhraseError(i, f"{len(s)} tokens, but the model takes at most {max_pos}", side)

@@ -1,4 +1,4 @@
-"""Batched, jit-compiled text generation with the GPT-2 KV cache: sampling (top-k / top-p) and greedy decoding.
+"""Batched, jit-compiled text generation with the KV cache of any model family: sampling (top-k / top-p) and greedy decoding.
 
 One program per (batch size, prompt width) runs the whole decode: a prefill of the left-padded prompts writes
 the KV cache (:class:`rbjax.model.gpt2.KVCache`), then a ``lax.while_loop`` feeds one token per step, the LM
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rbjax.core.precision import get_policy
-from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_cache
+from rbjax.model.registry import family_of_config
 
 __all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
 
@@ -145,7 +145,7 @@ def _cast_kernels(params, dt):
 
 @partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id"))
 def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *,
-            config: GPT2Config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int):
+            config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int):
     """The whole generation of one batch.
 
     Args:
@@ -164,15 +164,18 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
 
 def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *, config, max_new,
                  top_k, greedy, dt, eos_id, pad_id):
-    model = GPT2LMHeadModel(config, dtype=dt)
+    fam = family_of_config(config)
+    model = fam.module(config, dtype=dt)
     p = _cast_kernels(params, dt)
-    emb = params["wte"]["embedding"].astype(dt)
+    emb = fam.lm_head(params).astype(dt)
+    cap = fam.logit_softcap(config)
     B, P = prompt_ids.shape
     base = jax.random.PRNGKey(seed)
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(example_index)
 
-    def head(h):  # (B, d) -> (B, V) float32
-        return jnp.dot(h.astype(dt), emb.T, preferred_element_type=jnp.float32)
+    def head(h):  # (B, d) -> (B, V) float32 (soft-capped where the family caps its logits)
+        z = jnp.dot(h.astype(dt), emb.T, preferred_element_type=jnp.float32)
+        return z if cap is None else cap * jnp.tanh(z / cap)
 
     def pick(logits, t):
         if greedy:
@@ -192,7 +195,7 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
         done = done | hit | (n_new >= budget)
         return (t + 1, cache, out, n_new, done, eos), tok, active
 
-    cache = init_cache(config, B, P + max_new, dt)
+    cache = fam.init_cache(config, B, P + max_new, dt)
     _, hidden, cache = model.apply({"params": p}, prompt_ids, prompt_mask, cache=cache, return_logits=False)
     out = jnp.full((B, max_new), pad_id, jnp.int32)
     zero = jnp.zeros((B,), jnp.int32)
@@ -230,35 +233,45 @@ class Generated:
     settings: dict
 
 
-def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
+def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
              seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | None = None,
              pad_id: int | None = None, example_ids: Sequence[int] | None = None,
              progress: Callable[[int], None] | None = None) -> Generated:
-    """Continue each prompt (token ids) with the GPT-2 ``params``.
+    """Continue each prompt (token ids) with the model ``params`` (any family of :mod:`rbjax.model.registry`:
+    its module with the KV cache ``Family.init_cache`` — grouped-query caches included — and its LM head).
 
     Prompts are sorted by length, cut into batches of ``batch_size`` and left-padded to a multiple of 8 tokens
     (one compiled program per padded width).
 
     Args:
-        params: GPT-2 params. config: its :class:`GPT2Config`.
+        params: the model's params. config: its config.
         prompts: N non-empty token-id lists (e.g. a context followed by ``<|endoftext|>``).
         settings: :class:`SamplingSettings` (default: :func:`sampling_settings` ``("rbjax")``).
         seed: base seed; example ``example_ids[i]`` (default ``i``) samples from its own stream.
         batch_size: rows per compiled batch. precision: ``"fp32"`` or ``"bf16"`` compute.
-        eos_id: stop token (default ``config.eos_token_id``). pad_id: emitted after a row stops (default eos_id).
+        eos_id: stop token (default: the config's eos, ``Family.special_tokens``). pad_id: emitted after a row stops (default eos_id).
         progress: called with the number of examples after each batch.
     Returns:
         :class:`Generated`.
     Raises:
-        ValueError: an empty prompt, a prompt longer than ``config.n_positions - 1``, a token id outside the
-        vocabulary, or bad settings.
+        ValueError: an empty prompt, a prompt longer than ``config.max_positions - 1``, a token id outside the
+        vocabulary, no eos id or an eos/pad id outside the vocabulary, or bad settings.
     """
     settings = settings or sampling_settings("rbjax")
     get_policy(precision)  # an unknown name is refused before any work
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    eos_id = config.eos_token_id if eos_id is None else int(eos_id)
+    if eos_id is None:
+        eos_id = family_of_config(config).special_tokens(config).get("eos")
+        eos_id = eos_id[0] if isinstance(eos_id, (tuple, list)) else eos_id  # a list (Llama 3): its first id
+    else:
+        eos_id = int(eos_id)
+    if eos_id is None:
+        raise ValueError("no eos_id given and the model config names no eos token")
     pad_id = eos_id if pad_id is None else int(pad_id)
+    for what, v in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if not 0 <= v < config.vocab_size:  # else the decode loop would index past the head: NaN, then zeros
+            raise ValueError(f"{what} {v} is outside the model vocabulary [0, {config.vocab_size})")
     n = len(prompts)
     ids = list(range(n)) if example_ids is None else [int(i) for i in example_ids]
     if len(ids) != n:
@@ -267,8 +280,8 @@ def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, se
     for i, s in enumerate(seqs):
         if not s:
             raise ValueError(f"prompt {i} is empty")
-        if len(s) >= config.n_positions:
-            raise ValueError(f"prompt {i} has {len(s)} tokens; the model takes at most {config.n_positions} in all")
+        if len(s) >= config.max_positions:
+            raise ValueError(f"prompt {i} has {len(s)} tokens; the model takes at most {config.max_positions} in all")
         if min(s) < 0 or max(s) >= config.vocab_size:
             raise ValueError(f"prompt {i}: a token id outside the model vocabulary [0, {config.vocab_size})")
     max_new = settings.max_new_tokens
@@ -277,7 +290,7 @@ def generate(params, config: GPT2Config, prompts: Sequence[Sequence[int]], *, se
         b = max_new
         if settings.max_length is not None:
             b = min(b, settings.max_length - len(s))
-        budgets.append(max(0, min(b, config.n_positions - len(s))))
+        budgets.append(max(0, min(b, config.max_positions - len(s))))
     top_k = config.vocab_size if settings.top_k is None else min(settings.top_k, config.vocab_size)
     out_tokens: list = [None] * n
     eos_flags = np.zeros(n, bool)

@@ -30,6 +30,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
+from rbjax.model.layers import attention_inputs, position_ids_from_mask
+
+__all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
+
 Params = Any
 
 
@@ -54,6 +59,30 @@ class GPT2Config:
     initializer_range: float = 0.02
     bos_token_id: int = 50256
     eos_token_id: int = 50256
+    pad_token_id: int | None = None
+    # attention-score scaling (HF GPT2Attention): by 1/sqrt(head_dim) unless scale_attn_weights is false, and further
+    # by 1/(layer index + 1) with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s); reorder_and_upcast_attn
+    # computes q·k from float32 inputs whatever the compute dtype (a no-op in float32)
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
+
+    # the family-agnostic names of the registry contract (FAMILY_INTERFACE.md)
+    @property
+    def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def width(self) -> int:
+        return self.n_embd
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def max_positions(self) -> int:
+        return self.n_positions
 
     @property
     def inner_dim(self) -> int:
@@ -73,6 +102,18 @@ class GPT2Config:
             if k in ("layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range") and not (
                     isinstance(v, (int, float)) and not isinstance(v, bool)):
                 raise ValueError(f"config field {k} must be a number, got {v!r}")
+        for k in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if k in kw and not isinstance(kw[k], bool):
+                raise ValueError(f"config field {k} must be true or false, got {kw[k]!r}")
+        if kw.get("pad_token_id") is not None and not (
+                isinstance(kw["pad_token_id"], int) and not isinstance(kw["pad_token_id"], bool)):
+            raise ValueError(f"config field pad_token_id must be an integer or null, got {kw['pad_token_id']!r}")
+        if d.get("tie_word_embeddings") is False:
+            raise ValueError("config field tie_word_embeddings=False is not supported: rbjax's GPT-2 has a tied LM "
+                             "head (GPT-2 and DialoGPT are tied)")
+        if d.get("add_cross_attention"):
+            raise ValueError(f"config field add_cross_attention={d['add_cross_attention']!r} is not supported: "
+                             "rbjax's GPT-2 is a decoder-only causal LM without cross-attention layers")
         if kw.get("n_inner") is not None and not (isinstance(kw["n_inner"], int) and kw["n_inner"] > 0):
             raise ValueError(f"config field n_inner must be a positive integer or null, got {kw['n_inner']!r}")
         for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -112,18 +153,6 @@ class GPT2Config:
         return d
 
 
-def _gelu_new(x):
-    return 0.5 * x * (1.0 + jnp.tanh(jnp.sqrt(2.0 / jnp.pi) * (x + 0.044715 * jnp.power(x, 3.0))))
-
-
-_ACTIVATIONS = {
-    "gelu_new": _gelu_new,
-    "gelu_pytorch_tanh": _gelu_new,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "relu": jax.nn.relu,
-}
-
-
 class _Dense(nn.Module):
     """HF ``Conv1D``: y = x @ kernel + bias, kernel stored (in, out).
 
@@ -146,6 +175,7 @@ class _Dense(nn.Module):
 class _Attention(nn.Module):
     config: GPT2Config
     dtype: Any = jnp.float32
+    layer: int = 0
 
     @nn.compact
     def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
@@ -161,8 +191,12 @@ class _Attention(nn.Module):
             k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
             v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
             kv = (k, v)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dt), k.astype(dt), preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(hd))
+        sdt = jnp.float32 if cfg.reorder_and_upcast_attn else dt
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(sdt), k.astype(sdt), preferred_element_type=jnp.float32)
+        if cfg.scale_attn_weights:
+            scores = scores / jnp.sqrt(jnp.float32(hd))
+        if cfg.scale_attn_by_inverse_layer_idx:
+            scores = scores / jnp.float32(self.layer + 1)
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax in every precision
         probs = nn.Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
@@ -188,11 +222,12 @@ class _MLP(nn.Module):
 class _Block(nn.Module):
     config: GPT2Config
     dtype: Any = jnp.float32
+    layer: int = 0
 
     @nn.compact
     def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
         eps = self.config.layer_norm_epsilon
-        a, kv = _Attention(self.config, self.dtype, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
+        a, kv = _Attention(self.config, self.dtype, self.layer, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
                                                                  deterministic, kv, index)
         x = x + a
         x = x + _MLP(self.config, self.dtype, name="mlp")(nn.LayerNorm(eps, name="ln_2")(x), deterministic)
@@ -276,36 +311,14 @@ class GPT2LMHeadModel(nn.Module):
         wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=nn.initializers.normal(cfg.initializer_range),
                        name="wte")
         wpe = nn.Embed(cfg.n_positions, cfg.n_embd, embedding_init=nn.initializers.normal(0.01), name="wpe")
-        index = None
-        if cache is not None:
-            if attention_mask is not None and attention_mask.ndim != 2:
-                raise ValueError("with a cache, attention_mask must be (B, L): 1 for the block's real tokens")
-            m = jnp.ones((B, L), bool) if attention_mask is None else attention_mask > 0
-            if position_ids is None:
-                seen = cache.mask.sum(-1, dtype=jnp.int32)[:, None]
-                position_ids = (seen + jnp.cumsum(m, axis=-1, dtype=jnp.int32) - 1) * m
-            index = cache.index
-            new_mask = jax.lax.dynamic_update_slice(cache.mask, m, (0, index))
-            S = cache.max_length
-            causal = jnp.arange(S)[None, :] <= index + jnp.arange(L)[:, None]  # (L, S) slot order
-            allowed = (causal[None] & new_mask[:, None, :])[:, None]
-        elif attention_mask is not None and attention_mask.ndim == 3:
-            if position_ids is None:
-                raise ValueError("a (B, L, L) attention_mask needs explicit position_ids")
-            causal = jnp.tril(jnp.ones((L, L), dtype=bool))
-            allowed = (causal[None] & (attention_mask > 0))[:, None]
-        else:
-            if position_ids is None:
-                position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
-                                else position_ids_from_mask(attention_mask))
-            causal = jnp.tril(jnp.ones((L, L), dtype=bool))[None, None]
-            allowed = causal if attention_mask is None else causal & (attention_mask[:, None, None, :] > 0)
+        ai = attention_inputs(B, L, attention_mask, position_ids, cache)
+        allowed, position_ids, index = ai.allowed, ai.q_pos, ai.index
         x = (wte(input_ids) + wpe(position_ids)).astype(jnp.float32)
         x = nn.Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
         new_k, new_v = [], []
         for i in range(cfg.n_layer):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Block(cfg, self.dtype, name=f"h_{i}")(x, allowed, deterministic, kv, index)
+            x, kv = _Block(cfg, self.dtype, i, name=f"h_{i}")(x, allowed, deterministic, kv, index)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -316,20 +329,8 @@ class GPT2LMHeadModel(nn.Module):
             logits = jnp.dot(hidden.astype(self.dtype), emb.astype(self.dtype).T, preferred_element_type=jnp.float32)
         if cache is None:
             return logits, hidden
-        new_cache = KVCache(keys=tuple(new_k), values=tuple(new_v), mask=new_mask, index=index + L)
+        new_cache = KVCache(keys=tuple(new_k), values=tuple(new_v), mask=ai.cache_mask, index=index + L)
         return logits, hidden, new_cache
-
-
-def position_ids_from_mask(attention_mask):
-    """Position ids for possibly left-padded rows: the k-th real token gets position k.
-
-    Args:
-        attention_mask: (B, L) array of 0/1.
-    Returns:
-        int32 (B, L) array (padding positions get 0).
-    """
-    m = jnp.asarray(attention_mask).astype(jnp.int32)
-    return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0) * m
 
 
 def init_params(config: GPT2Config, seed: int = 0) -> Params:

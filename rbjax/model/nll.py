@@ -1,7 +1,11 @@
-"""Next-token negative log-likelihood from final hidden states and the tied embedding — one implementation for
+"""Next-token negative log-likelihood from final hidden states and the output embedding (the LM head) — one implementation for
 scoring (LMB, LMP) and training (the LM loss).
 
-GPT-2's LM head is ``logits = h @ wte.T`` (V = 50,257 columns). The NLL of target ``t`` at a position with final
+The LM head is ``logits = h @ emb.T`` with ``emb`` the (V, d) output embedding — GPT-2's tied ``wte`` (V = 50,257
+columns), or an untied head (Llama, GPT-NeoX: :attr:`rbjax.model.registry.Family.lm_head`). Gemma 2 soft-caps the
+logits, ``z ↦ cap·tanh(z/cap)`` (``softcap``; :attr:`rbjax.model.registry.Family.logit_softcap`), before the
+softmax: every function here takes ``softcap`` and applies it to every logit, in the log-sum-exp and to the
+target's logit, with the exact gradient. The NLL of target ``t`` at a position with final
 state ``h`` is ``logsumexp(h @ wte.T) − h · wte[t]`` (natural log, nats). Materialising the (positions × V) logits
 costs 200 MB per 1,024 positions, and writing and re-reading them dominates on CPU, so the log-sum-exp is streamed
 over vocabulary chunks with a running max (:func:`chunked_logsumexp`), forward and backward: its gradient is a
@@ -37,7 +41,11 @@ def _dot_t(a, b, dt):
                                preferred_element_type=jnp.float32)
 
 
-def _lse_forward(h, emb, chunk, cdt):
+def _cap(lg, cap):
+    return lg if cap is None else jnp.tanh(lg / jnp.float32(cap)) * jnp.float32(cap)
+
+
+def _lse_forward(h, emb, chunk, cdt, cap):
     V = emb.shape[0]
     n, c = _chunks(V, chunk)
     overlap = n * c - V
@@ -46,7 +54,7 @@ def _lse_forward(h, emb, chunk, cdt):
     def body(carry, i):
         m, s = carry
         start = jnp.minimum(i * c, V - c)  # the last chunk is shifted left; its repeated columns are masked
-        lg = _dot_t(hc, jax.lax.dynamic_slice_in_dim(emb, start, c, 0), cdt)
+        lg = _cap(_dot_t(hc, jax.lax.dynamic_slice_in_dim(emb, start, c, 0), cdt), cap)
         if overlap:
             lg = jnp.where((start + jnp.arange(c)) >= i * c, lg, -jnp.inf)
         mn = jnp.maximum(m, lg.max(-1))
@@ -59,17 +67,17 @@ def _lse_forward(h, emb, chunk, cdt):
     return m + jnp.log(s)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _lse(h, emb, chunk, cdt):
-    return _lse_forward(h, emb, chunk, cdt)
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _lse(h, emb, chunk, cdt, cap):
+    return _lse_forward(h, emb, chunk, cdt, cap)
 
 
-def _lse_fwd(h, emb, chunk, cdt):
-    lse = _lse_forward(h, emb, chunk, cdt)
+def _lse_fwd(h, emb, chunk, cdt, cap):
+    lse = _lse_forward(h, emb, chunk, cdt, cap)
     return lse, (h, emb, lse)
 
 
-def _lse_bwd(chunk, cdt, res, g):
+def _lse_bwd(chunk, cdt, cap, res, g):
     h, emb, lse = res
     V, d = emb.shape
     n, c = _chunks(V, chunk)
@@ -83,7 +91,10 @@ def _lse_bwd(chunk, cdt, res, g):
     def body(dh, i):
         start = jnp.minimum(i * c, V - c)
         e = jax.lax.dynamic_slice_in_dim(emb, start, c, 0)
-        p = jnp.exp(_dot_t(hf, e, cdt) - lf[:, None]) * gf[:, None]  # g · softmax, this chunk's columns
+        z = _cap(_dot_t(hf, e, cdt), cap)
+        p = jnp.exp(z - lf[:, None]) * gf[:, None]  # g · softmax, this chunk's columns
+        if cap is not None:  # d(cap·tanh(x/cap))/dx = 1 − tanh² = 1 − (z/cap)²
+            p = p * (1.0 - jnp.square(z / jnp.float32(cap)))
         if overlap:
             p = jnp.where((start + jnp.arange(c)) >= i * c, p, 0.0)
         dh = dh + jnp.dot(p.astype(cdt), e.astype(cdt), preferred_element_type=jnp.float32)
@@ -98,8 +109,9 @@ def _lse_bwd(chunk, cdt, res, g):
 _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
-def chunked_logsumexp(h, emb, chunk: int = HEAD_CHUNK, compute_dtype=None):
-    """``logsumexp(h @ emb.T, axis=-1)`` without materialising the (…, V) logits, differentiable.
+def chunked_logsumexp(h, emb, chunk: int = HEAD_CHUNK, compute_dtype=None, softcap: float | None = None):
+    """``logsumexp(h @ emb.T, axis=-1)`` without materialising the (…, V) logits, differentiable (with ``softcap``:
+    ``logsumexp(softcap · tanh(h @ emb.T / softcap))``).
 
     Streams over vocabulary chunks of at most ``chunk`` columns with a running max / sum (exact up to float32
     rounding). The gradient (custom VJP) recomputes each chunk's softmax from the saved result: memory stays
@@ -108,54 +120,62 @@ def chunked_logsumexp(h, emb, chunk: int = HEAD_CHUNK, compute_dtype=None):
     Args:
         h: (..., d) final hidden states. emb: (V, d) output embeddings (GPT-2: ``params['wte']['embedding']``).
         chunk: at most this many columns per step. compute_dtype: matmul input dtype (``None``: float32).
+        softcap: final-logit soft-cap (Gemma 2's ``final_logit_softcapping``) or ``None``.
     Returns:
         float32 (...).
     """
     cdt = jnp.dtype(compute_dtype or jnp.float32)
-    return _lse(h, emb, int(chunk), cdt)
+    return _lse(h, emb, int(chunk), cdt, None if softcap is None else float(softcap))
 
 
-def nll_from_hidden(h, emb, targets, *, chunk: int = HEAD_CHUNK, compute_dtype=None):
+def nll_from_hidden(h, emb, targets, *, chunk: int = HEAD_CHUNK, compute_dtype=None, softcap: float | None = None):
     """Next-token NLL (nats) of ``targets`` given the final states ``h`` that predict them.
 
     Args:
-        h: (N, d) or (..., d) hidden states. emb: (V, d) tied embedding.
+        h: (N, d) or (..., d) hidden states. emb: (V, d) output embedding (the LM head).
         targets: int, ``h.shape[:-1]`` (one target per state) or ``h.shape[:-1] + (K,)`` (K targets scored from
             the same state: the log-sum-exp is computed once, e.g. the two continuations of a shared prefix).
+        softcap: final-logit soft-cap or ``None`` (see the module docstring).
     Returns:
-        float32, the shape of ``targets``: ``logsumexp(h @ emb.T) − h · emb[target]``.
+        float32, the shape of ``targets``: ``logsumexp(z) − z[target]`` with ``z = h @ emb.T`` (soft-capped).
     """
     cdt = jnp.dtype(compute_dtype or jnp.float32)
-    lse = chunked_logsumexp(h, emb, chunk, cdt)
+    lse = chunked_logsumexp(h, emb, chunk, cdt, softcap)
     multi = targets.ndim == h.ndim
     e = emb[targets]  # (..., [K,] d)
     hh = h[..., None, :] if multi else h
     tgt = jnp.sum(hh.astype(cdt).astype(jnp.float32) * e.astype(cdt).astype(jnp.float32), axis=-1)
+    tgt = _cap(tgt, None if softcap is None else float(softcap))
     return (lse[..., None] if multi else lse) - tgt
 
 
-def next_token_nll(hidden, emb, input_ids, attention_mask, *, chunk: int = HEAD_CHUNK, compute_dtype=None):
+def next_token_nll(hidden, emb, input_ids, attention_mask, *, chunk: int = HEAD_CHUNK, compute_dtype=None,
+                   softcap: float | None = None):
     """Per-position next-token NLL of padded rows: position i predicts token i+1.
 
     A target j counts when tokens j−1 and j are both real (right or left padding, as the attention mask says).
 
     Args:
         hidden: (B, L, d) final hidden states (``GPT2LMHeadModel(..., return_logits=False)[1]``).
-        emb: (V, d) tied embedding. input_ids: int (B, L). attention_mask: (B, L), 1 for real tokens.
+        emb: (V, d) output embedding. input_ids: int (B, L). attention_mask: (B, L), 1 for real tokens.
+        softcap: final-logit soft-cap or ``None``.
     Returns:
         ``(nll, mask)``: float32 (B, L−1) NLL in nats (0 where masked) and the float32 (B, L−1) target mask.
     """
     m = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
-    nll = nll_from_hidden(hidden[:, :-1], emb, input_ids[:, 1:], chunk=chunk, compute_dtype=compute_dtype)
+    nll = nll_from_hidden(hidden[:, :-1], emb, input_ids[:, 1:], chunk=chunk, compute_dtype=compute_dtype,
+                          softcap=softcap)
     return nll * m, m
 
 
-def mean_next_token_nll(hidden, emb, input_ids, attention_mask, *, chunk: int = HEAD_CHUNK, compute_dtype=None):
+def mean_next_token_nll(hidden, emb, input_ids, attention_mask, *, chunk: int = HEAD_CHUNK, compute_dtype=None,
+                        softcap: float | None = None):
     """The causal LM loss: mean next-token NLL (nats) over the real targets of a batch; 0 when it has none.
 
     Equal in value and gradient to ``logsumexp(h @ emb.T) − logit[target]`` averaged over the target mask
     (tests/test_nll.py), without the (B, L, V) logits.
     """
-    nll, m = next_token_nll(hidden, emb, input_ids, attention_mask, chunk=chunk, compute_dtype=compute_dtype)
+    nll, m = next_token_nll(hidden, emb, input_ids, attention_mask, chunk=chunk, compute_dtype=compute_dtype,
+                            softcap=softcap)
     return jnp.sum(nll) / jnp.maximum(jnp.sum(m), 1.0)
 

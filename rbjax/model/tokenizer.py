@@ -1,39 +1,70 @@
-"""The GPT-2 byte-level BPE tokenizer (shared by DialoGPT), via the ``tokenizers`` package.
+"""Tokenizers of the supported model families, via the ``tokenizers`` package.
 
-Encoding follows the reference code (``tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))``
-of HF's GPT-2 tokenizer): no special tokens added, no prefix space, no lower-casing,
-whitespace kept (a double space becomes its own ``Ġ`` token).
+Two kinds of folders are read:
 
-Note: in transformers 5.x, ``GPT2TokenizerFast(vocab_file=..., merges_file=...)``
-silently builds an *empty* tokenizer. rbjax therefore builds the BPE model itself from
-``vocab.json`` + ``merges.txt`` (or reads ``tokenizer.json``) and checks the vocabulary.
+* GPT-2's byte-level BPE files (``vocab.json`` + ``merges.txt``; DialoGPT, GPT-2). Encoding follows the reference
+  code (``tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))`` of HF's GPT-2 tokenizer): no special tokens
+  added, no prefix space, no lower-casing, whitespace kept (a double space becomes its own ``Ġ`` token).
+* ``tokenizer.json`` (the ``tokenizers`` serialisation that Llama 3, Mistral, Qwen2, Gemma, Pythia ship), with the
+  special tokens named in ``tokenizer_config.json`` / ``special_tokens_map.json``.
+
+A folder with only a SentencePiece ``tokenizer.model`` (no ``tokenizer.json``) is refused with a message saying how
+to convert it (rbjax does not depend on ``sentencepiece``).
+
+:meth:`Tokenizer.encode` never adds special tokens. Whether the model's own tokenizer puts a BOS before a text —
+``Tokenizer.adds_bos``, read off the ``tokenizer.json`` post-processor by encoding a probe text with and without
+special tokens, exactly what ``transformers`` (5.x) does with it — is the *BOS policy* input of the callers
+(:class:`rbjax.model.handle.ModelHandle`): they prepend ``bos_id`` themselves, so the policy is explicit and
+recorded.
+
+Note: in transformers 5.x, ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` silently builds an *empty*
+tokenizer. rbjax therefore builds the BPE model itself from ``vocab.json`` + ``merges.txt`` and checks the
+vocabulary.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from rbjax.model.hf import _looks_like_hub_id, resolve_model_dir
+from rbjax.model.hf import TOKENIZER_FILES, _looks_like_hub_id, resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_ID = 50256
 
+_PROBE = "hello world"
 
-class GPT2BPETokenizer:
-    """GPT-2 BPE tokenizer.
+
+class TokenizerError(ValueError):
+    """A tokenizer folder that rbjax cannot use as it stands (message names the file and the problem)."""
+
+
+class Tokenizer:
+    """A loaded tokenizer.
 
     Attributes:
-        source: where it was loaded from.
-        eos_id: id of ``<|endoftext|>`` (50256 for GPT-2).
-        vocab_size: number of tokens (50257 for GPT-2).
+        source: the folder it was loaded from. kind: ``"gpt2-bpe"`` (vocab.json + merges.txt) or
+            ``"tokenizer.json"``. vocab_size: number of tokens, added tokens included (50257 for GPT-2).
+        eos_id, bos_id, pad_id: ids of the special tokens (``None`` when the tokenizer has none; GPT-2's
+            ``<|endoftext|>`` is both its eos and its bos).
+        adds_bos: ``True`` when the tokenizer's own encoding (``transformers``' ``tokenizer(text)``) puts ``bos_id``
+            before a text (Llama, Mistral, Gemma), ``False`` when it adds nothing (GPT-2, Qwen2, Pythia).
     """
 
-    def __init__(self, tok, source: str):
+    def __init__(self, tok, source: str, *, kind: str = "gpt2-bpe", eos_id: int | None = None,
+                 bos_id: int | None = None, pad_id: int | None = None, adds_bos: bool = False):
         self._tok = tok
         self.source = source
+        self.kind = kind
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id = tok.token_to_id(EOS_TOKEN)
+        self.eos_id, self.bos_id, self.pad_id, self.adds_bos = eos_id, bos_id, pad_id, adds_bos
+
+    @property
+    def default_bos_id(self) -> int | None:
+        """The BOS to put before a scored text under the default policy (as the tokenizer itself encodes it):
+        :attr:`bos_id` when :attr:`adds_bos`, else ``None``."""
+        return self.bos_id if self.adds_bos else None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
@@ -42,25 +73,55 @@ class GPT2BPETokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def tokens(self, text: str) -> list[str]:
+        """The token strings of ``text`` (no special tokens added), e.g. ``['Ġjews']`` or ``['▁jews']``."""
+        return self._tok.encode(text, add_special_tokens=False).tokens
+
     def decode(self, ids) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(int(i))
+
+    def files(self) -> list[Path]:
+        """The tokenizer files of :attr:`source` that exist (what its content key covers)."""
+        p = Path(self.source)
+        return [p / f for f in TOKENIZER_FILES if (p / f).is_file()]
+
     def __repr__(self) -> str:
-        return f"GPT2BPETokenizer(source={self.source!r}, vocab_size={self.vocab_size})"
+        return f"Tokenizer(source={self.source!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
 
 
-def _from_folder(folder: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+#: the historical name (GPT-2 only); every loaded tokenizer is a :class:`Tokenizer`
+GPT2BPETokenizer = Tokenizer
 
-    if (folder / "tokenizer.json").exists():
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
-    vocab, merges = folder / "vocab.json", folder / "merges.txt"
-    if not (vocab.exists() and merges.exists()):
-        return None
-    tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+
+def _special(folder: Path, name: str) -> str | None:
+    """The ``{name}_token`` string of ``tokenizer_config.json`` (else ``special_tokens_map.json``), or None."""
+    for f in ("tokenizer_config.json", "special_tokens_map.json"):
+        p = folder / f
+        if not p.is_file():
+            continue
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{p}: cannot read ({e})") from None
+        v = d.get(f"{name}_token") if isinstance(d, dict) else None
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def _gpt2_bpe(folder: Path):
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    tok = _Tok(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -70,16 +131,63 @@ def _from_folder(folder: Path):
     return tok
 
 
-def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = GPT2_VOCAB_SIZE) -> GPT2BPETokenizer:
-    """Load the GPT-2 tokenizer from a folder (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``) or a hub id.
+def _from_folder(folder: Path) -> Tokenizer | None:
+    from tokenizers import Tokenizer as _Tok
+
+    if (folder / "tokenizer.json").exists():
+        tok = _Tok.from_file(str(folder / "tokenizer.json"))
+        kind = "tokenizer.json"
+    elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+        tok, kind = _gpt2_bpe(folder), "gpt2-bpe"
+    elif (folder / "tokenizer.model").exists():
+        raise TokenizerError(
+            f"{folder / 'tokenizer.model'}: a SentencePiece model without tokenizer.json; rbjax reads tokenizer.json "
+            "(the `tokenizers` format). Convert it once where `sentencepiece` is installed: "
+            "python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('FOLDER')"
+            ".save_pretrained('FOLDER')\" (writes FOLDER/tokenizer.json), or pass --tokenizer with a folder that has one")
+    else:
+        return None
+
+    def tid(name: str) -> int | None:
+        s = _special(folder, name)
+        if s is None:
+            return None
+        i = tok.token_to_id(s)
+        if i is None:
+            raise TokenizerError(f"{folder}: the {name}_token {s!r} of tokenizer_config.json is not in the vocabulary")
+        return i
+
+    eos, bos, pad = tid("eos"), tid("bos"), tid("pad")
+    gpt2_eos = tok.token_to_id(EOS_TOKEN)
+    if eos is None and gpt2_eos is not None:
+        eos = gpt2_eos
+    if bos is None and kind == "gpt2-bpe":
+        bos = gpt2_eos  # GPT-2's bos_token is <|endoftext|>
+    with_sp = tok.encode(_PROBE, add_special_tokens=True).ids
+    plain = tok.encode(_PROBE, add_special_tokens=False).ids
+    adds_bos = False
+    if with_sp != plain:
+        if len(with_sp) == len(plain) + 1 and with_sp[1:] == plain and (bos is None or with_sp[0] == bos):
+            adds_bos, bos = True, with_sp[0]
+        else:
+            extra = [tok.id_to_token(i) for i in with_sp if i not in plain]
+            raise TokenizerError(
+                f"{folder / 'tokenizer.json'}: its post-processor adds {extra} around a text ({plain} -> {with_sp}); "
+                "rbjax scores a phrase as the model's tokenizer encodes it with at most one BOS token before it")
+    return Tokenizer(tok, str(folder), kind=kind, eos_id=eos, bos_id=bos, pad_id=pad, adds_bos=adds_bos)
+
+
+def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = GPT2_VOCAB_SIZE) -> Tokenizer:
+    """Load a tokenizer from a folder (``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``) or a hub id.
 
     Args:
         source: folder or hub id (e.g. ``microsoft/DialoGPT-small``).
-        expected_vocab_size: checked against the loaded vocabulary (``None`` skips the
-            check, e.g. for a model with added tokens).
+        expected_vocab_size: checked against the loaded vocabulary (``None`` skips the check: any family; the
+            default is the GPT-2/DialoGPT BPE, whose ``<|endoftext|>`` must then be id 50256).
     Raises:
         FileNotFoundError: folder without tokenizer files.
-        ValueError: wrong vocabulary size or no ``<|endoftext|>`` token at id 50256.
+        TokenizerError (a ValueError): unreadable files, a SentencePiece-only folder, a special token not in the
+            vocabulary, a post-processor that adds more than one BOS, wrong vocabulary size.
         RuntimeError: hub download failed.
     """
     p = Path(source).expanduser()
@@ -91,19 +199,21 @@ def load_tokenizer(source: str | os.PathLike, expected_vocab_size: int | None = 
     if not p.is_dir():
         raise FileNotFoundError(f"{p}: expected a tokenizer folder (vocab.json + merges.txt or tokenizer.json)")
     try:
-        tok = _from_folder(p)
+        t = _from_folder(p)
+    except TokenizerError:
+        raise
     except Exception as e:  # the tokenizers library raises plain Exceptions on malformed files
-        raise ValueError(f"{p}: cannot read the tokenizer files ({e}); truncated or mismatched vocab.json/merges.txt?") from None
-    if tok is None:
+        raise TokenizerError(f"{p}: cannot read the tokenizer files ({e}); truncated or mismatched "
+                             "vocab.json/merges.txt or tokenizer.json?") from None
+    if t is None:
         raise FileNotFoundError(f"{p}: no tokenizer files (need tokenizer.json, or vocab.json and merges.txt)")
-    t = GPT2BPETokenizer(tok, str(p))
     if expected_vocab_size is not None and t.vocab_size != expected_vocab_size:
-        raise ValueError(
+        raise TokenizerError(
             f"{p}: tokenizer has {t.vocab_size} tokens, expected {expected_vocab_size} (the GPT-2/DialoGPT BPE). "
             "Wrong or incomplete vocab.json/merges.txt?"
         )
     if expected_vocab_size == GPT2_VOCAB_SIZE and t.eos_id != GPT2_EOS_ID:
-        raise ValueError(f"{p}: {EOS_TOKEN} has id {t.eos_id}, expected {GPT2_EOS_ID} (GPT-2 BPE)")
-    if not t.encode("hello world"):
-        raise ValueError(f"{p}: tokenizer encodes 'hello world' to nothing; the vocabulary is empty or broken")
+        raise TokenizerError(f"{p}: {EOS_TOKEN} has id {t.eos_id}, expected {GPT2_EOS_ID} (GPT-2 BPE)")
+    if not t.encode(_PROBE):
+        raise TokenizerError(f"{p}: tokenizer encodes {_PROBE!r} to nothing; the vocabulary is empty or broken")
     return t

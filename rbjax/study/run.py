@@ -28,15 +28,16 @@ from typing import Callable
 
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, digest, files_key
+from rbjax.core.keys import canonical, digest
 from rbjax.core.log import say
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.sweep import grid_points, run_sweeps
 from rbjax.debias.train import train
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
-from rbjax.model.gpt2 import GPT2Config, init_params
-from rbjax.model.hf import TOKENIZER_FILES, model_files_key, resolve_model_dir, save_pretrained
+from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
+from rbjax.model.hf import resolve_model_dir, save_pretrained
+from rbjax.model.registry import family_of
 from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
 
@@ -70,12 +71,7 @@ def _say(msg: str) -> None:
 
 
 def _model_digest(folder: str | Path) -> str:
-
-    return digest(model_files_key(resolve_model_dir(folder)))
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    return (folder / "tokenizer.json").exists() or ((folder / "vocab.json").exists() and (folder / "merges.txt").exists())
+    return ModelHandle.open(folder).digest
 
 
 class _Study:
@@ -91,24 +87,25 @@ class _Study:
 
     def _tok_for(self, model_dir: str | Path) -> str | None:
         p = Path(model_dir)
-        return None if p.is_dir() and _has_tokenizer(p) else self.cfg.tokenizer
+        return None if p.is_dir() and has_tokenizer_files(p) else self.cfg.tokenizer
 
     def _make_random_model(self) -> dict:
-
+        """A seeded random model of any family: the table is a ``config.json`` (``model_type`` picks the family;
+        GPT-2 without one) plus ``seed``."""
         spec = dict(self.cfg.random_model)
         seed = int(spec.pop("seed", 0))
-        config = GPT2Config.from_dict(spec)
+        where = f"{self.cfg.path}: [study.random_model]"
+        fam = family_of(spec, where)
+        config = fam.config_from_hf(spec, where)
         if not self.cfg.tokenizer:
-            raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (the GPT-2 BPE files)")
+            raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (e.g. the GPT-2 BPE files)")
         tok = resolve_model_dir(self.cfg.tokenizer)
-        save_pretrained(init_params(config, seed), config, self.out / "model", tokenizer_dir=tok)
-        return {"folder": str(self.out / "model"), "config": dataclasses.asdict(config), "seed": seed}
+        save_pretrained(fam.init_params(config, seed), config, self.out / "model", tokenizer_dir=tok)
+        return {"folder": str(self.out / "model"), "config": fam.config_to_hf(config), "seed": seed}
 
     def _random_model_key(self) -> dict:
-
         tok = resolve_model_dir(self.cfg.tokenizer) if self.cfg.tokenizer else None
-        return {"random_model": self.cfg.random_model,
-                "tokenizer": files_key(tok / f for f in TOKENIZER_FILES) if tok else None}
+        return {"random_model": self.cfg.random_model, "tokenizer": tokenizer_files_key(tok) if tok else None}
 
     # -- common settings ----------------------------------------------------------------------------------------
     def _train_base(self, method: str, bias_type: str, seed: int, out_dir: Path):

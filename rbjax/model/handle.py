@@ -1,0 +1,279 @@
+"""One model handle: a model and its tokenizer, where they came from, their content key and their checks.
+
+Every command and the study load a model through :class:`ModelHandle` (issue 16 item 3):
+
+* :meth:`ModelHandle.open` — an HF folder, a hub id (downloaded into the HF cache), or a finished ``rbjax debias``
+  run folder (its exported ``model/``); nothing is read until :meth:`load`.
+* :meth:`ModelHandle.from_params` — parameters already in memory (a sweep point, a run that just finished).
+
+Content key (:meth:`files_key`, :attr:`digest`): sha256 of ``config.json``, of *every* weight file — a sharded
+checkpoint's shards are the files named by ``model.safetensors.index.json``'s ``weight_map`` — and of the tokenizer
+files in the folder (:func:`rbjax.model.hf.model_files_key`); in-memory parameters are keyed by
+:func:`rbjax.core.keys.tree_digest`. The tokenizer
+has its own key (:meth:`tokenizer_key`), since ``--tokenizer`` may point elsewhere.
+
+Checks at load (:meth:`load`): the tokenizer's vocabulary fits in the model's embedding (a larger one would index
+past it), and every special token id the model config or the tokenizer names (bos, eos, pad) lies inside the model
+vocabulary (:class:`SpecialTokenError`: a tiny config whose default eos 50256 is outside a 64-token vocabulary made
+``generate`` return zeros through NaN).
+
+BOS policy (:meth:`bos_id`): by default a text is scored as the model's own tokenizer encodes it — a BOS before it
+when the tokenizer adds one (``Tokenizer.adds_bos``: Llama, Mistral, Gemma), none otherwise (GPT-2, DialoGPT, Qwen2,
+Pythia); ``bos=True``/``False`` (``--bos``/``--no-bos``) overrides. With a BOS every token of the text is predicted
+(from the BOS on); without one the first token is context only (docs/lmb.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rbjax.core.keys import digest, files_key, tree_digest
+from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.registry import family_of_config
+from rbjax.model.tokenizer import load_tokenizer
+
+__all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_key",
+           "tokenizer_files_key", "is_run_folder", "has_tokenizer_files"]
+
+#: files that mark a finished or unfinished ``rbjax debias`` run folder
+RUN_FOLDER_MARKS = ("results.json", "checkpoints", "metrics.jsonl", "model")
+
+
+class VocabularyError(ValueError):
+    """The tokenizer has more tokens than the model's embedding has rows."""
+
+
+class SpecialTokenError(ValueError):
+    """A special token id (bos, eos, pad) of the model config or the tokenizer lies outside the model vocabulary."""
+
+
+def tokenizer_files_key(folder: str | os.PathLike) -> dict:
+    """``{file name: sha256}`` of the tokenizer files in ``folder`` (:data:`rbjax.model.hf.TOKENIZER_FILES`)."""
+    return files_key(Path(folder) / f for f in TOKENIZER_FILES)
+
+
+def tokenizer_key(tokenizer) -> dict:
+    """Content key of a loaded tokenizer: :func:`tokenizer_files_key` of its folder (``{"source": …}`` for one that
+    does not come from a folder)."""
+    src = Path(str(getattr(tokenizer, "source", "")))
+    return tokenizer_files_key(src) if src.is_dir() else {"source": str(src)}
+
+
+def has_tokenizer_files(folder: str | os.PathLike) -> bool:
+    p = Path(folder)
+    return (p / "tokenizer.json").exists() or ((p / "vocab.json").exists() and (p / "merges.txt").exists())
+
+
+def is_run_folder(p: Path) -> bool:
+    """A folder without weights of its own that looks like an ``rbjax debias`` run folder."""
+    has_weights = any((p / w).exists() for w in WEIGHT_FILES) or any(p.glob("model-*.safetensors"))
+    return p.is_dir() and not has_weights and any((p / n).exists() for n in RUN_FOLDER_MARKS)
+
+
+def _run_model_folder(p: Path) -> Path:
+    res = p / "results.json"
+    status = None
+    if res.exists():
+        try:
+            status = json.loads(res.read_text(encoding="utf-8")).get("status")
+        except (OSError, ValueError):
+            status = "unreadable"
+    if not (p / "model" / "config.json").exists() or status not in ("done", None):
+        raise ValueError(f"{p}: a debiasing run folder without a finished, exported model ({p / 'model'}"
+                         f"{'' if (p / 'model').exists() else ' is missing'}; results.json status: "
+                         f"{status or 'absent'}); finish the run (the same `rbjax debias` command resumes "
+                         "it, without --no-export) or pass the HF model folder itself")
+    return p / "model"
+
+
+class ModelHandle:
+    """A model and its tokenizer (module docstring).
+
+    Attributes:
+        name: the model as given (folder, hub id, run folder, or a display name for parameters in memory).
+        folder: the HF folder read (``None`` for parameters in memory). run_folder: the ``rbjax debias`` run folder
+            it came from, or ``None``. tokenizer_source: the tokenizer folder / hub id.
+    """
+
+    def __init__(self, name: str, folder: Path | None, run_folder: Path | None, tokenizer_source: str | None):
+        self.name, self.folder, self.run_folder = str(name), folder, run_folder
+        self.tokenizer_source = tokenizer_source
+        self._config = self._params = self._tokenizer = None
+        self._files_key: dict | None = None
+        self._tok_key: dict | None = None
+
+    # -- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> "ModelHandle":
+        """A handle on an HF folder, a hub id or a finished ``rbjax debias`` run folder (its ``model/``);
+        ``tokenizer`` defaults to the model folder. Nothing but the location is resolved here.
+
+        Raises:
+            FileNotFoundError: no such folder (and not a hub id).
+            ValueError: a run folder without a finished, exported model.
+            RuntimeError: a hub id that cannot be downloaded.
+        """
+        p = Path(model).expanduser()
+        run_folder = None
+        if p.is_dir() and is_run_folder(p):
+            run_folder, folder = p, _run_model_folder(p)
+        else:
+            folder = resolve_model_dir(model)
+        return cls(str(model), folder, run_folder, str(tokenizer) if tokenizer is not None else None)
+
+    @classmethod
+    def from_params(cls, params, config, tokenizer, *, name: str, key=None) -> "ModelHandle":
+        """Parameters already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and
+        a content ``key`` (default: :func:`rbjax.core.keys.tree_digest` of the params, computed when first
+        asked for; or e.g. the digest of the files they were exported to).
+
+        Raises:
+            VocabularyError, SpecialTokenError: as :meth:`load`.
+        """
+        self = cls(name, None, None, str(getattr(tokenizer, "source", "")))
+        self._config, self._params, self._tokenizer = config, params, tokenizer
+        if key is not None:
+            self._files_key = key
+        self._check()
+        return self
+
+    # -- loading -----------------------------------------------------------------------------------------------
+    def load(self):
+        """``(config, params, tokenizer)``, read on the first call (params: float32 numpy arrays).
+
+        Raises:
+            FileNotFoundError: no tokenizer files (pass a tokenizer); whatever the weight loader raises.
+            VocabularyError: the tokenizer has more tokens than the model.
+            SpecialTokenError: a bos/eos/pad id outside the model vocabulary.
+        """
+        if self._params is None:
+            self._config, self._params = load_pretrained(self.folder)
+            self._load_tokenizer()
+            self._check()
+        return self._config, self._params, self.tokenizer
+
+    def _load_tokenizer(self) -> None:
+        src = self.tokenizer_source if self.tokenizer_source is not None else str(self.folder)
+        try:
+            self._tokenizer = load_tokenizer(src, expected_vocab_size=None)
+        except FileNotFoundError:
+            if self.tokenizer_source is None:
+                raise FileNotFoundError(
+                    f"{self.folder}: the model folder has no tokenizer files; pass --tokenizer (a folder with "
+                    "tokenizer.json, or the GPT-2 vocab.json and merges.txt, or a hub id such as "
+                    "microsoft/DialoGPT-small)") from None
+            raise FileNotFoundError(f"{src}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
+                                    "pass --tokenizer") from None
+
+    @property
+    def config(self):
+        if self._config is None:
+            self.load()
+        return self._config
+
+    @property
+    def params(self):
+        if self._params is None:
+            self.load()
+        return self._params
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._load_tokenizer()
+        return self._tokenizer
+
+    @property
+    def family(self):
+        """The :class:`rbjax.model.registry.Family` of the model."""
+        return family_of_config(self.config)
+
+    def _check(self) -> None:
+        cfg, tok = self._config, self._tokenizer
+        V = cfg.vocab_size
+        where = self.folder if self.folder is not None else self.name
+        if tok.vocab_size > V:
+            raise VocabularyError(f"the tokenizer ({tok.source}) has {tok.vocab_size} tokens but the model "
+                                  f"({where}) only {V}")
+        special = family_of_config(cfg).special_tokens(cfg)
+        named = [("config.json", k, v) for k, v in special.items()]
+        named += [(f"tokenizer {tok.source}", k, getattr(tok, f"{k}_id", None)) for k in ("bos", "eos", "pad")]
+        for src, k, v in named:
+            bad = [int(i) for i in (v if isinstance(v, (tuple, list)) else [v])
+                   if i is not None and not 0 <= int(i) < V]  # eos may be a list (Llama 3)
+            if bad:
+                v = bad[0]
+                raise SpecialTokenError(f"{where}: the {k} token id {v} of the {src} is outside the model "
+                                        f"vocabulary [0, {V}); fix {k}_token_id / the tokenizer's {k}_token")
+        if tok.eos_id is None and special.get("eos") is not None:
+            # a tokenizer.json without tokenizer_config.json: the model's eos ends turns and generations (CRG, DST)
+            e = special["eos"]
+            tok.eos_id = int(e[0] if isinstance(e, (tuple, list)) else e)
+
+    # -- BOS policy --------------------------------------------------------------------------------------------
+    def bos_id(self, bos: bool | None = None) -> int | None:
+        """The token to put before every scored text, or ``None`` (module docstring).
+
+        Args:
+            bos: ``None``: as the model's tokenizer encodes a text (``tokenizer.adds_bos``); ``True``: always
+                (``--bos``); ``False``: never (``--no-bos``).
+        Raises:
+            SpecialTokenError: ``bos=True`` but neither the tokenizer nor the config names a BOS token.
+        """
+        tok = self.tokenizer
+        use = tok.adds_bos if bos is None else bool(bos)
+        if not use:
+            return None
+        b = tok.bos_id
+        if b is None:
+            b = family_of_config(self.config).special_tokens(self.config).get("bos")
+            b = b[0] if isinstance(b, (tuple, list)) else b
+        if b is None:
+            raise SpecialTokenError(f"{self.name}: --bos, but neither the tokenizer ({tok.source}) nor config.json "
+                                    "names a BOS token")
+        return int(b)
+
+    def resolve_bos(self, bos: bool | None) -> bool:
+        """``bos`` with ``None`` replaced by what the model's tokenizer does (recorded in results)."""
+        return self.tokenizer.adds_bos if bos is None else bool(bos)
+
+    # -- keys --------------------------------------------------------------------------------------------------
+    def files_key(self):
+        """``{file: sha256}`` of the model folder (:func:`model_files_key`), or the in-memory key."""
+        if self._files_key is None:
+            self._files_key = (model_files_key(self.folder) if self.folder is not None
+                               else tree_digest(self._params))
+        return self._files_key
+
+    @property
+    def digest(self) -> str:
+        """sha256 over :meth:`files_key` (the in-memory key itself when it is already a digest string)."""
+        k = self.files_key()
+        return k if isinstance(k, str) else digest(k)
+
+    def tokenizer_key(self) -> dict:
+        """``{file: sha256}`` of the tokenizer files (:func:`tokenizer_key`; the tokenizer is loaded for it, so a hub
+        id and its downloaded folder give the same key)."""
+        if self._tok_key is None:
+            self._tok_key = tokenizer_key(self.tokenizer)
+        return self._tok_key
+
+    @property
+    def tokenizer_digest(self) -> str:
+        return digest(self.tokenizer_key())
+
+    def fingerprint(self) -> dict:
+        """``{"model": files_key, "tokenizer": tokenizer_key}`` (content, not paths: the same weights copied
+        elsewhere are the same model; weights rewritten in place are another one)."""
+        return {"model": self.files_key(), "tokenizer": self.tokenizer_key()}
+
+    def describe(self) -> dict:
+        return {"source": self.name, "folder": None if self.folder is None else str(self.folder),
+                "run_folder": None if self.run_folder is None else str(self.run_folder),
+                "files_digest": self.digest,
+                "tokenizer": self.tokenizer_source if self.tokenizer_source is not None else str(self.folder),
+                "tokenizer_digest": self.tokenizer_digest}
+
+    def __repr__(self) -> str:
+        return f"ModelHandle({self.name!r}, folder={self.folder!s})"
