@@ -146,7 +146,7 @@ def test_packed_plan_compiles_one_program_per_shape(start, redditbias_dir, tmp_p
 
 
 # ------------------------------------------------------------------------------------------------ dialog tasks
-CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=63, eos_token_id=63)
 
 
 def _dialog_batch(rng, lengths, L=12, with_loss_mask=False):
