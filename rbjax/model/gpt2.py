@@ -54,6 +54,13 @@ class GPT2Config:
     initializer_range: float = 0.02
     bos_token_id: int = 50256
     eos_token_id: int = 50256
+    pad_token_id: int | None = None
+    # attention-score scaling (HF GPT2Attention): by 1/sqrt(head_dim) unless scale_attn_weights is false, and further
+    # by 1/(layer index + 1) with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s); reorder_and_upcast_attn
+    # computes q·k from float32 inputs whatever the compute dtype (a no-op in float32)
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
 
     @property
     def inner_dim(self) -> int:
@@ -73,6 +80,18 @@ class GPT2Config:
             if k in ("layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range") and not (
                     isinstance(v, (int, float)) and not isinstance(v, bool)):
                 raise ValueError(f"config field {k} must be a number, got {v!r}")
+        for k in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if k in kw and not isinstance(kw[k], bool):
+                raise ValueError(f"config field {k} must be true or false, got {kw[k]!r}")
+        if kw.get("pad_token_id") is not None and not (
+                isinstance(kw["pad_token_id"], int) and not isinstance(kw["pad_token_id"], bool)):
+            raise ValueError(f"config field pad_token_id must be an integer or null, got {kw['pad_token_id']!r}")
+        if d.get("tie_word_embeddings") is False:
+            raise ValueError("config field tie_word_embeddings=False is not supported: rbjax's GPT-2 has a tied LM "
+                             "head (GPT-2 and DialoGPT are tied)")
+        if d.get("add_cross_attention"):
+            raise ValueError(f"config field add_cross_attention={d['add_cross_attention']!r} is not supported: "
+                             "rbjax's GPT-2 is a decoder-only causal LM without cross-attention layers")
         if kw.get("n_inner") is not None and not (isinstance(kw["n_inner"], int) and kw["n_inner"] > 0):
             raise ValueError(f"config field n_inner must be a positive integer or null, got {kw['n_inner']!r}")
         for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -146,6 +165,7 @@ class _Dense(nn.Module):
 class _Attention(nn.Module):
     config: GPT2Config
     dtype: Any = jnp.float32
+    layer: int = 0
 
     @nn.compact
     def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
@@ -161,8 +181,12 @@ class _Attention(nn.Module):
             k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
             v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
             kv = (k, v)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dt), k.astype(dt), preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(hd))
+        sdt = jnp.float32 if cfg.reorder_and_upcast_attn else dt
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(sdt), k.astype(sdt), preferred_element_type=jnp.float32)
+        if cfg.scale_attn_weights:
+            scores = scores / jnp.sqrt(jnp.float32(hd))
+        if cfg.scale_attn_by_inverse_layer_idx:
+            scores = scores / jnp.float32(self.layer + 1)
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax in every precision
         probs = nn.Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
@@ -188,11 +212,12 @@ class _MLP(nn.Module):
 class _Block(nn.Module):
     config: GPT2Config
     dtype: Any = jnp.float32
+    layer: int = 0
 
     @nn.compact
     def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
         eps = self.config.layer_norm_epsilon
-        a, kv = _Attention(self.config, self.dtype, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
+        a, kv = _Attention(self.config, self.dtype, self.layer, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
                                                                  deterministic, kv, index)
         x = x + a
         x = x + _MLP(self.config, self.dtype, name="mlp")(nn.LayerNorm(eps, name="ln_2")(x), deterministic)
@@ -305,7 +330,7 @@ class GPT2LMHeadModel(nn.Module):
         new_k, new_v = [], []
         for i in range(cfg.n_layer):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Block(cfg, self.dtype, name=f"h_{i}")(x, allowed, deterministic, kv, index)
+            x, kv = _Block(cfg, self.dtype, i, name=f"h_{i}")(x, allowed, deterministic, kv, index)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

@@ -1,20 +1,17 @@
-"""Hugging Face GPT-2 checkpoints ⇄ rbjax parameter pytrees.
+"""Hugging Face checkpoints ⇄ rbjax parameter pytrees, for every registered model family.
 
-Reads a local folder or a hub id (e.g. ``microsoft/DialoGPT-small``) holding
-``config.json`` and one of
+Reads a local folder or a hub id (e.g. ``microsoft/DialoGPT-small``) holding ``config.json`` and one of
 
-* ``model.safetensors`` (or sharded ``model.safetensors.index.json``) — preferred;
-* ``flax_model.msgpack`` (HF Flax layout; its Conv1D kernels are stored (out, in));
+* ``model.safetensors`` (or sharded ``model.safetensors.index.json``) — preferred; float32, bfloat16 or float16
+  tensors (bf16 is read without PyTorch, through ``ml_dtypes``), loaded as float32 parameters;
+* ``flax_model.msgpack`` (HF Flax layout; GPT-2 only);
 * ``pytorch_model.bin`` — only when PyTorch is installed.
 
-HF PyTorch checkpoints store ``c_attn``/``c_proj``/``c_fc`` weights as ``Conv1D``
-(in, out), which is rbjax's layout, so they are copied without a transpose. The LM
-head is tied to ``wte``; a checkpoint without ``lm_head.weight`` is tied implicitly,
-and one whose ``lm_head.weight`` differs from ``wte`` is refused (rbjax's GPT-2 has a
-tied head, as GPT-2 and DialoGPT do).
-
-:func:`save_pretrained` writes ``config.json`` + ``model.safetensors`` that
-``transformers.GPT2LMHeadModel.from_pretrained`` loads.
+The family is picked from ``config.json``'s ``model_type`` (:func:`rbjax.model.registry.family_of`); its config
+reader refuses by name every field it does not implement, and its key map names missing, unexpected or mis-shaped
+weights. :func:`save_pretrained` writes ``config.json`` + ``model.safetensors`` that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads. GPT-2's key map lives in :mod:`rbjax.model.gpt2_keys`
+(re-exported here as :func:`state_dict_to_params` / :func:`params_to_state_dict`).
 """
 from __future__ import annotations
 
@@ -29,152 +26,96 @@ import numpy as np
 
 from rbjax.core.io import dir_mode, file_mode
 from rbjax.core.keys import files_key
-from rbjax.model.gpt2 import GPT2Config
+from rbjax.model import registry
+from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
+
+__all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "load_pretrained", "save_pretrained", "resolve_model_dir",
+           "read_config_json", "state_dict_to_params", "params_to_state_dict"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
-# (HF key suffix inside a block, rbjax path inside a block, kind)
-_BLOCK_MAP = [
-    ("ln_1.weight", ("ln_1", "scale")), ("ln_1.bias", ("ln_1", "bias")),
-    ("attn.c_attn.weight", ("attn", "c_attn", "kernel")), ("attn.c_attn.bias", ("attn", "c_attn", "bias")),
-    ("attn.c_proj.weight", ("attn", "c_proj", "kernel")), ("attn.c_proj.bias", ("attn", "c_proj", "bias")),
-    ("ln_2.weight", ("ln_2", "scale")), ("ln_2.bias", ("ln_2", "bias")),
-    ("mlp.c_fc.weight", ("mlp", "c_fc", "kernel")), ("mlp.c_fc.bias", ("mlp", "c_fc", "bias")),
-    ("mlp.c_proj.weight", ("mlp", "c_proj", "kernel")), ("mlp.c_proj.bias", ("mlp", "c_proj", "bias")),
-]
-_TOP_MAP = [
-    ("wte.weight", ("wte", "embedding")), ("wpe.weight", ("wpe", "embedding")),
-    ("ln_f.weight", ("ln_f", "scale")), ("ln_f.bias", ("ln_f", "bias")),
-]
-# HF buffers that are not parameters
-_IGNORED = re.compile(r"(^|\.)attn\.(bias|masked_bias)$")
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16", "I64": np.int64,
+              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
-def _expected_shapes(cfg: GPT2Config) -> dict[tuple, tuple]:
-    d, inner = cfg.n_embd, cfg.inner_dim
-    shapes = {("wte", "embedding"): (cfg.vocab_size, d), ("wpe", "embedding"): (cfg.n_positions, d),
-              ("ln_f", "scale"): (d,), ("ln_f", "bias"): (d,)}
-    blk = {("ln_1", "scale"): (d,), ("ln_1", "bias"): (d,), ("ln_2", "scale"): (d,), ("ln_2", "bias"): (d,),
-           ("attn", "c_attn", "kernel"): (d, 3 * d), ("attn", "c_attn", "bias"): (3 * d,),
-           ("attn", "c_proj", "kernel"): (d, d), ("attn", "c_proj", "bias"): (d,),
-           ("mlp", "c_fc", "kernel"): (d, inner), ("mlp", "c_fc", "bias"): (inner,),
-           ("mlp", "c_proj", "kernel"): (inner, d), ("mlp", "c_proj", "bias"): (d,)}
-    for i in range(cfg.n_layer):
-        for k, s in blk.items():
-            shapes[(f"h_{i}",) + k] = s
-    return shapes
+def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file read directly (8-byte header length, JSON header, raw little-endian tensors): the
+    dtypes numpy lacks (bfloat16) come from ``ml_dtypes`` (a JAX dependency), so bf16 checkpoints need no PyTorch."""
+    import ml_dtypes
 
-
-def _set(tree: dict, path: tuple, value) -> None:
-    for p in path[:-1]:
-        tree = tree.setdefault(p, {})
-    tree[path[-1]] = value
-
-
-def state_dict_to_params(state: dict[str, np.ndarray], cfg: GPT2Config, source: str = "checkpoint") -> dict:
-    """Convert an HF PyTorch-layout state dict (numpy arrays) to an rbjax params pytree.
-
-    Accepts keys with or without the ``transformer.`` prefix.
-
-    Raises:
-        ValueError: missing or unexpected keys, shape mismatches, or an untied ``lm_head``.
-    """
-    flat = {}
-    for k, v in state.items():
-        key = k[len("transformer."):] if k.startswith("transformer.") else k
-        flat[key] = v
-    params: dict = {}
-    used = set()
-    for hf, path in _TOP_MAP:
-        if hf in flat:
-            _set(params, path, flat[hf]); used.add(hf)
-    for i in range(cfg.n_layer):
-        for hf, path in _BLOCK_MAP:
-            key = f"h.{i}.{hf}"
-            if key in flat:
-                _set(params, (f"h_{i}",) + path, flat[key]); used.add(key)
-    if "lm_head.weight" in flat:
-        used.add("lm_head.weight")
-        if "wte.weight" in flat and not np.array_equal(np.asarray(flat["lm_head.weight"]), np.asarray(flat["wte.weight"])):
-            raise ValueError(f"{source}: lm_head.weight differs from wte.weight; rbjax supports GPT-2 with a tied LM head only")
-        if "wte.weight" not in flat:
-            _set(params, ("wte", "embedding"), flat["lm_head.weight"])
-    unexpected = sorted(k for k in flat if k not in used and not _IGNORED.search(k))
-    if unexpected:
-        raise ValueError(f"{source}: unexpected GPT-2 weights {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}")
-    _check(params, cfg, source)
-    return params
-
-
-def _check(params: dict, cfg: GPT2Config, source: str) -> None:
-    from flax.traverse_util import flatten_dict
-
-    got = flatten_dict(params)
-    want = _expected_shapes(cfg)
-    missing = sorted(".".join(k) for k in want if k not in got)
-    if missing:
-        raise ValueError(f"{source}: missing weights {missing[:8]}{' …' if len(missing) > 8 else ''}")
-    for k, shape in want.items():
-        if tuple(got[k].shape) != shape:
-            raise ValueError(f"{source}: weight {'.'.join(k)} has shape {tuple(got[k].shape)}, config expects {shape}")
-        arr = np.asarray(got[k])
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise ValueError(f"{source}: weight {'.'.join(k)} has dtype {arr.dtype}, expected floating point")
-
-
-def _flax_msgpack_to_params(path: Path, cfg: GPT2Config) -> dict:
-    from flax.serialization import msgpack_restore
-
-    tree = msgpack_restore(path.read_bytes())
-    if "transformer" in tree:
-        tree = tree["transformer"]
-    state = {}
-    for name in ("wte", "wpe"):
-        state[f"{name}.weight"] = np.asarray(tree[name]["embedding"])
-    state["ln_f.weight"] = np.asarray(tree["ln_f"]["scale"])
-    state["ln_f.bias"] = np.asarray(tree["ln_f"]["bias"])
-    for i, blk in tree["h"].items():
-        for ln in ("ln_1", "ln_2"):
-            state[f"h.{i}.{ln}.weight"] = np.asarray(blk[ln]["scale"])
-            state[f"h.{i}.{ln}.bias"] = np.asarray(blk[ln]["bias"])
-        for mod, sub in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
-            # HF's FlaxConv1D stores its kernel (out, in) and transposes it at call time.
-            state[f"h.{i}.{mod}.{sub}.weight"] = np.asarray(blk[mod][sub]["kernel"]).T
-            state[f"h.{i}.{mod}.{sub}.bias"] = np.asarray(blk[mod][sub]["bias"])
-    return state_dict_to_params(state, cfg, source=str(path))
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise ValueError("file shorter than its header")
+    n = int.from_bytes(data[:8], "little")
+    if 8 + n > len(data):
+        raise ValueError("header length beyond the end of the file")
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for k, info in header.items():
+        if k == "__metadata__":
+            continue
+        dt = _ST_DTYPES.get(info["dtype"])
+        if dt is None:
+            raise ValueError(f"tensor {k} has unsupported dtype {info['dtype']}")
+        dt = np.dtype(ml_dtypes.bfloat16) if dt == "bfloat16" else np.dtype(dt).newbyteorder("<")
+        a, b = info["data_offsets"]
+        if base + b > len(data) or b - a != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
+            raise ValueError(f"tensor {k} lies beyond the end of the file or has the wrong size")
+        out[k] = np.frombuffer(data, dtype=dt, count=(b - a) // dt.itemsize, offset=base + a).reshape(info["shape"])
+    return out
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of a safetensors file as numpy; floating tensors other than float32 (bf16, f16) are converted to
+    float32. Raises ValueError "cannot read safetensors file" naming the file."""
     from safetensors.numpy import load_file
 
     try:
-        return load_file(str(path))
-    except Exception as e:  # bf16 tensors cannot be read by the numpy backend; a broken file by neither
-        first = e
-    try:
-        import torch  # noqa: F401
-        from safetensors.torch import load_file as load_torch
-    except ImportError:
-        raise ValueError(f"{path}: cannot read safetensors file ({first})") from None
-    try:
-        return {k: v.float().numpy() for k, v in load_torch(str(path)).items()}
-    except Exception as e:
-        raise ValueError(f"{path}: cannot read safetensors file ({e}); truncated or corrupted download?") from None
+        state = load_file(str(path))
+    except Exception:  # bf16 tensors cannot be read by the numpy backend; a broken file by neither
+        try:
+            state = _read_safetensors_raw(path)
+        except Exception as e:
+            raise ValueError(f"{path}: cannot read safetensors file ({e}); truncated or corrupted download?") from None
+    return {k: (v.astype(np.float32) if v.dtype.kind == "V" or (np.issubdtype(v.dtype, np.floating)
+                                                                 and v.dtype != np.float32)
+                else v) for k, v in state.items()}
 
 
-def _read_weights(folder: Path, cfg: GPT2Config) -> dict:
+def _read_sharded(index: Path) -> dict[str, np.ndarray]:
+    try:
+        idx = json.loads(index.read_text())
+        shards = sorted(set(idx["weight_map"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index}: not a safetensors index (expected a JSON object with weight_map; {e})") from None
+    state = {}
+    for shard in shards:
+        f = index.parent / shard
+        if not f.exists():
+            raise FileNotFoundError(f"{index}: shard {shard} is missing from {index.parent}")
+        state.update(_read_safetensors(f))
+    missing = sorted(k for k in idx["weight_map"] if k not in state)
+    if missing:
+        raise ValueError(f"{index}: tensors {missing[:8]} are listed in weight_map but not in their shard")
+    return state
+
+
+def _read_state(folder: Path, family: "registry.Family", cfg) -> tuple[dict, str]:
+    """(flat HF state dict of numpy arrays, source file name) from the folder's weight files."""
     if (folder / "model.safetensors").exists():
         p = folder / "model.safetensors"
-        return state_dict_to_params(_read_safetensors(p), cfg, source=str(p))
+        return _read_safetensors(p), str(p)
     if (folder / "model.safetensors.index.json").exists():
-        idx = json.loads((folder / "model.safetensors.index.json").read_text())
-        state = {}
-        for shard in sorted(set(idx["weight_map"].values())):
-            state.update(_read_safetensors(folder / shard))
-        return state_dict_to_params(state, cfg, source=str(folder / "model.safetensors.index.json"))
+        p = folder / "model.safetensors.index.json"
+        return _read_sharded(p), str(p)
     if (folder / "flax_model.msgpack").exists():
-        return _flax_msgpack_to_params(folder / "flax_model.msgpack", cfg)
+        p = folder / "flax_model.msgpack"
+        if family.name != "gpt2":
+            raise ValueError(f"{p}: Flax msgpack weights are read for GPT-2 only; this is a {family.name} model "
+                             "(use its model.safetensors)")
+        return flax_msgpack_to_state(p), str(p)
     if (folder / "pytorch_model.bin").exists():
         p = folder / "pytorch_model.bin"
         try:
@@ -185,7 +126,7 @@ def _read_weights(folder: Path, cfg: GPT2Config) -> dict:
                 "Install torch (pip install torch) or convert it to model.safetensors."
             ) from None
         sd = torch.load(str(p), map_location="cpu", weights_only=True)
-        return state_dict_to_params({k: v.float().numpy() for k, v in sd.items()}, cfg, source=str(p))
+        return {k: v.float().numpy() for k, v in sd.items()}, str(p)
     raise FileNotFoundError(
         f"{folder}: no model weights found (looked for {', '.join(WEIGHT_FILES)})"
     )
@@ -256,11 +197,15 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     cfg = fetch("config.json")
     if cfg is None:
         raise RuntimeError(f"hub model {s!r} has no config.json")
-    for w in ("model.safetensors", "flax_model.msgpack", "pytorch_model.bin"):
-        if fetch(w) is not None:
+    for w in ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin"):
+        got = fetch(w)
+        if got is not None:
+            if w == "model.safetensors.index.json":  # sharded: every shard the index names
+                for shard in sorted(set(json.loads(got.read_text()).get("weight_map", {}).values())):
+                    fetch(shard)
             break
     else:
-        raise RuntimeError(f"hub model {s!r} has none of model.safetensors, flax_model.msgpack, pytorch_model.bin")
+        raise RuntimeError(f"hub model {s!r} has none of {', '.join(WEIGHT_FILES)}")
     for t in TOKENIZER_FILES:
         try:
             fetch(t)
@@ -269,56 +214,56 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     return cfg.parent
 
 
-def load_pretrained(name_or_path: str | os.PathLike) -> tuple[GPT2Config, dict]:
-    """Load a GPT-2 checkpoint (local folder or hub id) as ``(config, params)``.
-
-    Args:
-        name_or_path: folder with ``config.json`` + weights, or a hub id such as
-            ``microsoft/DialoGPT-small``.
-    Returns:
-        ``(GPT2Config, params)``, params a nested dict of float32 numpy arrays (see
-        :mod:`rbjax.model.gpt2` for the layout).
-    Raises:
-        FileNotFoundError: no such folder, no ``config.json``, or no weights in it.
-        ValueError: malformed config or weights that do not match it.
-        RuntimeError: hub download failed, or a PyTorch-only checkpoint without PyTorch.
-    """
-    folder = resolve_model_dir(name_or_path)
+def read_config_json(folder: Path) -> dict:
+    """``folder/config.json`` as a dict. Raises FileNotFoundError (no file) or ValueError (invalid JSON, not an
+    object), naming the file."""
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
-    cfg = GPT2Config.from_json(cfg_path)
-    params = _read_weights(folder, cfg)
+    try:
+        d = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg_path}: invalid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object")
+    return d
+
+
+def load_pretrained(name_or_path: str | os.PathLike) -> tuple:
+    """Load a checkpoint of any registered family (local folder or hub id) as ``(config, params)``.
+
+    Args:
+        name_or_path: folder with ``config.json`` + weights, or a hub id such as ``microsoft/DialoGPT-small``.
+    Returns:
+        ``(config, params)``: the family's frozen config (``GPT2Config``, ``LlamaConfig``, …; its family is
+        :func:`rbjax.model.registry.family_of_config`) and a nested dict of float32 numpy arrays (layouts in the
+        family modules).
+    Raises:
+        FileNotFoundError: no such folder, no ``config.json``, or no weights in it.
+        ValueError: malformed config, a config field the family does not implement (named with its value), a
+            special token id outside the vocabulary, an unknown ``model_type``, or weights that do not match.
+        RuntimeError: hub download failed, or a PyTorch-only checkpoint without PyTorch.
+    """
+    folder = resolve_model_dir(name_or_path)
+    d = read_config_json(folder)
+    source = str(folder / "config.json")
+    family = registry.family_of(d, source)
+    cfg = family.config_from_hf(d, source)
+    state, wsource = _read_state(folder, family, cfg)
+    params = family.params_from_hf(state, cfg, wsource)
     import jax
 
     params = jax.tree_util.tree_map(lambda a: np.asarray(a, dtype=np.float32), params)
     return cfg, params
 
 
-def params_to_state_dict(params: dict, cfg: GPT2Config) -> dict[str, np.ndarray]:
-    """The inverse of :func:`state_dict_to_params`: HF keys (``transformer.`` prefix), numpy float32."""
-    state = {}
-    get = lambda path: np.ascontiguousarray(np.asarray(_get(params, path), dtype=np.float32))  # noqa: E731
-    for hf, path in _TOP_MAP:
-        state[f"transformer.{hf}"] = get(path)
-    for i in range(cfg.n_layer):
-        for hf, path in _BLOCK_MAP:
-            state[f"transformer.h.{i}.{hf}"] = get((f"h_{i}",) + path)
-    return state
+def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None) -> Path:
+    """Write params as an HF model folder (``config.json`` + float32 ``model.safetensors``), atomically.
 
-
-def _get(tree, path):
-    for p in path:
-        tree = tree[p]
-    return tree
-
-
-def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None) -> Path:
-    """Write params as an HF GPT-2 folder (``config.json`` + ``model.safetensors``), atomically.
-
-    The folder loads with ``transformers.GPT2LMHeadModel.from_pretrained(out_dir)``
-    (LM head tied to ``wte``). Tokenizer files from ``tokenizer_dir`` are copied along
-    when given, so the folder is self-contained.
+    Any registered family (picked from the type of ``cfg``). The folder loads with
+    ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` (GPT-2: ``GPT2LMHeadModel``, LM head tied to
+    ``wte``) and with :func:`load_pretrained`. Tokenizer files from ``tokenizer_dir`` are copied along when given,
+    so the folder is self-contained.
 
     Returns:
         the output folder.
@@ -329,8 +274,9 @@ def save_pretrained(params: dict, cfg: GPT2Config, out_dir: str | os.PathLike, t
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(params_to_state_dict(params, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+        family = registry.family_of_config(cfg)
+        save_file(family.params_to_hf(params, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(family.config_to_hf(cfg), indent=2) + "\n")
         if tokenizer_dir is not None:
             for f in TOKENIZER_FILES:
                 src = Path(tokenizer_dir) / f

@@ -1,0 +1,245 @@
+"""Building blocks shared by the rotary model families (Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2).
+
+One place for what the families compute alike: the dense layer with HF ``nn.Linear`` weights, RMSNorm (with the
+Gemma ``1 + w`` variant), rotary position embeddings (RoPE, Su et al. 2021; the ``default``, ``linear`` and
+``llama3`` frequency schemes of HF ``modeling_rope_utils``), grouped-query attention with optional logit
+soft-capping and a sliding window, the attention mask of the three calling modes of
+:class:`rbjax.model.gpt2.GPT2LMHeadModel` (a (B, L) padding mask, a (B, L, L) packed block mask with explicit
+``position_ids``, a KV cache) and the KV cache itself.
+
+Precision, as in :mod:`rbjax.model.gpt2`: ``dtype`` is the matmul input dtype; every matmul accumulates in float32
+(``preferred_element_type``), and norms, softmax, rotary angles and the residual stream stay float32.
+
+Sliding window (Mistral, Qwen2, Gemma 2): a query at position ``p`` sees a key at position ``p'`` iff
+``p − p' < window`` (HF ``sliding_window_overlay``: ``kv_idx > q_idx − window``). rbjax measures the distance in
+*positions* (``position_ids``), HF in slots; they agree for every row HF can express (left/right padding, one
+sequence per row) and positions are the right measure for rbjax's packed rows, where a shared prefix and a second
+branch lie further apart in the row than in the text.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rbjax.model.gpt2 import _ACTIVATIONS as _GPT2_ACTIVATIONS
+from rbjax.model.gpt2 import position_ids_from_mask
+
+#: HF ``ACT2FN`` names rbjax implements (``gelu`` is the exact erf GELU, ``gelu_pytorch_tanh`` = ``gelu_new``)
+ACTIVATIONS = dict(_GPT2_ACTIVATIONS, silu=jax.nn.silu, swish=jax.nn.silu)
+
+NEG = float(np.finfo(np.float32).min)
+
+
+class Linear(nn.Module):
+    """``y = x @ kernel (+ bias)``, kernel stored (in, out) — HF ``nn.Linear.weight`` transposed by the key map.
+
+    ``dtype`` is the matmul input dtype; the product accumulates and is returned in float32, bias added in float32.
+    """
+
+    features: int
+    use_bias: bool
+    init_std: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.normal(self.init_std), (x.shape[-1], self.features))
+        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(jnp.float32)
+        return y
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x²) + eps) * (offset + scale)``, in float32 (Llama: offset 0, scale init 1; Gemma: offset 1,
+    scale init 0 — HF ``Gemma2RMSNorm``)."""
+
+    eps: float
+    offset: float = 0.0
+
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        w = self.param("scale", init, (x.shape[-1],))
+        x = x.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return x * (self.offset + w.astype(jnp.float32))
+
+
+# ----------------------------------------------------------------------------------------------------- rotary
+
+
+def rope_inv_freq(rot_dim: int, theta: float, rope_type: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_position_embeddings: int = 8192) -> np.ndarray:
+    """Inverse frequencies (rot_dim/2,) float32 of RoPE as HF computes them (``modeling_rope_utils``).
+
+    ``default``: ``theta^(−2i/rot_dim)``; ``linear``: divided by ``factor``; ``llama3`` (Llama 3.1): wavelengths
+    longer than ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, shorter than
+    ``… / high_freq_factor`` kept, smoothly interpolated in between.
+    """
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, rot_dim, 2, dtype=np.float32) / np.float32(rot_dim))))
+    inv = inv.astype(np.float32)
+    if rope_type == "default":
+        return inv
+    if rope_type == "linear":
+        return (inv / np.float32(factor)).astype(np.float32)
+    if rope_type == "llama3":
+        low_wl = original_max_position_embeddings / low_freq_factor
+        high_wl = original_max_position_embeddings / high_freq_factor
+        wl = (2 * math.pi / inv).astype(np.float32)
+        out = np.where(wl > low_wl, inv / np.float32(factor), inv).astype(np.float32)
+        smooth = ((original_max_position_embeddings / wl - low_freq_factor) / (high_freq_factor - low_freq_factor))
+        smoothed = (1 - smooth) * out / np.float32(factor) + smooth * out
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        return np.where(medium, smoothed, out).astype(np.float32)
+    raise ValueError(f"unsupported rope_type {rope_type!r}")  # configs are checked at load; this is a bug guard
+
+
+def rope_cos_sin(position_ids, inv_freq: np.ndarray):
+    """cos, sin (B, L, rot_dim) float32 for integer ``position_ids`` (B, L) (HF ``RotaryEmbedding.forward``)."""
+    freqs = position_ids.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate the first ``rot_dim`` features of each head (``rotate_half`` convention), the rest pass through.
+
+    x (B, L, H, D) float32; cos/sin (B, L, rot_dim) with rot_dim ≤ D (GPT-NeoX: partial rotary)."""
+    r = cos.shape[-1]
+    xr, xp = x[..., :r], x[..., r:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
+    rot = xr * c + jnp.concatenate([-x2, x1], axis=-1) * s
+    return jnp.concatenate([rot, xp], axis=-1) if r < x.shape[-1] else rot
+
+
+# ----------------------------------------------------------------------------------------------------- attention
+
+
+class KVCache(NamedTuple):
+    """Key/value cache of a rotary family for incremental decoding (a pytree, as :class:`rbjax.model.gpt2.KVCache`).
+
+    Attributes:
+        keys, values: one array per layer, each (B, S, n_kv_heads, head_dim) in the compute dtype (keys after RoPE).
+        mask: bool (B, S), True where the slot holds a real token.
+        positions: int32 (B, S), the position id of each written slot (for the sliding window).
+        index: int32 scalar, the next slot to write.
+    """
+
+    keys: tuple
+    values: tuple
+    mask: jax.Array
+    positions: jax.Array
+    index: jax.Array
+
+    @property
+    def max_length(self) -> int:
+        return self.mask.shape[1]
+
+
+def init_kv_cache(num_layers: int, num_kv_heads: int, head_dim: int, batch_size: int, max_length: int,
+                  dtype=jnp.float32) -> KVCache:
+    """An empty :class:`KVCache` of ``max_length`` slots for ``batch_size`` rows."""
+    z = jnp.zeros((batch_size, max_length, num_kv_heads, head_dim), dtype)
+    return KVCache(keys=tuple(z for _ in range(num_layers)), values=tuple(z for _ in range(num_layers)),
+                   mask=jnp.zeros((batch_size, max_length), bool),
+                   positions=jnp.zeros((batch_size, max_length), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+class AttentionInputs(NamedTuple):
+    """What every layer's attention needs: ``allowed`` (B|1, 1, L, S) bool (causal ∧ mask), the query positions
+    (B, L) and key positions (B, S), and for the cache the updated mask/positions and write index."""
+
+    allowed: jax.Array
+    q_pos: jax.Array
+    k_pos: jax.Array
+    cache_mask: Any = None
+    cache_positions: Any = None
+    index: Any = None
+
+
+def attention_inputs(B: int, L: int, attention_mask=None, position_ids=None, cache: KVCache | None = None
+                     ) -> AttentionInputs:
+    """The attention mask and positions of a call, in the three modes of ``GPT2LMHeadModel.__call__``:
+    (B, L) 0/1 padding mask (positions count real tokens), (B, L, L) query × key mask (needs ``position_ids``),
+    or a cache (the new block is written at ``cache.index`` and attends to every real slot up to itself).
+
+    Raises:
+        ValueError: a (B, L, L) mask without ``position_ids``, or a cache with a non-(B, L) mask.
+    """
+    if cache is not None:
+        if attention_mask is not None and attention_mask.ndim != 2:
+            raise ValueError("with a cache, attention_mask must be (B, L): 1 for the block's real tokens")
+        m = jnp.ones((B, L), bool) if attention_mask is None else attention_mask > 0
+        if position_ids is None:
+            seen = cache.mask.sum(-1, dtype=jnp.int32)[:, None]
+            position_ids = (seen + jnp.cumsum(m, axis=-1, dtype=jnp.int32) - 1) * m
+        position_ids = position_ids.astype(jnp.int32)
+        index = cache.index
+        new_mask = jax.lax.dynamic_update_slice(cache.mask, m, (0, index))
+        new_pos = jax.lax.dynamic_update_slice(cache.positions, position_ids, (0, index))
+        S = cache.max_length
+        causal = jnp.arange(S)[None, :] <= index + jnp.arange(L)[:, None]
+        allowed = (causal[None] & new_mask[:, None, :])[:, None]
+        return AttentionInputs(allowed, position_ids, new_pos, new_mask, new_pos, index)
+    causal = jnp.tril(jnp.ones((L, L), dtype=bool))
+    if attention_mask is not None and attention_mask.ndim == 3:
+        if position_ids is None:
+            raise ValueError("a (B, L, L) attention_mask needs explicit position_ids")
+        allowed = (causal[None] & (attention_mask > 0))[:, None]
+    else:
+        if position_ids is None:
+            position_ids = (jnp.broadcast_to(jnp.arange(L), (B, L)) if attention_mask is None
+                            else position_ids_from_mask(attention_mask))
+        allowed = causal[None, None] if attention_mask is None else (
+            causal[None, None] & (attention_mask[:, None, None, :] > 0))
+    position_ids = jnp.broadcast_to(position_ids, (B, L)).astype(jnp.int32)
+    return AttentionInputs(allowed, position_ids, position_ids)
+
+
+def write_cache(kv, k, v, index):
+    """Write the block's keys/values (B, L, KV, D) into the layer's cache ``kv`` at slot ``index``."""
+    k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
+    v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
+    return k, v
+
+
+def dot_product_attention(q, k, v, ai: AttentionInputs, *, scale: float, dtype, softcap: float | None = None,
+                          window: int | None = None, dropout=None):
+    """Grouped-query attention: q (B, L, H, D), k/v (B, S, KV, D) with H a multiple of KV (query head h reads
+    key/value head ``h // (H/KV)``, HF ``repeat_kv``). Scores ``scale · q·k`` in float32, soft-capped
+    ``cap·tanh(s/cap)`` when ``softcap`` (Gemma 2, before the mask), masked by ``ai.allowed`` and, with ``window``,
+    by ``q_pos − k_pos < window``; float32 softmax; ``dropout`` (a callable on the probabilities) for training.
+
+    Returns (B, L, H·D) float32.
+    """
+    B, L, H, D = q.shape
+    KV = k.shape[2]
+    G = H // KV
+    qg = q.reshape(B, L, KV, G, D)
+    s = jnp.einsum("blkgd,bskd->bkgls", qg.astype(dtype), k.astype(dtype), preferred_element_type=jnp.float32)
+    s = s * jnp.float32(scale)
+    if softcap is not None:
+        s = jnp.tanh(s / jnp.float32(softcap)) * jnp.float32(softcap)
+    allowed = ai.allowed[:, :, None]  # (B|1, 1, 1, L, S)
+    if window is not None:
+        near = (ai.q_pos[:, :, None] - ai.k_pos[:, None, :]) < window  # (B, L, S)
+        allowed = allowed & near[:, None, None]
+    s = jnp.where(allowed, s, NEG)
+    p = jax.nn.softmax(s, axis=-1)
+    if dropout is not None:
+        p = dropout(p)
+    out = jnp.einsum("bkgls,bskd->blkgd", p.astype(dtype), v.astype(dtype), preferred_element_type=jnp.float32)
+    return out.reshape(B, L, H * D)
+
+
+def normal_init_params(module: nn.Module, seed: int) -> dict:
+    """``module.init`` on a (1, 2) dummy batch: random parameters for tests and tiny models."""
+    return jax.jit(module.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 2), jnp.int32))["params"]
