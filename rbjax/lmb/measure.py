@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, files_key
+from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
@@ -80,7 +82,8 @@ class LoadedModel:
     """
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
-                 batch_size: int = 64, bos: bool = False, precision: str = "fp32"):
+                 batch_size: int = 64, bos: bool = False, precision: str = "fp32", *, mesh=None,
+                 param_dtype: str = "fp32"):
 
         self.name = str(model)
         folder = resolve_model_dir(model)
@@ -96,7 +99,7 @@ class LoadedModel:
                 ) from None
         else:
             tok = load_tokenizer(tokenizer)
-        self._setup(params, tok, batch_size, bos, precision)
+        self._setup(params, tok, batch_size, bos, precision, mesh, param_dtype)
         self._fingerprint = None
 
     @classmethod
@@ -111,14 +114,16 @@ class LoadedModel:
         self._fingerprint = {"model": key, "tokenizer": _tokenizer_files_key(tokenizer)}
         return self
 
-    def _setup(self, params, tokenizer, batch_size, bos, precision) -> None:
+    def _setup(self, params, tokenizer, batch_size, bos, precision, mesh=None, param_dtype="fp32") -> None:
 
         self.tokenizer = tokenizer
         self.batch_size, self.bos, self.precision = batch_size, bos, precision
+        self.mesh, self.param_dtype = mesh, param_dtype
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.config.vocab_size}")
         self.scorer = PerplexityScorer(params, self.config, batch_size=batch_size,
-                                       bos_id=self.tokenizer.eos_id if bos else None, precision=precision)
+                                       bos_id=self.tokenizer.eos_id if bos else None, precision=precision,
+                                       mesh=mesh, param_dtype=param_dtype)
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
@@ -218,7 +223,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                  stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
                  outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
-                 plot: bool = True, precision: str = "fp32") -> list[dict]:
+                 plot: bool = True, precision: str = "fp32", mesh: str | None = None,
+                 param_dtype: str = "fp32") -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -255,6 +261,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         precision: ``"fp32"`` (default, parity with PyTorch) or ``"bf16"`` compute (float32 accumulation and
             log-sum-exp; see docs/lmb.md for what it changes); recorded in each record's ``settings`` and part of
             the resume key.
+        mesh: ``"data=2,fsdp=4"``-style device mesh (:func:`rbjax.core.mesh.parse_mesh`; default: the rows over
+            this process's devices, parameters replicated); recorded in ``settings["mesh"]`` (not in the resume key:
+            a mesh changes the float32 rounding only).
+        param_dtype: ``"fp32"`` (default) or ``"bf16"`` parameter storage (docs/scale.md: what it changes);
+            recorded in ``settings`` and part of the resume key.
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -279,6 +290,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    if param_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"param_dtype must be 'fp32' or 'bf16', got {param_dtype!r}")
+    if stored_perplexities and (mesh or param_dtype != "fp32"):
+        raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
+    mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
     types = expand_bias_types(bias_types)
@@ -296,16 +312,22 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             loaded = model
             model_name = loaded.name
             batch_size, bos, precision = loaded.batch_size, loaded.bos, loaded.precision
+            mesh_obj, param_dtype = getattr(loaded, "mesh", None), getattr(loaded, "param_dtype", "fp32")
         else:
-            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before out_dir
+            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
+                                 param_dtype=param_dtype)  # fail on a bad model before out_dir
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
                 "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
+                "param_dtype": None if stored_perplexities else param_dtype,
+                "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
     model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
     scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
                "precision": None if stored_perplexities else precision}
+    if param_dtype != "fp32":  # (absent when fp32: keys of earlier runs stay valid)
+        scoring["param_dtype"] = param_dtype
 
     def type_key(pairs: PhrasePairs) -> dict:
         """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""
