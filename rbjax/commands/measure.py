@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
+from rbjax.core.mesh import mesh_product
 from rbjax.lmb.measure import format_table, measure_bias
 from rbjax.lmb.perplexity import SLOTS_PER_PHRASE
 from rbjax.model.memory import plan_for_model
@@ -73,7 +74,8 @@ def run(args) -> int:
         plan = plan_for_model(args.model, mesh=args.mesh, training=False,
                               batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // 64), seq_len=64,
                               precision=args.precision, param_dtype=args.param_dtype,
-                              device_memory_gb=args.device_memory_gb, flag_prefix="--")
+                              device_memory_gb=args.device_memory_gb,
+                              n_devices=mesh_product(args.mesh) if args.dry_run and args.mesh else None)
         if args.dry_run:
             print(plan.format())
             return 0

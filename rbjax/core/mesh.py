@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXES", "DEFAULT_RULES", "grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate", "to_host",
            "parse_mesh", "make_mesh", "mesh_sizes", "mesh_label", "logical_spec", "tree_shardings", "shard_tree",
-           "is_model_parallel", "batch_axes"]
+           "is_model_parallel", "batch_axes", "mesh_product"]
 
 #: the mesh axes, outermost first (``grid`` and ``data`` neighbours are the farthest apart; ``tensor`` neighbours,
 #: which talk on every layer, are adjacent devices)
@@ -121,6 +121,16 @@ def parse_mesh(text: str | None, n_devices: int, *, flag: str = "--mesh") -> dic
         raise ValueError(f"{flag} {text!r}: the axis sizes multiply to {prod}, but there are {n_devices} devices "
                          f"(jax.devices()); the product must equal the device count")
     return {a: sizes.get(a, 1) for a in AXES}
+
+
+def mesh_product(text: str | None) -> int:
+    """The device count a ``--mesh`` string names (the product of its sizes; ``-1`` counts as 1): checks its syntax
+    before any device exists, and sizes a ``--dry-run`` plan for devices this machine does not have."""
+    n = 1
+    for part in str(text or "").split(","):
+        v = part.partition("=")[2].strip()
+        n *= int(v) if v.isdigit() and int(v) > 0 else 1
+    return n
 
 
 def make_mesh(sizes: dict[str, int], devices: list | None = None) -> Mesh:

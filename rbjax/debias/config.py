@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 
@@ -119,6 +120,10 @@ class TrainConfig:
     dropout: bool = _f(True, "dropout 0.1 during training, as the reference", negate="--no-dropout")
     precision: str = _f("fp32", "compute precision: fp32 (default) or bf16 (bf16 matmuls, fp32 parameters, "
                                 "optimizer state and losses; for accelerators)", choices=PRECISIONS)
+    mesh: str | None = _f(None, "device mesh, e.g. data=2,fsdp=4 or grid=2,fsdp=4 (axes grid, data, fsdp, tensor; "
+                                "sizes multiply to the device count; fsdp/tensor split parameters, gradients and "
+                                "Adam state; docs/scale.md). Default: grid × data chosen automatically, parameters "
+                                "replicated", metavar="AXIS=N,...")
     save_every: int = _f(100, "checkpoint every N updates (also every --save-every-s seconds, on Ctrl-C/SIGTERM and "
                               "at the end)")
     save_every_s: float = _f(600.0, "checkpoint when this many seconds passed since the last one (0: off)")
@@ -144,6 +149,8 @@ class TrainConfig:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            parse_mesh(self.mesh, mesh_product(self.mesh))
         if self.leftover not in (None, "drop", "carry"):
             raise ValueError(f"leftover must be 'drop', 'carry' or None, got {self.leftover!r}")
         for name in ("epochs", "batch_size", "grad_accum", "block_size", "save_every", "keep_checkpoints",

@@ -32,8 +32,8 @@ import numpy as np
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text
 from rbjax.core.keys import canonical, describe_difference, digest, files_key, tree_digest
-from rbjax.core.mesh import (grid_mesh, is_model_parallel, padded_points, shard_batch, shard_state, shard_tree,
-                             to_host, tree_shardings)
+from rbjax.core.mesh import (grid_mesh, is_model_parallel, make_mesh, padded_points, parse_mesh, shard_batch,
+                             shard_state, shard_tree, to_host, tree_shardings)
 from rbjax.core.progress import progress_bar
 from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.config import TrainConfig
@@ -178,6 +178,11 @@ class Trainer:
                              grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                              max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
 
+        if mesh is None and cfg.mesh:
+            mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh"))
+            if not self.stacked and mesh.shape["grid"] > 1:
+                raise ValueError(f"--mesh {cfg.mesh}: a single run has no grid points to spread; use data, fsdp, "
+                                 "tensor (grid is for rbjax sweep)")
         self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
                                                             cfg.batch_size)
         self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1

@@ -37,6 +37,7 @@ from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, file_digest, tree_digest
 from rbjax.core.log import say
+from rbjax.core.mesh import is_model_parallel
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import RedditBiasData, expand_bias_types
 from rbjax.debias.config import LOSS_METHODS, METHODS, TRAJECTORY_FIELDS, TrainConfig  # noqa: F401 (re-exported)
@@ -152,9 +153,11 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
         types = _eval_types(cfg)
         t0 = time.perf_counter()
         # in memory: the trained parameters are scored as they are, not exported and read back
-        loaded = measure.LoadedModel.from_params(jax.device_get(params), trainer.config, trainer.tokenizer,
-                                         name=str(model_dir or Path(cfg.out_dir)), key=model_key,
-                                         batch_size=cfg.eval_batch_size)
+        # on an fsdp/tensor mesh the scorer keeps the trained parameters split the same way
+        mp = is_model_parallel(trainer.mesh)
+        loaded = measure.LoadedModel.from_params(params if mp else jax.device_get(params), trainer.config,
+                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), key=model_key,
+                                         batch_size=cfg.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
                             resume=True)

@@ -104,13 +104,13 @@ class LoadedModel:
 
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool = False,
-                    precision: str = "fp32") -> "LoadedModel":
+                    precision: str = "fp32", mesh=None, param_dtype: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
         content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
         self.name, self.folder, self.config = str(name), None, config
-        self._setup(params, tokenizer, batch_size, bos, precision)
+        self._setup(params, tokenizer, batch_size, bos, precision, mesh, param_dtype)
         self._fingerprint = {"model": key, "tokenizer": _tokenizer_files_key(tokenizer)}
         return self
 

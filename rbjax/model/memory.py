@@ -252,7 +252,8 @@ def _suggest(config, plan: MemoryPlan, kv_cache) -> str | None:
     need = math.ceil(state / plan.usable_bytes)
     return (f"No mesh or batch over these {n} devices fits: the parameters"
             f"{', gradients and optimizer state' if s['training'] else ''} alone are {state / GB:.1f} GB, "
-            f"at least {need} devices of this size with --mesh fsdp={need} (or bf16 parameters for scoring).")
+            f"at least {need} devices of this size (e.g. --mesh fsdp={1 << (need - 1).bit_length()})"
+            f"{'' if s['training'] else ' or --param-dtype bf16'}.")
 
 
 def device_memory_bytes(device=None) -> int | None:
