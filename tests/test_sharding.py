@@ -242,3 +242,31 @@ def test_plan_bytes_equal_allocated_arrays(sharding_checks):
         assert r["plan_params"] == r["actual_params"], (label, r)
         assert r["plan_optimizer"] == r["actual_optimizer"], (label, r)
         assert r["plan_params"] < r["plan_params_total"] / 3
+
+
+# ------------------------------------------------------------------------------------------------ HF export
+def test_export_writes_sharded_safetensors_with_index(tmp_path):
+    """A model over ``max_shard_size`` is exported as several safetensors files and an index (transformers' layout);
+    it loads back equal through the one loader; sizes are parsed or refused by name."""
+    import numpy as np
+
+    from rbjax.model.hf import load_pretrained, parse_size, save_pretrained
+    from tests.sharding_checks import _tiny_configs
+
+    cfg = _tiny_configs()["llama"]
+    params = jax.device_get(registry.FAMILIES["llama"].init_params(cfg, 0))
+    out = save_pretrained(params, cfg, tmp_path / "m", max_shard_size="40KB")
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) >= 3 and not (out / "model.safetensors").exists()
+    assert sorted(set(idx["weight_map"].values())) == files
+    assert all(p.stat().st_size <= 40_000 + 4096 for p in out.glob("*.safetensors"))  # + the safetensors header
+    assert idx["metadata"]["total_size"] == sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+    cfg2, back = load_pretrained(out)
+    assert cfg2 == cfg
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    assert (save_pretrained(params, cfg, tmp_path / "one") / "model.safetensors").exists()  # 5 GB default: one file
+    assert parse_size("5GB") == 5 * 10**9 and parse_size(1000) == 1000 and parse_size("1.5MB") == 1_500_000
+    with pytest.raises(ValueError, match="max_shard_size 'big'"):
+        parse_size("big")
