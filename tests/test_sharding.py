@@ -270,3 +270,14 @@ def test_export_writes_sharded_safetensors_with_index(tmp_path):
     assert parse_size("5GB") == 5 * 10**9 and parse_size(1000) == 1000 and parse_size("1.5MB") == 1_500_000
     with pytest.raises(ValueError, match="max_shard_size 'big'"):
         parse_size("big")
+
+
+def test_study_file_mesh_key(tmp_path):
+    """``[study] mesh`` reaches every training config and is checked when the file is read (file and key named)."""
+    from rbjax.study.config import StudyConfig
+
+    ok = StudyConfig({"study": {"mesh": "data=2,fsdp=4"}}, tmp_path / "s.toml")
+    assert ok.mesh == "data=2,fsdp=4"
+    bad = StudyConfig({"study": {"mesh": "data=2,pipeline=4"}}, tmp_path / "s.toml")
+    with pytest.raises(ValueError, match=r"s\.toml: \[study\] mesh .*unknown axis 'pipeline'"):
+        bad.validate()

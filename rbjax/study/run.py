@@ -115,7 +115,7 @@ class _Study:
 
         kw = {"model": self.model, "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
               "semantics": self.cfg.semantics, "precision": self.cfg.precision, "progress": self.progress,
-              **self.cfg.training}
+              "mesh": self.cfg.mesh, **self.cfg.training}
         kw.update(method=method, bias_type=bias_type, seed=seed, out_dir=str(out_dir),
                   eval_bias=",".join(self.cfg.bias_types))
         return TrainConfig(**kw)
@@ -142,7 +142,7 @@ class _Study:
         recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, split=m["split"],
                             data_dir=self.cfg.data_dir, tokenizer=self._tok_for(model), out_dir=out_dir,
                             batch_size=int(m["batch_size"]), n_bootstrap=int(m["n_bootstrap"]),
-                            progress=self.progress, resume=True, precision=self.cfg.precision)
+                            progress=self.progress, resume=True, precision=self.cfg.precision, mesh=self.cfg.mesh)
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs}}
 
     def _dialog(self, model: str | Path, out_dir: Path) -> dict:
