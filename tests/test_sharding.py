@@ -281,3 +281,22 @@ def test_study_file_mesh_key(tmp_path):
     bad = StudyConfig({"study": {"mesh": "data=2,pipeline=4"}}, tmp_path / "s.toml")
     with pytest.raises(ValueError, match=r"s\.toml: \[study\] mesh .*unknown axis 'pipeline'"):
         bad.validate()
+
+
+def test_measure_records_mesh_and_param_dtype(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """``rbjax measure --mesh --param-dtype`` records both in lmb.json; bf16 storage is part of the resume key (an
+    fp32 rerun with --resume scores again instead of reusing the bf16 perplexities)."""
+    from rbjax.cli import main
+
+    out = tmp_path / "m"
+    base = ["measure", "--model", str(tiny_model_dir), "--bias", "religion1", "--data-dir", str(redditbias_dir),
+            "--out", str(out), "--n-bootstrap", "0", "--no-progress", "--resume", "--skip-unscorable"]
+    assert main(base + ["--mesh", "data=1", "--param-dtype", "bf16"]) == 0
+    rec = json.loads((out / "lmb.json").read_text())[0]
+    assert rec["settings"]["param_dtype"] == "bf16" and rec["settings"]["mesh"] == "grid=1,data=1,fsdp=1,tensor=1"
+    t_bf16 = rec["t_value"]
+    assert main(base) == 0
+    rec = json.loads((out / "lmb.json").read_text())[0]
+    assert rec["settings"]["param_dtype"] == "fp32" and rec["settings"]["mesh"] is None
+    assert rec["t_value"] != t_bf16  # scored again with fp32 weights, not relabelled
+    assert main(base + ["--mesh", "data=2"]) != 0  # 2 devices named, 1 here
