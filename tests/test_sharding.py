@@ -300,3 +300,47 @@ def test_measure_records_mesh_and_param_dtype(tiny_model_dir, tokenizer_dir, red
     assert rec["settings"]["param_dtype"] == "fp32" and rec["settings"]["mesh"] is None
     assert rec["t_value"] != t_bf16  # scored again with fp32 weights, not relabelled
     assert main(base + ["--mesh", "data=2"]) != 0  # 2 devices named, 1 here
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_debias_equals_one_process(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """Two processes × 2 simulated CPU devices joined by ``jax.distributed`` (``RBJAX_DISTRIBUTED=1``, coordinator
+    on localhost) train one run with ``--mesh fsdp=4``: every weight split over both processes' devices. The
+    per-update losses (written once, by process 0) equal a one-process run on one device."""
+    from rbjax.cli import main
+    from tests.conftest import religion1_train_file
+    from tests.test_mesh import _free_port
+
+    train = religion1_train_file(redditbias_dir, tmp_path, 16)
+
+    def argv(out):
+        return ["debias", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+                str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--train-file", str(train),
+                "--max-steps", "2", "--batch-size", "4", "--no-export", "--no-eval", "--no-lmp", "--no-progress"]
+
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
+                   RBJAX_DISTRIBUTED="1", TF_CPP_MIN_LOG_LEVEL="2")
+        procs.append(subprocess.Popen([sys.executable, "-m", "rbjax.cli", *argv(tmp_path / "mh"), "--mesh", "fsdp=4"],
+                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=900)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-4000:]
+    multi = [json.loads(x) for x in (tmp_path / "mh" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in multi] == [1, 2]  # written once
+    assert json.loads((tmp_path / "mh" / "config.json").read_text())["config"]["mesh"] == "fsdp=4"
+    assert main(argv(tmp_path / "one")) == 0
+    one = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(multi, one):
+        for k in ("lm_loss", "debias_loss", "total", "grad_norm"):
+            assert a[k] == pytest.approx(b[k], rel=METRICS_RTOL), (k, a, b)
