@@ -43,6 +43,7 @@ import numpy as np
 
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
 from rbjax.model import registry
+from rbjax.model.hf import resolve_model_dir
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
 
@@ -286,8 +287,6 @@ def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch
     elif p.name == "config.json" and p.is_file():
         cfg_file = p
     else:
-        from rbjax.model.hf import resolve_model_dir
-
         cfg_file = Path(resolve_model_dir(model)) / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file}: no config.json to plan the model's memory from")
