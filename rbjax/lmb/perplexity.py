@@ -47,12 +47,7 @@ import numpy as np
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, position_ids_from_mask
-from rbjax.model.nll import (
-    HEAD_CHUNK,
-    chunked_logsumexp,
-    next_token_nll,
-    nll_from_hidden,
-)
+from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
 from rbjax.model.partition import logical_axes_for
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
@@ -348,14 +343,14 @@ class PerplexityScorer:
         self.bos_id = bos_id
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
-        # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
-        # hosts' devices would give arrays this process cannot read)
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"param_dtype must be one of {tuple(PARAM_DTYPES)}, got {param_dtype!r}")
         self.param_dtype = param_dtype
         if PARAM_DTYPES[param_dtype] != np.float32:  # cast on the host: no full-size copy on one device
             params = jax.tree.map(lambda x: np.asarray(x).astype(PARAM_DTYPES[param_dtype])
                                   if np.issubdtype(np.asarray(x).dtype, np.floating) else x, jax.device_get(params))
+        # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
+        # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()
         self.n_devices = len(devs)
         self.mesh = None
