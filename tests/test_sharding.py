@@ -184,10 +184,11 @@ def _assert_trained_close(r, lr):
 
 
 def test_families_adam_updates_sharded_equal_one_device(sharding_checks):
-    """GPT-2, Llama, GPT-NeoX and Gemma 2: 3 Adam updates on data=2,fsdp=2,tensor=2 equal one device; parameters and
-    moments really split (device 0 holds about a quarter of the bytes)."""
+    """Llama, GPT-NeoX and Gemma 2 (GPT-2: the trainer and scorer tests below): 2 Adam updates on
+    data=2,fsdp=2,tensor=2 equal one device; parameters and moments really split (device 0 holds about a quarter of
+    the bytes)."""
     r = sharding_checks["families"]
-    assert set(r) == {"gpt2", "llama", "gpt_neox", "gemma2"}
+    assert set(r) == {"llama", "gpt_neox", "gemma2"}
     for name, f in r.items():
         assert f["losses_rel"] <= METRICS_RTOL, (name, f)
         _assert_trained_close(f, f["lr"])
@@ -214,7 +215,7 @@ def test_grid_chunk_on_grid_fsdp_tensor_equals_one_device(sharding_checks):
 
 def test_scoring_sharded_equals_one_device_and_bf16_storage(sharding_checks):
     r = sharding_checks["score"]
-    for label in ("fsdp=4,tensor=2", "data=2,fsdp=4"):
+    for label in ("fsdp=4,tensor=2",):
         assert r[label]["ppl_rel"] <= METRICS_RTOL, r[label]
         assert any("fsdp" in s for s in r[label]["param_specs"])
     bf = r["bf16"]
@@ -228,7 +229,7 @@ def test_checkpoint_written_on_8_devices_resumes_on_4(sharding_checks):
     r = sharding_checks["resume"]
     assert r["restored_max_abs"] == 0.0 and r["restored_devices"] == 4
     assert "P('fsdp', None)" in r["specs8"] or "P(None, 'fsdp')" in r["specs8"]
-    assert r["resumed_from"] == 2 and r["updates"] == 4
+    assert r["resumed_from"] == 2 and r["updates"] == 3
     _assert_trained_close(r, r["lr"])
 
 
