@@ -302,7 +302,10 @@ def test_cli_reference_free_and_errors(tmp_path, capsys):
     ref = tmp_path / "ref.txt"
     ref.write_text("i do n't know .\nsee it\n")
     assert main(["evaluate", "--task", "crg-metrics", "--hyp", str(hyp), "--refs", str(ref), "--out", str(out),
-                 "--no-meteor"]) == 0
+                 "--no-meteor"]) == 1  # another scoring's result is not replaced silently (issue 20)
+    assert "crg_metrics.json (written from other inputs" in capsys.readouterr().err
+    assert main(["evaluate", "--task", "crg-metrics", "--hyp", str(hyp), "--refs", str(ref), "--out", str(out),
+                 "--no-meteor", "--overwrite"]) == 0
     res = json.loads((out / "crg_metrics.json").read_text())
     assert res["meteor"] is None and "not requested" in res["meteor_note"] and res["bleu"] is not None
     capsys.readouterr()

@@ -122,17 +122,23 @@ def test_lmp_reuse_and_recompute(tiny_model_dir, tokenizer_dir, tmp_path, capsys
     capsys.readouterr()
     r2 = evaluate("lmp", model, out, lmp_file=lines, progress=False)
     assert r2["reused"] is True and r2["metrics"] == r1["metrics"] and "reusing it" in capsys.readouterr().err
-    # a changed setting, data file or model is recomputed (never relabelled)
-    r3 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False)
+    # a changed setting, data file or model is recomputed (never relabelled), replacing the result only with
+    # overwrite (issue 20: another result is never replaced silently; nothing is computed)
+    from rbjax.core.reuse import OutputExists
+
+    with pytest.raises(OutputExists, match=r"lmp.json: holds the lmp result of other inputs .*lmp_max_lines"):
+        evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False)
+    assert json.loads((out / "lmp.json").read_text())["metrics"] == r1["metrics"]
+    r3 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False, overwrite=True)
     assert r3["reused"] is False and r3["metrics"]["n_scored_lines"] == 3
     assert "settings.lmp_max_lines: None → 3" in capsys.readouterr().err
     lines.write_text("something else entirely\nand more\n")
-    r4 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False)
+    r4 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False, overwrite=True)
     assert r4["reused"] is False and r4["metrics"]["n_scored_lines"] == 2
     assert "data.lmp_file" in capsys.readouterr().err
     config, _ = load_pretrained(model)
     save_pretrained(init_params(config, 7), config, model, tokenizer_dir=tokenizer_dir)  # new weights, same folder
-    r5 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False)
+    r5 = evaluate("lmp", model, out, lmp_file=lines, lmp_max_lines=3, progress=False, overwrite=True)
     assert r5["reused"] is False and r5["metrics"]["perplexity"] != r4["metrics"]["perplexity"]
     assert r5["key"]["model"] != r4["key"]["model"] and "model:" in capsys.readouterr().err
     assert json.loads((out / "lmp.json").read_text())["metrics"] == r5["metrics"]
@@ -205,11 +211,15 @@ def test_crg_offline_default_contexts(tiny_model_dir, redditbias_dir, tmp_path, 
     # a changed output file is not trusted: the result is recomputed, and seeded sampling gives the same responses
     (out / "crg_responses.jsonl").write_text("tampered\n")
     capsys.readouterr()
-    res2 = evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, progress=False)
+    with pytest.raises(ValueError, match="was changed since the result was computed.*--overwrite"):
+        evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, progress=False)
+    res2 = evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, progress=False,
+                    overwrite=True)
     assert res2["reused"] is False and "was changed since the result was computed" in capsys.readouterr().err
     assert _read_jsonl(out / "crg_responses.jsonl") == recs and res2["metrics"]["entropy"] == m["entropy"]
     # another seed: recomputed, other samples
-    res3 = evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, seed=7, progress=False)
+    res3 = evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, seed=7, progress=False,
+                    overwrite=True)
     assert res3["reused"] is False and _read_jsonl(out / "crg_responses.jsonl") != recs
 
 

@@ -151,7 +151,7 @@ def test_bad_arguments_are_clear_errors(redditbias_dir, tmp_path, capsys, tiny_m
         (["--n-bootstrap", "-1"], "n_bootstrap must be an integer >= 0"),
         (["--bos"], "no effect with --stored-perplexities"),
         (["--batch-size", "0"], "batch_size must be >= 1"),
-        (["--out", str(tmp_path / "afile" / "sub")], "Not a directory"),
+        (["--out", str(tmp_path / "afile" / "sub")], "afile exists and is not a folder"),
     ]
     (tmp_path / "afile").write_text("x")
     for extra, msg in cases:
@@ -186,7 +186,12 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     os.utime(model / "model.safetensors", ns=(1, 1))
     capsys.readouterr()
-    assert main(args + ["--resume"]) == 0
+    # the folder now holds another model's results: refused before scoring (issue 20), kept as they are
+    assert main(args + ["--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "religion2_perplexities.csv (written from other inputs" in err and "model.safetensors" in err, err
+    assert json.loads((out / "lmb.json").read_text())[0]["t_value"] == first
+    assert main(args + ["--resume", "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert "produced by other inputs" in err and "model.safetensors" in err, err
     assert json.loads((out / "lmb.json").read_text())[0]["t_value"] != first
@@ -210,9 +215,10 @@ def test_resume_never_relabels_another_models_perplexities(tiny_model_dir, reddi
     common = ["--data-dir", str(redditbias_dir), "--out", str(out), "--no-progress", "--n-bootstrap", "0"]
     assert main(["measure", "--model", str(a), "--bias", "religion1,race"] + common) == 0
     a_race = json.loads((out / "lmb.json").read_text())[1]
-    assert main(["measure", "--model", str(b), "--bias", "religion1"] + common) == 0
+    assert main(["measure", "--model", str(b), "--bias", "religion1"] + common) == 1  # A's results: refused
+    assert main(["measure", "--model", str(b), "--bias", "religion1", "--overwrite"] + common) == 0
     capsys.readouterr()
-    assert main(["measure", "--model", str(b), "--bias", "religion1,race", "--resume"] + common) == 0
+    assert main(["measure", "--model", str(b), "--bias", "religion1,race", "--resume", "--overwrite"] + common) == 0
     err = capsys.readouterr().err
     assert "reusing 238 scored pairs of religion1" in err
     assert "race_perplexities.csv was produced by other inputs" in err and "reusing" not in err.split("race")[1]
@@ -238,5 +244,5 @@ def test_resume_never_relabels_another_models_perplexities(tiny_model_dir, reddi
         _csv.writer(fh).writerows(rows)
     capsys.readouterr()
     assert main(["measure", "--model", str(b), "--bias", "religion1", "--resume", "--data-dir", str(data2),
-                 "--out", str(out), "--no-progress", "--n-bootstrap", "0"]) == 0
+                 "--out", str(out), "--no-progress", "--n-bootstrap", "0", "--overwrite"]) == 0
     assert "produced by other inputs" in capsys.readouterr().err

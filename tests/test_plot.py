@@ -136,7 +136,12 @@ def test_cli_writes_where_told_and_refuses_mixed_folders(tmp_path, capsys, monke
     with pytest.raises(SystemExit):
         main(["plot", str(a)])
     assert "--out" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["mixed.png"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [".rbjax_outputs.json", "mixed.png"]
+    # the same plot again is this command's own file; another plot into it only with --overwrite
+    assert main(["plot", str(a), str(v), "--out", str(bad), "--allow-mixed"]) == 0
+    assert main(["plot", str(a), "--out", str(bad)]) == 1
+    assert "mixed.png (written from other inputs" in capsys.readouterr().err
+    assert main(["plot", str(a), "--out", str(bad), "--overwrite"]) == 0
     # clear errors
     assert main(["plot", str(a), "--out", str(tmp_path)]) == 1 and "is a folder" in capsys.readouterr().err
     assert main(["plot", str(a), "--out", "x.jpg"]) == 1 and "unsupported plot format" in capsys.readouterr().err

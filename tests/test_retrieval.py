@@ -182,13 +182,17 @@ def test_options(tmp_path):
     out = tmp_path / "c.csv"
     retrieve(spec, dump, out, progress=False, require_attribute_in_window=True)
     assert "r05" not in _by_id(_rows(out))
-    retrieve(spec, dump, out, progress=False, dedupe=False)
+    before = out.read_bytes()
+    with pytest.raises(ValueError, match=r"c.csv \(written from other inputs: dedupe: True → False;.*--overwrite"):
+        retrieve(spec, dump, out, progress=False, dedupe=False)  # another retrieval's CSV is not replaced silently
+    assert out.read_bytes() == before
+    retrieve(spec, dump, out, progress=False, dedupe=False, overwrite=True)
     assert "r10" in _by_id(_rows(out))
-    retrieve(spec, dump, out, progress=False, window=2)
+    retrieve(spec, dump, out, progress=False, window=2, overwrite=True)
     assert _by_id(_rows(out))["r05"][0][0] == "zorbs are fine."
-    retrieve(spec, dump, out, progress=False, subreddits=["other"])
+    retrieve(spec, dump, out, progress=False, subreddits=["other"], overwrite=True)
     assert _rows(out) == []
-    retrieve(spec, dump, out, progress=False, start=1600000000 + 150)
+    retrieve(spec, dump, out, progress=False, start=1600000000 + 150, overwrite=True)
     assert min(int(r["created_utc"]) for r in _rows(out)) >= 1600000150
 
 
@@ -291,11 +295,15 @@ def test_unreadable_dump_is_an_error_and_writes_no_csv(tmp_path, capsys):
     plain = tmp_path / "RC_plain.zst"
     write_zst([{"id": "p1", "body": "nothing to see here"}], plain)
     capsys.readouterr()
-    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress"]) == 0
+    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress"]) == 1
+    # "old" is not replaced silently
+    assert "candidates.csv (no record that rbjax wrote it)" in capsys.readouterr().err
+    assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(plain), "--out", str(out), "--no-progress",
+                     "--overwrite"]) == 0
     assert _rows(out) == []
-    # garbage next to a readable dump: success, with the garbage reported
+    # garbage next to a readable dump: success, with the garbage reported (other dumps: --overwrite)
     assert cli_main(["retrieve", "--bias", str(spec), "--dump", str(garbage), "--dump", str(plain), "--out", str(out),
-                     "--no-progress"]) == 0
+                     "--no-progress", "--overwrite"]) == 0
     captured = capsys.readouterr()
     assert "stream error: " + str(garbage) in captured.out and "warning: some dump files" in captured.err
 

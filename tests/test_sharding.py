@@ -296,11 +296,11 @@ def test_measure_records_mesh_and_param_dtype(tiny_model_dir, tokenizer_dir, red
     rec = json.loads((out / "lmb.json").read_text())[0]
     assert rec["settings"]["param_dtype"] == "bf16" and rec["settings"]["mesh"] == "grid=1,data=1,fsdp=1,tensor=1"
     t_bf16 = rec["t_value"]
-    assert main(base) == 0
+    assert main(base + ["--overwrite"]) == 0  # another run's results in --out: replaced only when asked
     rec = json.loads((out / "lmb.json").read_text())[0]
     assert rec["settings"]["param_dtype"] == "fp32" and rec["settings"]["mesh"] is None
     assert rec["t_value"] != t_bf16  # scored again with fp32 weights, not relabelled
-    assert main(base + ["--mesh", "data=2"]) != 0  # 2 devices named, 1 here
+    assert main(base + ["--overwrite", "--mesh", "data=2"]) != 0  # 2 devices named, 1 here
 
 
 @pytest.mark.slow

@@ -198,8 +198,10 @@ def test_splits_errors(tmp_path):
     with pytest.raises(ValueError, match="no 'phrase' column"):
         make_splits(bad, spec, tmp_path, _fake_score)
     ann = _annotated(tmp_path / "a.csv")
+    zorb = tmp_path / "zorb.json"
+    zorb.write_text(json.dumps(USER_SPEC), encoding="utf-8")
     with pytest.raises(ValueError, match="scorer returned shape"):
-        make_splits(ann, spec, tmp_path, lambda p: np.zeros(3))
+        make_splits(ann, load_spec(zorb), tmp_path, lambda p: np.zeros(3))
 
 
 # ------------------------------------------------------------------ worked example (docs/data-building.md)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from rbjax.core.io import check_output_file
+from rbjax.core.io import check_output_file, sha256_file
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import aggregate, export_for_annotation, read_annotations, write_aggregated
 
 
@@ -28,6 +30,9 @@ def register(subparsers) -> None:
     e.add_argument("--overlap", type=int, default=None,
                    help="divide items among annotators and give K shared items to all (agreement study); "
                         "default: everyone labels everything")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace files in --out-dir that this export did not write (e.g. annotators' filled files); "
+                        "without it they are refused and nothing is written")
     i = sub.add_parser("import", help="read annotators' files: agreement and majority labels")
     i.add_argument("files", nargs="+", help="one CSV per annotator")
     i.add_argument("--items", default=None,
@@ -36,13 +41,15 @@ def register(subparsers) -> None:
     i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
     i.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
                    help="a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no label")
+    i.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that this import did not write")
     p.set_defaults(func=run, _annotate_parser=p)
 
 
 def run_export(args: argparse.Namespace) -> int:
 
     paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
-                                  seed=args.seed, overlap=args.overlap)
+                                  seed=args.seed, overlap=args.overlap, overwrite=args.overwrite)
     for k, v in paths.items():
         print(f"{k}: {v}")
     print("fill comment_label and phrase_label with: biased / unbiased / skip")
@@ -50,9 +57,13 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-
+    key = None
     if args.out:
         check_output_file(args.out, "--out")
+        inputs = [f for f in [*args.files, args.items] if f is not None and Path(f).is_file()]
+        key = {"command": "annotate import", "files": [sha256_file(f) for f in inputs],
+               "unknown_labels": args.unknown_labels}
+        claim_outputs([args.out], key, overwrite=args.overwrite)
     # every file is checked (columns, labels, items) before anything is computed
     ann = read_annotations(args.files, unknown=args.unknown_labels, items=args.items)
     for w in ann.warnings:
@@ -70,6 +81,7 @@ def run_import(args: argparse.Namespace) -> int:
               f"(ties {len(ties)}{': items ' + ', '.join(ties[:20]) + (' ...' if len(ties) > 20 else '') if ties else ''})")
     if args.out:
         out = write_aggregated(ann, agg, args.out, items=args.items)
+        record_outputs([out], key)
         print(f"wrote {out}")
     return 0
 

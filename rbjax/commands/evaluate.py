@@ -40,7 +40,7 @@ def _run_crg_metrics(args) -> int:
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
                                   compute_meteor=not args.no_meteor, meteor_norm=not args.meteor_no_norm,
-                                  meteor_jar=args.meteor_jar, java=args.java)
+                                  meteor_jar=args.meteor_jar, java=args.java, overwrite=args.overwrite)
     print(format_crg_table(result))
     for metric, why in result["null_reasons"].items():
         if metric != "meteor":
@@ -75,7 +75,8 @@ def _run_model_task(args) -> int:
                          "and/or --crg-train-file")
     if args.hyp:
         raise ValueError(f"--hyp belongs to --task crg-metrics, not --task {args.task}")
-    res = evaluate(args.task, args.model, args.out, tokenizer=args.tokenizer, **_settings(args))
+    res = evaluate(args.task, args.model, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                   **_settings(args))
     results = res if args.task == "all" else {args.task: res}
     for t in MODEL_TASKS:
         if t in results:
@@ -115,6 +116,9 @@ def register(sub) -> None:
         formatter_class=HelpFormatter)
     p.add_argument("--task", required=True, choices=list(TASKS), help="which check to run")
     p.add_argument("--out", help="output folder (the result is OUT/<task>.json)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a result in --out of other inputs (another model, data or settings); without it "
+                        "such a result is refused before the task computes anything (same inputs: reused)")
     p.add_argument("--model", metavar="MODEL",
                    help="HF GPT-2 folder, hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")

@@ -64,6 +64,9 @@ def register(sub) -> None:
                    help="reuse the per-type CSVs of an earlier run in --out whose inputs are all the same (model and "
                         "tokenizer file contents, data files, split, --bos, --precision, scoring settings); any "
                         "type whose inputs differ is scored again, never relabelled")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of another run in --out (another model, data, bias types or settings) "
+                        "or files rbjax did not write; without it such a folder is refused before anything is scored")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -88,7 +91,7 @@ def run(args) -> int:
         stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
         n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
         outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress,
-        precision=args.precision, mesh=args.mesh, param_dtype=args.param_dtype)
+        precision=args.precision, overwrite=args.overwrite, mesh=args.mesh, param_dtype=args.param_dtype)
     print(format_table(records))
     out = Path(args.out)
     csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
+from rbjax.core.io import check_output_file
+from rbjax.core.keys import digest
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.lmb.plot import load_results, plot_lmb
 
 
@@ -28,11 +31,14 @@ def register(sub) -> None:
     p.add_argument("--allow-mixed", action="store_true",
                    help="plot folders with different splits (test/valid) or outlier handling (3σ rule on a model's "
                         "perplexities vs. the already reduced stored perplexities) together; each series is labelled")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that is not this plot of the same folders and options "
+                        "(without it such a file is refused)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-
+    check_output_file(args.out, "--out")  # before reading anything
     results = {}
     for f in args.folders:
         named = "=" in f and not Path(f).exists()  # a folder may have "=" in its name
@@ -42,6 +48,10 @@ def run(args) -> int:
         if label in results:
             raise ValueError(f"two series are labelled {label!r}; name them with LABEL=FOLDER")
         results[label] = load_results(path)
+    key = {"command": "plot", "series": {k: digest(v) for k, v in results.items()}, "alpha": args.alpha,
+           "title": args.title, "allow_mixed": args.allow_mixed}
+    claim_outputs([args.out], key, overwrite=args.overwrite)
     out = plot_lmb(results, args.out, alpha=args.alpha, title=args.title, allow_mixed=args.allow_mixed)
+    record_outputs([out], key)
     print(f"wrote {out.resolve()}")
     return 0

@@ -11,6 +11,9 @@ def register(sub) -> None:
                     "write report.md, report.html (self-contained, figures embedded) and figure1.png.")
     p.add_argument("folders", nargs="+", metavar="DIR", help="finished study folders")
     p.add_argument("--out", metavar="DIR", help="where to write the report (when not given: the first folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace report files in --out that are not rbjax's unchanged report of the same folders "
+                        "(e.g. edited by hand, or the report of other folders)")
     p.set_defaults(func=run)
 
 
@@ -19,6 +22,6 @@ def run(args) -> int:
 
 
     out = Path(args.out or args.folders[0])
-    rep = write_report([Path(f) for f in args.folders], out)
+    rep = write_report([Path(f) for f in args.folders], out, overwrite=args.overwrite)
     print(f"wrote {rep['md']}, {rep['html']}, {rep['figure']}")
     return 0

@@ -59,6 +59,9 @@ def register(subparsers) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="read every file again instead of reusing the per-file parts of an earlier run with the "
                         "same inputs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace candidate CSVs or summary.json in --out that are not this retrieval's own output of "
+                        "the same dumps and settings (without it they are refused before any file is read)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         executor=args.executor,
         ray_address=args.ray_address,
         resume=not args.fresh,
+        overwrite=args.overwrite,
     )
     print(res.summary())
     if res.stats.errors:

@@ -40,7 +40,10 @@ def run(args) -> int:
         print(res["plan"])
         return 0
     ran = sum(1 for s in res["stages"] if s.status == "ran")
-    print(f"{ran} stage(s) ran, {len(res['stages']) - ran} unchanged and skipped")
+    reused = sum(1 for s in res["stages"] if s.status == "ran" and (s.summary or {}).get("reused_perplexities"))
+    note = (f" ({reused} of them reused their stored perplexities: only the statistics were recomputed)"
+            if reused else "")
+    print(f"{ran} stage(s) ran{note}, {len(res['stages']) - ran} unchanged and skipped")
     if res["report"]:
         print(f"report: {res['report']['md']}, {res['report']['html']}")
     return 0

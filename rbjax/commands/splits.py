@@ -32,6 +32,9 @@ def register(subparsers) -> None:
                         "row (upstream kept only rows equal to 1; the released gender file has 24 rows labelled 2)")
     p.add_argument("--swap-mode", choices=("paper", "reference"), default="paper",
                    help="counterfactuals: word-level pairs (paper) or the official substring rules (reference)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files of this bias type under --out-dir that this command did not write (e.g. the "
+                        "released RedditBias files); without it they are refused before anything is scored")
     p.set_defaults(func=run)
 
 
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     # make_splits checks the annotated file and --out-dir before the model is loaded
     res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
                       n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode, unknown=args.unknown_labels,
-                      model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})")
+                      model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})",
+                      overwrite=args.overwrite)
     print(res.summary())
     for role, path in res.files.items():
         print(f"  {role}: {path}")

@@ -9,7 +9,7 @@ from rbjax.core.distributed import initialize, requested
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
 from rbjax.debias.config import METHODS
-from rbjax.debias.sweep import PAPER_GRID, format_selection, run_sweeps
+from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, run_sweeps
 from rbjax.specs import is_spec_path
 
 
@@ -97,9 +97,7 @@ def _combinations(args) -> list[tuple[str, str]]:
 
 def run(args) -> int:
     import dataclasses
-    import shutil
     from pathlib import Path
-
 
     if args.executor == "ray" and requested(args.distributed):
         raise ValueError("--distributed (one program over several hosts) and --executor ray (chunks as tasks on a "
@@ -122,13 +120,7 @@ def run(args) -> int:
     for b, m in combos:
         folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out
         if args.overwrite:
-            for name in ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json",
-                         "chunks", "points"):
-                q = folder / name
-                if q.is_dir():
-                    shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)
-                else:
-                    q.unlink(missing_ok=True)
+            clear_sweep(folder)
         g = grids[m]
         bases.append((config_from_args(args, **{**settings[m], "method": m, "bias_type": b, "out_dir": str(folder),
                                                 "batch_size": g["batch_size"][0], "grad_accum": g["grad_accum"][0],
@@ -138,7 +130,8 @@ def run(args) -> int:
                       keep_checkpoints=args.keep_point_checkpoints,
                       max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
                       dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
-                      ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress)
+                      ray_address=args.ray_address, jobs=args.jobs, progress=args.config.progress,
+                      replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
         print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")

@@ -151,43 +151,59 @@ def versions(extra: tuple[str, ...] = ()) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------ output locations
-def _file_in_the_way(folder: Path) -> Path | None:
-    """The first of ``folder`` and its parents that exists, when it is not a folder."""
-    for p in (folder, *folder.parents):
+# ------------------------------------------------------------------------------------------ where results go
+def _first_existing(path: Path) -> Path | None:
+    """``path`` or its nearest parent that exists (None when none does, e.g. a relative path's root)."""
+    for p in (path, *path.parents):
         if p.exists() or p.is_symlink():
-            return None if p.is_dir() else p
+            return p
     return None
 
 
-def check_output_dir(folder: str | Path, what: str = "output folder") -> Path:
-    """Check that ``folder`` is, or can be created as, a folder (nothing is created).
+def _check_creatable(folder: Path, what: str, target: Path, verb: str) -> None:
+    """``folder`` is, or can be created as, a folder rbjax can write in (nothing is created)."""
+    p = _first_existing(folder)
+    if p is None:
+        return
+    if not p.is_dir():
+        if p == target:
+            raise ValueError(f"{what} {target} exists and is not a folder")
+        raise ValueError(f"cannot {verb} {what} {target}: {p} exists and is not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        if p == target:
+            raise ValueError(f"{what} {target}: the folder is not writable (permission denied or a read-only "
+                             "file system); choose another location")
+        raise ValueError(f"cannot {verb} {what} {target}: {p} is not writable (permission denied or a read-only "
+                         "file system); choose another location")
+
+
+def check_output_dir(folder: str | os.PathLike, what: str = "output folder") -> Path:
+    """Check, before any work, that ``folder`` is (or can be created as) a folder this process can write in.
+
+    Nothing is created. Used by every command for its output location, so that a bad ``--out`` fails at once with
+    its name instead of after the computation on a temporary file.
 
     Raises:
-        ValueError: ``folder`` or one of its parents exists and is not a folder (named).
+        ValueError: ``folder`` or one of its parents exists and is not a folder, or the folder (or, when it does
+            not exist yet, its nearest existing parent) is not writable — ``what`` and the path are named.
     """
     folder = Path(folder)
-    p = _file_in_the_way(folder)
-    if p == folder:
-        raise ValueError(f"{what} {folder} exists and is not a folder")
-    if p is not None:
-        raise ValueError(f"cannot create {what} {folder}: {p} exists and is not a folder")
+    _check_creatable(folder, what, folder, "create")
     return folder
 
 
-def check_output_file(path: str | Path, what: str = "output file") -> Path:
-    """Check that ``path`` can be written as a file: it is not a folder, and its folder
-    exists or can be created. Nothing is created.
+def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
+    """Check, before any work, that ``path`` can be written as a file: it is not a folder, and its folder exists
+    and is writable or can be created (nothing is created).
 
     Raises:
-        ValueError: ``path`` is a folder, or a parent of it exists and is not a folder (named).
+        ValueError: ``path`` is a folder, a parent of it exists and is not a folder, or the folder it goes to is not
+            writable (``what`` and the path named).
     """
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder; give a file name")
-    p = _file_in_the_way(path.parent)
-    if p is not None:
-        raise ValueError(f"cannot write {what} {path}: {p} exists and is not a folder")
+    _check_creatable(path.parent, what, path, "write")
     return path
 
 

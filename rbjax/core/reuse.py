@@ -19,10 +19,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from rbjax.core.io import atomic_write_json, read_json
+from rbjax.core.io import atomic_write_json, read_json, sha256_file
 from rbjax.core.keys import canonical, describe_difference
 
-__all__ = ["KeyedResult", "reuse_or_compute"]
+__all__ = ["KeyedResult", "reuse_or_compute", "OutputExists", "claim_outputs", "record_outputs"]
+
+
+class OutputExists(ValueError):
+    """A command would replace files it did not write (from these inputs); nothing was written."""
 
 
 @dataclasses.dataclass
@@ -36,6 +40,10 @@ class KeyedResult:
         say: where the reuse/recompute messages go (default: none).
         check: an optional extra test of a stored result with an equal key: returns ``None`` to reuse it or the
             reason to recompute (e.g. a file the result points to is gone).
+        refuse_other: a stored result of other inputs (or one whose ``check`` fails) is not replaced silently:
+            :meth:`stored` raises :class:`OutputExists` naming the difference (the rule of
+            :func:`claim_outputs`; the command's ``--overwrite`` turns it off). An unreadable or
+            unfinished file is still recomputed.
     """
 
     path: Path
@@ -43,6 +51,7 @@ class KeyedResult:
     what: str = "result"
     say: Callable[[str], None] | None = None
     check: Callable[[dict], str | None] | None = None
+    refuse_other: bool = False
 
     def __post_init__(self):
         self.path = Path(self.path)
@@ -66,14 +75,22 @@ class KeyedResult:
             self.reason = f"unfinished (status {prev.get('status')!r})"
         elif prev.get("key") != self.key:
             self.reason = f"inputs differ: {describe_difference(prev.get('key') or {}, self.key)}"
+            self._refuse()
         elif self.check is not None:
             self.reason = self.check(prev)
+            if self.reason is not None:
+                self._refuse()
         if self.reason is not None:
             self._tell(f"{self.path}: recomputing {self.what} ({self.reason})")
             return None
         self._tell(f"{self.path}: same inputs as the existing {self.what}; reusing it (nothing recomputed; delete the "
                    "file to recompute)")
         return {**prev, "reused": True}
+
+    def _refuse(self) -> None:
+        if self.refuse_other:
+            raise OutputExists(f"{self.path}: holds the {self.what} result of other inputs ({self.reason}); nothing "
+                               "was computed: pass --overwrite to replace it, or choose another --out")
 
     def save(self, body: dict) -> dict:
         """Write ``body`` with this key and ``status: "done"`` atomically; returns what was written plus
@@ -92,3 +109,85 @@ def reuse_or_compute(path: str | os.PathLike, key: Any, compute: Callable[[], di
     res = KeyedResult(Path(path), key, what, say, check)
     prev = res.stored()
     return prev if prev is not None else res.save(compute())
+
+
+# ---------------------------------------------------------------------------- never replace work not ours
+#: hidden file in a folder rbjax writes results to: for each file it wrote there, the key of the inputs that
+#: produced it and the sha256 of the content it wrote (see :func:`claim_outputs`)
+OUTPUTS_FILE = ".rbjax_outputs.json"
+OUTPUTS_VERSION = 1
+
+
+def _outputs_manifest(folder: Path) -> dict:
+    st = read_json(folder / OUTPUTS_FILE)
+    if not isinstance(st, dict) or st.get("version") != OUTPUTS_VERSION or not isinstance(st.get("files"), dict):
+        return {}
+    return st["files"]
+
+
+def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwrite", where: str = "--out") -> None:
+    """Refuse, before any work, to replace files this run did not write.
+
+    The rule every rbjax command follows: an existing file among ``paths`` (the files the run is about to write)
+    may only be replaced when it is rbjax's own, unchanged output of the same inputs — :func:`record_outputs`
+    stored, in the folder's hidden ``.rbjax_outputs.json``, the same ``key`` and the sha256 of the content it
+    wrote, and the file still has that content (a rerun, or the resume of an interrupted run). Anything else (a
+    file rbjax did not write, one edited since — an annotator's filled labels —, or rbjax's output of other
+    inputs — another model's run) is only replaced with ``overwrite``.
+
+    Args:
+        paths: the files the run will write (existing or not).
+        key: JSON-serialisable description of the run's inputs (what makes its output what it is).
+        overwrite: the user passed ``flag``: replace whatever is there.
+        flag, where: the option that allows replacing and the option that chose the location (for the message).
+
+    Raises:
+        OutputExists: at least one file would be replaced (each named, with why); nothing is written.
+        ValueError: a path that must become a file is a folder.
+    """
+    key = canonical(key)
+    conflicts: dict[Path, list[str]] = {}
+    manifests: dict[Path, dict] = {}
+    for p in map(Path, paths):
+        if p.is_dir():
+            raise ValueError(f"{p} is a folder, but this run writes a file there")
+        if not p.exists() or overwrite:
+            continue
+        if p.parent not in manifests:
+            manifests[p.parent] = _outputs_manifest(p.parent)
+        entry = manifests[p.parent].get(p.name)
+        if not isinstance(entry, dict):
+            why = "no record that rbjax wrote it"
+        elif entry.get("sha256") != sha256_file(p):
+            why = "changed since rbjax wrote it"
+        elif entry.get("key") != key:
+            why = f"written from other inputs: {describe_difference(entry.get('key'), key)}"
+        else:
+            continue
+        conflicts.setdefault(p.parent, []).append(f"{p.name} ({why})")
+    if conflicts:
+        n = sum(map(len, conflicts.values()))
+        shown = "; ".join(f"in {folder}: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more"
+                                                                    if len(names) > 4 else "")
+                          for folder, names in conflicts.items())
+        raise OutputExists(
+            f"will not replace {n} existing file(s) that this run did not write: {shown}. Nothing was written: "
+            f"pass {flag} to replace them, or choose another {where}")
+
+
+def record_outputs(paths, key) -> None:
+    """Record ``paths`` (files just written) as rbjax's output of ``key`` in their folders' ``.rbjax_outputs.json``
+    (the sha256 of their content now), so that a later run of the same inputs may replace them
+    (:func:`claim_outputs`). A missing path is dropped from the record."""
+    key = canonical(key)
+    by_folder: dict[Path, list[Path]] = {}
+    for p in map(Path, paths):
+        by_folder.setdefault(p.parent, []).append(p)
+    for folder, ps in by_folder.items():
+        files = _outputs_manifest(folder)
+        for p in ps:
+            if p.is_file():
+                files[p.name] = {"key": key, "sha256": sha256_file(p)}
+            else:
+                files.pop(p.name, None)
+        atomic_write_json(folder / OUTPUTS_FILE, {"version": OUTPUTS_VERSION, "files": files})

@@ -28,7 +28,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file
+from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file
+from rbjax.core.reuse import claim_outputs, record_outputs
 
 #: The guideline's labels (paper App. B).
 LABELS: tuple[str, ...] = ("biased", "unbiased", "skip")
@@ -464,6 +465,7 @@ def export_for_annotation(
     sample: int | None = None,
     seed: int = 0,
     overlap: int | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Path]:
     """Write annotation files for a candidates CSV (paper §2.3).
 
@@ -477,6 +479,9 @@ def export_for_annotation(
         overlap: ``None``: every annotator gets every item. An integer k: the items are
             divided among the annotators (round-robin) and k randomly drawn items go to
             everyone, for the agreement study (the paper used 100 double-annotated items).
+        overwrite: replace files in ``out_dir`` that this export did not write (annotators' filled files, an
+            export of other candidates or settings); without it they are refused before anything is written
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         ``{"items": path, "guidelines": path, "assignment": path, <annotator>: path, ...}``;
@@ -486,7 +491,8 @@ def export_for_annotation(
     Raises:
         FileNotFoundError: ``candidates`` is missing.
         ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range,
-            ``out_dir`` is a file or lies under one.
+            ``out_dir`` is a file or lies under one or is not writable.
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds files this export would replace (e.g. filled labels).
     """
     candidates = Path(candidates)
     if not candidates.is_file():
@@ -501,6 +507,12 @@ def export_for_annotation(
         raise ValueError(f"annotator names must be distinct, non-empty, without '/', not 'items', 'GUIDELINES' "
                          f"or 'assignment': {annotators!r}")
     check_output_dir(out_dir, "--out-dir")
+    out_dir = Path(out_dir)
+    targets = [out_dir / "items.csv", out_dir / "GUIDELINES.txt", out_dir / ASSIGNMENT_FILE,
+               *(out_dir / f"{a}.csv" for a in names)]
+    run_key = {"command": "annotate export", "candidates": sha256_file(candidates), "annotators": names,
+               "sample": sample, "seed": seed, "overlap": overlap}
+    claim_outputs(targets, run_key, overwrite=overwrite, where="--out-dir")
     rng = np.random.default_rng(seed)
     idx = np.arange(len(rows))
     if sample is not None:
@@ -508,7 +520,6 @@ def export_for_annotation(
             raise ValueError(f"--sample {sample} is outside 1..{len(rows)} (rows in {candidates})")
         idx = np.sort(rng.choice(len(rows), size=sample, replace=False))
     chosen = [rows[i] for i in idx]
-    out_dir = Path(out_dir)
     keys = [f"{j + 1}" for j in range(len(chosen))]
     paths: dict[str, Path] = {"items": out_dir / "items.csv", "guidelines": out_dir / "GUIDELINES.txt",
                               "assignment": out_dir / ASSIGNMENT_FILE}
@@ -516,7 +527,7 @@ def export_for_annotation(
     with atomic_csv_writer(paths["items"], item_cols) as w:
         for k, r in zip(keys, chosen):
             w.writerow([k] + [r.get(h) or "" for h in item_cols[1:]])
-    paths["guidelines"].write_text(GUIDELINES, encoding="utf-8")
+    atomic_write_text(paths["guidelines"], GUIDELINES)
     if overlap is None:
         assign = {a: list(range(len(chosen))) for a in names}
     else:
@@ -535,4 +546,5 @@ def export_for_annotation(
     record = {"candidates": str(candidates), "items": len(chosen), "sample": sample, "seed": seed, "overlap": overlap,
               "annotators": {a: [keys[j] for j in assign[a]] for a in names}}
     atomic_write_text(paths["assignment"], json.dumps(record, indent=1) + "\n")
+    record_outputs(targets, run_key)
     return paths

@@ -57,6 +57,7 @@ from rbjax import __version__
 from rbjax.core import parallel
 from rbjax.core.io import atomic_csv_writer, atomic_write_json, check_output_dir, check_output_file, sha256_file
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data import dumps
 from rbjax.data.dumps import (
     WORKER_BASE_BYTES,
@@ -926,6 +927,7 @@ def retrieve(
     resume: bool = True,
     on_file: Callable[[dict], None] | None = None,
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> RetrievalResult:
     """Retrieve candidate comments and windows for one or more bias types (paper §2.2).
 
@@ -967,6 +969,9 @@ def retrieve(
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
             after its part is written.
         log: where notes go (the jobs bound); default: stderr.
+        overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own output of the
+            same inputs (dumps, specs, settings); without it they are refused before any file is read
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         A :class:`RetrievalResult` (counts, timing, output paths, per-file entries).
@@ -979,6 +984,7 @@ def retrieve(
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
         rbjax.core.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
@@ -1013,6 +1019,12 @@ def retrieve(
     for p in files:
         size, mtime = _stat(str(p))
         tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
+    run_key = {"command": "retrieve", "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
+               "settings": {k: v for k, v in settings.record().items() if k not in ("retrieval_version",
+                                                                                    "code_sha256")},
+               "files": [[t.path, t.size, t.mtime_ns] for t in tasks]}
+    targets = [*layout.csvs.values(), layout.summary]
+    claim_outputs(targets, run_key, overwrite=overwrite)
     entries: list[dict | None] = [None] * len(tasks)
     records: list[dict | None] = [None] * len(tasks)
     todo: list[int] = []
@@ -1108,4 +1120,5 @@ def retrieve(
         "files": entries,
         "versions": _versions(),
     })
+    record_outputs(targets, run_key)
     return res

@@ -48,11 +48,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rbjax.core.io import atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, versions
+from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file,
+                           versions)
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import parse_label, read_csv_file
 from rbjax.data.outliers import outlier_pairs
 from rbjax.data.swap import reference_direction, swap_targets
-from rbjax.specs import layout_names
+from rbjax.specs import canonical_bias_type, layout_names
 
 #: Columns of the T1 files (released layout).
 T1_COLUMNS: tuple[str, ...] = ("id", "attribute_in_window", "comment", "comments_processed", "bias_sent",
@@ -278,6 +280,7 @@ def make_splits(
     swap_direction: str | None = None,
     unknown: str = "error",
     model: str | None = None,
+    overwrite: bool = False,
 ) -> SplitResult:
     """Build the train / valid / test files of one bias type from annotated phrases (``reference-data.md`` §4).
 
@@ -300,6 +303,9 @@ def make_splits(
             (see :func:`read_biased_rows`).
         model: what produced the perplexities (the ``--model`` of the CLI), recorded in
             ``<type>_splits.json``; ``None`` = the score function's name.
+        overwrite: replace files under ``out_dir`` that this command did not write (e.g. the released RedditBias
+            files of the type); without it they are refused before anything is scored or written
+            (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
         :class:`SplitResult`.
@@ -307,9 +313,13 @@ def make_splits(
     Raises:
         FileNotFoundError: the annotated file is missing.
         ValueError: bad columns or labels, a split with an empty side, a scorer returning the
-            wrong shape, no pair left after reduction, an unusable spec name, or ``out_dir``
-            (or a parent of it) is a file. Inputs and ``out_dir`` are checked before the
-            scorer is called.
+            wrong shape, no pair left after reduction, an unusable spec name, ``out_dir``
+            (or a parent of it) is a file or not writable, an annotated file whose ``bias_type``
+            column names another bias type, or a spec under which most held-out phrases do not
+            change (their counterfactual equal to the biased phrase: the phrases are of another type).
+            Inputs and ``out_dir`` are checked before the scorer is called.
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds files of this type that this command
+            did not write (released files, another annotated file's splits) and not ``overwrite``.
     """
 
     btype, g1, g2 = layout_names(spec)
@@ -319,6 +329,7 @@ def make_splits(
         check_output_dir(d, "output folder")
     biased = read_biased_rows(annotated, unknown=unknown)
     rows = biased.rows
+    _check_bias_type_column(annotated, rows, spec, btype)
     model_name = str(model) if model is not None else scorer_name(score_fn)
     frac = default_train_size(spec.name) if train_size is None else float(train_size)
     train_idx, held_idx = shuffle_split(len(rows), frac, seed)
@@ -333,6 +344,19 @@ def make_splits(
                                        ("both" if spec.two_way else "t1_to_t2"))
         counter = [swap_targets(p, spec, mode=swap_mode, direction=direction) for p in held]
     n_unchanged = sum(1 for a, b in zip(held, counter) if a == b)
+    if 2 * n_unchanged > len(held):
+        # a phrase of this type holds a T1 term that the swap changes (the released files: 2 of 1,200 unchanged);
+        # the annotated file of another type leaves 87-100 % unchanged
+        raise ValueError(
+            f"{annotated}: the {spec.name} swap leaves {n_unchanged} of the {len(held)} held-out phrases unchanged "
+            f"(no target term such as {', '.join(spec.targets_t1[:4])}): their counterfactuals would equal the "
+            "biased phrases. Is this the annotated file of another bias type? Nothing was written")
+    targets = _split_files(ddir, tdir, btype, g1, g2)
+    run_key = {"command": "splits", "annotated": sha256_file(annotated), "bias_type": spec.name,
+               "spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else str(spec),
+               "model": model_name, "train_size": frac, "seed": seed, "n_std": n_std, "ddof": ddof,
+               "swap_mode": swap_mode, "swap_direction": swap_direction, "unknown": unknown}
+    claim_outputs(targets.values(), run_key, overwrite=overwrite, where="--out-dir")
 
     p1 = _scores(score_fn, held, "biased")
     p2 = _scores(score_fn, counter, "counterfactual")
@@ -387,4 +411,39 @@ def make_splits(
     )
     files["summary"] = ddir / f"{btype}_splits.json"
     _atomic_text(files["summary"], [json.dumps(summary, indent=2)])
+    assert set(files.values()) == set(targets.values()), "the claimed files are the files written"
+    record_outputs(files.values(), run_key)
     return res
+
+
+def _split_files(ddir: Path, tdir: Path, btype: str, g1: str, g2: str) -> dict[str, Path]:
+    """Every file :func:`make_splits` writes for a type, by role (the keys of :attr:`SplitResult.files`)."""
+    files = {}
+    for split in ("valid", "test"):
+        files[f"t1_{split}"] = ddir / f"reddit_comments_{btype}_{g1}_biased_{split}_reduced.csv"
+        files[f"t2_{split}"] = ddir / f"reddit_comments_{btype}_{g2}_biased_{split}_reduced.csv"
+        files[f"t1_{split}_txt"] = tdir / f"{btype}_{g1}_biased_{split}_reduced.txt"
+        files[f"t2_{split}_txt"] = tdir / f"{btype}_{g2}_biased_{split}_reduced.txt"
+    files["train_txt"] = tdir / f"{btype}_bias_manual_train.txt"
+    files["heldout_txt"] = tdir / f"{btype}_bias_manual_valid.txt"
+    files["summary"] = ddir / f"{btype}_splits.json"
+    return files
+
+
+def _check_bias_type_column(annotated, rows: list[dict], spec, btype: str) -> None:
+    """Refuse an annotated file whose ``bias_type`` column (written by ``rbjax retrieve`` and carried through the
+    annotation round trip) names another bias type than ``spec`` (file, row and value named). Files without the
+    column (the released ones) pass."""
+    ok = {spec.name, btype}
+    with_col = [r for r in rows if (r.get("bias_type") or "").strip()]
+    for r in with_col:
+        v = r["bias_type"].strip()
+        try:
+            v_canon = canonical_bias_type(v)
+        except ValueError:
+            v_canon = v
+        if v not in ok and v_canon not in ok:
+            others = sorted({x["bias_type"].strip() for x in with_col} - ok)
+            raise ValueError(f"{annotated}: the bias_type column says {', '.join(others)}, not {spec.name} "
+                             f"(phrase {r.get('phrase')!r}); pass the annotated file of {spec.name}, or --bias "
+                             f"{others[0]}. Nothing was written")

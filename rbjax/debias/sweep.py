@@ -49,8 +49,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest
+from rbjax.core.log import say
 from rbjax.core.mesh import to_host
 from rbjax.core.parallel import as_completed, available_memory
 from rbjax.core.progress import progress_bar
@@ -411,11 +412,25 @@ class _Sweep:
     tasks: list[dict]
 
 
-def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
-             keep_checkpoints) -> _Sweep:
+#: what a sweep writes in its folder (besides ``selected_<rule>/``, a run folder of its own)
+SWEEP_FILES = ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json", "chunks",
+               "points")
 
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+
+def clear_sweep(folder: str | Path) -> None:
+    """Delete a sweep's files in ``folder`` (:data:`SWEEP_FILES`; ``--overwrite``)."""
+    for name in SWEEP_FILES:
+        q = Path(folder) / name
+        if q.is_dir():
+            shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)
+        else:
+            q.unlink(missing_ok=True)
+
+
+def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
+             keep_checkpoints, replace_other_inputs: bool = False) -> _Sweep:
+
+    check_output_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     pts = grid_points(base.method, grid)
     if max_points is not None:
@@ -431,8 +446,11 @@ def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev
     if spath.exists():
         prev = json.loads(spath.read_text())
         if prev.get("key") != key:
-            raise ValueError(f"{out}: holds a sweep of other inputs ({describe_difference(prev.get('key'), key)}); "
-                             "use another --out or --overwrite")
+            why = describe_difference(prev.get("key"), key)
+            if not replace_other_inputs:
+                raise ValueError(f"{out}: holds a sweep of other inputs ({why}); use another --out or --overwrite")
+            say("sweep", f"{out}: held a sweep of other inputs ({why}); running it again")
+            clear_sweep(out)
     atomic_write_json(spath, {"key": key, "settings": settings})
     bpath = out / "baseline.json"
     baseline = json.loads(bpath.read_text()) if bpath.exists() else None
@@ -462,7 +480,8 @@ def _pt(rec: dict) -> GridPoint:
     return GridPoint(**rec["point"])
 
 
-def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True) -> dict:
+def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: bool = True,
+            replace_other_inputs: bool = False) -> dict:
 
     recs = [sw.records[p.id] for p in sw.points if p.id in sw.records]
     base_lmp = (sw.baseline.get("lmp") or {}).get("perplexity")
@@ -485,7 +504,7 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
         cfg = sw.base.replace(out_dir=str(sw.out / f"selected_{rule}"), **p)
         if not final_evaluate:  # the caller measures the selected model itself (e.g. the study's test stages)
             cfg = cfg.replace(evaluate=False, lmp=False)
-        res = train(cfg)
+        res = train(cfg, replace_other_inputs=replace_other_inputs)  # (another selected point: trained again)
         sel[rule]["final"] = {"out_dir": cfg.out_dir, "lmb_valid": res.get("lmb_valid"), "lmp": res.get("lmp")}
     atomic_write_json(sw.out / "selection.json", sel)
     return sel
@@ -496,7 +515,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
                grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
                jobs: int | None = None, resources: dict | None = None, progress: bool = True,
-               final_evaluate: bool = True) -> list[dict]:
+               final_evaluate: bool = True, replace_other_inputs: bool = False) -> list[dict]:
     """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
     executor, then select on the valid split in each folder (see the module docstring).
 
@@ -518,6 +537,10 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         progress: progress bars.
         final_evaluate: evaluate the retrained selection (LMB on the valid split, LMP) as ``rbjax debias`` does;
             off when the caller measures it itself.
+        replace_other_inputs: a folder holding a sweep of other inputs (another trajectory setting, model, data or
+            evaluation setting) is cleared and swept again instead of refused, and a ``selected_<rule>`` run of
+            another grid point is trained again; points of the same inputs are kept. For callers that own the
+            folders (the study runner).
 
     Returns:
         the ``selection.json`` content of every sweep, in order.
@@ -532,10 +555,13 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if grid_chunk is not None and grid_chunk < 1:
         raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
+    for _, o in bases:  # every output location before any work
+        check_output_dir(o, "--out")
     sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o),
                        grid=(method_grids or {}).get(b.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
-                       grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints) for b, o in bases]
+                       grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints,
+                       replace_other_inputs=replace_other_inputs) for b, o in bases]
     tasks = [(i, t) for i, sw in enumerate(sweeps) for t in sw.tasks]
     n_total = sum(len(sw.points) for sw in sweeps)
     n_done = sum(len(sw.records) for sw in sweeps)
@@ -563,7 +589,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
                 ts = [r["dev"]["t_value"] for r in recs]
                 bar.set_postfix(last=", ".join(r["id"] for r in recs),
                                 t=", ".join("n/a" if t is None else f"{t:.2f}" for t in ts))
-    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate) for sw in sweeps]
+    return [_finish(sw, lmp_tolerance=lmp_tolerance, final=final, final_evaluate=final_evaluate,
+                    replace_other_inputs=replace_other_inputs) for sw in sweeps]
 
 
 def _ray_task_resources(task: dict) -> dict:

@@ -34,12 +34,13 @@ from typing import Any
 import jax
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, read_json, versions
+from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, file_digest, tree_digest
 from rbjax.core.log import say
 from rbjax.core.mesh import is_model_parallel, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import RedditBiasData, expand_bias_types
+from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.config import LOSS_METHODS, METHODS, TRAJECTORY_FIELDS, TrainConfig  # noqa: F401 (re-exported)
 from rbjax.debias.data import load_training_texts, tokenize_lines, update_plan  # noqa: F401 (re-exported)
 from rbjax.debias.loop import Trainer, TrainResult  # noqa: F401 (re-exported)
@@ -55,8 +56,7 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "lmb_valid
 
 
 def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    check_output_dir(out, "--out")  # a file in the way, an unwritable folder: named before any work
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -161,7 +161,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
                                          batch_size=cfg.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
-                            resume=True)
+                            resume=True, overwrite=True)  # the run owns lmb_valid (its key guards the folder)
         res["lmb_valid"] = {
             "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.bias_type)),
             "all": [_lmb_summary(r) for r in recs],
@@ -263,8 +263,35 @@ def _say(msg: str) -> None:
     say("debias", msg)
 
 
+def _other_inputs(out: Path, key: dict) -> str | None:
+    """Why ``out`` holds a run of other inputs than ``key`` (a finished run's ``results.json`` or the newest
+    checkpoint), or None when it holds nothing or a run of these inputs."""
+    prev = read_json(out / "results.json")
+    if prev is not None and prev.get("key") is not None and prev.get("key") != key:
+        return describe_difference(prev.get("key"), key)
+    if (out / "checkpoints").is_dir():
+        ckpt = Checkpointer(out / "checkpoints")
+        try:
+            step = ckpt.latest_step()
+            meta = ckpt.restore_meta(step) if step is not None else None
+        finally:
+            ckpt.close()
+        if meta is not None and meta.get("key") != key:
+            return describe_difference(meta.get("key") or {}, key)
+    return None
+
+
+def _clear_run(out: Path) -> None:
+    for name in RUN_FILES:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
 def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = False,
-          trainer: Trainer | None = None) -> dict:
+          trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
 
     Args:
@@ -272,6 +299,10 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         stop_after: stop after this many updates (checkpointed), without export or evaluation (simulated kill).
         overwrite: delete an existing run folder's checkpoints, metrics and results first.
         trainer: a prepared :class:`Trainer` for ``cfg`` (reuses loaded weights).
+        replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
+            ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
+            inputs is still reused or resumed. For callers that own the folder (the study runner, whose stages
+            are keyed on their inputs); ``overwrite`` discards even a run of the same inputs.
 
     Returns:
         the ``results.json`` content (``{"status": "stopped", ...}`` after ``stop_after``).
@@ -284,17 +315,17 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     out = Path(cfg.out_dir)
     _check_out_dir(out)
     if overwrite:
-        for name in RUN_FILES:
-            p = out / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+        _clear_run(out)
     if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
     trainer = trainer or Trainer(cfg)
     key = canonical(trainer.key())
+    if replace_other_inputs and not overwrite:
+        why = _other_inputs(out, key)
+        if why is not None:
+            _say(f"{out}: held a run of other inputs ({why}); training again")
+            _clear_run(out)
     prev = read_json(out / "results.json")
     if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
         raise ValueError(f"{out}: holds a finished run with other inputs ({describe_difference(prev.get('key'), key)})"

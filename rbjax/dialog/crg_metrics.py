@@ -75,7 +75,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rbjax.core.io import atomic_write_json, sha256_file, versions
+from rbjax.core.io import atomic_write_json, check_output_dir, sha256_file, versions
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.dialog.text import clean_dstc7
 
 __all__ = [
@@ -507,15 +508,23 @@ def format_crg_table(m: dict) -> str:
 
 def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLike] | None, out_dir: str | os.PathLike,
                          clean: bool = False, *, compute_meteor: bool = True, meteor_norm: bool = True,
-                         meteor_jar: str | os.PathLike | None = None, java: str | None = None) -> dict:
+                         meteor_jar: str | os.PathLike | None = None, java: str | None = None,
+                         overwrite: bool = False) -> dict:
     """Score a hypothesis file against reference files and write ``out_dir/crg_metrics.json`` atomically.
+
+    An existing ``crg_metrics.json`` that is not this scoring's own (other files or settings, edited, not written
+    by rbjax) is refused before anything is scored unless ``overwrite`` (:func:`rbjax.core.reuse.claim_outputs`).
 
     The file holds the :func:`crg_metrics` keys at the top level plus ``settings`` (cleaning, METEOR options),
     ``data`` (each input file's path, sha256 and line count) and ``versions`` (packages, Java).
     This is what ``rbjax evaluate --task crg-metrics`` runs. Raises as :func:`read_hyp_refs` and :func:`crg_metrics`.
     """
 
+    target = check_output_dir(out_dir, "--out") / "crg_metrics.json"
     hyps, ref_sets = read_hyp_refs(hyp, refs)
+    key = {"command": "crg-metrics", "hyp": sha256_file(hyp), "refs": [sha256_file(p) for p in (refs or [])],
+           "clean": clean, "compute_meteor": compute_meteor, "meteor_norm": meteor_norm}
+    claim_outputs([target], key, overwrite=overwrite)
     m = crg_metrics(hyps, ref_sets, clean=clean, compute_meteor=compute_meteor, meteor_norm=meteor_norm,
                     meteor_jar=meteor_jar, java=java)
     v = versions(extra=METRIC_PACKAGES)
@@ -529,5 +538,6 @@ def evaluate_crg_metrics(hyp: str | os.PathLike, refs: Sequence[str | os.PathLik
                       "refs": [{"path": str(Path(p).resolve()), "sha256": sha256_file(p), "n_lines": len(hyps)}
                                for p in (refs or [])]}
     result["versions"] = v
-    atomic_write_json(Path(out_dir) / "crg_metrics.json", result)
+    atomic_write_json(target, result)
+    record_outputs([target], key)
     return result

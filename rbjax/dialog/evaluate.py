@@ -14,7 +14,7 @@ exported debiased model, is evaluated). The tokenizer comes from the model folde
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
 (:func:`rbjax.model.hf.model_files_key`), of the tokenizer files, of every data file read, and the settings
 that shape the numbers. A rerun whose key equals the file's returns the file's content without recomputing (and
-says so on stderr); a different key recomputes and overwrites the file (the difference is printed) — a result is
+says so on stderr); a different key is refused (the difference named) unless ``overwrite`` — a result is
 never relabelled. CRG also checks that ``crg_responses.jsonl`` is still the file its result was computed from.
 
 **Tasks** (defaults from the paper and the reference code; ``docs/dialog.md`` has the details):
@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, versions
+from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, file_digest, files_key
 from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
@@ -98,7 +98,7 @@ _OPTION = {"data_dir": "--data-dir", "lmp_file": "--lmp-file", "multiwoz": "--mu
            "ontology": "--ontology", "mapping": "--mapping", "crg_train_file": "--train-file",
            "test_file": "--test-file", "refs": "--refs"}
 #: settings that do not change a result
-_NO_KEY = {"progress", "keep_checkpoints"}
+_NO_KEY = {"progress", "keep_checkpoints", "overwrite"}
 SEMANTICS = ("paper", "reference")
 
 
@@ -252,10 +252,15 @@ def _result_path(out_dir: Path, task: str) -> Path:
     return out_dir / f"{task}.json"
 
 
-def _existing(path: Path, key: dict, task: str, check=None) -> dict | None:
+def _existing(path: Path, key: dict, task: str, s: dict, check=None) -> dict | None:
     """The existing result at ``path`` when its key equals ``key`` (and ``check(prev)`` passes), else ``None``
-    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`."""
-    return KeyedResult(path, key, task, _say, check).stored()
+    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`.
+
+    Raises:
+        rbjax.core.reuse.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
+            ``s["overwrite"]`` is not set: it is never replaced silently (nothing was computed).
+    """
+    return KeyedResult(path, key, task, _say, check, refuse_other=not s.get("overwrite")).stored()
 
 
 def _key(task: str, model: EvalModel, data: dict, s: dict) -> dict:
@@ -346,7 +351,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     rec = _file_record(path)
     official = rec["sha256"] == manifest()["files"]["text_files/humanref6k.txt"]["sha256"]
     key = _key("lmp", model, {"lmp_file": rec["sha256"]}, s)
-    prev = _existing(_result_path(out_dir, "lmp"), key, "lmp")
+    prev = _existing(_result_path(out_dir, "lmp"), key, "lmp", s)
     if prev is not None:
         return prev
     t1 = time.perf_counter()
@@ -447,7 +452,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
     data_key = {"train": digests(train_files), "test": digests(mw.split_files(s["multiwoz"], "test")),
                 "ontology": _file_record(onto_path)["sha256"], "mapping": _file_record(mapping)["sha256"]}
     key = _key("dst", model, data_key, s)
-    prev = _existing(_result_path(out_dir, "dst"), key, "dst")
+    prev = _existing(_result_path(out_dir, "dst"), key, "dst", s)
     if prev is not None:
         return prev
     test = mw.load_multiwoz(s["multiwoz"], "test", mapping=mapping)
@@ -583,7 +588,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
                 return f"{p.name} is missing or was changed since the result was computed"
         return None
 
-    prev = _existing(_result_path(out_dir, "crg"), key, "crg", check=outputs_intact)
+    prev = _existing(_result_path(out_dir, "crg"), key, "crg", s, check=outputs_intact)
     if prev is not None:
         return prev
     t_data = time.perf_counter() - t0
@@ -646,7 +651,7 @@ _RUNNERS = {"lmp": run_lmp, "dst": run_dst, "crg": run_crg}
 
 
 def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
-             tokenizer: str | os.PathLike | None = None, **settings) -> dict:
+             tokenizer: str | os.PathLike | None = None, overwrite: bool = False, **settings) -> dict:
     """Run one dialog-quality task (or ``"all"``: lmp, dst, crg) on a model and write ``OUT/<task>.json``.
 
     Args:
@@ -654,6 +659,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         model: HF GPT-2 folder, hub id, or a finished ``rbjax debias`` run folder (its ``model/``).
         out_dir: result folder (created).
         tokenizer: tokenizer folder or hub id (default: the model folder).
+        overwrite: replace a task's result file that holds the result of other inputs (another model, data or
+            settings); without it such a file is refused before the task computes anything
+            (:func:`rbjax.core.reuse.claim_outputs` is the same rule for the other commands).
         **settings: see :data:`DEFAULTS` (``None`` = the task's default). ``train_file`` is the task's own training
             file (``dst_train_file`` or ``crg_train_file``; with ``task="all"`` name them so).
 
@@ -661,8 +669,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         the result dict (as written, plus ``reused``: whether it came from the existing file), or ``{task: result}``
         for ``"all"``.
     Raises:
-        ValueError: unknown task or setting, bad values, bad data (named); FileNotFoundError: missing model/data;
-        RuntimeError: downloads that fail.
+        ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``;
+        FileNotFoundError: missing model/data; RuntimeError: downloads that fail;
+        rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
     if task not in (*TASKS, "all"):
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join((*TASKS, 'all'))}")
@@ -678,10 +687,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     tasks = TASKS if task == "all" else (task,)
-    resolved = {t: task_settings(t, settings) for t in tasks}  # validate everything before any work
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    resolved = {t: {**task_settings(t, settings), "overwrite": overwrite}
+                for t in tasks}  # validate everything before any work
+    out = check_output_dir(Path(out_dir).expanduser(), "--out")
     out.mkdir(parents=True, exist_ok=True)
     m = resolve_model(model, tokenizer)
     results = {}

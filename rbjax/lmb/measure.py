@@ -13,10 +13,11 @@ import jax
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, files_key
 from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
@@ -223,8 +224,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                  stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
                  outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
-                 plot: bool = True, precision: str = "fp32", mesh: str | None = None,
-                 param_dtype: str = "fp32") -> list[dict]:
+                 plot: bool = True, precision: str = "fp32", overwrite: bool = False,
+                 log_reuse: bool = True, mesh: str | None = None, param_dtype: str = "fp32") -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -261,6 +262,13 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         precision: ``"fp32"`` (default, parity with PyTorch) or ``"bf16"`` compute (float32 accumulation and
             log-sum-exp; see docs/lmb.md for what it changes); recorded in each record's ``settings`` and part of
             the resume key.
+        overwrite: replace files in ``out_dir`` that this run did not write. Without it, a folder holding another
+            run's results (another model, data, types or settings: its ``lmb.json``, ``lmb.png`` or the CSV of a
+            type measured here) or files rbjax did not write is refused before anything is scored
+            (:func:`rbjax.core.reuse.claim_outputs`); the files of the same inputs are this run's own (a rerun, or
+            ``resume``).
+        log_reuse: say on stderr, per bias type, that its perplexities were reused (``resume``); the study runner
+            turns it off and reports one line per stage.
         mesh: ``"data=2,fsdp=4"``-style device mesh (:func:`rbjax.core.mesh.parse_mesh`; default: the rows over
             this process's devices, parameters replicated); recorded in ``settings["mesh"]`` (not in the resume key:
             a mesh changes the float32 rounding only).
@@ -269,7 +277,8 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
-        ValueError: bad arguments or data (message names the file and row).
+        ValueError: bad arguments or data (message names the file and row); ``out_dir`` not writable.
+        rbjax.core.reuse.OutputExists: ``out_dir`` holds results of other inputs and not ``overwrite``.
         FileNotFoundError / RuntimeError: missing files, failed downloads.
     """
     if stored_perplexities and model is not None:
@@ -297,13 +306,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
+    out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
     types = expand_bias_types(bias_types)
     data = RedditBiasData(data_dir)
     all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
     model_name = STORED_LABEL if stored_perplexities else str(model)
-    out = None if out_dir is None else Path(out_dir)
-    if out is not None and out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
     loaded: LoadedModel | None = None
     if not stored_perplexities:
         if isinstance(model, LoadedModel):  # in memory (a sweep point, a finished training run)
@@ -335,6 +342,16 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         data_files = sorted({f for src in pairs.sources for f in src[:2]})
         return {"model": model_key, "data": files_key(data_files), "bias_type": pairs.bias_type, **scoring}
 
+    # the files of this run and what produced them: a folder holding another run is refused before any scoring
+    type_keys = {p.bias_type: type_key(p) for p in all_pairs}
+    run_key = {"types": list(type_keys.values()), "model_name": model_name,
+               "statistics": {k: settings[k] for k in ("outlier_removal", "seed", "n_std", "ddof", "alpha",
+                                                        "n_bootstrap")}, "plot": plot}
+    results = [] if out is None else [out / "lmb.json", *([out / "lmb.png"] if plot else [])]
+    if out is not None:
+        for b, k in type_keys.items():
+            claim_outputs([out / f"{b}_perplexities.csv"], k, overwrite=overwrite)
+        claim_outputs(results, run_key, overwrite=overwrite)
     state: dict = {}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -346,11 +363,10 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     records = []
     try:
         for pairs in all_pairs:
-            key = type_key(pairs)
+            key = type_keys[pairs.bias_type]
             csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
             prev = None
             if resume and out is not None:
-
                 old = state.get(pairs.bias_type)
                 if old == canonical(key):
                     prev = _reuse_csv(out, pairs)
@@ -361,8 +377,9 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                     print(f"rbjax: --resume: {csv_path} was produced by other inputs "
                           f"({describe_difference(old, key)}); scoring {pairs.bias_type} again", file=sys.stderr)
             if prev is not None:
-                print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
-                      "(same model and tokenizer files, data files, split and settings)", file=sys.stderr)
+                if log_reuse:
+                    print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
+                          "(same model and tokenizer files, data files, split and settings)", file=sys.stderr)
                 b, c, notes = prev
             else:
                 if out is not None and state.pop(pairs.bias_type, None) is not None:
@@ -389,6 +406,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                     for i in range(len(pairs))])
                 state[pairs.bias_type] = canonical(key)
                 _write_state(out, state)
+                record_outputs([csv_path], key)
     except KeyboardInterrupt:
 
         if out is None:
@@ -408,6 +426,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
 
             plot_lmb({_short_label(model_name): records}, out / "lmb.png", alpha=alpha)
         atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+        record_outputs(results, run_key)
         this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
         others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
         if others:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,9 @@ from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
+from rbjax.dialog.evaluate import DEFAULTS as DIALOG_DEFAULTS
+from rbjax.dialog.evaluate import task_settings
+from rbjax.model.gpt2 import GPT2Config
 
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
@@ -79,6 +84,8 @@ class StudyConfig:
 
     raw: dict
     path: Path
+    #: ``"section.key"`` → the ``--set`` argument that gave it (errors name the --set, not the innocent file)
+    overrides: dict = dataclasses.field(default_factory=dict)
 
     # ---------------------------------------------------------------------------------------------- accessors
     @property
@@ -185,16 +192,29 @@ class StudyConfig:
         raw = copy.deepcopy(self.raw)
         first = self.seeds[0]
         raw.setdefault("study", {})["seeds"] = list(range(first, first + n))
-        return StudyConfig(raw, self.path)
+        return StudyConfig(raw, self.path, dict(self.overrides))
 
     # ---------------------------------------------------------------------------------------------- checking
+    def where(self, sec: str, key: str | None = None) -> str:
+        """Where a value came from, for an error message: the ``--set`` that gave it, else the file, section and key."""
+        o = self.overrides.get(f"{sec}.{key}") if key is not None else None
+        if o is not None:
+            return f"--set {o!r}"
+        return f"{self.path}: [{sec}]" + (f" {key}" if key is not None else "")
+
     def validate(self) -> None:
-        """Raise ValueError naming the file and the field for anything that cannot run."""
+        """Check every field and value before anything runs (``--dry-run`` included).
+
+        Raises:
+            ValueError: naming the file, section and key (or the ``--set``) of the first value that cannot run.
+        """
 
         where = str(self.path)
         for sec in self.raw:
             if sec not in SECTIONS:
                 raise ValueError(f"{where}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
+            if not isinstance(self.raw[sec], dict):
+                raise ValueError(f"{where}: [{sec}] must be a table")
         for sec, keys in SECTION_KEYS.items():
             extra = set(self.raw.get(sec, {})) - keys
             if extra:
@@ -208,24 +228,146 @@ class StudyConfig:
             raise ValueError(f"{where}: [study] needs model (an HF folder or hub id) or a random_model table")
         if self.model and self.random_model:
             raise ValueError(f"{where}: [study] has both model and random_model; keep one")
+        if not isinstance(self.study.get("methods", []), list):
+            raise ValueError(f"{self.where('study', 'methods')}: must be a list of methods, e.g. [\"lmd\", \"cda\"]")
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"{where}: unknown method(s) {bad} in [study] methods (expected {', '.join(METHODS)})")
+        seeds = self.study.get("seeds", [42])
+        if not all(_is_int(x) for x in (seeds if isinstance(seeds, list) else [seeds])):
+            raise ValueError(f"{self.where('study', 'seeds')}: seeds must be integers, got {seeds!r}")
         if not self.seeds:
             raise ValueError(f"{where}: [study] seeds is empty")
-        self.bias_types, self.debias_types  # noqa: B018 (raise on unknown bias types)
-        if self.sweep["selection"] not in ("default", "reference"):
-            raise ValueError(f"{where}: [sweep] selection must be 'default' or 'reference'")
-        if self.sweep["executor"] not in ("local", "ray"):
-            raise ValueError(f"{where}: [sweep] executor must be 'local' or 'ray'")
-        bad = [t for t in self.dialog["tasks"] if t not in DIALOG_TASKS]
-        if bad:
-            raise ValueError(f"{where}: unknown dialog task(s) {bad} (expected {', '.join(DIALOG_TASKS)})")
+        for key, allowed in (("semantics", ("paper", "reference")), ("precision", ("fp32", "bf16"))):
+            if key in self.study and self.study[key] not in allowed:
+                raise ValueError(f"{self.where('study', key)}: {key} must be one of {', '.join(allowed)}, "
+                                 f"got {self.study[key]!r}")
+        try:
+            self.bias_types, self.debias_types  # noqa: B018 (raise on unknown bias types)
+        except (ValueError, FileNotFoundError) as e:
+            raise ValueError(f"{self.where('study', 'bias_types')}: {e}") from None
+        if self.random_model is not None:
+            self._validate_random_model()
+        self._validate_training()
+        self._validate_sweep()
+        self._validate_measure()
+        self._validate_dialog()
 
-        fields = {f.name for f in dataclasses.fields(TrainConfig)}
-        extra = set(self.training) - fields
+    def _validate_random_model(self) -> None:
+        rm = self.random_model
+        if not isinstance(rm, dict):
+            raise ValueError(f"{self.where('study', 'random_model')}: must be a table, e.g. {{ n_embd = 32, ... }}")
+        if "seed" in rm and not _is_int(rm["seed"]):
+            raise ValueError(f"{self.where('study', 'random_model')}: seed must be an integer, got {rm['seed']!r}")
+        try:
+            GPT2Config.from_dict({k: v for k, v in rm.items() if k != "seed"})
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{self.where('study', 'random_model')}: {e}") from None
+
+    def _validate_training(self) -> None:
+        """[training] as the TrainConfig of every method of the study (types first, then TrainConfig's own checks)."""
+
+        fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+        extra = set(self.training) - set(fields)
         if extra:
-            raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [training] (TrainConfig fields)")
+            raise ValueError(f"{self.path}: unknown field(s) {sorted(extra)} in [training] (TrainConfig fields)")
+        for k, v in self.training.items():
+            why = _type_problem(v, fields[k].default)
+            if why:
+                raise ValueError(f"{self.where('training', k)}: training.{k} must be {why}, got {v!r}")
+        for m in self.methods:
+            kw = {"model": "m", "out_dir": "o", "tokenizer": None, "data_dir": None, "semantics": self.semantics,
+                  "precision": self.precision, **self.training}
+            kw.update(method=m, bias_type=self.debias_types[0], seed=self.seeds[0])
+            try:
+                TrainConfig(**kw)
+            except (ValueError, TypeError) as e:
+                msg = str(e)
+                key = next((k for k in self.training if re.search(rf"\b{re.escape(k)}\b", msg)), None)
+                raise ValueError(f"{self.where('training', key)}: {msg}") from None
+
+    def _validate_sweep(self) -> None:
+        sw = self.raw.get("sweep", {})
+        for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
+            if k not in sw:
+                continue
+            v = sw[k]
+            ints = k in ("batch_size", "grad_accum")
+            ok = isinstance(v, list) and v and all(
+                (_is_int(x) and x >= 1) if ints else (_is_num(x) and math.isfinite(x) and x >= 0) for x in v)
+            if not ok:
+                words = "positive integers" if ints else "finite numbers >= 0"
+                raise ValueError(f"{self.where('sweep', k)}: sweep.{k} must be a non-empty list of {words}, got {v!r}")
+        if "methods" in sw:
+            if not isinstance(sw["methods"], list) or any(m not in METHODS for m in sw["methods"]):
+                raise ValueError(f"{self.where('sweep', 'methods')}: sweep.methods must be a list of "
+                                 f"{', '.join(METHODS)}, got {sw['methods']!r}")
+        for k, allowed in (("selection", ("default", "reference")), ("executor", ("local", "ray"))):
+            if k in sw and sw[k] not in allowed:
+                raise ValueError(f"{self.where('sweep', k)}: sweep.{k} must be {' or '.join(map(repr, allowed))}, "
+                                 f"got {sw[k]!r}")
+        if "lmp_tolerance" in sw and not (_is_num(sw["lmp_tolerance"]) and sw["lmp_tolerance"] >= 0):
+            raise ValueError(f"{self.where('sweep', 'lmp_tolerance')}: sweep.lmp_tolerance must be a number >= 0 "
+                             f"(0.10 = 10 %), got {sw['lmp_tolerance']!r}")
+        _check_counts(self, "sweep", sw, minimum={"n_bootstrap": 0, "dev_max_pairs": 1, "grid_chunk": 1,
+                                                   "max_points": 1})
+
+    def _validate_measure(self) -> None:
+        me = self.raw.get("measure", {})
+        if "split" in me and me["split"] not in ("test", "valid", "valid+test"):
+            raise ValueError(f"{self.where('measure', 'split')}: measure.split must be test, valid or valid+test, "
+                             f"got {me['split']!r}")
+        _check_counts(self, "measure", me, minimum={"n_bootstrap": 0, "batch_size": 1})
+
+    def _validate_dialog(self) -> None:
+        d = self.raw.get("dialog", {})
+        tasks = d.get("tasks", list(DIALOG_TASKS))
+        if not isinstance(tasks, list) or any(t not in DIALOG_TASKS for t in tasks):
+            bad = tasks if not isinstance(tasks, list) else [t for t in tasks if t not in DIALOG_TASKS]
+            raise ValueError(f"{self.path}: unknown dialog task(s) {bad} (expected {', '.join(DIALOG_TASKS)})")
+        for t in DIALOG_TASKS:
+            if t not in d:
+                continue
+            settings = d[t]
+            if not isinstance(settings, dict):
+                raise ValueError(f"{self.where('dialog', t)}: dialog.{t} must be a table, e.g. {{ max_examples = 8 }}")
+            settings = {(f"{t}_train_file" if k == "train_file" else k): v for k, v in settings.items()}
+            unknown = sorted(set(settings) - set(DIALOG_DEFAULTS[t]))
+            if unknown:
+                raise ValueError(f"{self.where('dialog', t)}: unknown setting(s) {unknown} of dialog.{t} (known: "
+                                 f"{', '.join(sorted(k for k in DIALOG_DEFAULTS[t] if k not in ('progress',)))})")
+            try:
+                task_settings(t, settings)
+            except (ValueError, FileNotFoundError) as e:
+                raise ValueError(f"{self.where('dialog', t)}: dialog.{t}: {e}") from None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _type_problem(value: Any, default: Any) -> str | None:
+    """What ``value`` must be, judged by the field's ``default`` (bool / int / float), or None when it fits (unset,
+    strings, lists and tables: checked where they are read)."""
+    if value is None or value == "":
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if _is_int(value) else "an integer"
+    if isinstance(default, float):
+        return None if _is_num(value) else "a number"
+    return None
+
+
+def _check_counts(cfg: StudyConfig, sec: str, d: dict, minimum: dict[str, int]) -> None:
+    for k, lo in minimum.items():
+        if d.get(k) is not None and not (_is_int(d[k]) and d[k] >= lo):
+            raise ValueError(f"{cfg.where(sec, k)}: {sec}.{k} must be an integer >= {lo}, got {d[k]!r}")
 
 
 def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
@@ -249,18 +391,8 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
         current = current.get(k) if isinstance(current, dict) else None
     if current is None and sec == "training" and len(keys) == 2:
         current = train_defaults[keys[1]]
-    if value is None or value == "":
-        return
-    is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(current, bool):
-        ok, words = isinstance(value, bool), "true or false"
-    elif isinstance(current, int):
-        ok, words = is_num and isinstance(value, int), "an integer"
-    elif isinstance(current, float):
-        ok, words = is_num, "a number"
-    else:
-        return  # strings, lists, tables and unset fields: checked by validate() / the stage that reads them
-    if not ok:
+    words = _type_problem(value, current)  # (strings, lists, tables, unset fields: checked by validate())
+    if words:
         raise ValueError(f"--set {text!r}: {'.'.join(keys)} must be {words}, got {value!r}")
 
 
@@ -273,6 +405,7 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
 
     p = Path(path)
     raw = read_toml(p, "study file")
+    given: dict[str, str] = {}
     for o in overrides or []:
         keys, value = parse_override(o)
         _check_override(o, keys, value, raw)
@@ -284,6 +417,7 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
             if not isinstance(d, dict):
                 raise ValueError(f"--set {o!r}: {k} is not a table")
         d[keys[-1]] = value
-    cfg = StudyConfig(raw, p.resolve())
+        given[".".join(keys[:2])] = o
+    cfg = StudyConfig(raw, p.resolve(), given)
     cfg.validate()
     return cfg

@@ -29,7 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import atomic_file, atomic_write_text, read_json
+from rbjax.core.io import atomic_file, atomic_write_text, check_output_dir, read_json
+from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.lmb.plot import figure_lmb
 
 __all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
@@ -349,19 +350,27 @@ def _html_table(head, rows) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
 
 
-def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
+def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: bool = False) -> dict:
     """Write ``report.md``, ``report.html`` and ``figure1.png`` into ``out_dir`` from finished study folders.
+
+    ``overwrite``: replace report files in ``out_dir`` that are not rbjax's unchanged report of the same folders
+    (a report edited by hand, the report of other folders); without it they are refused before anything is written
+    (:func:`rbjax.core.reuse.claim_outputs`). The study runner, which owns its folder, passes True.
 
     Returns:
         ``{"md": path, "html": path, "figure": path, "tables": {...}}`` (the tables as lists of rows, for tests).
 
     Raises:
         FileNotFoundError: a folder that is not a finished study (see :func:`collect`).
+        ValueError: ``out_dir`` cannot be written; rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
 
     folders = [Path(f) for f in folders]
-    out = Path(out_dir)
+    out = check_output_dir(out_dir, "report folder")
     data = collect(folders)
+    targets = [out / "figure1.png", out / "report.md", out / "report.html"]
+    key = {"command": "report", "folders": [str(f.resolve()) for f in folders]}
+    claim_outputs(targets, key, overwrite=overwrite)
     fig = _figure1(data)
     png = _png(fig)
     with atomic_file(out / "figure1.png", "wb") as f:
@@ -428,6 +437,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path) -> dict:
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>RedditBias study report</title>"
             f"<style>{css}</style></head><body>{''.join(body)}</body></html>")
     atomic_write_text(out / "report.html", page)
+    record_outputs(targets, key)
     return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
             "tables": {"table3": t3, "effects": eff, "cross": cross, "dialog": dia, "overshoots": over,
                        "selections": (sel_head, sel_rows),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, read_json, versions
+from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, digest, files_key
 from rbjax.core.log import say
 from rbjax.debias.config import TrainConfig
@@ -142,8 +142,10 @@ class _Study:
         recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, split=m["split"],
                             data_dir=self.cfg.data_dir, tokenizer=self._tok_for(model), out_dir=out_dir,
                             batch_size=int(m["batch_size"]), n_bootstrap=int(m["n_bootstrap"]),
-                            progress=self.progress, resume=True, precision=self.cfg.precision, mesh=self.cfg.mesh)
-        return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs}}
+                            progress=self.progress, resume=True, precision=self.cfg.precision,
+                            overwrite=True, log_reuse=False, mesh=self.cfg.mesh)  # the study owns the folder
+        return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs},
+                "reused_perplexities": [r["bias_type"] for r in recs if r.get("reused_perplexities")]}
 
     def _dialog(self, model: str | Path, out_dir: Path) -> dict:
 
@@ -156,7 +158,7 @@ class _Study:
             if task == "crg":
                 settings.setdefault("data_dir", self.cfg.data_dir)
             res = evaluate(task, str(model), out_dir, tokenizer=self._tok_for(model), progress=self.progress,
-                           **settings)
+                           overwrite=True, **settings)  # the study owns its folders (stages keyed on inputs)
             out[task] = {k: res.get(k) for k in ("metrics",) if k in res}
         return out
 
@@ -172,14 +174,16 @@ class _Study:
                           max_points=s.get("max_points"), n_bootstrap=int(s["n_bootstrap"]), final=s["selection"],
                           dev_max_pairs=s.get("dev_max_pairs"), grid_chunk=s.get("grid_chunk"),
                           executor=s["executor"], ray_address=s.get("ray_address"), progress=self.progress,
-                          final_evaluate=False)  # the selected models are measured by the test/dialog stages
+                          final_evaluate=False,  # the selected models are measured by the test/dialog stages
+                          replace_other_inputs=True)  # the study owns its folders: a changed setting reruns
         return {str(f): {"selected": sel[s["selection"]]["id"], "n_runs": sel["n_runs"]}
                 for (_, f), sel in zip(bases, sels)}
 
     def _train(self, seed: int, bias_type: str, method: str) -> dict:
 
         cfg = self._train_base(method, bias_type, seed, self.run_folder(seed, bias_type, method) / "run")
-        res = train(cfg.replace(evaluate=False, lmp=False))  # measured by the test/dialog stages
+        res = train(cfg.replace(evaluate=False, lmp=False),  # measured by the test/dialog stages
+                    replace_other_inputs=True)  # the study owns its folders: a changed setting trains again
         return {"updates": res["training"]["updates"], "model_dir": res.get("model_dir")}
 
     # -- keys ---------------------------------------------------------------------------------------------------
@@ -346,8 +350,12 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     if dry_run:
         text = format_plan(stages, cost, cfg, out)
         return {"plan": text, "cost": cost, "stages": [s.name for s in stages]}
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    check_output_dir(out, "--out")  # before any work
+    if out.is_dir() and not ((out / "study.json").exists() or (out / "stages.json").exists()) \
+            and any(out.iterdir()):
+        # the study owns its folder and replaces what its stages wrote; never files of something else
+        raise ValueError(f"--out {out} holds files but is not a study folder (no study.json); give a new or empty "
+                         "folder, or the folder of an earlier rbjax run")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions()})
     state = _read_state(out)
@@ -382,6 +390,6 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     rep = None
     if report:
 
-        rep = write_report([out], out)
+        rep = write_report([out], out, overwrite=True)  # the study owns its folder
         _say(f"wrote {rep['md']} and {rep['html']}")
     return {"stages": results, "report": rep}
