@@ -9,7 +9,9 @@ import dataclasses
 import typing
 
 from rbjax.debias.config import TrainConfig, option_name
+from rbjax.core.mesh import mesh_product
 from rbjax.debias.train import train
+from rbjax.model.memory import plan_for_model
 
 
 def add_training_arguments(p, *, grid: bool = False) -> None:
@@ -74,7 +76,32 @@ def register(sub) -> None:
                     "finished run reuses its training and adds only the evaluations it lacks.",
     )
     add_training_arguments(p)
+    add_plan_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_plan_arguments(p) -> None:
+    """``--dry-run`` and ``--device-memory-gb``: the memory plan (:mod:`rbjax.model.memory`)."""
+    p.add_argument("--device-memory-gb", type=float, metavar="GB",
+                   help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
+                        "none and is not checked)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the memory plan (per-device parameters, gradients, Adam state, activations for this "
+                        "--mesh and batch) and stop, loading no weights")
+
+
+def check_plan(args, cfg) -> bool:
+    """The run's memory plan from the model's config.json: printed with ``--dry-run`` (then ``True``: stop), else
+    checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is loaded)."""
+    plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=cfg.batch_size,
+                          seq_len=cfg.block_size, grad_accum=cfg.grad_accum, precision=cfg.precision,
+                          device_memory_gb=args.device_memory_gb,
+                          n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None)
+    if args.dry_run:
+        print(plan.format())
+        return True
+    plan.check()
+    return False
 
 
 def config_from_args(args, **override):
@@ -133,6 +160,8 @@ def run(args) -> int:
 
 
     cfg = config_from_args(args)
+    if check_plan(args, cfg):
+        return 0
     res = train(cfg, overwrite=args.overwrite)
     print(format_results(res))
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")

@@ -6,7 +6,10 @@ from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.core.mesh import mesh_product
 from rbjax.lmb.measure import format_table, measure_bias
+from rbjax.lmb.perplexity import SLOTS_PER_PHRASE
+from rbjax.model.memory import plan_for_model
 
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
 
@@ -37,6 +40,18 @@ def register(sub) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
                         "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")
+    p.add_argument("--mesh", metavar="AXIS=N,...",
+                   help="device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; sizes multiply "
+                        "to the device count; docs/scale.md): fsdp/tensor split the parameters, data×fsdp the rows. "
+                        "Default: rows over this process's devices, parameters replicated; recorded in lmb.json")
+    p.add_argument("--param-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="parameter storage: bf16 halves the weights' memory (computation and log-sum-exp stay as "
+                        "--precision says; docs/scale.md measures the change); recorded in lmb.json")
+    p.add_argument("--device-memory-gb", type=float, metavar="GB",
+                   help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
+                        "none and is not checked)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the memory plan (per-device parameters, activations) and stop, loading no weights")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score every token; "
@@ -62,14 +77,26 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-
+    if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
+        # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64
+        plan = plan_for_model(args.model, mesh=args.mesh, training=False,
+                              batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // 64), seq_len=64,
+                              precision=args.precision, param_dtype=args.param_dtype,
+                              device_memory_gb=args.device_memory_gb,
+                              n_devices=mesh_product(args.mesh) if args.dry_run and args.mesh else None)
+        if args.dry_run:
+            print(plan.format())
+            return 0
+        plan.check()
+    elif args.dry_run:
+        raise ValueError("--dry-run plans a model's memory: give --model")
     records = measure_bias(
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", split=args.split, data_dir=args.data_dir,
         tokenizer=args.tokenizer, out_dir=args.out, batch_size=args.batch_size, seed=args.seed, bos=args.bos,
         stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
         n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
         outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress,
-        precision=args.precision, overwrite=args.overwrite)
+        precision=args.precision, overwrite=args.overwrite, mesh=args.mesh, param_dtype=args.param_dtype)
     print(format_table(records))
     out = Path(args.out)
     csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)

@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from rbjax.core.errors import SettingError
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
@@ -157,6 +158,10 @@ class TrainConfig:
                                "padding; the same losses and updates) or padded (one block_size row per phrase, for "
                                "comparison). DST in reference semantics is always padded (its pooling attends "
                                "padding)", choices=LAYOUTS)
+    mesh: str | None = _f(None, "device mesh, e.g. data=2,fsdp=4 or grid=2,fsdp=4 (axes grid, data, fsdp, tensor; "
+                                "sizes multiply to the device count; fsdp/tensor split parameters, gradients and "
+                                "Adam state; docs/scale.md). Default: grid × data chosen automatically, parameters "
+                                "replicated", metavar="AXIS=N,...")
     save_every: int = _f(100, "checkpoint every N updates (also every --save-every-s seconds, on Ctrl-C/SIGTERM and "
                               "at the end)")
     save_every_s: float = _f(600.0, "checkpoint when this many seconds passed since the last one (0: off)")
@@ -185,6 +190,11 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f"must be one of {', '.join(a for a in allowed if a)}, "
                                          f"got {getattr(self, name)!r}")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            try:
+                parse_mesh(self.mesh, mesh_product(self.mesh))
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
         for name in ("epochs", "batch_size", "grad_accum", "save_every", "keep_checkpoints", "eval_batch_size",
                      "max_steps", "lmp_max_lines"):
             v = getattr(self, name)

@@ -39,7 +39,8 @@ from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
 from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
 from rbjax.core.log import say
-from rbjax.core.mesh import grid_mesh, padded_points, shard_batch, shard_state, to_host
+from rbjax.core.mesh import (grid_mesh, is_model_parallel, make_mesh, padded_points, parse_mesh, shard_batch,
+                             shard_state, shard_tree, to_host, tree_shardings)
 from rbjax.core.progress import progress_bar
 from rbjax.debias.checkpoint import Checkpointer
 from rbjax.debias.config import TrainConfig
@@ -55,6 +56,7 @@ from rbjax.debias.step import (
     unstack_state,
 )
 from rbjax.model.handle import ModelHandle, tokenizer_key
+from rbjax.model.partition import logical_axes_for
 
 __all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start"]
 
@@ -174,9 +176,16 @@ class Trainer:
                              grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                              max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
 
+        if mesh is None and cfg.mesh:
+            mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh"))
+            if not self.stacked and mesh.shape["grid"] > 1:
+                raise ValueError(f"--mesh {cfg.mesh}: a single run has no grid points to spread; use data, fsdp, "
+                                 "tensor (grid is for rbjax sweep)")
         self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
                                                             cfg.batch_size)
         self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1
+        # parameters, gradients and Adam moments split by the family's logical axes on an fsdp/tensor mesh
+        self.logical_axes = logical_axes_for(self.config)
 
     # -- compatibility accessors -------------------------------------------------------------------------------
     n_examples = property(lambda self: self.data.n_examples)
@@ -237,16 +246,29 @@ class Trainer:
         """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
 
         p0 = self.points[0]
+        if is_model_parallel(self.mesh) and not self.stacked:
+            # built on the mesh, each device holding only its slices (no full copy of the moments on one device)
+            params = shard_tree(self.init_params, self.mesh, self.logical_axes)
+            make = lambda p: init_state(p, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,  # noqa: E731
+                                        lr=p0.learning_rate, t_total=self.t_total)
+            return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make, params)))(params)
         one = jax.device_get(init_state(self.init_params, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,
                                         lr=p0.learning_rate, t_total=self.t_total))
         if not self.stacked:
-            return shard_state(one, self.mesh, False)
+            return shard_state(one, self.mesh, False, self.logical_axes)
         pts = self.points + [self.points[-1]] * (self.n_padded - len(self.points))
         M = len(pts)
         state = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (M,) + np.shape(x)), one)
         state = state.replace(lambdas=np.asarray([[p.lambda_lm, p.lambda_d] for p in pts], np.float32),
                               lr=np.asarray([p.learning_rate for p in pts], np.float32))
-        return shard_state(state, self.mesh, True)
+        return shard_state(state, self.mesh, True, self.logical_axes)
+
+    def state_shardings(self, state):
+        """The layout of a (stacked) state on this trainer's mesh (``None`` on a grid × data mesh: the step keeps
+        today's replicated / ``grid``-split layout)."""
+        if not is_model_parallel(self.mesh):
+            return None
+        return tree_shardings(state, self.mesh, self.logical_axes, self.stacked)
 
     def lr_at(self, u: int, point: int = 0) -> float:
         """Learning rate of update ``u`` (0-based count of updates already applied) of a point."""
@@ -326,7 +348,7 @@ class Trainer:
         if self.stacked:
             desc += f" ×{n_pts}"
         bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
-        step_fn = step_on_mesh(self.mesh, self.stacked)
+        step_fn = step_on_mesh(self.mesh, self.stacked, self.state_shardings(state))
         saved_at = start
 
         def save(done: int) -> None:

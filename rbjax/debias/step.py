@@ -337,17 +337,23 @@ grid_train_step = jax.jit(_grid_step, static_argnames=("spec",), donate_argnames
 _ON_MESH: dict = {}
 
 
-def step_on_mesh(mesh, stacked: bool):
+def step_on_mesh(mesh, stacked: bool, state_shardings=None):
     """The compiled step for a device ``mesh``: the state stays split over ``grid`` (``stacked``: a chunk of grid
-    points) or replicated (one run), whatever layout the compiler would pick for the outputs, so every update reuses
-    the first update's program. One jitted function per (mesh, stacked), shared by every trainer on that mesh."""
+    points) or replicated (one run) — or, on a mesh with ``fsdp``/``tensor`` axes, laid out as ``state_shardings``
+    (:func:`rbjax.core.mesh.tree_shardings`: parameters, gradients' updates and Adam moments split by the family's
+    logical axes) — whatever layout the compiler would pick for the outputs, so every update reuses the first
+    update's program. One jitted function per (mesh, stacked, layout), shared by every trainer on that mesh."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    f = _ON_MESH.get((mesh, stacked))
+    layout = None if state_shardings is None else (jax.tree.structure(state_shardings),
+                                                    tuple(jax.tree.leaves(state_shardings)))
+    f = _ON_MESH.get((mesh, stacked, layout))
     if f is None:
         sh = NamedSharding(mesh, PartitionSpec("grid") if stacked else PartitionSpec())
-        f = _ON_MESH[(mesh, stacked)] = jax.jit(_grid_step if stacked else train_step, static_argnames=("spec",),
-                                                donate_argnames=("state",), out_shardings=(sh, sh))
+        out = (sh, sh) if state_shardings is None else (state_shardings, sh)
+        f = _ON_MESH[(mesh, stacked, layout)] = jax.jit(_grid_step if stacked else train_step,
+                                                        static_argnames=("spec",), donate_argnames=("state",),
+                                                        out_shardings=out)
     return f
 
 

@@ -38,6 +38,7 @@ from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, file_digest, tree_digest
 from rbjax.core.log import say
+from rbjax.core.mesh import is_model_parallel, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types
 from rbjax.debias.checkpoint import Checkpointer
@@ -163,9 +164,12 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
         types = _eval_types(cfg)
         t0 = time.perf_counter()
         # in memory: the trained parameters are scored as they are, not exported and read back
-        loaded = measure.LoadedModel.from_params(jax.device_get(params), trainer.config, trainer.tokenizer,
-                                         name=str(model_dir or Path(cfg.out_dir)), key=model_key,
-                                         batch_size=cfg.eval_batch_size)
+        # on an fsdp/tensor mesh of this process the scorer keeps the trained parameters split the same way (a mesh
+        # over several processes: gathered, and every process scores on its own devices, as the sweep does)
+        mp = is_model_parallel(trainer.mesh) and jax.process_count() == 1
+        loaded = measure.LoadedModel.from_params(params if mp else to_host(params), trainer.config,
+                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), key=model_key,
+                                         batch_size=cfg.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
                             resume=True, overwrite=True)  # the run owns lmb_valid (its key guards the folder)
@@ -188,7 +192,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
             lines = read_reference_lines(path, cfg.lmp_max_lines)
             t0 = time.perf_counter()
             with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=cfg.progress) as bar:
-                lmp = reddit_perplexity(jax.device_get(params), trainer.config, trainer.tokenizer, lines,
+                lmp = reddit_perplexity(to_host(params), trainer.config, trainer.tokenizer, lines,
                                         block_size=cfg.block_size, batch_size=cfg.eval_batch_size,
                                         progress=bar.update, bos_id=trainer.tokenizer.default_bos_id)
             lmp.update(file=str(path), max_lines=cfg.lmp_max_lines, seconds=time.perf_counter() - t0, key=key)
@@ -383,11 +387,11 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     model_dir = None
     if cfg.export:
         if not exported_ok:
-            model_dir = save_pretrained(jax.device_get(params), trainer.config, model_out,
+            model_dir = save_pretrained(to_host(params), trainer.config, model_out,
                                         tokenizer_dir=_tokenizer_folder(cfg, trainer))
         else:
             model_dir = model_out
-    model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(params)
+    model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))
     try:
         evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key,
                              previous=prev if prev_done else None)

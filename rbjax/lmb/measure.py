@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, files_key
+from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
@@ -87,30 +89,34 @@ class LoadedModel:
     """
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
-                 batch_size: int = 64, bos: bool | None = None, precision: str = "fp32"):
+                 batch_size: int = 64, bos: bool | None = None, precision: str = "fp32", *, mesh=None,
+                 param_dtype: str = "fp32"):
         handle = ModelHandle.open(model, tokenizer)
         handle.load()
-        self._setup(handle, batch_size, bos, precision)
+        self._setup(handle, batch_size, bos, precision, mesh, param_dtype)
 
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool | None = None,
-                    precision: str = "fp32") -> "LoadedModel":
+                    precision: str = "fp32", mesh=None, param_dtype: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
         content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
-        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, key=key), batch_size, bos, precision)
+        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, key=key), batch_size, bos, precision,
+                    mesh, param_dtype)
         return self
 
-    def _setup(self, handle, batch_size, bos, precision) -> None:
+    def _setup(self, handle, batch_size, bos, precision, mesh=None, param_dtype="fp32") -> None:
         self.handle = handle
         self.name, self.folder = handle.name, handle.folder
         self.config, self.tokenizer = handle.config, handle.tokenizer
         self.batch_size, self.precision = batch_size, precision
+        self.mesh, self.param_dtype = mesh, param_dtype
         self.bos = handle.resolve_bos(bos)
         self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
         self.scorer = PerplexityScorer(handle.params, self.config, batch_size=batch_size,
-                                       bos_id=handle.bos_id(bos), precision=precision)
+                                       bos_id=handle.bos_id(bos), precision=precision,
+                                       mesh=mesh, param_dtype=param_dtype)
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
@@ -198,7 +204,7 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
                  alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
                  outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
                  plot: bool = True, precision: str = "fp32", overwrite: bool = False,
-                 log_reuse: bool = True) -> list[dict]:
+                 log_reuse: bool = True, mesh: str | None = None, param_dtype: str = "fp32") -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -246,6 +252,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             ``resume``).
         log_reuse: say on stderr, per bias type, that its perplexities were reused (``resume``); the study runner
             turns it off and reports one line per stage.
+        mesh: ``"data=2,fsdp=4"``-style device mesh (:func:`rbjax.core.mesh.parse_mesh`; default: the rows over
+            this process's devices, parameters replicated); recorded in ``settings["mesh"]`` (not in the resume key:
+            a mesh changes the float32 rounding only).
+        param_dtype: ``"fp32"`` (default) or ``"bf16"`` parameter storage (docs/scale.md: what it changes);
+            recorded in ``settings`` and part of the resume key.
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -271,6 +282,11 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    if param_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"param_dtype must be 'fp32' or 'bf16', got {param_dtype!r}")
+    if stored_perplexities and (mesh or param_dtype != "fp32"):
+        raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
+    mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
     out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
@@ -286,20 +302,26 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
             loaded = model
             model_name = loaded.name
             batch_size, precision = loaded.batch_size, loaded.precision
+            mesh_obj, param_dtype = loaded.mesh, loaded.param_dtype
         else:
-            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision)  # fail on a bad model before out_dir
+            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
+                                 param_dtype=param_dtype)  # fail on a bad model before out_dir
         bos = loaded.bos
     else:
         bos = False
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
                 "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
+                "param_dtype": None if stored_perplexities else param_dtype,
+                "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
                 "bos_policy": None if loaded is None else loaded.bos_policy,
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
     model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
     scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
                "precision": None if stored_perplexities else precision}
+    if param_dtype != "fp32":  # (absent when fp32: keys of earlier runs stay valid)
+        scoring["param_dtype"] = param_dtype
 
     def type_key(pairs: PhrasePairs) -> dict:
         """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""

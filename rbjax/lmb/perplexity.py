@@ -37,6 +37,7 @@ With several devices the batch rows are sharded over all of them (a 1-D ``Mesh``
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import partial
 from typing import Callable, Sequence
 
@@ -44,14 +45,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import position_ids_from_mask
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
 from rbjax.model.registry import family_of_config
+from rbjax.model.partition import logical_axes_for
 
 __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chunked_logsumexp", "PRECISIONS",
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
 
+
+#: parameter storage dtypes of the scorer (``param_dtype``)
+PARAM_DTYPES = {"fp32": np.float32, "bf16": jnp.bfloat16}
 
 #: a batch holds ``batch_size × SLOTS_PER_PHRASE`` token slots (``batch_size`` is a nominal phrase count: RedditBias
 #: phrases have 13 tokens on average, a pair tree ≈ 22 slots)
@@ -314,6 +320,13 @@ class PerplexityScorer:
         stacked: params carry a leading model axis; ``score_*`` then return one result per model.
         devices: devices to shard the batch rows over (default: this process's devices of the default backend;
             one device means no sharding).
+        mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`; replaces ``devices``): the parameters are placed by
+            the family's logical axes (``fsdp`` / ``tensor`` split them, :mod:`rbjax.model.partition`), the rows
+            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding (issue 21).
+        param_dtype: ``"fp32"`` (default) or ``"bf16"``: the parameters are *stored* in bf16 (half the memory) and
+            promoted to the compute dtype inside every matmul; accumulation, residual stream, LayerNorm, softmax
+            and log-sum-exp stay float32 as with ``precision``. The effect is that of rounding every weight to
+            bf16 (measured in docs/scale.md).
 
     Attributes:
         programs: the distinct compiled program signatures this scorer has used (``len(programs)`` is its
@@ -326,7 +339,7 @@ class PerplexityScorer:
 
     def __init__(self, params, config, batch_size: int = 64, bos_id: int | None = None,
                  precision: str = "fp32", *, row_len: int | None = None, stacked: bool = False,
-                 devices: Sequence | None = None):
+                 devices: Sequence | None = None, mesh=None, param_dtype: str = "fp32"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if row_len is not None and row_len < 2:
@@ -337,12 +350,28 @@ class PerplexityScorer:
         self.bos_id = bos_id
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
+        if param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"param_dtype must be one of {tuple(PARAM_DTYPES)}, got {param_dtype!r}")
+        self.param_dtype = param_dtype
+        if PARAM_DTYPES[param_dtype] != np.float32:  # cast on the host: no full-size copy on one device
+            params = jax.tree.map(lambda x: np.asarray(x).astype(PARAM_DTYPES[param_dtype])
+                                  if np.issubdtype(np.asarray(x).dtype, np.floating) else x, jax.device_get(params))
         # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
         # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()
         self.n_devices = len(devs)
         self.mesh = None
-        if self.n_devices > 1:
+        self._layout = None
+        if mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            self.mesh = mesh
+            rows = batch_axes(mesh, math.prod(mesh_sizes(mesh)[a] for a in ("data", "fsdp")))
+            self.n_devices = math.prod(mesh_sizes(mesh)[a] for a in rows)  # row shards (R is a multiple)
+            self._rows_sharding = NamedSharding(mesh, PartitionSpec(rows if rows else None))
+            self._layout = tree_shardings(params, mesh, logical_axes_for(config), stacked=stacked)
+            replicated = None
+        elif self.n_devices > 1:
             from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
             self.mesh = Mesh(np.array(devs), ("data",))
@@ -358,7 +387,7 @@ class PerplexityScorer:
                 raise ValueError("stacked params must all have the same leading model axis")
         else:
             self.n_models = None
-        params = jax.device_put(params, replicated)
+        params = jax.device_put(params, self._layout if self._layout is not None else replicated)
         self.params = params
         self._compute_params = _cast_for_compute(params, self.dtype)
         head = family_of_config(config).lm_head

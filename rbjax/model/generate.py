@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import get_policy
 from rbjax.model.registry import family_of_config
+from rbjax.model.partition import logical_axes_for
 
 __all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
 
@@ -143,9 +145,10 @@ def _cast_kernels(params, dt):
         lambda p, x: x.astype(dt) if getattr(p[-1], "key", None) == "kernel" else x, params)
 
 
-@partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id"))
+@partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id", "mesh"))
 def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *,
-            config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int):
+            config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int,
+            mesh=None):
     """The whole generation of one batch.
 
     Args:
@@ -159,11 +162,30 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
     with policy.matmul_context():
         return _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature,
                             config=config, max_new=max_new, top_k=top_k, greedy=greedy, dt=policy.compute_dtype,
-                            eos_id=eos_id, pad_id=pad_id)
+                            eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+
+
+def cache_shardings(cache, mesh):
+    """The layout of a KV cache on a named ``mesh`` (issue 21): rows over ``data`` × ``fsdp`` (as the prompts), the
+    key/value heads of every ``(B, S, heads, head_dim)`` layer cache over ``tensor`` (as the k/v projections'
+    columns); masks, positions and the index follow the rows / are replicated."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def one(x):
+        if x.ndim == 0:
+            return NamedSharding(mesh, P())
+        rows = batch_axes(mesh, x.shape[0])
+        spec = [rows if rows else None] + [None] * (x.ndim - 1)
+        if x.ndim == 4 and mesh_sizes(mesh)["tensor"] > 1 and x.shape[2] % mesh_sizes(mesh)["tensor"] == 0:
+            spec[2] = "tensor"
+        return NamedSharding(mesh, P(*spec))
+
+    return jax.tree.map(one, cache)
 
 
 def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *, config, max_new,
-                 top_k, greedy, dt, eos_id, pad_id):
+                 top_k, greedy, dt, eos_id, pad_id, mesh=None):
     fam = family_of_config(config)
     model = fam.module(config, dtype=dt)
     p = _cast_kernels(params, dt)
@@ -196,6 +218,8 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
         return (t + 1, cache, out, n_new, done, eos), tok, active
 
     cache = fam.init_cache(config, B, P + max_new, dt)
+    if mesh is not None:  # the cache split like the rows and the k/v heads, never whole on one device
+        cache = jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh))
     _, hidden, cache = model.apply({"params": p}, prompt_ids, prompt_mask, cache=cache, return_logits=False)
     out = jnp.full((B, max_new), pad_id, jnp.int32)
     zero = jnp.zeros((B,), jnp.int32)
@@ -236,7 +260,7 @@ class Generated:
 def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
              seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | None = None,
              pad_id: int | None = None, example_ids: Sequence[int] | None = None,
-             progress: Callable[[int], None] | None = None) -> Generated:
+             progress: Callable[[int], None] | None = None, mesh=None) -> Generated:
     """Continue each prompt (token ids) with the model ``params`` (any family of :mod:`rbjax.model.registry`:
     its module with the KV cache ``Family.init_cache`` — grouped-query caches included — and its LM head).
 
@@ -251,6 +275,9 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         batch_size: rows per compiled batch. precision: ``"fp32"`` or ``"bf16"`` compute.
         eos_id: stop token (default: the config's eos, ``Family.special_tokens``). pad_id: emitted after a row stops (default eos_id).
         progress: called with the number of examples after each batch.
+        mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`): parameters placed by the family's logical axes,
+            the batch rows split over ``data`` × ``fsdp`` (``batch_size`` must divide evenly to use them) and the KV
+            cache split by :func:`cache_shardings`; tokens equal the unsharded run's (issue 21).
     Returns:
         :class:`Generated`.
     Raises:
@@ -292,6 +319,14 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
             b = min(b, settings.max_length - len(s))
         budgets.append(max(0, min(b, config.max_positions - len(s))))
     top_k = config.vocab_size if settings.top_k is None else min(settings.top_k, config.vocab_size)
+    rows_sharding = None
+    if mesh is not None:
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P_
+
+        params = jax.device_put(params, tree_shardings(params, mesh, logical_axes_for(config)))
+        rows = batch_axes(mesh, batch_size)
+        rows_sharding = NamedSharding(mesh, P_(rows if rows else None))
     out_tokens: list = [None] * n
     eos_flags = np.zeros(n, bool)
     order = sorted(range(n), key=lambda i: len(seqs[i]))
@@ -308,7 +343,9 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
             bud[r], idx[r] = budgets[i], ids[i]
         pm[len(rows):, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
         kw = dict(config=config, max_new=max_new, top_k=top_k, greedy=settings.greedy, precision=precision,
-                  eos_id=eos_id, pad_id=pad_id)
+                  eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+        if rows_sharding is not None:
+            pid, pm, bud, idx = (jax.device_put(x, rows_sharding) for x in (pid, pm, bud, idx))
         args = (params, pid, pm, bud, idx, np.uint32(seed % 2**32), np.float32(settings.top_p or 1.0),
                 np.float32(settings.temperature))
         toks, n_new, eos = _decode(*args, **kw)

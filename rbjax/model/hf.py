@@ -260,8 +260,69 @@ def load_pretrained(name_or_path: str | os.PathLike) -> tuple:
     return cfg, params
 
 
-def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None) -> Path:
+#: default largest safetensors file of an export (transformers' ``save_pretrained`` default, 5 GB)
+MAX_SHARD_SIZE = "5GB"
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes of ``5GB`` / ``500MB`` / ``20KB`` / an int (decimal units, as transformers).
+
+    Raises:
+        ValueError: a size that is not a positive number of bytes, naming it.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        n = size
+    else:
+        t = str(size).strip().upper()
+        mult = 1
+        for unit, m in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("B", 1)):
+            if t.endswith(unit):
+                t, mult = t[:-len(unit)].strip(), m
+                break
+        try:
+            n = int(float(t) * mult)
+        except ValueError:
+            n = 0
+    if n < 1:
+        raise ValueError(f"max_shard_size {size!r}: not a size in bytes (e.g. 5GB, 500MB, 1000000)")
+    return n
+
+
+def _write_shards(state: dict, folder: Path, max_bytes: int) -> None:
+    """``model.safetensors`` when it fits ``max_bytes``, else ``model-0000i-of-0000n.safetensors`` files of at
+    most ``max_bytes`` each (a tensor larger than that gets a file of its own) and ``model.safetensors.index.json``
+    (``{"metadata": {"total_size"}, "weight_map": {tensor: file}}``, the layout transformers writes and reads)."""
+    from safetensors.numpy import save_file
+
+    total = sum(v.nbytes for v in state.values())
+    if total <= max_bytes:
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    groups: list[list[str]] = [[]]
+    size = 0
+    for k, v in state.items():
+        if groups[-1] and size + v.nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(k)
+        size += v.nbytes
+    n = len(groups)
+    weight_map = {}
+    for i, keys in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        save_file({k: state[k] for k in keys}, str(folder / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in keys})
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None,
+                    max_shard_size: int | str = MAX_SHARD_SIZE) -> Path:
     """Write params as an HF model folder (``config.json`` + float32 ``model.safetensors``), atomically.
+
+    A model larger than ``max_shard_size`` (default 5 GB, as transformers) is written as several safetensors files
+    with a ``model.safetensors.index.json`` (:func:`_write_shards`); parameters split over devices are fetched one
+    tensor at a time.
 
     Any registered family (picked from the type of ``cfg``). The folder loads with
     ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` (GPT-2: ``GPT2LMHeadModel``, LM head tied to
@@ -271,14 +332,12 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
     Returns:
         the output folder.
     """
-    from safetensors.numpy import save_file
-
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         family = registry.family_of_config(cfg)
-        save_file(family.params_to_hf(params, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_shards(family.params_to_hf(params, cfg), tmp, parse_size(max_shard_size))
         (tmp / "config.json").write_text(to_json(family.config_to_hf(cfg), indent=2) + "\n")
         if tokenizer_dir is not None:
             for f in TOKENIZER_FILES:

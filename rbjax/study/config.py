@@ -36,6 +36,7 @@ from typing import Any
 
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
@@ -47,7 +48,7 @@ __all__ = ["StudyConfig", "load_study", "parse_override"]
 
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
 STUDY_KEYS = {"name", "model", "random_model", "tokenizer", "data_dir", "bias_types", "debias_types", "methods",
-              "seeds", "semantics", "precision"}
+              "seeds", "semantics", "precision", "mesh"}
 SWEEP_KEYS = {"methods", "batch_size", "grad_accum", "lambda_lm", "lambda_d", "selection", "lmp_tolerance",
               "dev_max_pairs", "n_bootstrap", "grid_chunk", "executor", "ray_address", "max_points"}
 MEASURE_KEYS = {"split", "n_bootstrap", "batch_size"}
@@ -153,6 +154,12 @@ class StudyConfig:
         return str(self.study.get("precision", "fp32"))
 
     @property
+    def mesh(self) -> str | None:
+        """``[study] mesh = "data=2,fsdp=4"``: the device mesh of every training and scoring stage (docs/scale.md)."""
+        m = self.study.get("mesh")
+        return None if m is None else str(m)
+
+    @property
     def training(self) -> dict:
         return dict(self.raw.get("training", {}))
 
@@ -213,6 +220,11 @@ class StudyConfig:
             extra = set(self.raw.get(sec, {})) - keys
             if extra:
                 raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [{sec}]")
+        if self.mesh is not None:
+            try:
+                parse_mesh(self.mesh, mesh_product(self.mesh), flag="[study] mesh")
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         if not self.model and not self.random_model:
             raise ValueError(f"{where}: [study] needs model (an HF folder or hub id) or a random_model table")
         if self.model and self.random_model:

@@ -112,7 +112,7 @@ class _Study:
 
         kw = {"model": self.model, "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
               "semantics": self.cfg.semantics, "precision": self.cfg.precision, "progress": self.progress,
-              **self.cfg.training}
+              "mesh": self.cfg.mesh, **self.cfg.training}
         kw.update(method=method, bias_type=bias_type, seed=seed, out_dir=str(out_dir),
                   eval_bias=",".join(self.cfg.bias_types))
         return TrainConfig(**kw)
@@ -140,7 +140,7 @@ class _Study:
                             data_dir=self.cfg.data_dir, tokenizer=self._tok_for(model), out_dir=out_dir,
                             batch_size=int(m["batch_size"]), n_bootstrap=int(m["n_bootstrap"]),
                             progress=self.progress, resume=True, precision=self.cfg.precision,
-                            overwrite=True, log_reuse=False)  # the study owns the folder; one line per stage
+                            overwrite=True, log_reuse=False, mesh=self.cfg.mesh)  # the study owns the folder
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs},
                 "reused_perplexities": [r["bias_type"] for r in recs if r.get("reused_perplexities")]}
 

@@ -1,0 +1,303 @@
+"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone (issue 21).
+
+No weights are read: the parameter shapes come from ``jax.eval_shape`` of the family's ``init_params`` (the same
+shapes the loader fills), and each parameter's per-device share from the mesh rules
+(:func:`rbjax.core.mesh.logical_spec` with the family's logical axes, :mod:`rbjax.model.partition`): a parameter split
+``fsdp × tensor`` ways holds ``1/(fsdp·tensor)`` of its bytes on each device, a replicated one all of them.
+
+Parts (bytes on one device):
+
+* ``parameters``: Σ per-device share × bytes of the storage dtype (fp32: 4; ``--param-dtype bf16`` scoring: 2);
+  with a stacked grid chunk, × points per ``grid`` row.
+* ``gradients`` (training): the same as the fp32 parameters (the gradient takes the parameters' layout), plus one
+  more copy for the accumulator when ``grad_accum > 1`` (the scan's carry).
+* ``optimizer`` (training): Adam's two fp32 moments, 2 × the fp32 parameters (same layout).
+* ``activations`` — an estimate, not a measurement. With b rows per device (the batch over ``data × fsdp``), s
+  tokens per row, d the width, I the MLP width, H heads, N layers, V the vocabulary, t the ``tensor`` size, 4 bytes
+  per value (the residual stream, softmax and losses are float32 whatever the precision):
+
+  - training keeps, per layer, what the backward pass reads: the two norm inputs, q, k, v, the attention output,
+    its projection, the MLP input and output (9·d values per token), the MLP hidden states before and after the
+    activation and the gate (3·I/t), the attention scores and probabilities (2·H·s/t):
+    ``N · b·s · (9·d + 3·I/t + 2·H·s/t) · 4``; plus the logits and their gradient ``2 · b·s·V/t · 4``;
+  - scoring keeps one layer at a time: ``b·s · (4·d + I/t + H·s/t) · 4``, plus the chunked LM head
+    (:data:`rbjax.model.nll.HEAD_CHUNK` vocabulary rows at a time).
+
+  Real programs differ (XLA fuses, rematerialises and keeps temporaries); the estimate is meant to tell a 124M run
+  from an 8B one, not to be exact — the plan keeps :data:`HEADROOM` of each device free for it.
+* ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · 4`` bytes over the rows' and ``tensor``'s split.
+
+:func:`plan_for_model` reads a model folder's ``config.json``; :meth:`MemoryPlan.check` raises :class:`PlanError` naming
+the largest part and a mesh or batch that would fit; :meth:`MemoryPlan.format` is what ``--dry-run`` prints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
+from rbjax.model import registry
+from rbjax.model.hf import resolve_model_dir
+from rbjax.model.nll import HEAD_CHUNK
+from rbjax.model.partition import logical_axes_for
+
+__all__ = ["MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes", "HEADROOM"]
+
+#: fraction of a device's memory the plan leaves free (XLA temporaries, fragmentation, the runtime)
+HEADROOM = 0.10
+GB = 1e9
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its devices (raised before anything is loaded)."""
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    """Per-device bytes of each part (``parts``), whole-model bytes (``totals``), the mesh and the device memory.
+
+    Attributes:
+        parts: ``{"parameters", "gradients", "optimizer", "activations", "kv_cache"}`` → bytes on one device.
+        totals: the same parts summed over the devices that hold distinct slices (parameters: the full model).
+        mesh: axis sizes. device_bytes: memory of one device (``None``: unknown, nothing checked).
+        suggestion: a mesh / batch that would fit (when this plan does not).
+    """
+
+    parts: dict
+    totals: dict
+    mesh: dict
+    device_bytes: int | None
+    settings: dict
+    n_params: int
+    suggestion: str | None = None
+
+    @property
+    def per_device(self) -> int:
+        return int(sum(self.parts.values()))
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return None if self.device_bytes is None else int(self.device_bytes * (1 - HEADROOM))
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes is None or self.per_device <= self.usable_bytes
+
+    @property
+    def largest(self) -> str:
+        return max(self.parts, key=self.parts.get)
+
+    def to_dict(self) -> dict:
+        return {"parts": self.parts, "per_device": self.per_device, "mesh": mesh_label(self.mesh),
+                "device_bytes": self.device_bytes, "fits": self.fits, "n_params": self.n_params,
+                "settings": self.settings, "suggestion": self.suggestion}
+
+    def format(self) -> str:
+        s = self.settings
+        lines = [f"memory plan: {s['model']} ({self.n_params / 1e9:.3g}B parameters), "
+                 f"{'training' if s['training'] else 'scoring'}, mesh {mesh_label(self.mesh)}, "
+                 f"batch {s['batch_size']} × {s['seq_len']} tokens, precision {s['precision']}, "
+                 f"parameters stored in {s['param_dtype']}"]
+        for k, v in self.parts.items():
+            lines.append(f"  {k:<12} {v / GB:10.3f} GB per device   ({self.totals[k] / GB:.3f} GB in all)")
+        lines.append(f"  {'total':<12} {self.per_device / GB:10.3f} GB per device")
+        if self.device_bytes is None:
+            lines.append("  device memory: unknown (pass --device-memory-gb to check the plan)")
+        else:
+            lines.append(f"  device memory {self.device_bytes / GB:.3g} GB, usable {self.usable_bytes / GB:.3g} GB "
+                         f"({HEADROOM:.0%} kept free): {'fits' if self.fits else 'DOES NOT FIT'}")
+            if not self.fits:
+                lines.append(f"  largest part: {self.largest}. {self.suggestion or ''}")
+        return "\n".join(lines)
+
+    def check(self) -> "MemoryPlan":
+        """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit."""
+        if not self.fits:
+            raise PlanError(
+                f"{self.settings['model']}: needs {self.per_device / GB:.2f} GB per device on mesh "
+                f"{mesh_label(self.mesh)}, more than the {self.usable_bytes / GB:.2f} GB usable of "
+                f"{self.device_bytes / GB:.3g} GB; the largest part is {self.largest} "
+                f"({self.parts[self.largest] / GB:.2f} GB). "
+                f"{self.suggestion or ''} "
+                "(--dry-run prints the plan)")
+        return self
+
+
+def _dims(config) -> dict:
+    g = lambda *names, default=None: next((getattr(config, n) for n in names  # noqa: E731
+                                           if getattr(config, n, None) is not None), default)
+    d = g("hidden_size", "n_embd")
+    H = g("num_attention_heads", "n_head")
+    I = g("intermediate_size", "inner_dim", default=4 * d)  # noqa: E741
+    return {"d": d, "H": H, "I": I, "N": g("num_hidden_layers", "n_layer"), "V": config.vocab_size,
+            "kv": g("num_key_value_heads", default=H), "hd": g("head_dim", default=d // H)}
+
+
+_SHAPES: dict = {}
+
+
+def _param_shapes(config) -> Any:
+    """Parameter shapes of ``config`` (``jax.eval_shape`` of the family's init: no arrays; cached per config)."""
+    if config not in _SHAPES:
+        fam = registry.family_of_config(config)
+        _SHAPES[config] = jax.eval_shape(lambda: fam.init_params(config, 0))
+    return _SHAPES[config]
+
+
+class _SizesMesh:
+    """Enough of a Mesh for :func:`logical_spec` (axis sizes only: a plan needs no devices)."""
+
+    def __init__(self, sizes: dict):
+        self.shape = {a: int(sizes.get(a, 1)) for a in AXES}
+        self.axis_names = AXES
+
+
+def _per_device_elems(shapes, config, sizes: dict) -> tuple[int, int]:
+    """(elements on one device, elements in all) of the parameters laid out by the family's rules."""
+    axes_fn = logical_axes_for(config)
+    m = _SizesMesh(sizes)
+    per, total = 0, 0
+    for path, x in jax.tree_util.tree_leaves_with_path(shapes):
+        keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        n = int(np.prod(x.shape))
+        spec = logical_spec(axes_fn(keys, tuple(x.shape)), tuple(x.shape), m, DEFAULT_RULES)
+        split = math.prod(m.shape[a] for e in spec if e for a in ((e,) if isinstance(e, str) else e))
+        per += n // split
+        total += n
+    return per, total
+
+
+def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: int, grad_accum: int = 1,
+                n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32", kv_cache: tuple | None = None,
+                device_bytes: int | None = None, model_name: str = "model", suggest: bool = True) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``config`` (module docstring for the formulas).
+
+    Args:
+        mesh: a :class:`jax.sharding.Mesh` or axis sizes ``{"data": 2, "fsdp": 4}`` (default: one device).
+        training: a debiasing run (gradients, Adam moments, stored activations) or scoring.
+        batch_size, seq_len: rows and tokens per row of one (micro-)batch, all devices together.
+        grad_accum: micro-batches per update (> 1 adds a gradient accumulator). n_points: grid points of a stacked
+            chunk (split over ``grid``). kv_cache: ``(rows, slots)`` of a generation cache.
+        device_bytes: memory of one device (``None``: unknown).
+    """
+    sizes = mesh_sizes(mesh) if mesh is not None and not isinstance(mesh, dict) else {a: int((mesh or {}).get(a, 1))
+                                                                                     for a in AXES}
+    shapes = _param_shapes(config)
+    per, total = _per_device_elems(shapes, config, sizes)
+    dm = _dims(config)
+    pbytes = 2 if param_dtype == "bf16" else 4
+    pts = max(1, math.ceil(n_points / sizes["grid"]))
+    rows_split = sizes["data"] * sizes["fsdp"]
+    b = max(1, math.ceil(batch_size / rows_split))
+    t, s = sizes["tensor"], seq_len
+    parts = {"parameters": per * pbytes * pts}
+    totals = {"parameters": total * pbytes * n_points}
+    if training:
+        parts["gradients"] = per * 4 * pts * (2 if grad_accum > 1 else 1)
+        parts["optimizer"] = per * 4 * 2 * pts
+        totals["gradients"], totals["optimizer"] = (total * 4 * n_points * (2 if grad_accum > 1 else 1),
+                                                    total * 8 * n_points)
+        act = dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * 4 + 2 * b * s * dm["V"] / t * 4
+    else:
+        act = b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * 4 + b * s * min(HEAD_CHUNK, dm["V"]) * 4
+    parts["activations"] = int(act * pts)
+    totals["activations"] = int(act * pts * rows_split * sizes["grid"])
+    if kv_cache is not None:
+        B, S = kv_cache
+        kv = 2 * dm["N"] * B * S * dm["kv"] * dm["hd"] * 4
+        parts["kv_cache"] = int(kv / rows_split / (t if dm["kv"] % t == 0 else 1))
+        totals["kv_cache"] = int(kv)
+    settings = {"model": model_name, "training": training, "batch_size": batch_size, "seq_len": seq_len,
+                "grad_accum": grad_accum, "n_points": n_points, "precision": precision, "param_dtype": param_dtype}
+    plan = MemoryPlan(parts={k: int(v) for k, v in parts.items()}, totals={k: int(v) for k, v in totals.items()},
+                      mesh=sizes, device_bytes=device_bytes, settings=settings, n_params=total)
+    if suggest and not plan.fits:
+        plan.suggestion = _suggest(config, plan, kv_cache)
+    return plan
+
+
+def _suggest(config, plan: MemoryPlan, kv_cache) -> str | None:
+    """The first of: the same batch on another mesh of these devices (more fsdp, then tensor), then smaller
+    micro-batches (with more accumulation: the same update) on each mesh."""
+    n = math.prod(plan.mesh.values())
+    s = plan.settings
+    meshes = []
+    for f in sorted((x for x in range(1, n + 1) if n % x == 0), reverse=True):
+        for t in (x for x in range(1, n // f + 1) if (n // f) % x == 0):
+            meshes.append({"grid": 1, "data": n // f // t, "fsdp": f, "tensor": t})
+    meshes.sort(key=lambda m: (-(m["fsdp"] * m["tensor"]), m["tensor"]))
+    batches = [s["batch_size"]]
+    while batches[-1] > 1:
+        batches.append(max(1, batches[-1] // 2))
+    for bs in batches:
+        for m in meshes:
+            p = plan_memory(config, mesh=m, training=s["training"], batch_size=bs, seq_len=s["seq_len"],
+                            grad_accum=s["grad_accum"] * (s["batch_size"] // bs), n_points=s["n_points"],
+                            precision=s["precision"], param_dtype=s["param_dtype"], kv_cache=kv_cache,
+                            device_bytes=plan.device_bytes, suggest=False)
+            if p.fits:
+                m_txt = ",".join(f"{k}={v}" for k, v in m.items() if v > 1 and k != "grid") or "one device"
+                what = f"--mesh {m_txt}"
+                if bs != s["batch_size"]:
+                    what += (f" with micro-batches of {bs} rows" + (f" (--batch-size {bs} --grad-accum "
+                             f"{s['grad_accum'] * (s['batch_size'] // bs)} keeps the update)" if s["training"] else
+                                                                  f" (--batch-size {bs})"))
+                return f"Would fit: {what} ({p.per_device / GB:.2f} GB per device)."
+    state = sum(v for k, v in plan.totals.items() if k in ("parameters", "gradients", "optimizer"))
+    need = math.ceil(state / plan.usable_bytes)
+    return (f"No mesh or batch over these {n} devices fits: the parameters"
+            f"{', gradients and optimizer state' if s['training'] else ''} alone are {state / GB:.1f} GB, "
+            f"at least {need} devices of this size (e.g. --mesh fsdp={1 << (need - 1).bit_length()})"
+            f"{'' if s['training'] else ' or --param-dtype bf16'}.")
+
+
+def device_memory_bytes(device=None) -> int | None:
+    """Memory of one device as its runtime reports it (``bytes_limit`` of ``memory_stats()``; GPUs and TPUs), or
+    ``None`` (a CPU reports nothing)."""
+    dev = device or jax.devices()[0]
+    try:
+        st = dev.memory_stats()
+    except Exception:  # noqa: BLE001 — backends without memory statistics raise various errors
+        return None
+    return int(st["bytes_limit"]) if st and st.get("bytes_limit") else None
+
+
+def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch_size: int, seq_len: int,
+                   grad_accum: int = 1, n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32",
+                   device_memory_gb: float | None = None, n_devices: int | None = None, kv_cache=None,
+                   flag_prefix: str = "--") -> MemoryPlan:
+    """The plan of a model folder (or a ``config.json`` path) from its ``config.json`` only.
+
+    ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default ``jax.device_count()``) or sizes; ``None``:
+    the default layout (parameters replicated, rows over ``data``). ``device_memory_gb``: overrides what the device
+    reports. A hub id that is not a local folder is resolved (downloaded) by :func:`rbjax.model.hf.resolve_model_dir`.
+
+    Raises:
+        FileNotFoundError: no ``config.json``. ValueError: a bad mesh or config.
+    """
+    p = Path(model)
+    if p.is_dir():
+        cfg_file = p / "config.json"
+    elif p.name == "config.json" and p.is_file():
+        cfg_file = p
+    else:
+        cfg_file = Path(resolve_model_dir(model)) / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file}: no config.json to plan the model's memory from")
+    d = json.loads(cfg_file.read_text())
+    config = registry.family_of(d, str(cfg_file)).config_from_hf(d, str(cfg_file))
+    n = jax.device_count() if n_devices is None else n_devices
+    if isinstance(mesh, str) or mesh is None:
+        sizes = parse_mesh(mesh, n, flag=f"{flag_prefix}mesh") or {"grid": 1, "data": n, "fsdp": 1, "tensor": 1}
+    else:
+        sizes = mesh
+    dev_bytes = int(device_memory_gb * GB) if device_memory_gb else device_memory_bytes()
+    return plan_memory(config, mesh=sizes, training=training, batch_size=batch_size, seq_len=seq_len,
+                       grad_accum=grad_accum, n_points=n_points, precision=precision, param_dtype=param_dtype,
+                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model))

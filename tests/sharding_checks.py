@@ -1,0 +1,330 @@
+"""Checks of models split over ``fsdp`` / ``tensor`` mesh axes (issue 21), run by tests/test_sharding.py in one
+subprocess with 8 simulated CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8``; JAX reads the flag
+once, when its CPU backend starts).
+
+Usage::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+        python tests/sharding_checks.py --model DIR --tokenizer DIR --data-dir DIR --work DIR CHECK [CHECK ...]
+
+Each check prints ``{"check": NAME, ...figures}`` on one line:
+
+* ``families``: for Llama, GPT-NeoX and Gemma 2 (tiny 1-layer random models; GPT-2 is checked through the trainer
+  and the scorer), 2 Adam updates of the mean next-token NLL with the parameters on a ``data=2,fsdp=2,tensor=2`` mesh (placed by the family's logical axes,
+  rows over data × fsdp) and on one device: loss and parameter differences, the specs used, per-device bytes.
+* ``train``: one debiasing run (LMD, batch 8, accumulation 2, dropout on, 3 updates) on ``data=2,fsdp=4`` and on
+  one device; the specs of the parameters and of Adam's first moment.
+* ``grid``: a chunk of 4 grid points on ``grid=2,fsdp=2,tensor=2`` and on one device.
+* ``score``: LMB pair scoring (packed rows) on ``fsdp=4,tensor=2`` against one device; bf16
+  parameter storage against fp32 (the effect of ``--param-dtype bf16``).
+* ``resume``: the ``train`` run on ``data=2,fsdp=4`` stopped after 2 updates (orbax checkpoint of the sharded
+  state), resumed on a 4-device ``data=2,fsdp=2`` mesh to its end; the restored parameters against the saved ones, the finished run
+  against one uninterrupted on one device.
+* ``generate``: greedy generation with the KV cache split over ``data=2,fsdp=2,tensor=2`` against one device.
+* ``memory``: the memory plan's per-device parameter and Adam bytes against the bytes of the arrays a run actually
+  holds on device 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.mesh_checks import _cfg, _compare, _run  # noqa: E402
+
+
+def _tiny_configs(layers: int = 2):
+    from rbjax.model import gemma2, gpt2, gpt_neox, llama
+
+    return {
+        "gpt2": gpt2.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=layers, n_head=4, resid_pdrop=0.0,
+                                embd_pdrop=0.0, attn_pdrop=0.0),
+        "llama": llama.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8),
+        "gpt_neox": gpt_neox.GPTNeoXConfig(**_kw(gpt_neox.GPTNeoXConfig, layers)),
+        "gemma2": gemma2.Gemma2Config(**_kw(gemma2.Gemma2Config, layers)),
+    }
+
+
+def _kw(cls, layers):
+    import dataclasses
+
+    f = {x.name for x in dataclasses.fields(cls)}
+    kw = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8)
+    return {k: v for k, v in kw.items() if k in f}
+
+
+def _per_device_bytes(tree, device) -> int:
+    import jax
+
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)
+
+
+def _param_diff(a, b, init) -> dict:
+    import jax
+    import numpy as np
+
+    mx, d2, m2 = 0.0, 0.0, 0.0
+    for x, y, i in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(init)):
+        x, y, i = (np.asarray(v, np.float64) for v in (x, y, i))
+        mx = max(mx, float(np.abs(x - y).max()))
+        d2 += float(((x - y) ** 2).sum())
+        m2 += float(((y - i) ** 2).sum())
+    return {"max_abs": mx, "rel_to_movement": (d2 / m2) ** 0.5 if m2 else float("inf"), "movement": m2 ** 0.5}
+
+
+def check_families(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from rbjax.core.mesh import batch_axes, make_mesh, tree_shardings
+    from rbjax.model import registry
+    from rbjax.model.partition import logical_axes_for
+
+    lr = 1e-2
+    out = {}
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    one = make_mesh({}, jax.devices()[:1])
+    rng = np.random.default_rng(0)
+    for name, cfg in _tiny_configs(layers=1).items():
+        if name == "gpt2":  # GPT-2 is checked through the trainer and the scorer below
+            continue
+        fam = registry.FAMILIES[name]
+        init = jax.device_get(fam.init_params(cfg, 0))
+        ids = rng.integers(0, cfg.vocab_size, (8, 12)).astype(np.int32)
+        mask = np.ones_like(ids)
+        model = fam.module(cfg)
+        opt = optax.adam(lr)
+
+        def loss(p, ids, mask):
+            logits = model.apply({"params": p}, ids, mask)[0].astype(jnp.float32)
+            lp = jax.nn.log_softmax(logits[:, :-1])
+            return -jnp.take_along_axis(lp, ids[:, 1:, None], -1).mean()
+
+        def step(p, o, ids, mask):
+            v, g = jax.value_and_grad(loss)(p, ids, mask)
+            u, o = opt.update(g, o, p)
+            return optax.apply_updates(p, u), o, v
+
+        res = {}
+        for label, m in (("sharded", mesh), ("one", one)):
+            sh = tree_shardings(init, m, logical_axes_for(cfg))
+            p = jax.device_put(init, sh)
+            o = jax.jit(opt.init)(p)
+            rows = NamedSharding(m, P(batch_axes(m, 8) or None))
+            x, xm = jax.device_put(ids, rows), jax.device_put(mask, rows)
+            f = jax.jit(step, out_shardings=(sh, tree_shardings(o, m, logical_axes_for(cfg)), NamedSharding(m, P())))
+            losses = []
+            for _ in range(2):
+                p, o, v = f(p, o, x, xm)
+                losses.append(float(v))
+            res[label] = (jax.device_get(p), losses, p, o)
+        ps, ls, pdev, odev = res["sharded"]
+        p1, l1, _, _ = res["one"]
+        total = sum(x.nbytes for x in jax.tree.leaves(p1))
+        specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(pdev)})
+        out[name] = {"losses_rel": max(abs(a - b) / abs(b) for a, b in zip(ls, l1)), "losses": l1,
+                     **_param_diff(ps, p1, init), "lr": lr, "specs": specs,
+                     "param_bytes_dev0": _per_device_bytes(pdev, jax.devices()[0]), "param_bytes": total,
+                     "adam_mu_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(odev[0].mu)})}
+    return out
+
+
+def check_train(args) -> dict:
+    import jax
+
+    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.debias.loop import Trainer
+
+    lr = 5e-4
+    cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
+    t8 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    st = t8.initial_state()
+    mu_specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(st.opt_state) if x.ndim >= 2})
+    ids = t8.device_batch(0)["input_ids"]
+    del st
+    r8, m8, specs = _run(t8)
+    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+    r1, m1, _ = _run(t1)
+    return {"param_specs": specs, "adam_specs": mu_specs, "batch_spec": str(ids.sharding.spec),
+            "updates": len(m8), **_compare(r8.params, r1.params, t1.init_params, m8, m1, lr)}
+
+
+def check_grid(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.debias.loop import RunHparams, Trainer
+
+    lr = 5e-4
+    cfg = _cfg(args, batch_size=4, grad_accum=1, max_steps=3)
+    pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate((0.01, d) for d in (10.0, 50.0, 100.0, 20.0))]
+    t8 = Trainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
+    r8, m8, specs = _run(t8)
+    t1 = Trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    r1, m1, _ = _run(t1)
+    init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
+    p8 = jax.tree.map(np.asarray, jax.device_get(r8.state.params))
+    p1 = jax.tree.map(np.asarray, jax.device_get(r1.state.params))
+    return {"param_specs": specs, "updates": len(m8), "n_padded": t8.n_padded,
+            **_compare(p8, p1, init, m8, m1, lr)}
+
+
+def _pairs(args, n=24):
+    from rbjax.lmb.measure import LoadedModel  # noqa: F401 (the loader used by measure)
+    from rbjax.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer, expected_vocab_size=None)
+    lines = (Path(args.data_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    texts = [ln.strip() for ln in lines if ln.strip()][:n]
+    a = [tok.encode(t) for t in texts]
+    c = [tok.encode(t.replace("jews", "christians").replace("jew", "christian")) for t in texts]
+    return a, c
+
+
+def check_score(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.core.mesh import make_mesh
+    from rbjax.lmb.perplexity import PerplexityScorer
+    from rbjax.model.hf import load_pretrained
+
+    config, params = load_pretrained(args.model)
+    a, c = _pairs(args, 12)
+    ref = PerplexityScorer(params, config, batch_size=16, devices=jax.devices()[:1]).score_pairs(a, c)
+    out = {}
+    for label in ("fsdp=4,tensor=2",):
+        from rbjax.core.mesh import parse_mesh
+
+        sc = PerplexityScorer(params, config, batch_size=16, mesh=make_mesh(parse_mesh(label, 8)))
+        r = sc.score_pairs(a, c)
+        out[label] = {"ppl_rel": max(float(np.max(np.abs(x.perplexity - y.perplexity) / y.perplexity))
+                                     for x, y in zip(r, ref)),
+                      "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(sc.params)})}
+    bf = PerplexityScorer(params, config, batch_size=16, devices=jax.devices()[:1], param_dtype="bf16")
+    rb = bf.score_pairs(a, c)
+    d = [np.log(x.perplexity) - np.log(y.perplexity) for x, y in zip(rb, ref)]
+    # the same effect computed independently: fp32 weights rounded to bf16 and back
+    import ml_dtypes
+
+    rounded = jax.tree.map(lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32), params)
+    rr = PerplexityScorer(rounded, config, batch_size=16, devices=jax.devices()[:1]).score_pairs(a, c)
+    out["bf16"] = {"log_ppl_max_abs": float(max(np.abs(x).max() for x in d)),
+                   "log_ppl_mean_abs": float(np.mean(np.concatenate([np.abs(x) for x in d]))),
+                   "vs_rounded_rel": max(float(np.max(np.abs(x.perplexity - y.perplexity) / y.perplexity))
+                                         for x, y in zip(rb, rr)),
+                   "dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(bf.params)})}
+    return out
+
+
+def check_resume(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.debias.checkpoint import Checkpointer
+    from rbjax.debias.loop import Trainer
+
+    lr = 5e-4
+    out_dir = Path(args.work) / "resume"
+    # the settings and the 8-device mesh of check_train: its compiled programs serve here too
+    cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, out_dir=str(out_dir), save_every=1)
+    t8 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    r8 = t8.run(stop_after=2)
+    saved = jax.device_get(r8.state.params)
+    specs8 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(r8.state.params)})
+    del r8
+    t4 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]))
+    ck = Checkpointer(out_dir / "checkpoints", 2)
+    like = t4.initial_state()
+    restored, meta = ck.restore(ck.latest_step(), like)
+    ck.close()
+    restored_devices = len({d for x in jax.tree.leaves(restored.params) for d in x.sharding.device_set})
+    rmax = max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
+               for x, y in zip(jax.tree.leaves(jax.device_get(restored.params)), jax.tree.leaves(saved)))
+    specs4 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(restored.params)})
+    del restored, like
+    r4 = t4.run()
+    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+    r1 = t1.run(checkpoints=False)
+    return {"restored_max_abs": rmax, "resumed_from": r4.resumed_from, "updates": r4.updates_done,
+            "specs8": specs8, "specs4": specs4, "restored_devices": restored_devices,
+            **_param_diff(jax.device_get(r4.params), jax.device_get(r1.params), t1.init_params), "lr": lr}
+
+
+def check_generate(args) -> dict:
+    import jax
+
+    from rbjax.core.mesh import make_mesh
+    from rbjax.model.generate import generate, sampling_settings
+    from rbjax.model.hf import load_pretrained
+
+    config, params = load_pretrained(args.model)
+    a, _ = _pairs(args, 8)
+    s = sampling_settings(greedy=True, max_new_tokens=12)
+    g1 = generate(jax.device_put(params, jax.devices()[0]), config, a, settings=s, batch_size=8)
+    g8 = generate(params, config, a, settings=s, batch_size=8, mesh=make_mesh({"data": 2, "fsdp": 2, "tensor": 2}))
+    return {"same_tokens": g1.tokens == g8.tokens, "n_tokens": sum(len(t) for t in g1.tokens)}
+
+
+def check_memory(args) -> dict:
+    import jax
+
+    from rbjax.core.mesh import make_mesh
+    from rbjax.debias.loop import Trainer
+    from rbjax.model.memory import plan_memory
+
+    cfg = _cfg(args, batch_size=8, grad_accum=1, max_steps=1)
+    out = {}
+    for label, sizes in (("data2_fsdp4", {"data": 2, "fsdp": 4}), ("fsdp4_tensor2", {"fsdp": 4, "tensor": 2})):
+        mesh = make_mesh(sizes)
+        t = Trainer(cfg, mesh=mesh)
+        st = t.initial_state()
+        plan = plan_memory(t.config, mesh=mesh, training=True, batch_size=8, seq_len=cfg.block_size)
+        dev = jax.devices()[0]
+        mu_nu = [x for x in jax.tree.leaves(st.opt_state) if x.ndim >= 1]
+        out[label] = {"plan_params": plan.parts["parameters"], "actual_params": _per_device_bytes(st.params, dev),
+                      "plan_optimizer": plan.parts["optimizer"], "actual_optimizer": _per_device_bytes(mu_nu, dev),
+                      "plan_params_total": plan.totals["parameters"]}
+    return out
+
+
+CHECKS = {"families": check_families, "train": check_train, "grid": check_grid, "score": check_score,
+          "resume": check_resume, "generate": check_generate, "memory": check_memory}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--method", default="lmd")
+    p.add_argument("checks", nargs="+", choices=sorted(CHECKS))
+    args = p.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    import jax
+
+    if jax.device_count() != 8:
+        raise SystemExit(f"expected 8 simulated CPU devices, got {jax.device_count()}")
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    for c in args.checks:
+        print(json.dumps({"check": c, **CHECKS[c](args)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
