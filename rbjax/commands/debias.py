@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
-from rbjax.debias.config import TrainConfig, option_name
 from rbjax.core.mesh import mesh_product
-from rbjax.debias.train import train
+from rbjax.debias.config import TrainConfig, option_name
+from rbjax.debias.train import check_own_bias_type_data, train
 from rbjax.model.memory import plan_for_model
 
 
@@ -156,10 +157,8 @@ def format_results(res: dict) -> str:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-
     cfg = config_from_args(args)
+    check_own_bias_type_data(cfg)  # before the memory plan reads the model's config: the phrases are what is missing
     if check_plan(args, cfg):
         return 0
     res = train(cfg, overwrite=args.overwrite)

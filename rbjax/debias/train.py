@@ -105,7 +105,7 @@ def _eval_types(cfg: TrainConfig) -> list[str]:
     return types if _type_name(cfg.bias_type) in map(_type_name, types) else [cfg.bias_type] + types
 
 
-def _check_own_bias_type_data(cfg: TrainConfig) -> None:
+def check_own_bias_type_data(cfg: TrainConfig) -> None:
     """A bias type of one's own (a spec file) trains on the phrases of its data folder, which the RedditBias release
     does not hold: without --data-dir (or $RBJAX_DATA_DIR) and --train-file, say so (not that a download failed).
 
@@ -327,7 +327,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     _check_out_dir(out)
     if overwrite:
         _clear_run(out)
-    _check_own_bias_type_data(cfg)  # before the LMP file: the training phrases are what is missing
+    check_own_bias_type_data(cfg)  # before the LMP file: the training phrases are what is missing
     if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
