@@ -43,9 +43,12 @@ def test_measure_llama_bos_policy_and_torch_parity(tiny_llama, redditbias_dir, t
     assert rec["settings"]["bos"] is True and rec["settings"]["bos_policy"] == "tokenizer"
     rows = _csv(out / "religion1_perplexities.csv")
     assert len(rows) == rec["n_pairs"] == 238
-    # --no-bos: another resume key, other numbers (the first token is then context, not predicted)
-    assert main(["measure", "--model", str(tiny_llama), "--bias", "religion1", "--data-dir", str(redditbias_dir),
-                 "--out", str(out), "--n-bootstrap", "0", "--no-progress", "--no-bos", "--resume"]) == 0
+    # --no-bos: another resume key, other numbers (the first token is then context, not predicted); the folder holds
+    # the BOS run, which is not replaced without --overwrite (issue 20)
+    argv = ["measure", "--model", str(tiny_llama), "--bias", "religion1", "--data-dir", str(redditbias_dir),
+            "--out", str(out), "--n-bootstrap", "0", "--no-progress", "--no-bos", "--resume"]
+    assert main(argv) == 1
+    assert main(argv + ["--overwrite"]) == 0
     rec2 = json.loads((out / "lmb.json").read_text())[0]
     assert rec2["settings"]["bos"] is False and rec2["reused_perplexities"] is False
     assert _csv(out / "religion1_perplexities.csv")[0]["biased_ppl"] != rows[0]["biased_ppl"]
