@@ -150,7 +150,7 @@ def test_bad_arguments_are_clear_errors(redditbias_dir, tmp_path, capsys, tiny_m
         (["--n-std", "0", "--outlier-removal", "on"], "n_std must be > 0"),
         (["--n-bootstrap", "-1"], "n_bootstrap must be an integer >= 0"),
         (["--bos"], "no effect with --stored-perplexities"),
-        (["--batch-size", "0"], "batch_size must be >= 1"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--out", str(tmp_path / "afile" / "sub")], "afile exists and is not a folder"),
     ]
     (tmp_path / "afile").write_text("x")
