@@ -13,7 +13,7 @@ from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 
-CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=63, eos_token_id=63)
 
 
 def _manual_nll(params, ids, first, last):
