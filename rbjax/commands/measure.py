@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
 from rbjax.lmb.measure import format_table, measure_bias
 from rbjax.lmb.perplexity import SLOTS_PER_PHRASE
@@ -77,6 +78,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if not args.dry_run and args.out is not None:
+        check_output_dir(args.out, "--out")  # a bad --out fails before the model is even read
     if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
         # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64
         plan = plan_for_model(args.model, mesh=args.mesh, training=False,
