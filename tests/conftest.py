@@ -12,10 +12,28 @@ Data: ``../shared`` beside the checkout (``RBJAX_SHARED`` overrides). Without it
 ``RBJAX_REQUIRE_SHARED=1`` (set by ``.ci/run``): then a missing folder fails them, so CI cannot pass without the
 data it is meant to test on.
 """
+import atexit
+import gc
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# One persistent XLA compilation cache for the whole run, in a fresh temporary folder, before anything imports jax:
+# the same tiny programs are compiled again by many tests, by every CLI subprocess and after the per-module cache
+# clearing below; each is compiled once per run and read back afterwards. Nothing outlives the run.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _XLA_CACHE = tempfile.mkdtemp(prefix="rbjax-tests-xla-")
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# The suite's models are tiny, so its time is XLA's compile time, not run time: LLVM's optimisation level 0 halves the
+# compile time of a training step on CPU. It changes the machine code's speed, not what is computed (the HLO programs
+# and their float semantics are the same; the parity tests hold to the same tolerances). Benchmarks do not use it.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
@@ -34,6 +52,17 @@ def _need(path: Path, what: str) -> Path:
     if REQUIRE_SHARED:
         pytest.fail(f"RBJAX_REQUIRE_SHARED is set: {msg}", pytrace=False)
     pytest.skip(msg)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jax's in-memory compiled programs after each test module: ~700 tests keep thousands of executables
+    otherwise (the process grew past 10 GB); a program needed again is read back from the persistent cache."""
+    yield
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 
 from rbjax.cli import main as cli_main
 from rbjax.core import parallel
+from rbjax.core.reuse import OutputExists
 from rbjax.data.dumps import write_zst
 from rbjax.data.retrieval import CANDIDATE_COLUMNS, PART_RECORD, retrieve
 from rbjax.specs import load_spec
@@ -174,11 +175,14 @@ def test_changed_inputs_are_redone(corpus, tmp_path):
     assert by_name["RC_2020-01.zst"]["status"] == "read" and by_name["RC_2020-01.zst"]["reason"] == "changed: mtime_ns"
     assert by_name["RC_2020-02.zst"]["status"] == by_name["RC_2020-04.zst"]["status"] == "reused"
     assert _ids(out / "candidates_zorbness.csv") == ["d1", "p1", "w1", "d2", "n1", "x1", "t1"]
-    # a setting that changes the windows redoes every file ...
-    res = retrieve(spec, files, out, progress=False, window=3)
+    # other settings make another retrieval: refused in this folder without overwrite (issue 20) ...
+    with pytest.raises(OutputExists, match=r"written from other inputs: settings.window: 7 → 3"):
+        retrieve(spec, files, out, progress=False, window=3)
+    # ... and with it, a setting that changes the windows redoes every file ...
+    res = retrieve(spec, files, out, progress=False, window=3, overwrite=True)
     assert {f["status"] for f in res.files} == {"read"} and {f["reason"] for f in res.files} == {"changed: window"}
     # ... one applied at the merge reuses them all
-    res = retrieve(spec, files, out, progress=False, window=3, require_attribute_in_window=True)
+    res = retrieve(spec, files, out, progress=False, window=3, require_attribute_in_window=True, overwrite=True)
     assert {f["status"] for f in res.files} == {"reused"}
     assert "w1" not in _ids(out / "candidates_zorbness.csv")
     # a damaged part is redone; --fresh redoes everything

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rbjax.core.reuse import OutputExists
 from tests.conftest import small_train_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -112,10 +113,11 @@ def test_evaluate_recomputes_after_a_shard_change(sharded, tmp_path, capsys):
     assert evaluate("lmp", sharded, out, lmp_file=lines, progress=False)["reused"] is True
     for name in SHARDS:  # either shard
         change_shard(sharded, name)
+        with pytest.raises(OutputExists, match=r"lmp result of other inputs \(inputs differ: model: "):
+            evaluate("lmp", sharded, out, lmp_file=lines, progress=False)  # never relabelled as the old result
         capsys.readouterr()
-        r2 = evaluate("lmp", sharded, out, lmp_file=lines, progress=False)
+        r2 = evaluate("lmp", sharded, out, lmp_file=lines, progress=False, overwrite=True)
         assert r2["reused"] is False and r2["key"]["model"] != r1["key"]["model"]
-        assert "model:" in capsys.readouterr().err
         r1 = r2
 
 
@@ -167,8 +169,9 @@ def test_measure_resume_rescores_after_a_shard_change(sharded, redditbias_dir, t
               plot=False, progress=False)
     (a,) = measure_bias(sharded, **kw)
     change_shard(sharded, SHARDS[1], delta=1.0)
+    with pytest.raises(OutputExists, match="model"):
+        measure_bias(sharded, resume=True, **kw)  # the old scores are never resumed as this model's
     capsys.readouterr()
-    (b,) = measure_bias(sharded, resume=True, **kw)
-    err = capsys.readouterr().err
-    assert "was produced by other inputs" in err and "reusing" not in err
+    (b,) = measure_bias(sharded, resume=True, overwrite=True, **kw)
+    assert "reusing" not in capsys.readouterr().err
     assert b["t_value"] != a["t_value"]

@@ -174,7 +174,7 @@ def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_fact
            "families", "train", "grid", "score", "resume", "generate", "memory"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, f"sharding_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
-    return {r["check"]: r for r in (json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{"))}
+    return {r.pop("check"): r for r in (json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{"))}
 
 
 def _assert_trained_close(r, lr):

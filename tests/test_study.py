@@ -29,9 +29,12 @@ def _stages(out):
 
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory, shared_dir):
-    """experiments/tiny.toml as it is (2 seeds, 4 methods, every dialog check), with local data paths."""
+    """experiments/tiny.toml as it is (2 seeds, 4 methods, every dialog check), with local data paths — and the
+    padded token layout: one compiled training program per method instead of up to four packed shapes, which
+    halves the fixture's time (packed = padded is tests/test_packed.py's subject, not this orchestration test's)."""
     out = tmp_path_factory.mktemp("study") / "tiny"
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir)]) == 0
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir),
+                 "--set", "training.layout=padded", "--set", "dialog.dst.layout=padded"]) == 0
     return out
 
 

@@ -60,8 +60,9 @@ def register(subparsers) -> None:
                    help="read every file again instead of reusing the per-file parts of an earlier run with the "
                         "same inputs")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace candidate CSVs or summary.json in --out that are not this retrieval's own output of "
-                        "the same dumps and settings (without it they are refused before any file is read)")
+                   help="replace candidate CSVs or summary.json in --out that are not this retrieval's own unchanged "
+                        "output of the same specification(s) and settings — a rerun over added or changed dumps "
+                        "updates them in place (without it they are refused before any file is read)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 

@@ -969,8 +969,9 @@ def retrieve(
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
             after its part is written.
         log: where notes go (the jobs bound); default: stderr.
-        overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own output of the
-            same inputs (dumps, specs, settings); without it they are refused before any file is read
+        overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own unchanged output of
+            the same specification(s) and settings (a rerun over added or changed dumps updates them in place);
+            without it they are refused before any file is read
             (:func:`rbjax.core.reuse.claim_outputs`).
 
     Returns:
@@ -1019,10 +1020,12 @@ def retrieve(
     for p in files:
         size, mtime = _stat(str(p))
         tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
+    # The folder is this query's resumable retrieval: a rerun with the same specification(s) and settings updates it
+    # in place over added or changed dumps (each changed file is read again, below). Without --overwrite it refuses
+    # anything else: other settings or specifications, or a file edited since rbjax wrote it.
     run_key = {"command": "retrieve", "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
                "settings": {k: v for k, v in settings.record().items() if k not in ("retrieval_version",
-                                                                                    "code_sha256")},
-               "files": [[t.path, t.size, t.mtime_ns] for t in tasks]}
+                                                                                    "code_sha256")}}
     targets = [*layout.csvs.values(), layout.summary]
     claim_outputs(targets, run_key, overwrite=overwrite)
     entries: list[dict | None] = [None] * len(tasks)

@@ -32,9 +32,13 @@ from rbjax.model.layers import (
     RMSNorm,
     apply_rope,
     attention_inputs,
+    causal_lm_outputs,
+    decoder_layers,
     dot_product_attention,
+    embedding_head,
     init_kv_cache,
     normal_init_params,
+    output_matrix,
     rope_cos_sin,
     rope_inv_freq,
     write_cache,
@@ -227,13 +231,6 @@ class _Layer(nn.Module):
         return x + RMSNorm(eps, 1.0, name="post_feedforward_layernorm")(h), kv
 
 
-def softcap(logits, cap: float | None):
-    """``cap · tanh(logits / cap)`` in float32 (identity for ``None``)."""
-    if cap is None:
-        return logits
-    return jnp.tanh(logits / jnp.float32(cap)) * jnp.float32(cap)
-
-
 class Gemma2ForCausalLM(nn.Module):
     """Gemma 2 causal LM with the call signature and outputs of :class:`rbjax.model.gpt2.GPT2LMHeadModel`
     (see :class:`rbjax.model.llama.LlamaForCausalLM`). The returned logits are soft-capped
@@ -256,35 +253,22 @@ class Gemma2ForCausalLM(nn.Module):
                          name="embed_tokens")
         normalizer = jnp.asarray(c.hidden_size ** 0.5, self.dtype).astype(jnp.float32)
         x = embed(input_ids).astype(jnp.float32) * normalizer
-        new_k, new_v = [], []
-        for i in range(c.num_hidden_layers):
-            kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Layer(c, i, self.dtype, name=f"layers_{i}")(x, ai, cos, sin, deterministic, kv)
-            if cache is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
+        x, new_kv = decoder_layers(lambda i: _Layer(c, i, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
+                                   cos, sin, deterministic, cache)
         hidden = RMSNorm(c.rms_norm_eps, 1.0, name="norm")(x)
-        if c.tie_word_embeddings:
-            head = embed.embedding
-        else:
-            head = self.param("lm_head", lambda k: {"embedding": nn.initializers.normal(c.initializer_range)(
-                k, (c.vocab_size, c.hidden_size))})["embedding"]
-        logits = None
-        if return_logits:
-            logits = softcap(jnp.dot(hidden.astype(self.dtype), head.astype(self.dtype).T,
-                                     preferred_element_type=jnp.float32), c.final_logit_softcapping)
-        if cache is None:
-            return logits, hidden
-        return logits, hidden, KVCache(tuple(new_k), tuple(new_v), ai.cache_mask, ai.cache_positions,
-                                       ai.index + L)
+        head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "lm_head", c.vocab_size, c.hidden_size,
+                             c.initializer_range)
+        return causal_lm_outputs(hidden, head, self.dtype, return_logits, cache, new_kv, ai, L,
+                                 c.final_logit_softcapping)
 
 
 def lm_head(params: dict) -> Any:
     """(V, d) output embedding: the tied ``embed_tokens`` (or an untied ``lm_head``)."""
-    return params["lm_head"]["embedding"] if "lm_head" in params else params["embed_tokens"]["embedding"]
+    return embedding_head(params, "lm_head", "embed_tokens")
 
 
 def init_cache(config: Gemma2Config, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
+    """An empty KV cache: per layer (B, S, num_key_value_heads, head_dim)."""
     return init_kv_cache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, batch_size,
                          max_length, dtype)
 
@@ -328,6 +312,3 @@ def params_from_hf(state: dict, config: Gemma2Config, source: str) -> dict:
 def params_to_hf(params: dict, config: Gemma2Config) -> dict:
     return keymap.to_hf(params, _entries(config))
 
-
-def special_tokens(config: Gemma2Config) -> dict:
-    return {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}

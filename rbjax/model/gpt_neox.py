@@ -33,9 +33,13 @@ from rbjax.model.layers import (
     Linear,
     apply_rope,
     attention_inputs,
+    causal_lm_outputs,
+    decoder_layers,
     dot_product_attention,
+    embedding_head,
     init_kv_cache,
     normal_init_params,
+    output_matrix,
     rope_cos_sin,
     rope_inv_freq,
     write_cache,
@@ -214,31 +218,17 @@ class GPTNeoXForCausalLM(nn.Module):
         embed = nn.Embed(c.vocab_size, c.hidden_size, embedding_init=nn.initializers.normal(c.initializer_range),
                          name="embed_in")
         x = nn.Dropout(c.hidden_dropout)(embed(input_ids).astype(jnp.float32), deterministic=deterministic)
-        new_k, new_v = [], []
-        for i in range(c.num_hidden_layers):
-            kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Layer(c, self.dtype, name=f"layers_{i}")(x, ai, cos, sin, deterministic, kv)
-            if cache is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
+        x, new_kv = decoder_layers(lambda i: _Layer(c, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
+                                   cos, sin, deterministic, cache)
         hidden = nn.LayerNorm(c.layer_norm_eps, name="final_layer_norm")(x)
-        if c.tie_word_embeddings:
-            head = embed.embedding
-        else:
-            head = self.param("embed_out", lambda k: {"embedding": nn.initializers.normal(c.initializer_range)(
-                k, (c.vocab_size, c.hidden_size))})["embedding"]
-        logits = None
-        if return_logits:
-            logits = jnp.dot(hidden.astype(self.dtype), head.astype(self.dtype).T, preferred_element_type=jnp.float32)
-        if cache is None:
-            return logits, hidden
-        return logits, hidden, KVCache(tuple(new_k), tuple(new_v), ai.cache_mask, ai.cache_positions,
-                                       ai.index + L)
+        head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "embed_out", c.vocab_size, c.hidden_size,
+                             c.initializer_range)
+        return causal_lm_outputs(hidden, head, self.dtype, return_logits, cache, new_kv, ai, L)
 
 
 def lm_head(params: dict) -> Any:
     """(V, d) output matrix: ``embed_out`` (Pythia), or ``embed_in`` when tied."""
-    return params["embed_out"]["embedding"] if "embed_out" in params else params["embed_in"]["embedding"]
+    return embedding_head(params, "embed_out", "embed_in")
 
 
 def init_cache(config: GPTNeoXConfig, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
@@ -289,6 +279,3 @@ def params_to_hf(params: dict, config: GPTNeoXConfig) -> dict:
     """Flat HF state dict (Pythia's key names, ``embed_out.weight``), float32 numpy."""
     return keymap.to_hf(params, _entries(config))
 
-
-def special_tokens(config: GPTNeoXConfig) -> dict:
-    return {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}

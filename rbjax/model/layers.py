@@ -249,9 +249,7 @@ def dot_product_attention(q, k, v, ai: AttentionInputs, *, scale: float, dtype, 
     G = H // KV
     qg = q.reshape(B, L, KV, G, D)
     s = jnp.einsum("blkgd,bskd->bkgls", qg.astype(dtype), k.astype(dtype), preferred_element_type=jnp.float32)
-    s = s * jnp.float32(scale)
-    if softcap is not None:
-        s = jnp.tanh(s / jnp.float32(softcap)) * jnp.float32(softcap)
+    s = soft_cap(s * jnp.float32(scale), softcap)
     allowed = ai.allowed[:, :, None]  # (B|1, 1, 1, L, S)
     if window is not None:
         near = (ai.q_pos[:, :, None] - ai.k_pos[:, None, :]) < window  # (B, L, S)
@@ -262,6 +260,72 @@ def dot_product_attention(q, k, v, ai: AttentionInputs, *, scale: float, dtype, 
         p = dropout(p)
     out = jnp.einsum("bkgls,bskd->blkgd", p.astype(dtype), v.astype(dtype), preferred_element_type=jnp.float32)
     return out.reshape(B, L, H * D)
+
+
+def soft_cap(x, cap: float | None):
+    """``cap · tanh(x / cap)`` in float32, the identity for ``None`` (Gemma 2's attention and final-logit
+    soft-capping; the chunked NLL applies the same map)."""
+    return x if cap is None else jnp.tanh(x / jnp.float32(cap)) * jnp.float32(cap)
+
+
+def decoder_layers(make_layer, num_layers: int, x, ai: AttentionInputs, cos, sin, deterministic: bool,
+                   cache: KVCache | None):
+    """Run ``make_layer(i)(x, ai, cos, sin, deterministic, kv)`` for ``i < num_layers`` in order (the rotary
+    families' decoder stack), giving layer ``i`` its slice of ``cache``.
+
+    Returns ``(x, (keys, values))``: the last layer's output and each layer's updated cache (empty without a cache).
+    """
+    keys, values = [], []
+    for i in range(num_layers):
+        kv = None if cache is None else (cache.keys[i], cache.values[i])
+        x, kv = make_layer(i)(x, ai, cos, sin, deterministic, kv)
+        if cache is not None:
+            keys.append(kv[0])
+            values.append(kv[1])
+    return x, (keys, values)
+
+
+def output_matrix(module: nn.Module, embedding, tied: bool, name: str, vocab_size: int, width: int,
+                  init_std: float):
+    """The (V, d) output matrix: the input ``embedding`` when ``tied``, otherwise ``module``'s own parameter
+    ``{name: {"embedding": (V, d)}}`` initialised N(0, ``init_std``)."""
+    if tied:
+        return embedding
+    init = nn.initializers.normal(init_std)
+    return module.param(name, lambda k: {"embedding": init(k, (vocab_size, width))})["embedding"]
+
+
+def causal_lm_outputs(hidden, head, dtype, return_logits: bool, cache: KVCache | None, new_kv, ai: AttentionInputs,
+                      L: int, logit_cap: float | None = None):
+    """What a rotary family's ``__call__`` returns: ``(logits | None, hidden)``, or with a ``cache``
+    ``(logits | None, hidden, KVCache)`` advanced by ``L`` slots.
+
+    Args:
+        hidden: (B, L, d) float32, after the final norm. head: (V, d) output matrix. dtype: matmul input dtype
+            (float32 accumulation). new_kv: ``(keys, values)`` from :func:`decoder_layers`.
+        logit_cap: final-logit soft-capping (Gemma 2), applied to the returned logits.
+    Returns:
+        logits (B, L, V) float32 when ``return_logits``.
+    """
+    logits = None
+    if return_logits:
+        logits = soft_cap(jnp.dot(hidden.astype(dtype), head.astype(dtype).T, preferred_element_type=jnp.float32),
+                          logit_cap)
+    if cache is None:
+        return logits, hidden
+    return logits, hidden, KVCache(tuple(new_kv[0]), tuple(new_kv[1]), ai.cache_mask, ai.cache_positions, ai.index + L)
+
+
+def embedding_head(params: dict, untied: str, tied: str):
+    """(V, d) output matrix of a parameter tree: ``params[untied]`` when present, else the tied input embedding
+    ``params[tied]``."""
+    return params[untied]["embedding"] if untied in params else params[tied]["embedding"]
+
+
+def config_special_tokens(config) -> dict:
+    """``{"bos", "eos", "pad"}`` token ids from a family config's ``bos/eos/pad_token_id`` (``None`` where unset;
+    eos may be a list, as in Llama 3)."""
+    return {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}
 
 
 def normal_init_params(module: nn.Module, seed: int) -> dict:

@@ -43,9 +43,13 @@ from rbjax.model.layers import (
     RMSNorm,
     apply_rope,
     attention_inputs,
+    causal_lm_outputs,
+    decoder_layers,
     dot_product_attention,
+    embedding_head,
     init_kv_cache,
     normal_init_params,
+    output_matrix,
     rope_cos_sin,
     rope_inv_freq,
     write_cache,
@@ -312,31 +316,17 @@ class LlamaForCausalLM(nn.Module):
         embed = nn.Embed(c.vocab_size, c.hidden_size, embedding_init=nn.initializers.normal(c.initializer_range),
                          name="embed_tokens")
         x = embed(input_ids).astype(jnp.float32)
-        new_k, new_v = [], []
-        for i in range(c.num_hidden_layers):
-            kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Layer(c, i, self.dtype, name=f"layers_{i}")(x, ai, cos, sin, deterministic, kv)
-            if cache is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
+        x, new_kv = decoder_layers(lambda i: _Layer(c, i, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
+                                   cos, sin, deterministic, cache)
         hidden = RMSNorm(c.rms_norm_eps, name="norm")(x)
-        if c.tie_word_embeddings:
-            head = embed.embedding
-        else:
-            head = self.param("lm_head", lambda k: {"embedding": nn.initializers.normal(c.initializer_range)(
-                k, (c.vocab_size, c.hidden_size))})["embedding"]
-        logits = None
-        if return_logits:
-            logits = jnp.dot(hidden.astype(self.dtype), head.astype(self.dtype).T, preferred_element_type=jnp.float32)
-        if cache is None:
-            return logits, hidden
-        return logits, hidden, KVCache(tuple(new_k), tuple(new_v), ai.cache_mask, ai.cache_positions,
-                                       ai.index + L)
+        head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "lm_head", c.vocab_size, c.hidden_size,
+                             c.initializer_range)
+        return causal_lm_outputs(hidden, head, self.dtype, return_logits, cache, new_kv, ai, L)
 
 
 def lm_head(params: dict) -> Any:
     """(V, d) output embedding: the untied ``lm_head`` or the tied ``embed_tokens``."""
-    return params["lm_head"]["embedding"] if "lm_head" in params else params["embed_tokens"]["embedding"]
+    return embedding_head(params, "lm_head", "embed_tokens")
 
 
 def init_cache(config: LlamaConfig, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
@@ -387,6 +377,3 @@ def params_to_hf(params: dict, config: LlamaConfig) -> dict:
     """Flat HF state dict (float32 numpy) that ``transformers.AutoModelForCausalLM`` loads."""
     return keymap.to_hf(params, _entries(config))
 
-
-def special_tokens(config: LlamaConfig) -> dict:
-    return {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}

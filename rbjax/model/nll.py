@@ -22,6 +22,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from rbjax.model.layers import soft_cap
+
 __all__ = ["HEAD_CHUNK", "chunked_logsumexp", "nll_from_hidden", "next_token_nll", "mean_next_token_nll"]
 
 #: at most this many vocabulary columns per step of the streamed log-sum-exp
@@ -41,10 +43,6 @@ def _dot_t(a, b, dt):
                                preferred_element_type=jnp.float32)
 
 
-def _cap(lg, cap):
-    return lg if cap is None else jnp.tanh(lg / jnp.float32(cap)) * jnp.float32(cap)
-
-
 def _lse_forward(h, emb, chunk, cdt, cap):
     V = emb.shape[0]
     n, c = _chunks(V, chunk)
@@ -54,7 +52,7 @@ def _lse_forward(h, emb, chunk, cdt, cap):
     def body(carry, i):
         m, s = carry
         start = jnp.minimum(i * c, V - c)  # the last chunk is shifted left; its repeated columns are masked
-        lg = _cap(_dot_t(hc, jax.lax.dynamic_slice_in_dim(emb, start, c, 0), cdt), cap)
+        lg = soft_cap(_dot_t(hc, jax.lax.dynamic_slice_in_dim(emb, start, c, 0), cdt), cap)
         if overlap:
             lg = jnp.where((start + jnp.arange(c)) >= i * c, lg, -jnp.inf)
         mn = jnp.maximum(m, lg.max(-1))
@@ -91,7 +89,7 @@ def _lse_bwd(chunk, cdt, cap, res, g):
     def body(dh, i):
         start = jnp.minimum(i * c, V - c)
         e = jax.lax.dynamic_slice_in_dim(emb, start, c, 0)
-        z = _cap(_dot_t(hf, e, cdt), cap)
+        z = soft_cap(_dot_t(hf, e, cdt), cap)
         p = jnp.exp(z - lf[:, None]) * gf[:, None]  # g · softmax, this chunk's columns
         if cap is not None:  # d(cap·tanh(x/cap))/dx = 1 − tanh² = 1 − (z/cap)²
             p = p * (1.0 - jnp.square(z / jnp.float32(cap)))
@@ -145,7 +143,7 @@ def nll_from_hidden(h, emb, targets, *, chunk: int = HEAD_CHUNK, compute_dtype=N
     e = emb[targets]  # (..., [K,] d)
     hh = h[..., None, :] if multi else h
     tgt = jnp.sum(hh.astype(cdt).astype(jnp.float32) * e.astype(cdt).astype(jnp.float32), axis=-1)
-    tgt = _cap(tgt, None if softcap is None else float(softcap))
+    tgt = soft_cap(tgt, None if softcap is None else float(softcap))
     return (lse[..., None] if multi else lse) - tgt
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from rbjax.model import gemma2, gpt2, gpt2_keys, gpt_neox, llama
 from rbjax.model import hf_config as hc
+from rbjax.model.layers import config_special_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,20 +91,20 @@ LLAMA = Family(
     name="llama", model_types=llama.MODEL_TYPES, config_from_hf=llama.LlamaConfig.from_hf,
     config_to_hf=lambda c: c.to_hf(), module=llama.LlamaForCausalLM, params_from_hf=llama.params_from_hf,
     params_to_hf=llama.params_to_hf, lm_head=llama.lm_head, logit_softcap=lambda c: None,
-    init_cache=llama.init_cache, init_params=llama.init_params, special_tokens=llama.special_tokens)
+    init_cache=llama.init_cache, init_params=llama.init_params, special_tokens=config_special_tokens)
 
 GPT_NEOX = Family(
     name="gpt_neox", model_types=("gpt_neox",), config_from_hf=gpt_neox.GPTNeoXConfig.from_hf,
     config_to_hf=lambda c: c.to_hf(), module=gpt_neox.GPTNeoXForCausalLM, params_from_hf=gpt_neox.params_from_hf,
     params_to_hf=gpt_neox.params_to_hf, lm_head=gpt_neox.lm_head, logit_softcap=lambda c: None,
-    init_cache=gpt_neox.init_cache, init_params=gpt_neox.init_params, special_tokens=gpt_neox.special_tokens)
+    init_cache=gpt_neox.init_cache, init_params=gpt_neox.init_params, special_tokens=config_special_tokens)
 
 GEMMA2 = Family(
     name="gemma2", model_types=("gemma2",), config_from_hf=gemma2.Gemma2Config.from_hf,
     config_to_hf=lambda c: c.to_hf(), module=gemma2.Gemma2ForCausalLM, params_from_hf=gemma2.params_from_hf,
     params_to_hf=gemma2.params_to_hf, lm_head=gemma2.lm_head,
     logit_softcap=lambda c: c.final_logit_softcapping, init_cache=gemma2.init_cache,
-    init_params=gemma2.init_params, special_tokens=gemma2.special_tokens)
+    init_params=gemma2.init_params, special_tokens=config_special_tokens)
 
 #: the registry: family name -> Family
 FAMILIES: dict[str, Family] = {f.name: f for f in (GPT2, LLAMA, GPT_NEOX, GEMMA2)}
