@@ -29,11 +29,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-# The suite's models are tiny, so its time is XLA's compile time, not run time: LLVM's optimisation level 0 halves the
-# compile time of a training step on CPU. It changes the machine code's speed, not what is computed (the HLO programs
-# and their float semantics are the same; the parity tests hold to the same tolerances). Benchmarks do not use it.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))

@@ -9,6 +9,7 @@ import dataclasses
 import typing
 from pathlib import Path
 
+from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import TrainConfig, option_name
 from rbjax.debias.train import check_own_bias_type_data, train
@@ -159,6 +160,8 @@ def format_results(res: dict) -> str:
 def run(args) -> int:
     cfg = config_from_args(args)
     check_own_bias_type_data(cfg)  # before the memory plan reads the model's config: the phrases are what is missing
+    if not args.dry_run:
+        check_output_dir(cfg.out_dir, "--out")  # a bad --out is named before the model is read
     if check_plan(args, cfg):
         return 0
     res = train(cfg, overwrite=args.overwrite)
