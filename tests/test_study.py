@@ -23,6 +23,10 @@ def _offline(shared_dir):
             "--set", f"dialog.dst.multiwoz={shared_dir / 'dialog-data' / 'multiwoz'}"]
 
 
+# the tiny study's token layout: one compiled training program per method instead of up to four packed shapes
+PADDED = ["--set", "training.layout=padded", "--set", "dialog.dst.layout=padded"]
+
+
 def _stages(out):
     return json.loads((Path(out) / "stages.json").read_text())["stages"]
 
@@ -33,8 +37,7 @@ def tiny_study(tmp_path_factory, shared_dir):
     padded token layout: one compiled training program per method instead of up to four packed shapes, which
     halves the fixture's time (packed = padded is tests/test_packed.py's subject, not this orchestration test's)."""
     out = tmp_path_factory.mktemp("study") / "tiny"
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir),
-                 "--set", "training.layout=padded", "--set", "dialog.dst.layout=padded"]) == 0
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED]) == 0
     return out
 
 
@@ -100,9 +103,9 @@ def test_rerun_skips_and_a_changed_setting_reruns_only_its_stages(tiny_study, sh
     shutil.copytree(tiny_study, out)
     before = _stages(out)
     capsys.readouterr()
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir)]) == 0
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED]) == 0
     assert f"0 stage(s) ran, {len(before)} unchanged" in capsys.readouterr().out
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir),
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED,
                  "--set", "dialog.lmp.lmp_max_lines=32"]) == 0
     text = capsys.readouterr()
     ran = set(re.findall(r"\[\d+/\d+\] (\S+) \.\.\.", text.err))
