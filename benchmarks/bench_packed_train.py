@@ -250,7 +250,7 @@ def main() -> int:
 
     import subprocess
 
-    from rbjax.report.io import versions
+    from rbjax.core.io import versions
 
     out: dict = {}
     loads = []
