@@ -1,6 +1,6 @@
 """Dialog fine-tuning benchmark (issue 8): DST training examples/s against the plain LM step, DialoGPT-small shape.
 
-What is timed: one update of the shared trainer (:class:`rbjax.debias.loop.Trainer`: forward, loss, backward, clip
+What is timed: one update of the shared trainer (:class:`rbjax.train.loop.Trainer`: forward, loss, backward, clip
 1.0, Adam 5e-5, dropout 0.1), in one process, on one set of random weights (GPT-2 117M: 12 layers, width 768,
 vocabulary 50257, rbjax's initialiser), for
 
@@ -12,7 +12,7 @@ vocabulary 50257, rbjax's initialiser), for
 
 Accumulation is 1 (the reference's DST run accumulates 4 micro-batches per update; examples/s is per micro-batch
 work either way). Each variant is the trainer's own data plan, spec and compiled update
-(:func:`rbjax.debias.step.train_step`); a timed update includes building the host batch and the device sync, as in
+(:func:`rbjax.train.step.train_step`); a timed update includes building the host batch and the device sync, as in
 real training. The first update (compilation) is reported apart; then the variants are timed in interleaved rounds
 (every variant once per round), so that load changes on a shared machine affect them alike, and the median is
 reported.
@@ -59,11 +59,12 @@ class Variant:
     def __init__(self, name: str, config, params, arrays: dict, batch: int, rounds: int, pad_id: int, tokenizer):
         import numpy as np
 
-        from rbjax.debias.config import TrainConfig
-        from rbjax.debias.data import ArrayData
-        from rbjax.debias.loop import Trainer
-        from rbjax.dialog.dst import init_head
+        from rbjax.debias.objective import DebiasObjective
+        from rbjax.dialog.dst import DSTObjective, init_head
         from rbjax.dialog.evaluate import _trim_columns
+        from rbjax.train.batching import ArrayData
+        from rbjax.train.config import TrainerConfig
+        from rbjax.train.loop import Trainer
 
         self.name = name
         self.method = "lm" if name == "lm" else "dst"
@@ -73,11 +74,11 @@ class Variant:
         if self.method == "lm":
             a.pop("labels")
         start = {"gpt2": params, "head": init_head(config, 0)} if self.method == "dst" else params
-        cfg = TrainConfig(method=self.method, model="random", out_dir="/nonexistent", batch_size=batch, grad_accum=1,
-                          epochs=1, max_steps=rounds + 1, block_size=128, export=False, evaluate=False, lmp=False,
-                          progress=False)
-        self.trainer = Trainer(cfg, model_config=config, params=start, model_key=name, tokenizer=tokenizer,
-                               data=ArrayData(a, pad_id=pad_id, info={"bench": name}))
+        cfg = TrainerConfig(model="random", out_dir="/nonexistent", batch_size=batch, grad_accum=1, epochs=1,
+                            max_steps=rounds + 1, block_size=128, progress=False)
+        objective = DebiasObjective("lm") if self.method == "lm" else DSTObjective()
+        self.trainer = Trainer(cfg, objective, model_config=config, params=start, model_key=name,
+                               tokenizer=tokenizer, data=ArrayData(a, pad_id=pad_id, info={"bench": name}))
         self.state = self.trainer.initial_state()
         self.u = 0
         self.batch, self.width = batch, int(a["input_ids"].shape[1])
@@ -89,7 +90,7 @@ class Variant:
         """One update (host batch built, stepped, synced); seconds."""
         import jax
 
-        from rbjax.debias.step import train_step_jit
+        from rbjax.train.step import train_step_jit
 
         t0 = time.perf_counter()
         host = self.trainer.plan.update_batch(self.u % self.trainer.t_total)

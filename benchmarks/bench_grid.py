@@ -13,7 +13,7 @@ plus tokens/s per device.
      accelerator).
 
    Random weights (``rbjax.model.gpt2.init_params``), the GPT-2 tokenizer of ``../shared/tokenizers/gpt2``. Both ways
-   use the trainer users run (:class:`rbjax.debias.loop.Trainer`, no checkpoints): *vmapped* trains the chunk's
+   use the trainer users run (:class:`rbjax.debias.loop.DebiasTrainer`, no checkpoints): *vmapped* trains the chunk's
    points as one program over a stacked state; *one at a time* trains each point alone with the unvmapped step
    (the same batch plan, so the same data). Each run does ``--updates`` updates; the first (compile, warm-up) is
    dropped and the median of the others is the update time. Vmapped and one-at-a-time runs alternate
@@ -102,8 +102,9 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
     """Vmapped chunk vs one point at a time (see the module docstring)."""
     import jax
 
-    from rbjax.debias.data import BatchPlan, TrainingData
-    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.debias.data import TrainingData
+    from rbjax.train.batching import BatchPlan
+    from rbjax.debias.loop import DebiasTrainer, RunHparams
     from rbjax.model.gpt2 import init_params
     from rbjax.model.tokenizer import load_tokenizer
 
@@ -116,8 +117,8 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
                      cfg.max_steps)
     pts = [RunHparams(lm, d, cfg.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
     common = dict(model_config=config, params=params, model_key=f"bench-{name}", tokenizer=tok, data=data, plan=plan)
-    grid = Trainer(cfg, points=pts, **common)
-    singles = [Trainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d), **common) for p in pts]
+    grid = DebiasTrainer(cfg, points=pts, **common)
+    singles = [DebiasTrainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d), **common) for p in pts]
     n_dev = len(jax.devices())
     rounds = {"vmapped": [], "one_at_a_time": []}
     first = {"vmapped": [], "one_at_a_time": []}
@@ -164,7 +165,7 @@ def sweep_compiles() -> dict:
     """The paper's 54-point grid on a small GPT-2: programs compiled, their compile time, the sweep's wall time."""
     import jax
 
-    from rbjax.debias.step import compiled_programs
+    from rbjax.train.step import compiled_programs
     from rbjax.debias.sweep import PAPER_GRID, batch_plans, grid_points, run_sweep
     from rbjax.model.gpt2 import GPT2Config, init_params
     from rbjax.model.hf import save_pretrained

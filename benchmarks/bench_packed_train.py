@@ -3,9 +3,9 @@
 Same phrases, same micro-batches, DialoGPT-small shape (random GPT-2 117M: 12 layers, width 768, vocabulary 50257,
 rbjax's initialiser, copied into PyTorch), dropout 0.1 on, Adam 5e-5, clip 1.0, accumulation 1:
 
-* ``lm-packed`` — rbjax's update as ``rbjax debias`` feeds it now: :class:`rbjax.debias.data.BatchPlan` in the
+* ``lm-packed`` — rbjax's update as ``rbjax debias`` feeds it now: :class:`rbjax.train.batching.BatchPlan` in the
   packed layout (religion1 training phrases, GPT-2 tokenizer, batch 8, seed 42, the plan's few static packed
-  shapes; :func:`rbjax.debias.step.train_step`), LM loss;
+  shapes; :func:`rbjax.train.step.train_step`), LM loss;
 * ``lm-padded`` — the same updates in the padded layout (8 × 36, the trainer before packing);
 * ``lm-torch`` — a PyTorch step (``transformers.GPT2LMHeadModel``, the same weights) on the same micro-batches,
   each padded to its longest phrase (the reference Trainer's collator), LM loss;
@@ -60,19 +60,18 @@ def lm_data(tok, config):
 
 def dst_data(tok, n: int):
     from benchmarks.bench_dialog import dst_arrays
-    from rbjax.debias.config import TrainConfig
-    from rbjax.debias.data import ArrayData
     from rbjax.dialog.evaluate import _trim_columns
+    from rbjax.train.batching import ArrayData
+    from rbjax.train.config import TrainerConfig
 
     a = dst_arrays(n, tok)
     a = _trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
-    cfg = TrainConfig(method="dst", model="random", batch_size=DST_BATCH, block_size=128, export=False,
-                      evaluate=False, lmp=False, progress=False)
+    cfg = TrainerConfig(model="random", batch_size=DST_BATCH, block_size=128, progress=False)
     return cfg, ArrayData(a, pad_id=tok.eos_id, info={"bench": "dst"})
 
 
 def plans(cfg, data, steps):
-    from rbjax.debias.data import BatchPlan
+    from rbjax.train.batching import BatchPlan
 
     out = {}
     for layout in ("packed", "padded"):
@@ -83,13 +82,13 @@ def plans(cfg, data, steps):
 
 # ------------------------------------------------------------------------------------------------------ rbjax
 class RbjaxVariant:
-    def __init__(self, name, cfg, plan, config, params, shared):
+    def __init__(self, name, objective, plan, config, params, shared):
         import jax
 
-        from rbjax.debias.step import StepSpec, init_state
+        from rbjax.train.step import StepSpec, init_state
 
         self.name, self.plan, self.shared = name, plan, shared
-        self.spec = StepSpec(config=config, method=cfg.method, dropout=True)
+        self.spec = StepSpec(config=config, objective=objective, dropout=True)
         self.state = init_state(jax.tree.map(lambda x: x.copy(), params), self.spec, lambda_lm=1.0, lambda_d=0.0,
                                 lr=5e-5, t_total=10_000)
         self.times, self.tokens = [], []
@@ -97,7 +96,7 @@ class RbjaxVariant:
     def update(self, u: int) -> float:
         import jax
 
-        from rbjax.debias.step import train_step_jit
+        from rbjax.train.step import train_step_jit
 
         t0 = time.perf_counter()
         host = {**self.plan.update_batch(u), **self.shared}
@@ -110,8 +109,9 @@ class RbjaxVariant:
 def rbjax_worker(args) -> dict:
     import jax
 
-    from rbjax.debias.step import compiled_programs
-    from rbjax.dialog.dst import init_head
+    from rbjax.debias.objective import DebiasObjective
+    from rbjax.dialog.dst import DSTObjective, init_head
+    from rbjax.train.step import compiled_programs
     from rbjax.model.gpt2 import init_params
     from rbjax.model.tokenizer import load_tokenizer
 
@@ -122,12 +122,12 @@ def rbjax_worker(args) -> dict:
     for task in args.variants.split(","):
         if task == "lm":
             cfg, data = lm_data(tok, config)
-            start = params
+            start, objective = params, DebiasObjective(cfg.method, cfg.semantics)
         else:
             cfg, data = dst_data(tok, DST_BATCH * (args.steps + 2))
-            start = {"gpt2": params, "head": init_head(config, 0)}
+            start, objective = {"gpt2": params, "head": init_head(config, 0)}, DSTObjective()
         for layout, plan in plans(cfg, data, args.steps).items():
-            v = RbjaxVariant(f"{task}-{layout}", cfg, plan, config, start, data.shared)
+            v = RbjaxVariant(f"{task}-{layout}", objective, plan, config, start, data.shared)
             # compile every shape the plan uses (one update of each), reported apart
             t0, before = time.perf_counter(), compiled_programs()
             seen = set()

@@ -2,7 +2,7 @@
 
 One training update (forward, LM loss + debiasing loss, backward, clip 1.0, Adam 5e-5) for the plain LM loss and
 for each debiasing loss (LMD, ADD, HD; paper semantics; HD also in reference semantics, whose running sum is the
-costliest), in rbjax (:func:`rbjax.debias.step.train_step`, the trainer's update at accumulation 1) and in
+costliest), in rbjax (:func:`rbjax.train.step.train_step`, the trainer's update at accumulation 1) and in
 PyTorch (``transformers.GPT2LMHeadModel`` with the same weights, the same batch, the same trigger arrays, the loss
 written with torch ops, ``clip_grad_norm_`` and ``AdamW(weight_decay=0)``).
 
@@ -47,7 +47,7 @@ def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
     import numpy as np
 
     from rbjax.debias.cda import read_train_phrases
-    from rbjax.debias.data import tokenize_lines
+    from rbjax.train.batching import tokenize_lines
     from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
     from rbjax.specs import load_spec
 
@@ -71,7 +71,7 @@ def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
 
 # ------------------------------------------------------------------------------------------------------ rbjax
 class RbjaxStep:
-    """The trainer's update at accumulation 1: :func:`rbjax.debias.step.train_step` (gradient, clip, Adam)."""
+    """The trainer's update at accumulation 1: :func:`rbjax.train.step.train_step` (gradient, clip, Adam)."""
 
     def __init__(self, config, params, lambdas=(0.01, 10.0)):
         import jax
@@ -86,10 +86,11 @@ class RbjaxStep:
         import jax
         import numpy as np
 
-        from rbjax.debias.data import dropout_key
-        from rbjax.debias.step import StepSpec, init_state, train_step_jit
+        from rbjax.train.batching import dropout_key
+        from rbjax.debias.objective import DebiasObjective
+        from rbjax.train.step import StepSpec, init_state, train_step_jit
 
-        spec = StepSpec(config=self.config, method=method, semantics=semantics, dropout=True)
+        spec = StepSpec(config=self.config, objective=DebiasObjective(method, semantics), dropout=True)
         key = (method, semantics)
         if key not in self.states:  # one state per method (each donates its own buffers)
             self.states[key] = init_state(jax.tree.map(lambda x: x.copy(), self.params), spec,
@@ -108,9 +109,10 @@ class RbjaxStep:
 def rbjax_eval_losses(config, params, batch, shared, method, semantics, lambdas=(0.01, 10.0)):
     import numpy as np
 
-    from rbjax.debias.step import StepSpec, micro_batch_losses
+    from rbjax.debias.objective import DebiasObjective
+    from rbjax.train.step import StepSpec, micro_batch_losses
 
-    spec = StepSpec(config=config, method=method, semantics=semantics, dropout=False)
+    spec = StepSpec(config=config, objective=DebiasObjective(method, semantics), dropout=False)
     tot, (lm, deb) = micro_batch_losses(params, {**batch, **shared}, np.asarray(lambdas, np.float32), spec)
     return [float(lm), float(deb), float(tot)]
 

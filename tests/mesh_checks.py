@@ -17,7 +17,7 @@ Checks (each prints ``{"check": NAME, ...figures}`` on one line):
 * ``grid_chunk``: a chunk of 6 grid points (batch 4) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
   the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
-  devices; the training programs compiled (:func:`rbjax.debias.step.compiled_programs`), the batch plans, chunks
+  devices; the training programs compiled (:func:`rbjax.train.step.compiled_programs`), the batch plans, chunks
   and mesh shapes.
 """
 from __future__ import annotations
@@ -89,17 +89,17 @@ def check_data_parallel(args) -> dict:
     import jax
 
     from rbjax.core.mesh import grid_mesh
-    from rbjax.debias.loop import Trainer
+    from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
     devs = jax.devices()
-    t8 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
+    t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
     ids = t8.device_batch(0)["input_ids"]
     # on a 4-wide data axis the dropout keys (A, 4) must stay whole: their axis 1 holds key words, not rows
-    b4 = Trainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
+    b4 = DebiasTrainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
     r8, m8, specs = _run(t8)
-    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]))
+    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]))
     r1, m1, _ = _run(t1)
     return {"mesh": dict(t8.mesh.shape), "batch_spec": str(ids.sharding.spec),
             "batch_devices": len(ids.sharding.device_set), "batch_shard_shape": list(ids.addressable_shards[0].data.shape),
@@ -113,16 +113,16 @@ def check_grid_chunk(args) -> dict:
     import numpy as np
 
     from rbjax.core.mesh import grid_mesh
-    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.debias.loop import DebiasTrainer, RunHparams
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3)
     # six points of one batch plan; the learning rates differ too, so that the points end up far apart
     pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate(
         (lm, d) for lm in (0.001, 0.01) for d in (10.0, 50.0, 100.0))]
-    t8 = Trainer(cfg, points=pts)  # the default mesh: grid_mesh over all 8 devices
+    t8 = DebiasTrainer(cfg, points=pts)  # the default mesh: grid_mesh over all 8 devices
     r8, m8, specs = _run(t8)
-    t1 = Trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    t1 = DebiasTrainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
     r1, m1, _ = _run(t1)
     init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
     p8 = jax.tree.map(lambda x: np.asarray(x)[:len(pts)], jax.device_get(r8.state.params))
@@ -138,7 +138,7 @@ def check_sweep_compiles(args) -> dict:
 
     from rbjax.core.mesh import grid_mesh
     from rbjax.debias import sweep as sw
-    from rbjax.debias.step import compiled_programs
+    from rbjax.train.step import compiled_programs
 
     base = _cfg(args, method="lmd", max_steps=1, train_file=_train_file(Path(args.data_dir), Path(args.work), 32),
                 eval_batch_size=32)

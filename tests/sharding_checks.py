@@ -143,17 +143,17 @@ def check_train(args) -> dict:
     import jax
 
     from rbjax.core.mesh import grid_mesh, make_mesh
-    from rbjax.debias.loop import Trainer
+    from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
     cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
-    t8 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     st = t8.initial_state()
     mu_specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(st.opt_state) if x.ndim >= 2})
     ids = t8.device_batch(0)["input_ids"]
     del st
     r8, m8, specs = _run(t8)
-    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
     r1, m1, _ = _run(t1)
     return {"param_specs": specs, "adam_specs": mu_specs, "batch_spec": str(ids.sharding.spec),
             "updates": len(m8), **_compare(r8.params, r1.params, t1.init_params, m8, m1, lr)}
@@ -164,14 +164,14 @@ def check_grid(args) -> dict:
     import numpy as np
 
     from rbjax.core.mesh import grid_mesh, make_mesh
-    from rbjax.debias.loop import RunHparams, Trainer
+    from rbjax.debias.loop import DebiasTrainer, RunHparams
 
     lr = 5e-4
     cfg = _cfg(args, batch_size=4, grad_accum=1, max_steps=3)
     pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate((0.01, d) for d in (10.0, 50.0, 100.0, 20.0))]
-    t8 = Trainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
+    t8 = DebiasTrainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
     r8, m8, specs = _run(t8)
-    t1 = Trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    t1 = DebiasTrainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
     r1, m1, _ = _run(t1)
     init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
     p8 = jax.tree.map(np.asarray, jax.device_get(r8.state.params))
@@ -233,19 +233,19 @@ def check_resume(args) -> dict:
     import numpy as np
 
     from rbjax.core.mesh import grid_mesh, make_mesh
-    from rbjax.debias.checkpoint import Checkpointer
-    from rbjax.debias.loop import Trainer
+    from rbjax.train.checkpoint import Checkpointer
+    from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
     out_dir = Path(args.work) / "resume"
     # the settings and the 8-device mesh of check_train: its compiled programs serve here too
     cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, out_dir=str(out_dir), save_every=1)
-    t8 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     r8 = t8.run(stop_after=2)
     saved = jax.device_get(r8.state.params)
     specs8 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(r8.state.params)})
     del r8
-    t4 = Trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]))
+    t4 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]))
     ck = Checkpointer(out_dir / "checkpoints", 2)
     like = t4.initial_state()
     restored, meta = ck.restore(ck.latest_step(), like)
@@ -256,7 +256,7 @@ def check_resume(args) -> dict:
     specs4 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(restored.params)})
     del restored, like
     r4 = t4.run()
-    t1 = Trainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
     r1 = t1.run(checkpoints=False)
     return {"restored_max_abs": rmax, "resumed_from": r4.resumed_from, "updates": r4.updates_done,
             "specs8": specs8, "specs4": specs4, "restored_devices": restored_devices,
@@ -282,14 +282,14 @@ def check_memory(args) -> dict:
     import jax
 
     from rbjax.core.mesh import make_mesh
-    from rbjax.debias.loop import Trainer
+    from rbjax.debias.loop import DebiasTrainer
     from rbjax.model.memory import plan_memory
 
     cfg = _cfg(args, batch_size=8, grad_accum=1, max_steps=1)
     out = {}
     for label, sizes in (("data2_fsdp4", {"data": 2, "fsdp": 4}), ("fsdp4_tensor2", {"fsdp": 4, "tensor": 2})):
         mesh = make_mesh(sizes)
-        t = Trainer(cfg, mesh=mesh)
+        t = DebiasTrainer(cfg, mesh=mesh)
         st = t.initial_state()
         plan = plan_memory(t.config, mesh=mesh, training=True, batch_size=8, seq_len=cfg.block_size)
         dev = jax.devices()[0]

@@ -3,7 +3,8 @@ import pytest
 
 from rbjax.data.swap import reference_direction, swap_targets
 from rbjax.debias import cda
-from rbjax.debias.train import TrainConfig, load_training_texts
+from rbjax.debias.config import TrainConfig
+from rbjax.debias.data import load_training_texts
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, load_spec
 
 

@@ -120,12 +120,12 @@ def test_generate_llama_grouped_query_cache_greedy_equals_torch(tiny_llama):
 
 
 def test_reference_semantics_refused_for_another_tokenizer(tiny_llama, redditbias_dir, tmp_path):
-    from rbjax.debias.loop import Trainer
+    from rbjax.debias.loop import DebiasTrainer
 
     cfg = small_train_config(tiny_llama, tiny_llama, redditbias_dir, tmp_path / "r", semantics="reference")
     with pytest.raises(ValueError, match="reference reproduces the official code's GPT-2 token-id lists.*not "
                                          "GPT-2's BPE"):
-        Trainer(cfg)
+        DebiasTrainer(cfg)
 
 
 @pytest.mark.parametrize("kind,mark", [("bytelevel", "Ġ"), ("metaspace", "▁")])

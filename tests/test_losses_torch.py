@@ -191,7 +191,7 @@ def _torch_lm_loss(folder, ids, mask):
 
 
 def test_lm_loss_matches_pytorch_labels_on_a_right_padded_batch(torch_tiny_model_dir):
-    from rbjax.debias.train import lm_loss
+    from rbjax.train.lm import lm_loss
     from rbjax.model.gpt2 import GPT2LMHeadModel
     from rbjax.model.hf import load_pretrained
 
@@ -211,15 +211,16 @@ def test_lm_loss_matches_pytorch_labels_on_a_right_padded_batch(torch_tiny_model
 
 
 def test_training_micro_batch_lm_loss_matches_pytorch(torch_tiny_model_dir, tokenizer_dir, tmp_path):
-    from rbjax.debias.step import batch_losses
-    from rbjax.debias.train import TrainConfig, Trainer
+    from rbjax.train.step import batch_losses
+    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.loop import DebiasTrainer
 
     texts = ["jews are greedy", "christians are generous people who like to give",
              "the jewish community is rich", "ok then"]
     cfg = TrainConfig(method="lm", bias_type="religion1", model=str(torch_tiny_model_dir),
                       tokenizer=str(tokenizer_dir), out_dir=str(tmp_path / "run"), batch_size=6, block_size=12,
                       dropout=False, export=False, evaluate=False, lmp=False, progress=False)
-    tr = Trainer(cfg, texts=texts)
+    tr = DebiasTrainer(cfg, texts=texts)
     batch = tr.make_batch(np.arange(len(texts)))  # 4 rows of different lengths + 2 empty filler rows
     lengths = batch["attention_mask"].sum(1)
     assert len(set(lengths[:4].tolist())) == 4 and lengths[4:].sum() == 0 and lengths.max() <= 12

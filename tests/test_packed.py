@@ -7,17 +7,21 @@ import numpy as np
 import pytest
 
 from rbjax.debias.config import TrainConfig
-from rbjax.debias.data import (
+from rbjax.debias.data import TrainingData
+from rbjax.train.batching import (
     ArrayData,
     BatchPlan,
-    TrainingData,
     choose_packed_shapes,
     pack_index,
     pack_micro_batch,
     packed_need,
 )
-from rbjax.debias.loop import RunHparams, Trainer
-from rbjax.debias.step import StepSpec, batch_losses, compiled_programs
+from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.dialog.crg import CRGObjective
+from rbjax.dialog.dst import DSTObjective
+from rbjax.train.config import TrainerConfig
+from rbjax.train.loop import Trainer
+from rbjax.train.step import StepSpec, batch_losses, compiled_programs
 from rbjax.model.gpt2 import GPT2Config, init_params
 from tests.conftest import religion1_train_file
 
@@ -74,8 +78,8 @@ def _run(cfg, start, data, layout, points=None, max_shapes=1):
     cfg = cfg.replace(layout=layout)
     plan = BatchPlan(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
                      cfg.max_steps, layout=cfg.resolved_layout, max_shapes=max_shapes)  # 1: one compile per test
-    tr = Trainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok, data=data,
-                 plan=plan)
+    tr = DebiasTrainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok,
+                       data=data, plan=plan)
     metrics = []
     res = tr.run(checkpoints=False, callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
     return tr, res, metrics
@@ -174,7 +178,7 @@ def test_dialog_task_losses_packed_equal_padded(method):
         from rbjax.dialog.dst import init_head
 
         params = {"gpt2": params, "head": init_head(CFG, seed=0)}
-    spec = StepSpec(config=CFG, method=method, dropout=False)
+    spec = StepSpec(config=CFG, objective=DSTObjective() if method == "dst" else CRGObjective(), dropout=False)
     batch = _dialog_batch(rng, [12, 9, 7, 0, 11, 3], with_loss_mask=method == "crg")  # a full row, a filler row
     ref, _ = batch_losses(params, batch, jnp.ones(2), None, spec)
     g_ref = jax.grad(lambda p: batch_losses(p, batch, jnp.ones(2), None, spec)[0])(params)
@@ -203,12 +207,12 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
     class Tok:  # the trainer only asks a tokenizer for its size and source
         vocab_size, eos_id, source = 64, 63, "test"
 
-    cfg = TrainConfig(method=method, model="unused", out_dir=str(tmp_path / "run"), batch_size=4, grad_accum=2,
-                      max_steps=3, learning_rate=1e-2, dropout=False, export=False, evaluate=False, lmp=False,
-                      progress=False, block_size=12)
+    cfg = TrainerConfig(model="unused", out_dir=str(tmp_path / "run"), batch_size=4, grad_accum=2, max_steps=3,
+                        learning_rate=1e-2, dropout=False, progress=False, block_size=12)
     runs = []
     for layout in ("padded", "packed"):
-        tr = Trainer(cfg.replace(layout=layout), model_config=CFG, params=params, tokenizer=Tok(), data=data)
+        tr = Trainer(cfg.replace(layout=layout), DSTObjective() if method == "dst" else CRGObjective(),
+                     model_config=CFG, params=params, tokenizer=Tok(), data=data)
         metrics = []
         res = tr.run(checkpoints=False,
                      callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
@@ -218,10 +222,13 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
 
 
 def test_reference_dst_stays_padded():
-    cfg = TrainConfig(method="dst", semantics="reference", model="unused", layout="packed", export=False,
-                      evaluate=False, lmp=False)
-    assert cfg.resolved_layout == "padded" and cfg.trajectory()["layout"] == "padded"
-    assert TrainConfig(method="dst", model="unused").resolved_layout == "packed"
+    from rbjax.dialog.evaluate import training_layout
+
+    assert training_layout("dst", {"semantics": "reference", "layout": "packed"}) == "padded"
+    assert training_layout("dst", {"semantics": "paper", "layout": "packed"}) == "packed"
+    assert training_layout("crg", {"semantics": "reference", "layout": "packed"}) == "packed"
+    with pytest.raises(ValueError, match="padded layout"):  # and the reference pooling never sees a packed batch
+        DSTObjective("reference")({}, {"pack": None}, None, None, None)
 
 
 def test_layout_settings_are_checked_and_recorded():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rbjax.debias.config import TrainConfig
-from rbjax.debias.loop import Trainer
+from rbjax.debias.loop import DebiasTrainer
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -31,7 +31,7 @@ def _run(cfg):
             m = ev["metrics"]
             rows.append([m["lm_loss"], m["debias_loss"], m["total"], m["grad_norm"]])
 
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     return tr, tr.run(checkpoints=False, callback=cb), np.asarray(rows, np.float64)
 
 
@@ -73,7 +73,8 @@ def _dot_dtypes(jaxpr) -> list[str]:
 
 def test_bf16_matmuls_run_in_bf16():
     """With precision bf16 the transformer's matmuls (attention and MLP: 6 per layer) take bf16 inputs."""
-    from rbjax.debias.step import StepSpec, batch_losses
+    from rbjax.debias.objective import DebiasObjective
+    from rbjax.train.step import StepSpec, batch_losses
     from rbjax.model.gpt2 import GPT2Config, init_params
 
     config = GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)
@@ -82,7 +83,7 @@ def test_bf16_matmuls_run_in_bf16():
     lam = jnp.asarray([1.0, 0.0])
     dts = {}
     for prec in ("fp32", "bf16"):
-        spec = StepSpec(config=config, method="lm", precision=prec)
+        spec = StepSpec(config=config, objective=DebiasObjective("lm"), precision=prec)
         jp = jax.make_jaxpr(lambda p: batch_losses(p, batch, lam, None, spec, dropout=False)[0])(params)
         dts[prec] = _dot_dtypes(jp.jaxpr)
     assert len(dts["fp32"]) == len(dts["bf16"]) >= 6 * config.n_layer + 1  # + the LM head

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from rbjax.core.precision import POLICIES, get_policy
-from rbjax.debias.step import StepSpec, init_state, micro_batch_losses, train_step_jit
+from rbjax.debias.objective import DebiasObjective
+from rbjax.train.step import StepSpec, init_state, micro_batch_losses, train_step_jit
 from rbjax.dialog import dst
 from rbjax.lmb.perplexity import PerplexityScorer, token_nll
 from rbjax.model import generate as gen
@@ -64,7 +65,7 @@ def test_policy_table():
 def test_fp32_training_update_ignores_global_matmul_default(global_bf16_matmuls):
     params = init_params(CFG, 0)
     ids, mask = _batch(np.random.default_rng(0))
-    spec = StepSpec(config=CFG, method="lm", dropout=False)
+    spec = StepSpec(config=CFG, objective=DebiasObjective("lm"), dropout=False)
     batch = {"input_ids": ids, "attention_mask": mask}
     lam = jnp.asarray([1.0, 0.0], jnp.float32)
     lowered = micro_batch_losses.lower(params, batch, lam, spec).as_text()

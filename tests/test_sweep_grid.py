@@ -32,7 +32,7 @@ def test_full_grid_compiles_one_program_per_batch_plan(tiny_model_dir, tokenizer
     combinations; batch sizes 1, 2, 4 instead of 4, 8, 16 to keep the tiny run short), 1 update per point: at most 9
     training programs (one per batch plan), 9 chunks of 6 points, every point recorded and selected from; a rerun
     redoes nothing."""
-    from rbjax.debias.step import compiled_programs
+    from rbjax.train.step import compiled_programs
     from rbjax.debias.sweep import PAPER_GRID, run_sweep
 
     base = _base(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, max_steps=1,

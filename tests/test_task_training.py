@@ -5,10 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rbjax.debias.config import TrainConfig
-from rbjax.debias.data import ArrayData
-from rbjax.debias.loop import Trainer
-from rbjax.debias.step import StepSpec, batch_losses
+from rbjax.train.batching import ArrayData
+from rbjax.dialog.crg import CRGObjective
+from rbjax.dialog.dst import DSTObjective
+from rbjax.train.config import TrainerConfig
+from rbjax.train.loop import Trainer
+from rbjax.train.step import StepSpec, batch_losses
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -39,7 +41,7 @@ def test_crg_loss_scores_the_response_only():
     lm = np.zeros(L, np.int32)
     lm[len(ctx) + 1:len(ids)] = 1  # response + final eos
     batch = {"input_ids": row[None], "attention_mask": am[None], "loss_mask": lm[None]}
-    spec = StepSpec(config=CFG, method="crg", dropout=False)
+    spec = StepSpec(config=CFG, objective=CRGObjective(), dropout=False)
     total, (loss, _) = batch_losses(params, batch, jnp.ones(2), None, spec)
     s, n = _manual_nll(params, ids, len(ctx) + 1, len(ids) - 1)
     assert float(loss) == pytest.approx(s / n, rel=1e-5) and float(total) == float(loss)
@@ -62,7 +64,7 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
     for i, n in enumerate([12, 9, 7, 5, 11, 3]):
         mask[i, :n] = 1
     labels = np.array([1, 0, 1, 0, 1, 0], np.float32)
-    spec = StepSpec(config=CFG, method="dst", dropout=False)
+    spec = StepSpec(config=CFG, objective=DSTObjective(), dropout=False)
     full, _ = batch_losses(params, {"input_ids": ids, "attention_mask": mask, "labels": labels}, jnp.ones(2), None,
                            spec)
     padded = {"input_ids": np.concatenate([ids, np.full((2, 12), 63, np.int32)]),
@@ -78,17 +80,16 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
     class Tok:  # the trainer only asks a tokenizer for its size and source
         vocab_size, eos_id, source = 64, 63, "test"
 
-    cfg = TrainConfig(method="dst", model="unused", out_dir=str(tmp_path / "dst"), batch_size=4, grad_accum=1,
-                      epochs=6, learning_rate=2e-2, dropout=False, export=False, evaluate=False, lmp=False,
-                      progress=False, block_size=12, save_every=3)
-    tr = Trainer(cfg, model_config=CFG, params=params, tokenizer=Tok(), data=data)
+    cfg = TrainerConfig(model="unused", out_dir=str(tmp_path / "dst"), batch_size=4, grad_accum=1, epochs=6,
+                        learning_rate=2e-2, dropout=False, progress=False, block_size=12, save_every=3)
+    tr = Trainer(cfg, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data)
     res = tr.run()
     after, _ = batch_losses(res.params, {"input_ids": ids, "attention_mask": mask, "labels": labels}, jnp.ones(2),
                             None, spec)
     assert float(after) < 0.7 * float(full)
     cfg_b = cfg.replace(out_dir=str(tmp_path / "dst_b"))
-    Trainer(cfg_b, model_config=CFG, params=params, tokenizer=Tok(), data=data).run(stop_after=5)
-    res_b = Trainer(cfg_b, model_config=CFG, params=params, tokenizer=Tok(), data=data).run()
+    Trainer(cfg_b, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data).run(stop_after=5)
+    res_b = Trainer(cfg_b, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data).run()
     assert res_b.resumed_from == 5
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(res_b.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

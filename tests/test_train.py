@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from rbjax.debias.checkpoint import Checkpointer
-from rbjax.debias.data import update_plan
-from rbjax.debias.optim import learning_rate, linear_schedule, make_optimizer
-from rbjax.debias.step import TrainState
-from rbjax.debias.train import Trainer
+from rbjax.train.checkpoint import Checkpointer
+from rbjax.train.batching import update_plan
+from rbjax.train.optim import learning_rate, linear_schedule, make_optimizer
+from rbjax.train.step import TrainState
+from rbjax.debias.loop import DebiasTrainer
 from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
@@ -58,7 +58,7 @@ def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, re
     f = religion1_train_file(redditbias_dir, tmp_path, 40)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="lm", train_file=f,
                batch_size=1, grad_accum=4, epochs=1, max_steps=None, dropout=False, learning_rate=5e-5)
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     assert tr.n_batches == 40 and tr.t_total == 10
 
     prints, before, rows = [], {}, {}
@@ -193,7 +193,7 @@ def test_few_steps_reduce_the_method_loss(tiny_model_dir, tokenizer_dir, redditb
     f = religion1_train_file(redditbias_dir, tmp_path, 8)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method=method, semantics=semantics,
                train_file=f, max_steps=6, dropout=False, learning_rate=1e-4, lambda_lm=0.001, lambda_d=100.0)
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     assert tr.n_examples == (16 if method == "cda" else 8)  # CDA: the phrases and their swapped copies
     batches = [tr.make_batch(tr.batch_rows(0, i)) for i in range(tr.n_batches)]
 
@@ -220,16 +220,16 @@ def _read_metrics(out):
 def uninterrupted(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, out, grad_accum=2, max_steps=5, save_every=2)
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     return cfg, tr, tr.run()
 
 
 def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
     cfg_a, _, res_a = uninterrupted
     cfg = cfg_a.replace(out_dir=str(tmp_path / "killed"))
-    stopped = Trainer(cfg).run(stop_after=3)  # "killed" after update 3 (checkpoints at 2 and 3)
+    stopped = DebiasTrainer(cfg).run(stop_after=3)  # "killed" after update 3 (checkpoints at 2 and 3)
     assert stopped.updates_done == 3 and not stopped.finished
-    resumed = Trainer(cfg).run()  # a fresh process would do the same: restore update 3, go on
+    resumed = DebiasTrainer(cfg).run()  # a fresh process would do the same: restore update 3, go on
     assert resumed.resumed_from == 3 and resumed.finished
     for a, b in zip(jax.tree.leaves(res_a.params), jax.tree.leaves(resumed.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -238,7 +238,7 @@ def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
     assert _read_metrics(cfg.out_dir)[-1]["total"] == _read_metrics(cfg_a.out_dir)[-1]["total"]
     # a different run may not resume from these checkpoints
     with pytest.raises(ValueError, match="different run"):
-        Trainer(cfg.replace(lambda_d=50.0)).run()
+        DebiasTrainer(cfg.replace(lambda_d=50.0)).run()
 
 
 def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
@@ -246,13 +246,13 @@ def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, 
     f = religion1_train_file(redditbias_dir, tmp_path, 22)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", method="lmd", semantics="reference",
                train_file=f, grad_accum=4, epochs=3, max_steps=None, save_every=1)
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     assert tr.n_batches == 6 and tr.t_total == 3 and cfg.resolved_leftover == "carry"
     assert len(tr.plan.plan[1]) == 6  # 2 leftovers of epoch 0 + 4 micro-batches of epoch 1
     full = tr.run()
     cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
-    Trainer(cfg_b).run(stop_after=1)
-    res = Trainer(cfg_b).run()
+    DebiasTrainer(cfg_b).run(stop_after=1)
+    res = DebiasTrainer(cfg_b).run()
     assert res.resumed_from == 1
     for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from rbjax.debias.loop import RunHparams, Trainer
-from rbjax.debias.optim import global_norm, make_optimizer
-from rbjax.debias.step import TrainState
+from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.train.optim import global_norm, make_optimizer
+from rbjax.train.step import TrainState
 from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
@@ -35,7 +35,7 @@ def test_failure_case_overflowing_gradient_norm():
     grads = {"w": jnp.full(100, 1e20, jnp.float32)}
     assert float(optax.tree.norm(grads)) == np.inf  # the naive norm overflows ...
     np.testing.assert_allclose(float(global_norm(grads)), 1e21, rtol=1e-6)  # ... ours does not
-    from rbjax.debias.optim import clip_by_global_norm
+    from rbjax.train.optim import clip_by_global_norm
 
     clipped, _ = clip_by_global_norm(1.0).update(grads, optax.EmptyState())
     np.testing.assert_allclose(np.asarray(clipped["w"]), 0.1, rtol=1e-6)
@@ -65,19 +65,19 @@ def test_non_finite_point_of_a_grid_does_not_touch_the_others(tiny_model_dir, to
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method="add",
                train_file=religion1_train_file(redditbias_dir, tmp_path, 8), max_steps=2, dropout=False)
     good, bad = RunHparams(0.01, 10.0, 1e-3), RunHparams(0.01, float("inf"), 1e-3)
-    tr = Trainer(cfg, points=[good, bad])
+    tr = DebiasTrainer(cfg, points=[good, bad])
     res = tr.run(checkpoints=False)
     assert res.summary["skipped_updates"] == [0, 2]
     init = tr.init_params
     for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(res.point_params(1))):
         assert np.array_equal(np.asarray(a), np.asarray(b))  # the bad point never moved
-    alone = Trainer(cfg.replace(lambda_lm=0.01, lambda_d=10.0, learning_rate=1e-3)).run(checkpoints=False)
+    alone = DebiasTrainer(cfg.replace(lambda_lm=0.01, lambda_d=10.0, learning_rate=1e-3)).run(checkpoints=False)
     for a, b in zip(jax.tree.leaves(alone.params), jax.tree.leaves(res.point_params(0))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_checkpoint_is_never_written_with_non_finite_parameters(tmp_path):
-    from rbjax.debias.checkpoint import Checkpointer, NonFiniteParameters
+    from rbjax.train.checkpoint import Checkpointer, NonFiniteParameters
 
     p = {"w": jnp.array([1.0, np.nan])}
     st = TrainState(params=p, opt_state=make_optimizer().init(p), step=jnp.int32(3), lambdas=jnp.ones(2),
@@ -98,9 +98,9 @@ def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokeniz
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method=method, grad_accum=accum,
                train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3)
     pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4), RunHparams(0.01, 50.0, 1e-4)]
-    grid = Trainer(cfg, points=pts).run(checkpoints=False)
+    grid = DebiasTrainer(cfg, points=pts).run(checkpoints=False)
     for i, p in enumerate(pts):
-        alone = Trainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d, learning_rate=p.learning_rate))
+        alone = DebiasTrainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d, learning_rate=p.learning_rate))
         res = alone.run(checkpoints=False)
         for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(grid.point_params(i))):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
@@ -110,15 +110,15 @@ def test_grid_chunk_checkpoint_resumes_bit_identically(tiny_model_dir, tokenizer
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "full", method="lmd",
                train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3, save_every=1)
     pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4)]
-    full = Trainer(cfg, points=pts).run()
+    full = DebiasTrainer(cfg, points=pts).run()
     cfg_b = cfg.replace(out_dir=str(tmp_path / "killed"))
-    assert not Trainer(cfg_b, points=pts).run(stop_after=2).finished
-    res = Trainer(cfg_b, points=pts).run()
+    assert not DebiasTrainer(cfg_b, points=pts).run(stop_after=2).finished
+    res = DebiasTrainer(cfg_b, points=pts).run()
     assert res.resumed_from == 2
     for a, b in zip(jax.tree.leaves(full.state.params), jax.tree.leaves(res.state.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="different run.*points"):
-        Trainer(cfg_b, points=pts[:1] + [RunHparams(0.01, 50.0, 5e-4)]).run()
+        DebiasTrainer(cfg_b, points=pts[:1] + [RunHparams(0.01, 50.0, 5e-4)]).run()
 
 
 # --------------------------------------------------------------------------------------------------- Ctrl-C
@@ -128,7 +128,7 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer
     from rbjax.core.interrupt import Interrupted
 
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=5, save_every=100)
-    full = Trainer(cfg).run(checkpoints=False)
+    full = DebiasTrainer(cfg).run(checkpoints=False)
 
     def ctrl_c(ev):
         if ev["kind"] == "update" and ev["update"] == 2:
@@ -136,10 +136,10 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer
 
     cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
     with pytest.raises(Interrupted) as ei:
-        Trainer(cfg_b).run(callback=ctrl_c)
+        DebiasTrainer(cfg_b).run(callback=ctrl_c)
     msg = str(ei.value)
     assert "SIGINT" in msg and "update 2/5" in msg and "run the same command again" in msg and "checkpoints" in msg
-    res = Trainer(cfg_b).run()
+    res = DebiasTrainer(cfg_b).run()
     assert res.resumed_from == 2 and res.finished
     for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -152,21 +152,21 @@ def test_cli_ctrl_c_prints_the_resume_hint_without_traceback(tiny_model_dir, tok
     from rbjax.cli import main
     from rbjax.debias import loop
 
-    real = loop.Trainer.run
+    real = loop.DebiasTrainer.run
 
     def run_and_interrupt(self, **kw):
         kw["callback"] = lambda ev: ev["kind"] == "update" and ev["update"] == 1 and os.kill(os.getpid(),
                                                                                              signal.SIGTERM)
         return real(self, **kw)
 
-    monkeypatch.setattr(loop.Trainer, "run", run_and_interrupt)
+    monkeypatch.setattr(loop.DebiasTrainer, "run", run_and_interrupt)
     argv = ["debias", "--method", "lm", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
             str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "r"), "--max-steps", "3",
             "--batch-size", "4", "--no-eval", "--no-lmp", "--no-progress"]
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "SIGTERM" in err and "update 1/3" in err and "Traceback" not in err
-    monkeypatch.setattr(loop.Trainer, "run", real)
+    monkeypatch.setattr(loop.DebiasTrainer, "run", real)
     assert main(argv) == 0
     res = json.loads((tmp_path / "r" / "results.json").read_text())
     assert res["training"]["resumed_from"] == 1 and res["training"]["updates"] == 3
@@ -259,11 +259,11 @@ def test_checkpoint_of_another_starting_model_is_refused(tiny_model_dir, tokeniz
     model = tmp_path / "m"
     shutil.copytree(tiny_model_dir, model)
     cfg = _cfg(model, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=3)
-    Trainer(cfg).run(stop_after=1)
+    DebiasTrainer(cfg).run(stop_after=1)
     other = make_torch_gpt2_folder(tmp_path / "other", seed=9)
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     with pytest.raises(ValueError, match="different run.*model"):
-        Trainer(cfg).run()
+        DebiasTrainer(cfg).run()
 
 
 def test_out_that_is_a_file_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
@@ -307,7 +307,7 @@ def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_
 
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "r", method=method, semantics=semantics,
                batch_size=7, max_steps=None, epochs=1)  # 720 phrases: the last micro-batch is partial
-    tr = Trainer(cfg)
+    tr = DebiasTrainer(cfg)
     assert tr.n_examples % 7
     tb = TriggerBuilder(load_spec("religion1"), tr.tokenizer, semantics=semantics)
     for b in range(tr.n_batches):

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
-from rbjax.debias.config import TrainConfig, option_name
+from rbjax.debias.config import TrainConfig
 from rbjax.debias.train import check_own_bias_type_data, train
 from rbjax.model.memory import plan_for_model
+from rbjax.train.config import option_name
 
 
 def add_training_arguments(p, *, grid: bool = False) -> None:
@@ -30,7 +31,7 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
                              "training settings (defaults: the paper's and the reference code's)")
     for f in _cli_fields(grid):
         md = f.metadata
-        flag = option_name(f.name)
+        flag = option_name(TrainConfig, f.name)
         if md["negate"]:
             if f.default is not True:
                 raise TypeError(f"TrainConfig.{f.name}: a --no-... switch needs the default True")
@@ -57,8 +58,9 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
 
 
 def _cli_fields(grid: bool):
-    return [f for f in dataclasses.fields(TrainConfig)
-            if not (grid and (f.metadata["grid"] or f.name in ("export", "evaluate", "eval_bias")))]
+    """The fields that are options, what to debias (method, bias type) first."""
+    fields = sorted(dataclasses.fields(TrainConfig), key=lambda f: f.name not in ("method", "bias_type"))
+    return [f for f in fields if not (grid and (f.metadata["grid"] or f.name in ("export", "evaluate", "eval_bias")))]
 
 
 def training_settings(args) -> dict:

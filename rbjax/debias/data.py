@@ -1,25 +1,15 @@
-"""Host-side data of a debiasing run: training phrases → token ids → trigger arrays → the batches of each update.
+"""Host-side data of a debiasing run: training phrases → token ids → trigger arrays.
 
 Everything here is numpy on the host and is computed **once**: the phrases are tokenised once per run, the trigger
 arrays of the debiasing losses once per example (paper semantics: a phrase's triggers do not depend on its batch
 mates) or once per micro-batch of a batch plan (reference semantics: the code's attribute windows end at the longest
 sentence of the micro-batch), and every grid point that shares a batch plan shares the same stream. No regular
-expression runs inside the step loop.
-
-Order and randomness (paper §5.1 and the reference Trainer, reference-debias.md §7)
-    * Data order: a seeded permutation per epoch, ``numpy.random.default_rng([seed, epoch])``; micro-batch ``b`` of
-      epoch ``e`` holds rows ``perm[b·B:(b+1)·B]``. The last, smaller micro-batch is filled with empty rows (zero
-      mask), which contribute nothing, so the result equals the reference's smaller last batch.
-    * Dropout key of a micro-batch: ``fold_in(fold_in(key(seed, impl="rbg"), epoch), b)``. Both are functions of the
-      position in the run only, so a resumed run sees exactly the same batches and dropout masks.
-    * Updates (:func:`update_plan`): ``grad_accum`` consecutive micro-batches per update; ``t_total =
-      ⌊#batches/accum⌋·epochs`` (or ``max_steps``); leftovers at an epoch's end are dropped (paper) or carried into
-      the next epoch's first update (reference).
+expression runs inside the step loop. The order of the examples, the updates and the token layout are the trainer's
+(:class:`rbjax.train.batching.BatchPlan`).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +18,11 @@ import numpy as np
 from rbjax.core.keys import digest
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.debias import cda
-from rbjax.debias.config import LAYOUTS, LOSS_METHODS, TrainConfig, bias_spec
-from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
-from rbjax.debias.triggers import is_gpt2_bpe
+from rbjax.debias.config import LOSS_METHODS, TrainConfig, bias_spec
+from rbjax.debias.triggers import TriggerBuilder, is_gpt2_bpe, pad_occurrences
+from rbjax.train.batching import sha256_arrays, tokenize_lines
 
-__all__ = ["load_training_texts", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key",
-           "TrainingData", "ArrayData", "BatchPlan", "LAYOUTS", "pack_micro_batch", "packed_need", "pack_index",
-           "choose_packed_shapes"]
+__all__ = ["load_training_texts", "TrainingData"]
 
 
 # ----------------------------------------------------------------------------------------------------- texts
@@ -90,226 +78,6 @@ def load_training_texts(cfg: TrainConfig, data=None) -> tuple[list[str], dict]:
     return texts, info
 
 
-def tokenize_lines(texts: list[str], tokenizer, block_size: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Tokenise each line on its own (no special tokens), cut to ``block_size``, right-pad.
-
-    Args:
-        texts: (N,) phrases. tokenizer: ``encode_batch``. block_size: tokens kept per phrase. pad_id: filler id
-            (never scored or attended; the reference's ``<pad>`` row is not added to the vocabulary).
-
-    Returns:
-        ``(ids, mask, stats)``: int32 ``(N', block_size)`` ids and 0/1 mask, where lines with no token are dropped
-        (N' ≤ N), and ``{"n_dropped_empty", "n_truncated", "n_tokens"}``.
-
-    Raises:
-        ValueError: no line has a token.
-    """
-    toks = tokenizer.encode_batch(list(texts))
-    keep = [t for t in toks if len(t) > 0]
-    if not keep:
-        raise ValueError("no training line has a token")
-    ids = np.full((len(keep), block_size), pad_id, np.int32)
-    mask = np.zeros((len(keep), block_size), np.int32)
-    n_trunc = 0
-    for r, t in enumerate(keep):
-        n_trunc += len(t) > block_size
-        t = t[:block_size]
-        ids[r, :len(t)] = t
-        mask[r, :len(t)] = 1
-    return ids, mask, {"n_dropped_empty": len(toks) - len(keep), "n_truncated": int(n_trunc),
-                       "n_tokens": int(mask.sum())}
-
-
-# ------------------------------------------------------------------------------------------------ order, plan
-def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The example order of an epoch: ``numpy.random.default_rng([seed, epoch]).permutation(n)``."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch)]).permutation(n)
-
-
-def update_plan(n_batches: int, grad_accum: int, epochs: int, leftover: str = "drop",
-                max_steps: int | None = None) -> tuple[list[list[tuple[int, int]]], int]:
-    """Which micro-batches make up each update, and the schedule length.
-
-    Args:
-        n_batches: micro-batches per epoch (``ceil(N / batch_size)``).
-        grad_accum: micro-batches per update.
-        epochs: passes over the data.
-        leftover: ``drop`` (leftover micro-batches of each epoch are skipped) or ``carry`` (reference Trainer: they
-            join the first update of the next epoch; the last epoch's are discarded).
-        max_steps: cap on updates; when given, ``t_total = max_steps`` and more epochs are planned if needed
-            (as HF's ``max_steps``).
-
-    Returns:
-        ``(plan, t_total)``: ``plan[u]`` = list of ``(epoch, batch_index)`` of update ``u`` (0-based);
-        ``t_total = ⌊n_batches/grad_accum⌋·epochs`` (or ``max_steps``).
-
-    Raises:
-        ValueError: fewer micro-batches per epoch than ``grad_accum`` (no update would happen).
-    """
-    per_epoch = n_batches // grad_accum
-    if per_epoch == 0:
-        raise ValueError(f"{n_batches} micro-batch(es) per epoch is fewer than grad_accum={grad_accum}: no update "
-                         "would happen; lower --batch-size or --grad-accum")
-    t_total = per_epoch * epochs if max_steps is None else int(max_steps)
-    n_epochs = epochs if max_steps is None else max(epochs, -(-int(max_steps) // per_epoch))
-    plan: list[list[tuple[int, int]]] = []
-    carry: list[tuple[int, int]] = []
-    for e in range(n_epochs):
-        cur = list(carry) if leftover == "carry" else []
-        k = 0
-        for b in range(n_batches):
-            cur.append((e, b))
-            k += 1
-            if k == grad_accum:
-                plan.append(cur)
-                cur, k = [], 0
-        carry = cur
-    return plan[:t_total], t_total
-
-
-def dropout_key(seed: int, epoch: int, batch_index: int):
-    """Dropout key of one micro-batch: ``fold_in(fold_in(key(seed), epoch), batch_index)`` (raw key data, uint32).
-
-    The key uses JAX's ``rbg`` implementation (XLA's RngBitGenerator): deterministic on a given backend, and on CPU
-    it compiles the dropout masks of a GPT-2 step about twice as fast as the default threefry. Returned as raw key
-    data so that batches stack with numpy; :func:`rbjax.debias.step.train_step` wraps it back.
-    """
-    import jax
-
-    k = jax.random.key(int(seed) & 0xFFFFFFFF, impl="rbg")
-    return np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.fold_in(k, int(epoch)), int(batch_index))))
-
-
-# ------------------------------------------------------------------------------------------------------ packing
-#: default slots of a packed row: a micro-batch whose tokens fit goes into one row of its own length; a larger one
-#: into rows of this many slots (GPT-2's context; attention costs O(row²) per row, ≈ 13 % of a DialoGPT-small layer at
-#: 600 slots: DST's micro-batches of 12 turns, ≈ 550 tokens, then fill one row, 96 % real, against 60 % in two rows
-#: of 512)
-PACKED_ROW_SLOTS = 1024
-#: default number of packed shapes per batch plan (one compiled training program each)
-PACKED_SHAPES = 4
-
-
-def pack_micro_batch(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Examples of a micro-batch assigned to packed rows: one row when all fit in ``capacity`` slots, else first-fit
-    decreasing into rows of ``capacity`` slots (examples keep their batch order within a row).
-
-    Args:
-        lengths: ``(B,)`` real tokens of each example (0 for filler rows, which get no slot).
-        capacity: slots per row (≥ the longest example).
-
-    Returns:
-        rows, each the list of example indices it holds (empty examples are left out).
-    """
-    if int(lengths.sum()) <= capacity:
-        return [[b for b in range(len(lengths)) if lengths[b] > 0]]
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for b in sorted((b for b in range(len(lengths)) if lengths[b] > 0), key=lambda b: -int(lengths[b])):
-        r = next((r for r in range(len(rows)) if free[r] >= lengths[b]), None)
-        if r is None:
-            rows.append([])
-            free.append(capacity)
-            r = len(rows) - 1
-        rows[r].append(b)
-        free[r] -= int(lengths[b])
-    return [sorted(r) for r in rows]
-
-
-def packed_need(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
-    """``(rows, slots per row)`` a micro-batch needs packed: ``(1, Σ lengths)`` when it fits one row, else
-    ``(rows, capacity)``. These pairs are totally ordered (compare as tuples) and a micro-batch fits every shape at
-    or above its need."""
-    rows = pack_micro_batch(lengths, capacity)
-    if len(rows) <= 1:
-        return 1, max(int(lengths.sum()), 1)
-    return len(rows), int(capacity)
-
-
-def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[int, int]
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The packed layout of a padded micro-batch as two gather indices.
-
-    Args:
-        attention_mask: ``(B, L)`` 0/1 of the padded micro-batch (real tokens need not be contiguous from 0).
-        rows: :func:`pack_micro_batch`. shape: ``(R, Lp)`` packed rows × slots (≥ the need).
-
-    Returns:
-        ``(pack, unpack)``: int32 ``(R, Lp)``, slot → flat index ``b·L + i`` of the padded token it holds (−1 for
-        an empty slot); int32 ``(B, L)``, padded token → flat index ``r·Lp + j`` of its slot (−1 for padding).
-
-    Raises:
-        ValueError: the micro-batch does not fit ``shape``.
-    """
-    B, L = attention_mask.shape
-    R, Lp = shape
-    if len(rows) > R:
-        raise ValueError(f"micro-batch needs {len(rows)} packed rows, the shape has {R}")
-    pack = np.full((R, Lp), -1, np.int32)
-    unpack = np.full((B, L), -1, np.int32)
-    for r, members in enumerate(rows):
-        j = 0
-        for b in members:
-            pos = np.flatnonzero(attention_mask[b])
-            if j + len(pos) > Lp:
-                raise ValueError(f"packed row {r} needs more than {Lp} slots")
-            pack[r, j:j + len(pos)] = b * L + pos
-            unpack[b, pos] = r * Lp + j + np.arange(len(pos))
-            j += len(pos)
-    return pack, unpack
-
-
-def choose_packed_shapes(needs: list[tuple[int, int]], weights: list[int], max_shapes: int
-                         ) -> list[tuple[int, int]]:
-    """At most ``max_shapes`` packed shapes that every need fits, chosen to minimise the slots computed.
-
-    Optimal 1-D bucketing (dynamic programme over the sorted distinct needs): each update takes the smallest chosen
-    shape at or above its need, and costs ``weight × rows × slots`` (``weight``: its micro-batches).
-
-    Args:
-        needs: ``(rows, slots)`` of each update (:func:`packed_need`, the maximum over its micro-batches).
-        weights: micro-batches of each update. max_shapes: ≥ 1.
-
-    Returns:
-        the chosen shapes, ascending (the largest is the largest need).
-    """
-    vals = sorted(set(needs))
-    w = {v: 0 for v in vals}
-    for n, k in zip(needs, weights):
-        w[n] += k
-    n = len(vals)
-    K = max(1, min(int(max_shapes), n))
-    size = [r * s for r, s in vals]
-    cum = np.cumsum([0] + [w[v] for v in vals])  # weight of vals[:i]
-    INF = float("inf")
-    # best[k][i]: cost of covering vals[:i] with k shapes, the last one being vals[i-1]
-    best = [[INF] * (n + 1) for _ in range(K + 1)]
-    arg = [[-1] * (n + 1) for _ in range(K + 1)]
-    best[0][0] = 0.0
-    for k in range(1, K + 1):
-        for i in range(1, n + 1):
-            for j in range(i):  # vals[j:i] take shape vals[i-1]
-                c = best[k - 1][j] + (cum[i] - cum[j]) * size[i - 1]
-                if c < best[k][i]:
-                    best[k][i], arg[k][i] = c, j
-    k = min(range(1, K + 1), key=lambda k: best[k][n])
-    out, i = [], n
-    while i > 0:
-        out.append(vals[i - 1])
-        i, k = arg[k][i], k - 1
-    return sorted(out)
-
-
-# ------------------------------------------------------------------------------------------------ data, plans
-def _sha256_arrays(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.shape}{a.dtype}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
 class TrainingData:
     """The tokenised training set of a run and its trigger arrays, shared by every grid point.
 
@@ -339,7 +107,7 @@ class TrainingData:
             self.info = {"source": "given texts", "n_lines": len(texts)}
         self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.block_size, self.pad_id)
         self.info.update(tstats)
-        self.info["sha256_tokens"] = _sha256_arrays(self.ids, self.mask)
+        self.info["sha256_tokens"] = sha256_arrays(self.ids, self.mask)
         self.n_examples = len(self.ids)
         self.spec = bias_spec(cfg.bias_type)
         self.shared: dict[str, np.ndarray] = {}
@@ -351,7 +119,7 @@ class TrainingData:
             self._setup_triggers(vocab_size)
 
         self.key = digest({"tokens": self.info["sha256_tokens"], "spec": dataclasses.asdict(self.spec),
-                           "triggers": None if self._per_example is None else _sha256_arrays(
+                           "triggers": None if self._per_example is None else sha256_arrays(
                                *[self._per_example[k] for k in sorted(self._per_example)]),
                            "shared": {k: v.tolist() for k, v in self.shared.items()}})
 
@@ -419,165 +187,3 @@ class TrainingData:
         o = self.tb.attributes(ids, mask, max_occurrences=self.n_occ)
         return {"occ_weights": o.weights, "occ_mask": o.mask}
 
-
-class ArrayData:
-    """A training set given as fixed-shape arrays (the dialog fine-tuning tasks: DST, CRG), in the interface of
-    :class:`TrainingData` so that :class:`BatchPlan` and the trainer serve it unchanged.
-
-    Args:
-        arrays: ``input_ids`` and ``attention_mask`` int32 ``(N, L)``, plus any per-example arrays the task's loss
-            reads (DST: ``labels`` ``(N,)``; CRG: ``loss_mask`` ``(N, L)``), all with N rows.
-        pad_id: filler id of empty rows. info: where the data came from (recorded with the run).
-
-    Raises:
-        ValueError: missing ``input_ids``/``attention_mask``, or arrays of different lengths.
-    """
-
-    def __init__(self, arrays: dict[str, np.ndarray], pad_id: int, info: dict | None = None):
-        if "input_ids" not in arrays or "attention_mask" not in arrays:
-            raise ValueError("arrays need input_ids and attention_mask")
-        n = len(arrays["input_ids"])
-        bad = [k for k, v in arrays.items() if len(v) != n]
-        if bad:
-            raise ValueError(f"arrays {bad} do not have {n} rows like input_ids")
-        if n == 0:
-            raise ValueError("no training example")
-        self.ids = np.asarray(arrays["input_ids"], np.int32)
-        self.mask = np.asarray(arrays["attention_mask"], np.int32)
-        self.extra = {k: np.asarray(v) for k, v in arrays.items() if k not in ("input_ids", "attention_mask")}
-        self.pad_id = int(pad_id)
-        self.n_examples = n
-        self.info = dict(info or {})
-        self.info["sha256_arrays"] = _sha256_arrays(self.ids, self.mask, *[self.extra[k] for k in sorted(self.extra)])
-        self.key = self.info["sha256_arrays"]
-        self.shared: dict[str, np.ndarray] = {}
-        self.trigger_stats: dict[str, Any] = {}
-        self.n_occ = 0
-
-    def triggers(self, ids: np.ndarray, mask: np.ndarray, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """The per-example arrays of a micro-batch's rows (filler rows get zeros)."""
-        out = {}
-        for k, v in self.extra.items():
-            a = np.zeros((ids.shape[0],) + v.shape[1:], v.dtype)
-            a[:len(rows)] = v[rows]
-            out[k] = a
-        return out
-
-
-class BatchPlan:
-    """The micro-batches and updates of one batch plan (batch size, accumulation, epochs, seed): shared by every
-    grid point with these settings (the paper's 6 λ combinations at each of the 9 (batch, accumulation) pairs).
-
-    Layouts. Every micro-batch is built in the **padded** layout, ``(batch_size, block_size)`` token rows plus the
-    method's per-example trigger arrays (``(B, L, P)``, ``(B, N, L)``, …), whose meaning never changes. In the
-    **packed** layout (the default of the trainer) it also carries two gather indices (:func:`pack_index`):
-    ``pack`` ``(R, Lp)`` puts the real tokens of its examples side by side into ``R`` rows of ``Lp`` slots (the
-    step runs GPT-2 on those rows with a block-diagonal causal mask and positions restarting per example), and
-    ``unpack`` ``(B, L)`` brings the final hidden states back to the padded layout for the losses
-    (:mod:`rbjax.debias.step`). Batch size stays "examples per micro-batch". The packed shapes are static: before
-    training, the need ``(rows, slots)`` of every update of the whole plan (all epochs) is computed and at most
-    ``max_shapes`` shapes are chosen for it (:func:`choose_packed_shapes`), so a plan compiles at most that many
-    programs and nothing recompiles per batch.
-
-    Args:
-        data: the run's :class:`TrainingData` (or :class:`ArrayData`).
-        batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.debias.config.TrainConfig`.
-        layout: ``packed`` or ``padded`` (default; the trainer passes ``TrainConfig.layout``).
-        row_slots: slots of a packed row when a micro-batch does not fit one row (default
-            :data:`PACKED_ROW_SLOTS`, at least the block size). max_shapes: packed shapes per plan.
-
-    Attributes:
-        n_batches: micro-batches per epoch. plan: ``plan[u]`` = ``[(epoch, batch_index), ...]`` of update u.
-        t_total: schedule length in updates. shapes: the packed ``(R, Lp)`` shapes (``[]`` when padded).
-
-    Raises:
-        ValueError: unknown layout; fewer micro-batches than ``grad_accum``.
-    """
-
-    def __init__(self, data: TrainingData, batch_size: int, grad_accum: int, epochs: int, seed: int,
-                 leftover: str = "drop", max_steps: int | None = None, *, layout: str = "padded",
-                 row_slots: int | None = None, max_shapes: int = PACKED_SHAPES):
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.data = data
-        self.layout = layout
-        self.batch_size, self.grad_accum, self.seed = int(batch_size), int(grad_accum), int(seed)
-        self.n_batches = -(-data.n_examples // self.batch_size)
-        self.plan, self.t_total = update_plan(self.n_batches, self.grad_accum, epochs, leftover, max_steps)
-        self._perms: dict[int, np.ndarray] = {}
-        self._cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
-        self._lengths = np.asarray(data.mask, np.int64).sum(axis=1)
-        self.row_slots = max(int(row_slots or PACKED_ROW_SLOTS), int(data.ids.shape[1]))
-        self.shapes: list[tuple[int, int]] = []
-        self._update_shape: list[tuple[int, int]] = []
-        if layout == "packed":
-            needs = [max(packed_need(self._lengths[self.batch_rows(e, b)], self.row_slots) for e, b in mbs)
-                     for mbs in self.plan]
-            self.shapes = choose_packed_shapes(needs, [len(m) for m in self.plan], max_shapes)
-            self._update_shape = [next(s for s in self.shapes if s >= n) for n in needs]
-
-    def epoch_rows(self, epoch: int) -> np.ndarray:
-        p = self._perms.get(epoch)
-        if p is None:
-            p = self._perms[epoch] = epoch_permutation(self.data.n_examples, self.seed, epoch)
-        return p
-
-    def batch_rows(self, epoch: int, index: int) -> np.ndarray:
-        """Example indices of micro-batch ``index`` of ``epoch``."""
-        B = self.batch_size
-        return self.epoch_rows(epoch)[index * B:(index + 1) * B]
-
-    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-        """Host batch of examples ``rows``: ``(batch_size, block_size)`` ids/mask (empty filler rows) + triggers;
-        packed layout: also ``pack``/``unpack`` for ``shape`` (default: the micro-batch's own need)."""
-        d = self.data
-        B, Lb = self.batch_size, d.ids.shape[1]
-        ids = np.full((B, Lb), d.pad_id, np.int32)
-        mask = np.zeros((B, Lb), np.int32)
-        ids[:len(rows)] = d.ids[rows]
-        mask[:len(rows)] = d.mask[rows]
-        out = {"input_ids": ids, "attention_mask": mask, **d.triggers(ids, mask, rows)}
-        if self.layout == "packed":
-            lengths = mask.sum(axis=1)
-            members = pack_micro_batch(lengths, self.row_slots)
-            shape = shape or packed_need(lengths, self.row_slots)
-            out["pack"], out["unpack"] = pack_index(mask, members, shape)
-        return out
-
-    def micro_batch(self, epoch: int, index: int, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-        """Micro-batch ``index`` of ``epoch`` with its dropout key (``rng``), built once and cached (a grid chunk
-        smaller than the plan's λ combinations goes over the same stream again); packed in ``shape``."""
-        k = (epoch, index, shape)
-        b = self._cache.get(k)
-        if b is None:
-            b = self.make_batch(self.batch_rows(epoch, index), shape)
-            b["rng"] = dropout_key(self.seed, epoch, index)
-            self._cache[k] = b
-        return b
-
-    def update_shape(self, u: int) -> tuple[int, int] | None:
-        """The packed ``(R, Lp)`` shape of update ``u`` (``None`` when padded)."""
-        return self._update_shape[u] if self._update_shape else None
-
-    def update_batch(self, u: int) -> dict[str, np.ndarray]:
-        """The micro-batches of update ``u`` stacked on a leading axis: arrays ``(A_u, B, ...)``, A_u = their
-        number (``grad_accum``, more for a reference-semantics update that carries an epoch's leftovers); packed:
-        ``pack`` ``(A_u, R, Lp)`` in the update's shape."""
-        shape = self.update_shape(u)
-        mbs = [self.micro_batch(e, b, shape) for e, b in self.plan[u]]
-        return {k: np.stack([m[k] for m in mbs]) for k in mbs[0]}
-
-    def tokens(self, u: int) -> int:
-        """Real tokens in update ``u``."""
-        return int(sum(self._lengths[self.batch_rows(e, b)].sum() for e, b in self.plan[u]))
-
-    def slots(self, u: int) -> int:
-        """Token slots the step computes for update ``u`` (real + padding)."""
-        s = self.update_shape(u)
-        per = self.batch_size * int(self.data.ids.shape[1]) if s is None else s[0] * s[1]
-        return per * len(self.plan[u])
-
-    def real_fraction(self) -> float:
-        """Real tokens / computed slots over the whole plan."""
-        return sum(self.tokens(u) for u in range(len(self.plan))) / max(1, sum(self.slots(u)
-                                                                              for u in range(len(self.plan))))

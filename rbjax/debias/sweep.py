@@ -8,7 +8,7 @@ do not apply and collapse to one value (9 runs).
 Execution
     * Points that share a **batch plan** (batch size, accumulation, data order) train together: the 6 λ combinations
       of a (batch, accumulation) setting are stacked on a leading axis and trained by one vmapped program
-      (:func:`rbjax.debias.step.grid_train_step`), fed by one data stream; at most one compiled training program per
+      (:func:`rbjax.train.step.grid_train_step`), fed by one data stream; at most one compiled training program per
       batch plan (9 for the paper's grid; a reference-semantics update that carries an epoch's leftovers adds one).
     * A plan's points are cut into **chunks** that fit the device memory (``grid_chunk``; ``None`` picks it from the
       free memory: parameters, Adam moments, gradient and accumulator per point, :func:`auto_grid_chunk`). On several
@@ -59,12 +59,13 @@ from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
 from rbjax.debias.data import TrainingData
-from rbjax.debias.loop import CHECKPOINT_FORMAT, RunHparams, Trainer, _tokenizer_key, load_start
+from rbjax.debias.loop import DebiasTrainer, RunHparams
 from rbjax.debias.train import lmp_reference_file, train
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle
+from rbjax.train.loop import CHECKPOINT_FORMAT, load_start, tokenizer_digest
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
            "run_chunk", "auto_grid_chunk", "format_selection"]
@@ -351,7 +352,7 @@ def run_chunk(task: dict) -> list[dict]:
     atomic_write_json(cdir / "running.json", {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
     cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
     t0 = time.perf_counter()
-    tr = Trainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
+    tr = DebiasTrainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
                  model_config=ctx["config"], params=ctx["params"], model_key=ctx["model_key"],
                  tokenizer=ctx["tokenizer"], data=ctx["data"])
     res = tr.run(out_dir=cdir)
@@ -388,7 +389,7 @@ def _sweep_key(base: TrainConfig, ctx: dict, dev_max_pairs, n_bootstrap) -> dict
     for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
         traj.pop(k)
     return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx["model_key"],
-            "tokenizer": _tokenizer_key(ctx["tokenizer"]), "data": ctx["data"].key,
+            "tokenizer": tokenizer_digest(ctx["tokenizer"]), "data": ctx["data"].key,
             "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.lmp,
                            "lmp_file": None if ctx["lmp_path"] is None else str(ctx["lmp_path"]),
                            "lmp_max_lines": base.lmp_max_lines, "eval_batch_size": base.eval_batch_size}}

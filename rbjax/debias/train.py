@@ -6,9 +6,10 @@
     result = train(cfg)          # OUT/model (HF folder), OUT/lmb_valid/, OUT/results.json, OUT/metrics.jsonl
 
 The pieces live in their own modules: :mod:`rbjax.debias.config` (settings), :mod:`rbjax.debias.data` (phrases →
-tokens → triggers → batches), :mod:`rbjax.debias.optim` (clip + Adam, learning rate), :mod:`rbjax.debias.step` (the
-pure train state and step), :mod:`rbjax.debias.checkpoint` (orbax), :mod:`rbjax.debias.loop` (the loop, resume,
-interrupts). This module chains them and decides what a rerun may reuse:
+tokens → triggers), :mod:`rbjax.debias.objective` (the methods' losses), and the task-agnostic trainer in
+:mod:`rbjax.train` (:mod:`~rbjax.train.batching` batches and updates, :mod:`~rbjax.train.optim` clip + Adam and
+learning rate, :mod:`~rbjax.train.step` the pure train state and step, :mod:`~rbjax.train.checkpoint` orbax);
+:mod:`rbjax.debias.loop` (the loop, resume, interrupts). This module chains them and decides what a rerun may reuse:
 
 * an unfinished run in ``OUT`` is resumed from its checkpoint (same key, see :mod:`rbjax.debias.loop`);
 * a finished run is not trained again: its training record is kept, and only evaluations that are missing or whose
@@ -41,18 +42,16 @@ from rbjax.core.log import say
 from rbjax.core.mesh import is_model_parallel, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types
-from rbjax.debias.checkpoint import Checkpointer
-from rbjax.debias.config import LOSS_METHODS, METHODS, TRAJECTORY_FIELDS, TrainConfig  # noqa: F401 (re-exported)
-from rbjax.debias.data import load_training_texts, tokenize_lines, update_plan  # noqa: F401 (re-exported)
-from rbjax.debias.loop import Trainer, TrainResult  # noqa: F401 (re-exported)
-from rbjax.debias.step import lm_loss  # noqa: F401 (re-exported)
+from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.debias.loop import DebiasTrainer, TrainResult
+from rbjax.train.checkpoint import Checkpointer
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
 from rbjax.model.handle import has_tokenizer_files
 from rbjax.model.hf import load_pretrained, model_files_key, resolve_model_dir, save_pretrained
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
 
-__all__ = ["TrainConfig", "Trainer", "TrainResult", "train", "evaluate_run", "METHODS"]
+__all__ = ["TrainConfig", "DebiasTrainer", "TrainResult", "train", "evaluate_run", "METHODS"]
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "lmb_valid", "config.json")
 
@@ -65,7 +64,7 @@ def _check_out_dir(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot create the run folder ({e.strerror or e})") from None
 
 
-def _tokenizer_folder(cfg: TrainConfig, trainer: Trainer) -> Path | None:
+def _tokenizer_folder(cfg: TrainConfig, trainer: DebiasTrainer) -> Path | None:
     src = cfg.tokenizer if cfg.tokenizer is not None else (trainer.model_dir or cfg.model)
     try:
         folder = resolve_model_dir(src)
@@ -147,7 +146,7 @@ def _lmp_key(cfg: TrainConfig, model_key: str) -> dict:
             "block_size": cfg.block_size}
 
 
-def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | None, *, model_key: str,
+def evaluate_run(cfg: TrainConfig, trainer: DebiasTrainer, params, model_dir: Path | None, *, model_key: str,
                  previous: dict | None = None) -> dict:
     """Post-training evaluation of the trained ``params`` in memory: LMB on the valid split and the Reddit LMP.
 
@@ -201,7 +200,7 @@ def evaluate_run(cfg: TrainConfig, trainer: Trainer, params, model_dir: Path | N
     return res
 
 
-def write_config(cfg: TrainConfig, trainer: Trainer) -> None:
+def write_config(cfg: TrainConfig, trainer: DebiasTrainer) -> None:
 
     atomic_write_json(Path(cfg.out_dir) / "config.json", {
         "config": cfg.to_dict(), "resolved": {"leftover": cfg.resolved_leftover},
@@ -302,14 +301,14 @@ def _clear_run(out: Path) -> None:
 
 
 def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = False,
-          trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
+          trainer: DebiasTrainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
 
     Args:
         cfg: the run configuration.
         stop_after: stop after this many updates (checkpointed), without export or evaluation (simulated kill).
         overwrite: delete an existing run folder's checkpoints, metrics and results first.
-        trainer: a prepared :class:`Trainer` for ``cfg`` (reuses loaded weights).
+        trainer: a prepared :class:`DebiasTrainer` for ``cfg`` (reuses loaded weights).
         replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
             ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
             inputs is still reused or resumed. For callers that own the folder (the study runner, whose stages
@@ -331,7 +330,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
-    trainer = trainer or Trainer(cfg)
+    trainer = trainer or DebiasTrainer(cfg)
     key = canonical(trainer.key())
     if replace_other_inputs and not overwrite:
         why = _other_inputs(out, key)

@@ -34,12 +34,15 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from rbjax.dialog.crg_metrics import read_lines
+from rbjax.model.registry import family_of_config
+from rbjax.train.lm import forward_hidden, mean_next_token_nll
 
 __all__ = ["FIELDS", "UNDISCLOSED", "BLOCK_SIZE", "RESPONSE_HYP", "DSTC7Row", "read_dstc7_tsv",
-           "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets"]
+           "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets", "CRGObjective"]
 
 #: the seven TSV fields of a DSTC-7 conversation file
 FIELDS = ("hash", "subreddit", "conv_id", "score", "turn", "context", "response")
@@ -251,3 +254,22 @@ def read_reference_sets(paths: Sequence[str | os.PathLike], n_examples: int) -> 
                              "one line per example)")
         out.append(lines)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CRGObjective:
+    """The CRG fine-tuning loss for the shared trainer (an :class:`rbjax.train.step.Objective`; paper §3.2): the
+    causal LM loss on the response tokens only of ``context <eos> response <eos>`` rows (:func:`crg_example`).
+
+    The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)`` and ``loss_mask`` ``(B, L)`` (1 on the
+    response tokens); every real token may predict, only the response tokens are scored
+    (:func:`rbjax.train.lm.mean_next_token_nll`). No settings: one value, one compiled program per batch shape.
+    """
+
+    def __call__(self, params, batch: dict, weights, key, spec):
+        model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
+        _, rows = forward_hidden(model, params, batch, key is not None, key)
+        mask = batch["attention_mask"]
+        lm = mean_next_token_nll(spec.config, params, rows, mask * batch["loss_mask"], mask,
+                                 compute_dtype=spec.nll_dtype)
+        return lm, (lm, jnp.zeros((), jnp.float32))

@@ -54,11 +54,12 @@ from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
 from rbjax.model.registry import family_of_config
+from rbjax.train.lm import forward_hidden
 
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
     "example_text", "build_examples", "example_counts", "encode_examples", "dst_batches", "init_head",
-    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "predict_proba", "binary_metrics",
+    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "DSTObjective", "predict_proba", "binary_metrics",
     "candidate_values", "jga_slots", "jga_candidates", "jga_cost", "gold_belief", "beliefs_equal",
     "predict_beliefs", "joint_goal_accuracy", "score_joint_goal",
 ]
@@ -374,6 +375,45 @@ def make_loss_fn(config, *, pooling: str = "last", dropout: bool = True):
         acc = jnp.sum(correct * wf) / jnp.maximum(jnp.sum(wf), 1.0)
         return loss, {"logits": logits, "accuracy": acc}
     return loss_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class DSTObjective:
+    """The DST fine-tuning loss for the shared trainer (an :class:`rbjax.train.step.Objective`; paper §3.2): the
+    classifier ``Linear(d→1)`` on the state of the pooled token, mean BCE over the rows that hold an example.
+
+    ``params = {"gpt2": the model's params, "head": init_head(...)}``; the micro-batch holds ``input_ids``/
+    ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` and optionally ``weights`` ``(B,)`` (default: 1 for a row with
+    a token, 0 for the filler rows of a short last batch). In the packed layout the model runs on the packed rows
+    (:func:`rbjax.train.lm.forward_hidden`) and the last real token is pooled from the unpacked states.
+
+    Attributes:
+        pooling: ``last`` or ``reference`` (:func:`dst_logits`; the reference pooling attends padding and is never
+            packed).
+    """
+
+    pooling: str = "last"
+
+    def __post_init__(self):
+        if self.pooling not in POOLING:
+            raise ValueError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
+
+    def __call__(self, params, batch: dict, weights, key, spec):
+        if "pack" in batch:
+            if self.pooling != "last":
+                raise ValueError("the reference DST pooling attends padding: use the padded layout")
+            model = family_of_config(spec.config).module(spec.config)
+            hidden, _ = forward_hidden(model, params["gpt2"], batch, key is not None, key)
+            idx = pooled_index(batch["attention_mask"])
+            logits = dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], params["head"])
+        else:
+            logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"],
+                                spec.config, pooling=self.pooling, dropout_rng=key)
+        w = batch.get("weights")
+        if w is None:  # the filler rows of a short last batch (no token) do not count
+            w = (jnp.sum(batch["attention_mask"], axis=-1) > 0).astype(jnp.float32)
+        loss = dst_loss(logits, batch["labels"], w)
+        return loss, (loss, jnp.zeros((), jnp.float32))
 
 
 @partial(jax.jit, static_argnames=("config", "pooling"))

@@ -56,9 +56,6 @@ from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedResult
 from rbjax.data.redditbias import RedditBiasData, manifest
-from rbjax.debias.config import LAYOUTS, TrainConfig
-from rbjax.debias.data import ArrayData
-from rbjax.debias.loop import Trainer
 from rbjax.dialog import crg, dst
 from rbjax.dialog import multiwoz as mw
 from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics, format_crg_table
@@ -66,9 +63,12 @@ from rbjax.dialog.generate import generate_responses
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.model.generate import sampling_settings
 from rbjax.model.handle import ModelHandle
+from rbjax.train.batching import LAYOUTS, ArrayData
+from rbjax.train.config import TrainerConfig
+from rbjax.train.loop import Trainer
 
 __all__ = ["TASKS", "DEFAULTS", "RESULT_FORMAT", "evaluate", "resolve_model", "EvalModel", "task_settings",
-           "run_lmp", "run_dst", "run_crg", "format_result"]
+           "training_layout", "run_lmp", "run_dst", "run_crg", "format_result"]
 
 #: tasks run by ``task="all"``, in this order
 TASKS = ("lmp", "dst", "crg")
@@ -205,7 +205,14 @@ def _file_record(path: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ training
-def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, *, what: str):
+def training_layout(method: str, s: dict) -> str:
+    """The token layout a fine-tuning task trains in: the ``layout`` setting, except ``padded`` for DST in
+    reference semantics, whose pooling (the batch's longest row's last column, padding attended:
+    ``lm_dst_binary.py``) depends on the padding."""
+    return "padded" if (method == "dst" and s["semantics"] == "reference") else s["layout"]
+
+
+def _train(method: str, objective, model: EvalModel, out_dir: Path, s: dict, params, data, *, what: str):
     """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves).
 
     A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
@@ -217,13 +224,14 @@ def _train(method: str, model: EvalModel, out_dir: Path, s: dict, params, data, 
 
     config, _, tok = model.load()
     train_dir = out_dir / f"{method}_train"
-    cfg = TrainConfig(method=method, model=str(model.folder), out_dir=str(train_dir), semantics=s["semantics"],
-                      seed=s["seed"], epochs=s["epochs"], batch_size=s["batch_size"], grad_accum=s["grad_accum"],
-                      learning_rate=s["learning_rate"], block_size=s["block_size"], max_steps=s["max_steps"],
-                      dropout=s["dropout"], layout=s["layout"], export=False, evaluate=False, lmp=False, progress=s["progress"],
-                      keep_checkpoints=1)
+    cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s["seed"], epochs=s["epochs"],
+                        batch_size=s["batch_size"], grad_accum=s["grad_accum"], learning_rate=s["learning_rate"],
+                        block_size=s["block_size"], max_steps=s["max_steps"], dropout=s["dropout"],
+                        layout=training_layout(method, s), progress=s["progress"], keep_checkpoints=1,
+                        leftover="carry" if s["semantics"] == "reference" else "drop")
     try:
-        trainer = Trainer(cfg, model_config=config, params=params, model_key=model.digest, tokenizer=tok, data=data)
+        trainer = Trainer(cfg, objective, model_config=config, params=params, model_key=model.digest, tokenizer=tok,
+                          data=data)
     except ValueError as e:
         if "fewer than grad_accum" in str(e):
             raise ValueError(f"{what}: {data.n_examples} training examples make {-(-data.n_examples // cfg.batch_size)}"
@@ -426,7 +434,8 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
                                                   "stand_in_for": train.stand_in_for,
                                                   "n_examples": len(train_ex), "semantics": s["semantics"]})
     start = {"gpt2": params, "head": dst.init_head(config, s["seed"])}
-    trained, training, train_dir = _train("dst", model, out_dir, s, start, data, what="DST")
+    trained, training, train_dir = _train("dst", dst.DSTObjective(pooling="reference" if s["semantics"] == "reference" else "last"),
+                                            model, out_dir, s, start, data, what="DST")
 
     t1 = time.perf_counter()
     pooling = "reference" if reference else "last"
@@ -538,7 +547,8 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: dict) -> dict:
             raise ValueError(f"block_size {s['block_size']} exceeds the model's maximum positions {config.max_positions}")
         arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s["block_size"])
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
-        params, training, train_dir = _train("crg", model, out_dir, s, params, data, what="CRG")
+        params, training, train_dir = _train("crg", crg.CRGObjective(), model, out_dir, s, params, data,
+                                                 what="CRG")
         training["examples"] = stats
         timings["train_s"] = training["seconds"]
     else:

@@ -249,14 +249,13 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 # ------------------------------------------------------------------------------------------------ cost estimate
 #: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM); see there
 COSTS = {
-    # real (non-pad) tokens/s of the trainer's update in the packed layout (the default), religion1, batch 8, LM
-    # loss: bench_packed_train.py measures it; until it has run on a quiet machine this is an estimate from the
-    # quiet padded figures (RESULTS.md, train step: 1.46 s per 8 × 36 update, 82 real tokens/s at 41 % real slots;
-    # about a quarter of it, Adam over 124M parameters, does not depend on the tokens): 117 real tokens in ≈ 122
-    # packed slots → 0.37 s + 122 × 3.8 ms ≈ 0.83 s → ≈ 140 real tokens/s
-    "train_tokens_per_s": 140.0,
-    # bench_train_step.py: token slots/s of the padded layout (batch 8 × 36: every slot computed, real or not)
-    "train_padded_slots_per_s": 200.0,
+    # bench_packed_train.py, one run (1 December 2026, this 2-core CPU, quiet): the trainer's update as `rbjax debias`
+    # feeds it, religion1, batch 8, LM loss, DialoGPT-small shape: 51.8 real (non-pad) tokens/s in the packed layout
+    # (the default; 96 % of the computed slots real) ...
+    "train_tokens_per_s": 52.0,
+    # ... and, in the same run, the padded 8 × 36 layout: 32.8 real tokens/s at 41.1 % real slots = 80 slots/s
+    # (every slot computed, real or not)
+    "train_padded_slots_per_s": 80.0,
     "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
     "machine": "2-core CPU (benchmarks/RESULTS.md); divide by your accelerator's speed-up",
 }

@@ -1,6 +1,6 @@
 """Orbax checkpoints of a train state (one run, or a stacked grid chunk) with JSON metadata.
 
-A checkpoint holds the whole :class:`rbjax.debias.step.TrainState` (parameters, optimiser state, update count,
+A checkpoint holds the whole :class:`rbjax.train.step.TrainState` (parameters, optimiser state, update count,
 per-run hyper-parameters) and a metadata record (the run's key, the update count, the last metrics). It is restored
 into the pytree structure of a fresh state (namedtuples, not the lists/dicts an untyped restore gives), and it is
 never written with non-finite parameters.
@@ -9,7 +9,7 @@ A step folder can be incomplete although its name says otherwise: a copy or a wr
 without atomic renames leaves it without orbax's commit marker (``commit_success.txt``, or the commit time in
 ``_CHECKPOINT_METADATA``) or without its array data. :meth:`Checkpointer.problem` tells such a folder from its files,
 :meth:`Checkpointer.set_aside` renames it out of the way (kept, as ``<step>.incomplete``), and the trainer resumes
-from the newest complete step (:meth:`rbjax.debias.loop.Trainer.run`).
+from the newest complete step (:meth:`rbjax.train.loop.Trainer.run`).
 """
 from __future__ import annotations
 

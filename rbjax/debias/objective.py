@@ -1,0 +1,71 @@
+"""The training objective of a debiasing run (paper §4, eq. 2): the loss :func:`rbjax.train.step.train_step` takes.
+
+``lm`` = mean next-token cross-entropy over the micro-batch's real targets (:func:`rbjax.train.lm.mean_next_token_nll`,
+the next-token NLL shared with the LMB scorer); ``debias`` = the method's loss from :mod:`rbjax.debias.losses` on the
+final hidden states (after the final norm) with the batch's trigger arrays and the target pairs; ``total`` =
+λ_LM·L_LM + λ_D·L_D (:func:`rbjax.debias.losses.total_loss`, the reference's λ rule under reference semantics). CDA
+and plain LM fine-tuning use ``lm`` alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from rbjax.debias import losses as L
+from rbjax.debias.config import LOSS_METHODS, METHODS, SEMANTICS
+from rbjax.model.registry import family_of_config
+from rbjax.train.lm import forward_hidden, mean_next_token_nll
+
+__all__ = ["DebiasObjective"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DebiasObjective:
+    """The loss of one debiasing method (an :class:`rbjax.train.step.Objective`).
+
+    Attributes:
+        method: ``lmd``/``add``/``hd`` (a debiasing loss beside the LM loss), ``cda``/``lm`` (the LM loss alone).
+        semantics: ``paper``/``reference`` (reference-debias.md: the code's normalisations and λ rule).
+
+    The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays (``lmd_mask``
+    ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask`` ``(B, N)``) and the target
+    pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``, shared by the micro-batches of an update. The loss weights are
+    ``[λ_LM, λ_D]``.
+
+    Raises:
+        ValueError: unknown method or semantics.
+    """
+
+    method: str
+    semantics: str = "paper"
+    shared_keys = ("pair_ids", "pair_mask")
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
+
+    def __call__(self, params, batch: dict, weights, key, spec):
+        model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
+        hidden, rows = forward_hidden(model, params, batch, key is not None, key)
+        mask = batch["attention_mask"]
+        lm = mean_next_token_nll(spec.config, params, rows, mask, mask, compute_dtype=spec.nll_dtype)
+        if self.method not in LOSS_METHODS:
+            return lm, (lm, jnp.zeros((), jnp.float32))
+        deb = self.debias_loss(spec.config, params, hidden, batch)
+        return L.total_loss(lm, deb, weights[0], weights[1], self.semantics), (lm, deb)
+
+    def debias_loss(self, config, params, hidden, batch):
+        """The method's loss L_D on the final hidden states ``(B, L, d)`` (§4.1–§4.3)."""
+        # the output embedding: the LM head (the tied wte for GPT-2, the untied head where a family has one)
+        targets = L.gather_targets(family_of_config(config).lm_head(params), batch["pair_ids"], batch["pair_mask"])
+        if self.method == "lmd":
+            return L.equalising_loss(hidden, targets, batch["lmd_mask"], batch["norm"], semantics=self.semantics)
+        if self.method == "add":
+            return L.attribute_distance_loss(hidden, targets, batch["occ_weights"], batch["occ_mask"],
+                                             semantics=self.semantics)
+        basis, basis_mask = L.bias_subspace(targets, semantics=self.semantics)
+        return L.neutralisation_loss(hidden, batch["occ_weights"], batch["occ_mask"], basis, basis_mask,
+                                     semantics=self.semantics)

@@ -1,0 +1,464 @@
+"""The training loop, for any objective: one batch plan, one run or a chunk of grid points trained together.
+
+:class:`Trainer` drives :func:`rbjax.train.step.train_step` (one run) or :func:`~rbjax.train.step.grid_train_step`
+(a chunk of grid points that share a batch plan, vmapped over a stacked state) with the run's objective
+(:class:`rbjax.debias.objective.DebiasObjective`, or a dialog task's) over the updates of a
+:class:`~rbjax.train.batching.BatchPlan`, on a device mesh (:mod:`rbjax.core.mesh`), and owns everything around it:
+
+* **Checkpoints** (orbax, :mod:`rbjax.train.checkpoint`) every ``save_every`` updates, every ``save_every_s``
+  seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
+  aborts at once). The interrupt is then raised as :class:`rbjax.core.interrupt.Interrupted`, whose message says what was
+  saved and how to resume.
+* **Resume**: a run started again with the same folder restores its newest complete checkpoint and goes on (a step
+  folder without orbax's commit marker or with unreadable arrays is renamed ``<step>.incomplete``, named on stderr
+  and in the summary's ``incomplete_checkpoints``, and the previous step is used); data order and
+  dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
+  used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
+  training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
+  difference named.
+* **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
+  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
+  (the losses of a skipped update) is ``null``. ``tokens`` counts the real (non-pad) tokens of the update in either
+  layout, so ``tokens_per_s`` compares packed and padded runs.
+* **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.train.batching.BatchPlan`); the run's summary
+  records it with the packed shapes and the real-slot fraction (:meth:`Trainer.layout_info`).
+* **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and
+  counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from rbjax.core.interrupt import Interrupted, deferred_interrupts
+from rbjax.core.io import atomic_write_text, to_json
+from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
+from rbjax.core.log import say
+from rbjax.core.mesh import (grid_mesh, is_model_parallel, make_mesh, padded_points, parse_mesh, shard_batch,
+                             shard_state, shard_tree, to_host, tree_shardings)
+from rbjax.core.progress import progress_bar
+from rbjax.model.handle import ModelHandle, tokenizer_key
+from rbjax.model.partition import logical_axes_for
+from rbjax.train.batching import BatchPlan
+from rbjax.train.checkpoint import Checkpointer
+from rbjax.train.config import TrainerConfig
+from rbjax.train.step import (
+    StepSpec,
+    TrainState,
+    init_state,
+    micro_batch_grads,
+    micro_batch_losses,
+    shared_keys,
+    step_on_mesh,
+    unstack_state,
+)
+
+__all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start",
+           "tokenizer_digest"]
+
+#: a run stops when a point skipped this many updates in a row for non-finite gradients
+MAX_CONSECUTIVE_SKIPS = 25
+#: bumped when the checkpoint content changes incompatibly (older checkpoints are then not resumed)
+CHECKPOINT_FORMAT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHparams:
+    """The per-run hyper-parameters of one point of a chunk (the ones a chunk's points may differ in): the
+    objective's two loss weights (the debiasing objective's λ_LM and λ_D) and the peak learning rate."""
+
+    lambda_lm: float
+    lambda_d: float
+    learning_rate: float
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :meth:`Trainer.run` returns.
+
+    Attributes:
+        state: final (or, after ``stop_after``, current) train state, stacked on a leading axis for a chunk.
+        updates_done: updates applied in total (including those before a resume). t_total: schedule length.
+        finished: all ``t_total`` updates done. resumed_from: update count restored from a checkpoint (``None`` for
+        a fresh start). summary: timings, last metrics, skipped updates. n_points: points trained (1 for a run).
+    """
+
+    state: Any
+    updates_done: int
+    t_total: int
+    finished: bool
+    resumed_from: int | None
+    summary: dict
+    n_points: int = 1
+
+    @property
+    def params(self):
+        """The parameters of a single run (of point 0 of a chunk)."""
+        return self.state.params if self.n_points == 1 and not _stacked(self.state) else self.point_params(0)
+
+    def point_params(self, i: int):
+        return unstack_state(self.state, i).params
+
+
+def _stacked(state) -> bool:
+    return np.ndim(state.step) == 1
+
+
+def load_start(cfg: TrainerConfig):
+    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder, hub id or finished
+    run folder), through the model handle (:class:`rbjax.model.handle.ModelHandle`: vocabulary and special-token
+    checks included).
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
+    """
+    h = ModelHandle.open(cfg.model, cfg.tokenizer)
+    config, params, tokenizer = h.load()
+    return h.folder, config, params, tokenizer, h.digest
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """Content digest of a loaded tokenizer (:func:`rbjax.model.handle.tokenizer_key`), as checkpoint keys hold it."""
+    return digest(tokenizer_key(tokenizer))
+
+
+class Trainer:
+    """A training run (or a chunk of grid points sharing one batch plan): data, model, loop (module docstring).
+
+    The trainer knows no task: the loss is ``objective`` and the examples are ``data``. A task that builds its data
+    from the loaded model's tokenizer overrides :meth:`make_data` (:class:`rbjax.debias.loop.DebiasTrainer`).
+
+    Args:
+        cfg: the run's settings, a :class:`rbjax.train.config.TrainerConfig` or a task's extension of it (for a
+            chunk: the shared settings; batch size, accumulation, epochs, seed and leftover rule define the batch
+            plan).
+        objective: the loss (:class:`rbjax.train.step.Objective`).
+        points: the chunk's per-point hyper-parameters (``None``: one run with ``cfg``'s λ and learning rate, trained
+            with the unvmapped step).
+        model_config, params, model_key: the starting model (default: loaded from ``cfg.model``); ``model_key`` is
+            a content digest (default: of the model files, or of ``params`` when given).
+        tokenizer: a loaded tokenizer (default: ``cfg.tokenizer`` or the model folder).
+        data, plan: the examples (:class:`rbjax.train.batching.ArrayData` or a task's data object, default
+            :meth:`make_data`) / a prepared :class:`BatchPlan` (shared by the chunks of a sweep).
+        mesh: device mesh (default: :func:`rbjax.core.mesh.grid_mesh` over all devices).
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: missing model/data, bad settings.
+    """
+
+    def __init__(self, cfg: TrainerConfig, objective, *, points: list[RunHparams] | None = None, model_config=None,
+                 params=None, model_key: str | None = None, tokenizer=None, data=None, plan: BatchPlan | None = None,
+                 mesh=None):
+        self.cfg = cfg
+        self.model_dir = None
+        if params is None:
+            self.model_dir, model_config, params, tok, key = load_start(cfg)
+            tokenizer = tokenizer or tok
+            model_key = model_key or key
+        elif model_config is None:
+            raise ValueError("params given without model_config")
+        if tokenizer is None:
+            tokenizer = ModelHandle.open(cfg.model, cfg.tokenizer).tokenizer
+        # the vocabulary and special-token checks of the handle, for parameters given in memory too
+        ModelHandle.from_params(params, model_config, tokenizer, name=str(cfg.model), key=model_key or "")
+        self.config = model_config
+        self.init_params = params
+        self.model_key = model_key or tree_digest(params)
+        if cfg.block_size > self.config.max_positions:
+            raise ValueError(f"block_size {cfg.block_size} exceeds the model's maximum positions {self.config.max_positions}")
+        self.tokenizer = tokenizer
+        self.data = data if data is not None else self.make_data(tokenizer, self.config.vocab_size)
+        self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
+                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.resolved_layout)
+        if self.plan.layout != cfg.resolved_layout:
+            raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.resolved_layout}")
+        self.stacked = points is not None
+        self.points = list(points) if points is not None else [RunHparams(*cfg.loss_weights, cfg.learning_rate)]
+        self.spec = StepSpec(config=self.config, objective=objective, dropout=cfg.dropout,
+                             grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                             max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
+
+        if mesh is None and cfg.mesh:
+            mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh"))
+            if not self.stacked and mesh.shape["grid"] > 1:
+                raise ValueError(f"--mesh {cfg.mesh}: a single run has no grid points to spread; use data, fsdp, "
+                                 "tensor (grid is for rbjax sweep)")
+        self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
+                                                            cfg.batch_size)
+        self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1
+        # parameters, gradients and Adam moments split by the family's logical axes on an fsdp/tensor mesh
+        self.logical_axes = logical_axes_for(self.config)
+
+    def make_data(self, tokenizer, vocab_size: int):
+        """The run's examples when none were given (a task's trainer builds them from the tokenizer).
+
+        Raises:
+            ValueError: this trainer has no way to build them.
+        """
+        raise ValueError("no training data given (data=...)")
+
+    n_examples = property(lambda self: self.data.n_examples)
+    n_batches = property(lambda self: self.plan.n_batches)
+    t_total = property(lambda self: self.plan.t_total)
+
+    def batch_rows(self, epoch: int, index: int) -> np.ndarray:
+        return self.plan.batch_rows(epoch, index)
+
+    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers; packed layout:
+        packed in ``shape``, default its own need; ``plan.update_shape(u)`` gives update ``u``'s)."""
+        return {**self.plan.make_batch(rows, shape), **self.data.shared}
+
+    def device_batch(self, u: int) -> dict:
+        """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
+        dropout keys (``rng`` ``(A, 4)``: key words, not rows) replicated."""
+
+        return shard_batch({**self.plan.update_batch(u), **self.data.shared}, self.mesh, row_axis=1,
+                           shared_keys=shared_keys(self.spec) + ("rng",))
+
+    @property
+    def lambdas(self) -> np.ndarray:
+        """The run's loss weights (``cfg.loss_weights``) as the state holds them."""
+        return np.asarray(self.cfg.loss_weights, np.float32)
+
+    def losses(self, params, batch: dict) -> dict:
+        """``{lm, debias, total}`` of a host micro-batch (:meth:`make_batch`) without dropout."""
+        tot, (lm, deb) = micro_batch_losses(params, batch, self.lambdas, self.spec)
+        return {"lm": float(lm), "debias": float(deb), "total": float(tot)}
+
+    def grads(self, params, batch: dict, rng=None):
+        """Unscaled gradient of one micro-batch's total loss (dropout as configured when ``rng`` is given)."""
+        return micro_batch_grads(params, batch, self.lambdas, rng, self.spec)
+
+    def layout_info(self) -> dict:
+        """The token layout of the run's micro-batches: ``layout``, the packed ``(rows, slots)`` shapes of the plan
+        (one compiled program each) and the share of computed token slots that hold a real token."""
+        return {"layout": self.plan.layout, "packed_shapes": [list(s) for s in self.plan.shapes],
+                "real_slot_fraction": round(self.plan.real_fraction(), 4)}
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def key(self) -> dict:
+        """Everything that determines the trajectory (a checkpoint is resumed only when this matches)."""
+        traj = self.cfg.trajectory()
+        if self.stacked:
+            for k in ("lambda_lm", "lambda_d", "learning_rate"):
+                traj.pop(k, None)
+        return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": self.model_key,
+                "tokenizer": tokenizer_digest(self.tokenizer), "data": self.data.key, "t_total": self.t_total,
+                "n_examples": self.n_examples,
+                "points": [dataclasses.asdict(p) for p in self.points] if self.stacked else None}
+
+    def initial_state(self) -> TrainState:
+        """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
+
+        p0 = self.points[0]
+        if is_model_parallel(self.mesh) and not self.stacked:
+            # built on the mesh, each device holding only its slices (no full copy of the moments on one device)
+            params = shard_tree(self.init_params, self.mesh, self.logical_axes)
+            make = lambda p: init_state(p, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,  # noqa: E731
+                                        lr=p0.learning_rate, t_total=self.t_total)
+            return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make, params)))(params)
+        one = jax.device_get(init_state(self.init_params, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,
+                                        lr=p0.learning_rate, t_total=self.t_total))
+        if not self.stacked:
+            return shard_state(one, self.mesh, False, self.logical_axes)
+        pts = self.points + [self.points[-1]] * (self.n_padded - len(self.points))
+        M = len(pts)
+        state = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (M,) + np.shape(x)), one)
+        state = state.replace(lambdas=np.asarray([[p.lambda_lm, p.lambda_d] for p in pts], np.float32),
+                              lr=np.asarray([p.learning_rate for p in pts], np.float32))
+        return shard_state(state, self.mesh, True, self.logical_axes)
+
+    def state_shardings(self, state):
+        """The layout of a (stacked) state on this trainer's mesh (``None`` on a grid × data mesh: the step keeps
+        today's replicated / ``grid``-split layout)."""
+        if not is_model_parallel(self.mesh):
+            return None
+        return tree_shardings(state, self.mesh, self.logical_axes, self.stacked)
+
+    def lr_at(self, u: int, point: int = 0) -> float:
+        """Learning rate of update ``u`` (0-based count of updates already applied) of a point."""
+        return float(self.points[point].learning_rate * max(0.0, 1.0 - u / max(self.t_total, 1)))
+
+    # -- loop -------------------------------------------------------------------------------------------------
+    def run(self, *, stop_after: int | None = None, callback: Callable[[dict], None] | None = None,
+            checkpoints: bool = True, out_dir: str | Path | None = None) -> TrainResult:
+        """Train (resuming from ``OUT/checkpoints`` when there is a checkpoint of the same run).
+
+        Args:
+            stop_after: stop once this many updates are done in total (a checkpoint is written), as if the run
+                had been killed there; a later ``run()`` resumes.
+            callback: called before every micro-batch with ``{"kind": "micro", "update", "micro_batch", "epoch",
+                "batch_index", "rows", "params"}`` (``params``: the parameters the gradient is taken at) and after
+                every update with ``{"kind": "update", "update", "params", "lr", "grad_norm", "metrics"}``.
+            checkpoints: use orbax checkpoints under ``OUT/checkpoints`` (off: no resume, nothing written).
+            out_dir: folder for checkpoints and metrics (default: ``cfg.out_dir``).
+
+        Returns:
+            :class:`TrainResult`.
+
+        Raises:
+            ValueError: a checkpoint from a different run is in ``OUT/checkpoints``.
+            rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM (after saving a checkpoint).
+            RuntimeError: too many consecutive non-finite updates.
+        """
+
+        cfg = self.cfg
+        out = Path(out_dir if out_dir is not None else cfg.out_dir)
+        state = self.initial_state()
+        start, resumed = 0, None
+        ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
+        key = canonical(self.key())
+        set_aside: list[dict] = []
+        for step in ckpt.steps() if ckpt is not None else []:  # the newest complete checkpoint
+            why = ckpt.problem(step)
+            if why is None:
+                try:
+                    meta = ckpt.restore_meta(step)
+                except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
+                    why = f"its metadata cannot be read ({type(e).__name__})"
+            if why is None:
+                if meta.get("key") != key:
+                    ckpt.close()
+                    raise ValueError(
+                        f"{ckpt.directory}: holds checkpoints of a different run "
+                        f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+                try:
+                    state, meta = ckpt.restore(step, state)
+                    start = resumed = int(meta["update"])
+                    break
+                except ValueError as e:  # same run, unreadable arrays: damaged (e.g. array data missing)
+                    why = f"its arrays cannot be read: {e}"
+            moved = ckpt.set_aside(step) if jax.process_index() == 0 else ckpt.directory / str(step)
+            set_aside.append({"folder": str(ckpt.directory / str(step)), "moved_to": str(moved), "reason": why})
+            say("train", f"skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
+                          f"{moved.name}, resuming from the newest complete one")
+        metrics_path = out / "metrics.jsonl"
+        primary = jax.process_index() == 0  # across hosts, one process writes the metrics
+        if checkpoints:
+            out.mkdir(parents=True, exist_ok=True)
+            if primary:
+                _truncate_metrics(metrics_path, start)
+        n_pts = len(self.points)
+        end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
+        summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
+                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside,
+                                   **self.layout_info()}
+        consecutive = np.zeros(n_pts, np.int64)
+        t_run = last_save = time.perf_counter()
+        session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
+        summary["session"] = session
+        last: list[dict] = []
+        mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
+        desc = cfg.describe()
+        if self.stacked:
+            desc += f" ×{n_pts}"
+        bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
+        step_fn = step_on_mesh(self.mesh, self.stacked, self.state_shardings(state))
+        saved_at = start
+
+        def save(done: int) -> None:
+            nonlocal last_save, saved_at
+            if ckpt is not None and saved_at != done:
+                ckpt.save(done, state, {"update": done, "key": key, "metrics": last})
+                saved_at, last_save = done, time.perf_counter()
+
+        try:
+            with deferred_interrupts(enabled=True) as flag:
+                for u in range(start, end):
+                    t0 = time.perf_counter()
+                    if callback is not None:
+                        for j, (e, b) in enumerate(self.plan.plan[u]):
+                            callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
+                                      "batch_index": b, "rows": self.plan.batch_rows(e, b), "params": state.params})
+                    state, m = step_fn(state, self.device_batch(u), spec=self.spec)
+                    m = to_host(m)  # syncs with the device (and, across hosts, gathers every point's metrics)
+                    now = time.perf_counter()
+                    tokens = self.plan.tokens(u)
+                    if summary["first_update_s"] is None:
+                        summary["first_update_s"] = now - t0
+                    summary["tokens"] += tokens
+                    e_last, b_last = self.plan.plan[u][-1]
+                    epoch = round(e_last + (b_last + 1) / self.n_batches, 4)
+                    last = []
+                    for i in range(n_pts):
+                        g = (lambda k: float(m[k][i])) if self.stacked else (lambda k: float(m[k]))
+                        rec = {"step": u + 1, "epoch": epoch, "lm_loss": g("lm"), "debias_loss": g("debias"),
+                               "total": g("total"), "lr": g("lr"), "grad_norm": g("grad_norm"),
+                               "skipped": bool(g("skipped")), "tokens": tokens,
+                               "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run,
+                               "session": session}
+                        if self.stacked:
+                            rec = {"point": i, **rec}
+                        last.append(rec)
+                        if rec["skipped"]:
+                            summary["skipped_updates"][i] += 1
+                            consecutive[i] += 1
+                        else:
+                            consecutive[i] = 0
+                    if mf is not None:
+                        mf.write("".join(to_json(r) + "\n" for r in last))
+                        mf.flush()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{last[0]['total']:.4g}", lm=f"{last[0]['lm_loss']:.3f}",
+                                    deb=f"{last[0]['debias_loss']:.3g}", tok_s=f"{last[0]['tokens_per_s']:.0f}")
+                    if callback is not None:
+                        callback({"kind": "update", "update": u + 1, "params": state.params, "lr": last[0]["lr"],
+                                  "grad_norm": last[0]["grad_norm"], "metrics": last[0] if not self.stacked else last})
+                    done = u + 1
+                    if consecutive.max() >= MAX_CONSECUTIVE_SKIPS:
+                        i = int(consecutive.argmax())
+                        raise RuntimeError(
+                            f"update {done}: {MAX_CONSECUTIVE_SKIPS} updates in a row had non-finite gradients"
+                            f"{f' (grid point {i})' if self.stacked else ''} and were skipped; the last good "
+                            f"checkpoint is kept in {out / 'checkpoints'} — lower the learning rate or the loss weights (λ_D)")
+                    if flag:
+                        save(done)
+                        where = (f"a checkpoint of update {done}/{self.t_total} is saved in {out / 'checkpoints'}; "
+                                 "run the same command again to resume from it") if ckpt is not None else \
+                            "nothing was saved (checkpoints are off)"
+                        raise Interrupted(f"rbjax: {flag.signal_name} — training stopped after update "
+                                          f"{done}/{self.t_total}; {where}.")
+                    if ckpt is not None and (done % cfg.save_every == 0 or done == end or (
+                            cfg.save_every_s and time.perf_counter() - last_save >= cfg.save_every_s)):
+                        save(done)
+        finally:
+            bar.close()
+            if mf is not None:
+                mf.close()
+            if ckpt is not None:
+                ckpt.close()
+        summary["train_s"] = time.perf_counter() - t_run
+        summary["last"] = last[0] if (last and not self.stacked) else (last or None)
+        n_upd = end - start
+        if summary["tokens"] and summary["train_s"] > 0:
+            steady = summary["train_s"] - (summary["first_update_s"] or 0.0)
+            summary["tokens_per_s"] = summary["tokens"] * n_pts / summary["train_s"]
+            summary["steady_tokens_per_s"] = (summary["tokens"] * n_pts * (n_upd - 1) / max(n_upd, 1) / steady
+                                              if n_upd > 1 and steady > 0 else None)
+        if self.stacked and self.n_padded > n_pts:  # drop the padding points (on the host)
+            state = jax.tree.map(lambda x: x[:n_pts], to_host(state))
+        return TrainResult(state=state, updates_done=max(end, start), t_total=self.t_total,
+                           finished=max(end, start) >= self.t_total, resumed_from=resumed, summary=summary,
+                           n_points=n_pts if self.stacked else 1)
+
+
+def _truncate_metrics(path: Path, upto: int) -> None:
+    """Keep only the metric lines of updates ≤ ``upto`` (those after the resumed checkpoint are redone)."""
+    if not path.exists():
+        return
+    keep = []
+    for ln in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(ln).get("step", 0) <= upto:
+                keep.append(ln)
+        except json.JSONDecodeError:
+            break  # a line cut by a kill: drop it and everything after
+
+    atomic_write_text(path, "".join(k + "\n" for k in keep))

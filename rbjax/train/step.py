@@ -1,0 +1,260 @@
+"""The pure training step of every training run: a train state and ``train_step(state, batch) -> (state, metrics)``.
+
+Importable without orbax, tqdm or any I/O: this is what people unit-test, ``vmap`` over a hyper-parameter grid and
+shard over a device mesh. The step knows no task: the loss comes from the run's *objective*
+(:class:`Objective`), a hashable callable that the debiasing methods (:class:`rbjax.debias.objective.DebiasObjective`:
+LM, LMD, ADD, HD, CDA) and the dialog fine-tuning tasks (:class:`rbjax.dialog.dst.DSTObjective`,
+:class:`rbjax.dialog.crg.CRGObjective`) each supply. One compiled program per (objective, batch shape): the per-run
+hyper-parameters (the objective's loss weights, e.g. λ_LM and λ_D of eq. 2, and the peak learning rate) live in the
+state as arrays, so the 6 λ combinations of the paper's grid at one (batch, accumulation) setting share a program,
+vmapped over a stacked state (:func:`grid_train_step`).
+
+One update (paper §5.1; reference-debias.md §1.7-§1.8, §7)::
+
+    for each of the update's A micro-batches:       (lax.scan; A = grad_accum, more for a carried-over update)
+        total = objective(params, micro-batch)       (debiasing: λ_LM·L_LM + λ_D·L_D, eq. 2)
+        grad += ∇ total / grad_accum               (the reference Trainer's scaling)
+    direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad or total is not finite)
+    params -= learning_rate(step, lr, t_total) · direction
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from rbjax.core.precision import get_policy
+from rbjax.train.optim import global_norm, learning_rate, make_optimizer
+
+__all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "batch_losses",
+           "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
+           "micro_batch_losses", "micro_batch_grads"]
+
+
+class Objective(Protocol):
+    """What a task gives the trainer: its loss on one micro-batch (hashable, so that it can be a static argument of
+    the compiled step; a frozen dataclass of the task's settings is the usual form).
+
+    ``objective(params, batch, weights, key, spec) -> (total, (lm, aux))``: ``params`` the trained parameters,
+    ``batch`` one micro-batch (``input_ids``/``attention_mask`` ``(B, L)``, the task's per-example arrays, the
+    shared arrays, and ``pack``/``unpack`` in the packed layout: :mod:`rbjax.train.lm`), ``weights`` float32 ``(2,)``
+    the run's loss weights from the state, ``key`` the dropout PRNG key (``None``: no dropout), ``spec`` the
+    :class:`StepSpec`. ``total`` is differentiated; ``lm`` (the language-modelling term, or the task's loss) and
+    ``aux`` (a second term, e.g. the debiasing loss; 0 where there is none) are reported as metrics.
+
+    Attribute ``shared_keys`` (optional): names of batch arrays shared by every micro-batch of an update (not stacked
+    on the micro-batch axis), e.g. the debiasing target pairs.
+    """
+
+    def __call__(self, params, batch: dict, weights: jax.Array, key, spec: "StepSpec"):
+        ...
+
+
+def shared_keys(spec: "StepSpec") -> tuple[str, ...]:
+    """The batch arrays of ``spec``'s objective that every micro-batch of an update shares."""
+    return tuple(getattr(spec.objective, "shared_keys", ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static settings of a step (hashable; one compiled program per distinct value and batch shape).
+
+    Attributes:
+        config: the model's config (any family of :mod:`rbjax.model.registry`). objective: the task's loss
+        (:class:`Objective`). dropout: dropout active. grad_accum: micro-batches per update (each micro-batch loss is
+        scaled by ``1/grad_accum``). b1, b2, eps, max_grad_norm: Adam and clip settings. precision: ``fp32`` or
+        ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
+    """
+
+    config: Any
+    objective: Any
+    dropout: bool = True
+    grad_accum: int = 1
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    precision: str = "fp32"
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
+
+    @property
+    def policy(self):
+        """The precision policy (:mod:`rbjax.core.precision`)."""
+        return get_policy(self.precision)
+
+    @property
+    def compute_dtype(self):
+        return self.policy.compute_dtype
+
+    @property
+    def nll_dtype(self):
+        """The matmul dtype of the next-token NLL (:func:`rbjax.train.lm.mean_next_token_nll`): ``None`` (float32)
+        under fp32."""
+        return None if self.precision == "fp32" else self.compute_dtype
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during a run, as arrays (a pytree; stack it on a leading axis for a grid).
+
+    Attributes:
+        params: the model's parameters. opt_state: the optimiser state (:func:`rbjax.train.optim.make_optimizer`).
+        step: int32, updates done (the next update's learning rate is ``learning_rate(step, lr, t_total)``).
+        lambdas: float32 ``(2,)``, the objective's loss weights (debiasing: ``[λ_LM, λ_D]`` of eq. 2).
+        lr: float32 peak learning rate.
+        t_total: float32, schedule length in updates.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    lambdas: jax.Array
+    lr: jax.Array
+    t_total: jax.Array
+
+
+def init_state(params, spec: StepSpec, *, lambda_lm: float, lambda_d: float, lr: float, t_total: int) -> TrainState:
+    """A fresh state for one run (step 0, a new optimiser state)."""
+    return TrainState(params=params, opt_state=spec.optimizer.init(params), step=jnp.zeros((), jnp.int32),
+                      lambdas=jnp.asarray([lambda_lm, lambda_d], jnp.float32), lr=jnp.asarray(lr, jnp.float32),
+                      t_total=jnp.asarray(t_total, jnp.float32))
+
+
+def stack_states(states: list[TrainState]) -> TrainState:
+    """Stack states of several runs on a leading grid axis (for :func:`grid_train_step`)."""
+    return jax.tree.map(lambda *x: jnp.stack(x), *states)
+
+
+def unstack_state(state: TrainState, i: int) -> TrainState:
+    """Point ``i`` of a stacked state."""
+    return jax.tree.map(lambda x: x[i], state)
+
+
+# ------------------------------------------------------------------------------------------------------ losses
+def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
+    """``(total, (lm, aux))`` of one micro-batch (differentiable in ``params``): the objective's loss, computed under
+    the precision policy's matmul context (fp32 = full fp32 matmuls on every backend, whatever the global default).
+
+    Args:
+        params: the model's params. batch: one micro-batch with the shared arrays (:class:`Objective`).
+        lambdas: ``(2,)`` loss weights. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
+        spec: static settings. dropout: override ``spec.dropout``.
+    """
+    drop = spec.dropout if dropout is None else dropout
+    key = jax.random.wrap_key_data(rng, impl="rbg") if drop and rng is not None else None
+    with spec.policy.matmul_context():
+        return spec.objective(params, batch, lambdas, key, spec)
+
+
+# ------------------------------------------------------------------------------------------------------- step
+def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
+    """One update from the micro-batches of ``batch`` (pure; jit with ``spec`` static, see :data:`train_step_jit`).
+
+    Args:
+        state: the run's :class:`TrainState`.
+        batch: the update's micro-batches stacked on a leading axis A (``input_ids`` ``(A, B, L)``, masks, the
+            objective's per-example arrays, ``rng`` ``(A, 4)`` uint32 dropout keys) plus the unstacked arrays of the
+            objective's ``shared_keys`` (e.g. the debiasing target pairs).
+        spec: static settings.
+
+    Returns:
+        ``(state, metrics)`` with float32 metrics ``lm``, ``debias`` (the objective's second term), ``total`` (means
+        over the micro-batches),
+        ``grad_norm`` (global norm of the accumulated gradient before clipping, overflow-free), ``lr`` (the learning
+        rate this update used) and ``skipped`` (1.0 when the gradient or the total loss was not finite and the
+        update was skipped).
+    """
+    keys = shared_keys(spec)
+    shared = {k: batch[k] for k in keys if k in batch}
+    micro = {k: v for k, v in batch.items() if k not in keys}
+    scale = jnp.float32(1.0 / spec.grad_accum)
+
+    def one(mb):
+        fn = lambda p: batch_losses(p, {**mb, **shared}, state.lambdas, mb["rng"], spec)  # noqa: E731
+        (tot, (lm, deb)), g = jax.value_and_grad(fn, has_aux=True)(state.params)
+        return jax.tree.map(lambda x: x * scale, g), jnp.stack([lm, deb, tot])
+
+    n_micro = micro["input_ids"].shape[0]
+    if n_micro == 1:
+        grads, m = one(jax.tree.map(lambda x: x[0], micro))
+    else:
+        def body(acc, mb):
+            g, m = one(mb)
+            return jax.tree.map(jnp.add, acc, g), m
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grads, ms = jax.lax.scan(body, zeros, micro)
+        m = ms.mean(axis=0)
+    gnorm = global_norm(grads)
+    # A non-finite loss skips the update even when its gradient is finite (e.g. λ_D = NaN on a batch with no
+    # debiasing term: total NaN, gradient of the LM term only): the optimiser sees a NaN gradient, so it leaves
+    # the parameters and moments alone and counts the skip (optim.make_optimizer).
+    finite_loss = jnp.isfinite(m[2])
+    grads = jax.tree.map(lambda g: jnp.where(finite_loss, g, jnp.nan).astype(g.dtype), grads)
+    direction, opt_state = spec.optimizer.update(grads, state.opt_state, state.params)
+    lr = learning_rate(state.step, state.lr, state.t_total)
+    params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), state.params, direction)
+    skipped = jnp.logical_not(jnp.isfinite(gnorm) & finite_loss).astype(jnp.float32)
+    new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new, {"lm": m[0], "debias": m[1], "total": m[2], "grad_norm": gnorm, "lr": lr, "skipped": skipped}
+
+
+#: :func:`train_step` compiled (``spec`` static, the state donated): one program per (spec, batch shape)
+train_step_jit = jax.jit(train_step, static_argnames=("spec",), donate_argnames=("state",))
+
+
+def _grid_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
+    return jax.vmap(lambda s: train_step(s, batch, spec=spec))(state)
+
+
+#: :func:`train_step` vmapped over a stacked state (leading grid axis; every point sees the same ``batch``), compiled.
+#: A point whose gradient is not finite skips its update without touching the others.
+grid_train_step = jax.jit(_grid_step, static_argnames=("spec",), donate_argnames=("state",))
+
+_ON_MESH: dict = {}
+
+
+def step_on_mesh(mesh, stacked: bool, state_shardings=None):
+    """The compiled step for a device ``mesh``: the state stays split over ``grid`` (``stacked``: a chunk of grid
+    points) or replicated (one run) — or, on a mesh with ``fsdp``/``tensor`` axes, laid out as ``state_shardings``
+    (:func:`rbjax.core.mesh.tree_shardings`: parameters, gradients' updates and Adam moments split by the family's
+    logical axes) — whatever layout the compiler would pick for the outputs, so every update reuses the first
+    update's program. One jitted function per (mesh, stacked, layout), shared by every trainer on that mesh."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    layout = None if state_shardings is None else (jax.tree.structure(state_shardings),
+                                                    tuple(jax.tree.leaves(state_shardings)))
+    f = _ON_MESH.get((mesh, stacked, layout))
+    if f is None:
+        sh = NamedSharding(mesh, PartitionSpec("grid") if stacked else PartitionSpec())
+        out = (sh, sh) if state_shardings is None else (state_shardings, sh)
+        f = _ON_MESH[(mesh, stacked, layout)] = jax.jit(_grid_step if stacked else train_step,
+                                                        static_argnames=("spec",), donate_argnames=("state",),
+                                                        out_shardings=out)
+    return f
+
+
+def compiled_programs() -> int:
+    """Training programs compiled so far in this process (all meshes), e.g. to check one per batch plan."""
+    return sum(f._cache_size() for f in (train_step_jit, grid_train_step, *_ON_MESH.values()))
+
+
+# ------------------------------------------------------------------------------------ for tests and evaluation
+@partial(jax.jit, static_argnames=("spec",))
+def micro_batch_losses(params, batch: dict, lambdas, spec: StepSpec):
+    """``(total, (lm, debias))`` of one micro-batch without dropout."""
+    return batch_losses(params, batch, lambdas, None, spec, dropout=False)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def micro_batch_grads(params, batch: dict, lambdas, rng, spec: StepSpec):
+    """Unscaled gradient of one micro-batch's total loss (with dropout when ``rng`` is given and the spec has it)."""
+    return jax.grad(lambda p: batch_losses(p, batch, lambdas, rng, spec)[0])(params)
