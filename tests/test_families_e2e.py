@@ -149,3 +149,80 @@ def test_triggers_find_terms_whatever_the_word_marker(tmp_path, redditbias_dir, 
     starts = [i for i in range(1, x.shape[1]) if t.mask[0, i - 1].any()]  # tokens predicted with a pair
     words = {tok.decode(x[0, i:].tolist()).split()[0] for i in starts}
     assert words == {"christians", "jews"}, words
+
+
+#: GPT-NeoX (Pythia: no BOS added, untied ``embed_out``, partial rotary) and Gemma 2 (BOS added, tied embedding,
+#: soft-capping) tiny configs, through every command as the Llama test above (issue 17: "for each family")
+OTHER_FAMILIES = {
+    "gpt_neox": (False, {"model_type": "gpt_neox", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256,
+                         "rotary_pct": 0.25, "tie_word_embeddings": False, "initializer_range": PARITY_INIT,
+                         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}),
+    "gemma2": (True, {"model_type": "gemma2", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                      "max_position_embeddings": 256, "sliding_window": 256, "query_pre_attn_scalar": 12,
+                      "attn_logit_softcapping": 3.0, "final_logit_softcapping": 8.0, "tie_word_embeddings": True,
+                      "initializer_range": PARITY_INIT, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(OTHER_FAMILIES))
+def test_other_families_measure_debias_export_evaluate(name, redditbias_dir, tmp_path):
+    """A tiny GPT-NeoX / Gemma 2 checkpoint (saved by rbjax, torch-free) through ``measure`` (perplexities equal
+    PyTorch's one phrase at a time, BOS as the family's tokenizer adds it), ``debias`` with each method (the output
+    embedding trained), ``measure`` of an exported run, ``evaluate --task lmp``, and every export loading back in
+    ``transformers`` as the same architecture."""
+    from rbjax.debias.train import train
+    from rbjax.lmb.measure import measure_bias
+    from rbjax.model.hf import load_pretrained, save_pretrained
+    from rbjax.model.registry import FAMILIES
+
+    add_bos, hf = OTHER_FAMILIES[name]
+    fam = FAMILIES[name]
+    tok = make_tokenizer_json(tmp_path / "tok", kind="bytelevel", add_bos=add_bos, redditbias_dir=redditbias_dir)
+    cfg = fam.config_from_hf(hf, f"tiny {name}")
+    model = save_pretrained(fam.init_params(cfg, 0), cfg, tmp_path / "model", tokenizer_dir=tok)
+
+    out = tmp_path / "m"
+    assert main(["measure", "--model", str(model), "--bias", "religion1", "--data-dir", str(redditbias_dir),
+                 "--out", str(out), "--n-bootstrap", "0", "--no-progress"]) == 0
+    rec = json.loads((out / "lmb.json").read_text())[0]
+    assert rec["settings"]["bos"] is add_bos and np.isfinite(rec["t_value"])
+    rows = _csv(out / "religion1_perplexities.csv")
+    assert len(rows) == rec["n_pairs"] == 238
+
+    _, start = load_pretrained(model)
+    runs = {}
+    for method in ("lmd", "add", "hd", "cda"):
+        tc = small_train_config(model, model, redditbias_dir, tmp_path / method, method=method, batch_size=2,
+                                max_steps=1, export=True, layout="padded")
+        assert train(tc)["training"]["updates"] == 1, method
+        runs[method] = tmp_path / method
+        _, p = load_pretrained(runs[method] / "model")
+        # LMD/ADD/HD read their target vectors from the output embedding, which is trained with the rest
+        assert not np.array_equal(np.asarray(fam.lm_head(p)), np.asarray(fam.lm_head(start))), method
+    recs = measure_bias(model=str(runs["hd"]), bias_types="religion1", data_dir=redditbias_dir,
+                        out_dir=tmp_path / "m_hd", n_bootstrap=0, progress=False, plot=False)
+    assert recs[0]["settings"]["bos"] is add_bos and np.isfinite(recs[0]["t_value"])
+    assert main(["evaluate", "--task", "lmp", "--model", str(runs["lmd"]), "--data-dir", str(redditbias_dir),
+                 "--lmp-max-lines", "40", "--out", str(tmp_path / "ev"), "--no-progress"]) == 0
+    lmp = json.loads((tmp_path / "ev" / "lmp.json").read_text())
+    assert lmp["metrics"]["bos"] is add_bos and math.isfinite(lmp["metrics"]["perplexity"])
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    arch = {"gpt_neox": "GPTNeoXForCausalLM", "gemma2": "Gemma2ForCausalLM"}[name]
+    tm = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    ref_tok = transformers.AutoTokenizer.from_pretrained(model)
+    assert type(tm).__name__ == arch
+    for r in rows[:: len(rows) // 8]:  # a spread of pairs, each phrase alone
+        for col, phrase in (("biased_ppl", r["biased_phrase"]), ("counterfactual_ppl", r["counterfactual_phrase"])):
+            ids = torch.tensor([ref_tok(phrase)["input_ids"]])
+            assert (ids[0, 0].item() == 1) is add_bos  # the tokenizer's BOS, where the family's adds one
+            with torch.no_grad():
+                want = math.exp(tm(ids, labels=ids).loss.item())
+            assert float(r[col]) == pytest.approx(want, rel=1e-5), phrase
+    for method, folder in runs.items():
+        assert type(transformers.AutoModelForCausalLM.from_pretrained(folder / "model")).__name__ == arch, method
