@@ -24,7 +24,13 @@ changes (per-phrase relative error of the mean NLL, both frameworks), compile co
 The same script runs unchanged on an accelerator (rbjax on JAX's default device; PyTorch on CUDA when available,
 else CPU — then the PyTorch figures are not like for like and are marked so).
 
-    python benchmarks/bench_scoring.py [--n-pairs 160 | --all] [--rounds 3] [--batch-size 64]
+    python benchmarks/bench_scoring.py [--n-pairs 160 | --all] [--rounds 3] [--batch-size 64] [--family llama]
+
+``--family llama`` (issue 17): the same at a Llama-architecture model of DialoGPT-small's size — 12 layers, width
+768, 12 query heads sharing 4 key/value heads (grouped-query attention), a gated MLP of 2,048 (as many MLP weights as
+GPT-2's 3,072), RMSNorm, rotary positions, the 50,257-token vocabulary with a tied head — against
+``transformers.LlamaForCausalLM`` with the same random weights. Body FLOPs are counted from the model's own matmul
+weights (2 per weight per token), so the roofline holds for either family.
 """
 from __future__ import annotations
 
@@ -76,6 +82,8 @@ def main() -> None:
     ap.add_argument("--n-loop", type=int, default=60, help="phrases for the one-at-a-time PyTorch loop (0: skip)")
     ap.add_argument("--data-dir", default=str(SHARED / "redditbias"))
     ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
+    ap.add_argument("--family", choices=("gpt2", "llama"), default="gpt2",
+                    help="gpt2: DialoGPT-small's shape; llama: a Llama-architecture model of that size")
     args = ap.parse_args()
 
     import jax
@@ -102,18 +110,29 @@ def main() -> None:
 
     cfg_json = json.loads((SHARED / "models/dialogpt-small-config/config.json").read_text())
     torch.manual_seed(0)
-    tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
-                                                                 "n_head")})
-    tmodel = transformers.GPT2LMHeadModel(tcfg).eval().to(tdev)
+    if args.family == "gpt2":
+        tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
+                                                                     "n_head")})
+        tmodel = transformers.GPT2LMHeadModel(tcfg).eval().to(tdev)
+    else:
+        tcfg = transformers.LlamaConfig(vocab_size=cfg_json["vocab_size"], hidden_size=cfg_json["n_embd"],
+                                        intermediate_size=2048, num_hidden_layers=cfg_json["n_layer"],
+                                        num_attention_heads=cfg_json["n_head"], num_key_value_heads=4,
+                                        max_position_embeddings=cfg_json["n_positions"], tie_word_embeddings=True,
+                                        bos_token_id=50256, eos_token_id=50256)
+        tmodel = transformers.LlamaForCausalLM(tcfg).eval().to(tdev)
     with tempfile.TemporaryDirectory() as d:
         tmodel.save_pretrained(d)
         cfg, params = load_pretrained(d)
-    d_, V, nl = cfg.n_embd, cfg.vocab_size, cfg.n_layer
-    body_tok = nl * 24 * d_ * d_  # FLOPs per token through the 12 blocks' dense layers
+    d_, V = cfg_json["n_embd"], cfg_json["vocab_size"]
+    nl, qdim = cfg_json["n_layer"], cfg_json["n_embd"]  # both families: 12 layers, 12 heads × 64 = 768 query dims
+    # FLOPs per token through the blocks' dense layers: 2 per matmul weight (GPT-2: 24·d² per layer)
+    body_tok = 2 * sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+                       if "kernel" in jax.tree_util.keystr(path))
     head_pos = 2 * d_ * V          # FLOPs of the LM head per position
 
-    def attn_flops(seqs):  # useful attention: 4·d per layer per attended key (causal, within the phrase)
-        return sum(4 * d_ * nl * len(s) * (len(s) + 1) / 2 for s in seqs)
+    def attn_flops(seqs):  # useful attention: 4·(query dims) per layer per attended key (causal, within the phrase)
+        return sum(4 * qdim * nl * len(s) * (len(s) + 1) / 2 for s in seqs)
 
     # ------------------------------------------------------------------ methods
     scorers = {"fp32": PerplexityScorer(params, cfg, batch_size=args.batch_size),
@@ -235,7 +254,7 @@ def main() -> None:
     att_all = attn_flops(ids)
     from rbjax.lmb.perplexity import common_prefix_length
 
-    att_shared = sum(4 * d_ * nl * p * (p + 1) / 2 for p in (common_prefix_length(x, y) for x, y in zip(A, C)))
+    att_shared = sum(4 * qdim * nl * p * (p + 1) / 2 for p in (common_prefix_length(x, y) for x, y in zip(A, C)))
     work = {
         # PyTorch: every token through the body, the head on every position (last and padding excluded)
         "torch": n_tok * (body_tok + head_pos) + att_all,
@@ -285,7 +304,7 @@ def main() -> None:
     }
     if len(loop_idx):
         res["ratios"]["rbjax_fp32_over_torch_one_at_a_time"] = res["rbjax_fp32"] / res["torch_one_at_a_time"]
-    res.update(n_pairs=len(A), n_phrases=n, n_tokens=n_tok, batch_size=args.batch_size, torch_batch=args.torch_batch,
+    res.update(family=args.family, model_class=type(tmodel).__name__, n_pairs=len(A), n_phrases=n, n_tokens=n_tok, batch_size=args.batch_size, torch_batch=args.torch_batch,
                rounds=args.rounds, torch_device=tdev, jax_backend=jax.default_backend(),
                machine=f"{cpu_name()}, {os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}: "
                        f"{jax.devices()[0].device_kind}), torch {torch.__version__} ({tdev})")

@@ -31,8 +31,8 @@ import optax
 from rbjax.core.precision import get_policy
 from rbjax.train.optim import global_norm, learning_rate, make_optimizer
 
-__all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state", "batch_losses",
-           "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
+__all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state",
+           "batch_losses", "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
            "micro_batch_losses", "micro_batch_grads"]
 
 
