@@ -1,6 +1,6 @@
 """The training objective of a debiasing run (paper §4, eq. 2): the loss :func:`rbjax.train.step.train_step` takes.
 
-``lm`` = mean next-token cross-entropy over the micro-batch's real targets (:func:`rbjax.train.lm.mean_next_token_nll`,
+``lm`` = mean next-token cross-entropy over the micro-batch's real targets (:func:`rbjax.train.lm.forward_and_nll`,
 the next-token NLL shared with the LMB scorer); ``debias`` = the method's loss from :mod:`rbjax.debias.losses` on the
 final hidden states (after the final norm) with the batch's trigger arrays and the target pairs; ``total`` =
 λ_LM·L_LM + λ_D·L_D (:func:`rbjax.debias.losses.total_loss`, the reference's λ rule under reference semantics). CDA
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from rbjax.debias import losses as L
 from rbjax.debias.config import LOSS_METHODS, METHODS, SEMANTICS
 from rbjax.model.registry import family_of_config
-from rbjax.train.lm import forward_hidden, mean_next_token_nll
+from rbjax.train.lm import forward_and_nll
 
 __all__ = ["DebiasObjective"]
 
@@ -48,10 +48,7 @@ class DebiasObjective:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
 
     def __call__(self, params, batch: dict, weights, key, spec):
-        model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
-        hidden, rows = forward_hidden(model, params, batch, key is not None, key)
-        mask = batch["attention_mask"]
-        lm = mean_next_token_nll(spec.config, params, rows, mask, mask, compute_dtype=spec.nll_dtype)
+        hidden, lm = forward_and_nll(params, batch, key, spec, batch["attention_mask"])
         if self.method not in LOSS_METHODS:
             return lm, (lm, jnp.zeros((), jnp.float32))
         deb = self.debias_loss(spec.config, params, hidden, batch)

@@ -353,8 +353,8 @@ def run_chunk(task: dict) -> list[dict]:
     cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
     t0 = time.perf_counter()
     tr = DebiasTrainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
-                 model_config=ctx["config"], params=ctx["params"], model_key=ctx["model_key"],
-                 tokenizer=ctx["tokenizer"], data=ctx["data"])
+                       model_config=ctx["config"], params=ctx["params"], model_key=ctx["model_key"],
+                       tokenizer=ctx["tokenizer"], data=ctx["data"])
     res = tr.run(out_dir=cdir)
     train_s = time.perf_counter() - t0
     recs = []

@@ -8,10 +8,11 @@
 The pieces live in their own modules: :mod:`rbjax.debias.config` (settings), :mod:`rbjax.debias.data` (phrases →
 tokens → triggers), :mod:`rbjax.debias.objective` (the methods' losses), and the task-agnostic trainer in
 :mod:`rbjax.train` (:mod:`~rbjax.train.batching` batches and updates, :mod:`~rbjax.train.optim` clip + Adam and
-learning rate, :mod:`~rbjax.train.step` the pure train state and step, :mod:`~rbjax.train.checkpoint` orbax);
-:mod:`rbjax.debias.loop` (the loop, resume, interrupts). This module chains them and decides what a rerun may reuse:
+learning rate, :mod:`~rbjax.train.step` the pure train state and step, :mod:`~rbjax.train.checkpoint` orbax,
+:mod:`~rbjax.train.loop` the loop, resume, interrupts), driven by :class:`rbjax.debias.loop.DebiasTrainer`. This
+module chains them and decides what a rerun may reuse:
 
-* an unfinished run in ``OUT`` is resumed from its checkpoint (same key, see :mod:`rbjax.debias.loop`);
+* an unfinished run in ``OUT`` is resumed from its checkpoint (same key, see :mod:`rbjax.train.loop`);
 * a finished run is not trained again: its training record is kept, and only evaluations that are missing or whose
   inputs changed are computed (e.g. a rerun with another ``--eval-bias`` adds the new bias types' LMB; an identical
   rerun does nothing). What was reused is printed and recorded under ``reused`` in ``results.json``.

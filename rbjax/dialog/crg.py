@@ -38,8 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rbjax.dialog.crg_metrics import read_lines
-from rbjax.model.registry import family_of_config
-from rbjax.train.lm import forward_hidden, mean_next_token_nll
+from rbjax.train.lm import forward_and_nll
 
 __all__ = ["FIELDS", "UNDISCLOSED", "BLOCK_SIZE", "RESPONSE_HYP", "DSTC7Row", "read_dstc7_tsv",
            "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets", "CRGObjective"]
@@ -263,13 +262,9 @@ class CRGObjective:
 
     The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)`` and ``loss_mask`` ``(B, L)`` (1 on the
     response tokens); every real token may predict, only the response tokens are scored
-    (:func:`rbjax.train.lm.mean_next_token_nll`). No settings: one value, one compiled program per batch shape.
+    (:func:`rbjax.train.lm.forward_and_nll`). No settings: one value, one compiled program per batch shape.
     """
 
     def __call__(self, params, batch: dict, weights, key, spec):
-        model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
-        _, rows = forward_hidden(model, params, batch, key is not None, key)
-        mask = batch["attention_mask"]
-        lm = mean_next_token_nll(spec.config, params, rows, mask * batch["loss_mask"], mask,
-                                 compute_dtype=spec.nll_dtype)
+        _, lm = forward_and_nll(params, batch, key, spec, batch["attention_mask"] * batch["loss_mask"])
         return lm, (lm, jnp.zeros((), jnp.float32))

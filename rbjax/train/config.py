@@ -164,11 +164,6 @@ class TrainerConfig:
         return self.leftover if self.leftover is not None else "drop"
 
     @property
-    def resolved_layout(self) -> str:
-        """The layout the trainer uses (``layout``; a task's config may force ``padded``)."""
-        return self.layout
-
-    @property
     def loss_weights(self) -> tuple[float, float]:
         """The objective's two loss weights held in the train state (a task's config sets them, e.g. λ_LM and λ_D of
         the debiasing objective; an objective without weights ignores them)."""
@@ -185,7 +180,6 @@ class TrainerConfig:
         """The settings a resumed run must share with the checkpointed one."""
         d = {k: getattr(self, k) for k in self.trajectory_fields}
         d["leftover"] = self.resolved_leftover
-        d["layout"] = self.resolved_layout
         return d
 
     def replace(self, **kw):

@@ -17,7 +17,7 @@ from rbjax.model.layers import position_ids_from_mask
 from rbjax.model.nll import nll_from_hidden
 from rbjax.model.registry import family_of_config
 
-__all__ = ["forward_hidden", "mean_next_token_nll", "lm_loss"]
+__all__ = ["forward_hidden", "mean_next_token_nll", "forward_and_nll", "lm_loss"]
 
 
 def forward_hidden(model, params, batch: dict, drop: bool, key):
@@ -77,6 +77,21 @@ def mean_next_token_nll(config, params, rows, score_mask, context_mask, *, compu
     nll = nll_from_hidden(h_rows[:, :-1], fam.lm_head(params), ids_rows[:, 1:], compute_dtype=compute_dtype,
                           softcap=fam.logit_softcap(config))
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def forward_and_nll(params, batch: dict, key, spec, score_mask):
+    """The model of ``spec`` (its family, at the precision policy's compute dtype; dropout when ``key`` is given) on
+    a micro-batch in either layout, and the mean next-token NLL of the targets ``score_mask`` ``(B, L)`` marks, every
+    real token predicting: the causal-LM part of the debiasing and CRG objectives.
+
+    Returns:
+        ``(hidden, nll)``: float32 ``(B, L, d)`` final hidden states in the padded layout and the scalar NLL (nats).
+    """
+    model = family_of_config(spec.config).module(spec.config, dtype=spec.compute_dtype)
+    hidden, rows = forward_hidden(model, params, batch, key is not None, key)
+    nll = mean_next_token_nll(spec.config, params, rows, score_mask, batch["attention_mask"],
+                              compute_dtype=spec.nll_dtype)
+    return hidden, nll
 
 
 def lm_loss(logits: jax.Array, input_ids: jax.Array, attention_mask: jax.Array,

@@ -175,9 +175,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.data = data if data is not None else self.make_data(tokenizer, self.config.vocab_size)
         self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
-                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.resolved_layout)
-        if self.plan.layout != cfg.resolved_layout:
-            raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.resolved_layout}")
+                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.layout)
+        if self.plan.layout != cfg.layout:
+            raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
         self.stacked = points is not None
         self.points = list(points) if points is not None else [RunHparams(*cfg.loss_weights, cfg.learning_rate)]
         self.spec = StepSpec(config=self.config, objective=objective, dropout=cfg.dropout,
