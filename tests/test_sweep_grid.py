@@ -165,3 +165,30 @@ def test_dev_lmb_of_stacked_models_equals_each_alone(tiny_model_dir, tokenizer_d
         alone = reddit_perplexity(params, config, tok, lines, batch_size=8)
         np.testing.assert_allclose(got["perplexity"], alone["perplexity"], rtol=1e-5)
     assert both[0]["t_value"] != both[1]["t_value"]
+
+
+def test_context_cache_holds_one_sweep_and_reloads_on_change(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """The chunks of a sweep share one loaded start model (:class:`ContextCache`, owned by the caller); another
+    sweep's settings or new weights at the same path load afresh, and only one context is held."""
+    import shutil
+
+    import numpy as np
+
+    from rbjax.debias.sweep import ContextCache
+    from tests.conftest import make_torch_gpt2_folder
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    cache = ContextCache()
+    base = _base(model, tokenizer_dir, redditbias_dir, tmp_path)
+    first = cache.get(base)
+    assert cache.get(base) is first  # the same sweep: not loaded again
+    other = cache.get(base.replace(method="cda"))
+    assert other is not first and other.key != first.key and cache.get(base) is not first  # one held at a time
+    shutil.copy(make_torch_gpt2_folder(tmp_path / "other", seed=3) / "model.safetensors", model / "model.safetensors")
+    new = cache.get(base)
+    assert new.key != first.key  # new weights at the same path are another model
+    import jax
+
+    pairs = list(zip(jax.tree.leaves(first.params), jax.tree.leaves(new.params)))
+    assert all(a.shape == b.shape for a, b in pairs) and not all(np.array_equal(a, b) for a, b in pairs)

@@ -40,14 +40,21 @@ folder ``OUT/<bias type>/<method>/`` and all their chunks are tasks of one execu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import math
+import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+import jax
+import numpy as np
 
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, to_json, versions
@@ -232,9 +239,6 @@ def batch_plans(points: Sequence[GridPoint]) -> list[tuple[tuple[int, int], list
 
 
 def _param_bytes(params) -> int:
-    import jax
-    import numpy as np
-
     return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree.leaves(params)))
 
 
@@ -258,8 +262,6 @@ def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: in
     fp32: ≈2.5 GB at DialoGPT-small), plus ``activation_bytes``; 70 % of the free memory of the devices (summed over
     the mesh, which spreads points) is used.
     """
-    import jax
-
     devs = list(jax.devices() if devices is None else devices)
     per = 5 * _param_bytes(params) + int(activation_bytes)
     free = free_device_memory(devs[0])
@@ -272,70 +274,100 @@ def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: in
 
 
 # ------------------------------------------------------------------------------------------------ chunk tasks
-_CONTEXT: dict[str, Any] = {}
+@dataclasses.dataclass(frozen=True)
+class SweepContext:
+    """What every chunk of one sweep starts from: the start model, its tokenizer, the training data and the
+    evaluation data (dev pairs, the Reddit-6K lines when LMP is on). Built by :meth:`load`; :class:`ContextCache`
+    holds one at a time."""
 
+    key: str  #: :meth:`key_of` of the settings it was loaded for
+    model_dir: Path
+    config: Any  #: the model's config (:mod:`rbjax.model.registry`)
+    params: Any  #: the start parameters (host arrays)
+    tokenizer: Any
+    model_key: dict
+    data: TrainingData
+    lmp_lines: list[str] | None
+    lmp_path: Path | None
+    redditbias: RedditBiasData
 
-def _context(base: TrainConfig) -> dict:
-    """The starting model, tokenizer, training data and evaluation data of a sweep (loaded once per process)."""
-    # keyed on the model files' content too: weights replaced at the same path are another model
-    k = digest({"model_files": ModelHandle.open(base.model).files_key(),
-                **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type", "method",
-                                                  "semantics", "block_size", "lmp", "lmp_file", "lmp_max_lines")}})
-    ctx = _CONTEXT.get(k)
-    if ctx is None:
+    @staticmethod
+    def key_of(base: TrainConfig) -> str:
+        """The settings a context depends on, hashed; keyed on the model files' content too (weights replaced at
+        the same path are another model)."""
+        return digest({"model_files": ModelHandle.open(base.model).files_key(),
+                       **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type",
+                                                         "method", "semantics", "block_size", "lmp", "lmp_file",
+                                                         "lmp_max_lines")}})
 
+    @classmethod
+    def load(cls, base: TrainConfig, key: str | None = None) -> SweepContext:
+        """Load the start model, tokenizer and data of the sweep ``base`` describes.
+
+        Raises:
+            FileNotFoundError, ValueError: a missing or malformed model, tokenizer or data file (named).
+        """
         model_dir, config, params, tokenizer, model_key = load_start(base)
-        data = TrainingData(base, tokenizer, config.vocab_size)
-        lines = None
-        lmp_path = None
-        if base.lmp:
-
-            lmp_path = lmp_reference_file(base)
-            lines = read_reference_lines(lmp_path, base.lmp_max_lines)
-        _CONTEXT.clear()  # one sweep's model at a time per process
-        ctx = _CONTEXT[k] = {"model_dir": model_dir, "config": config, "params": params, "tokenizer": tokenizer,
-                             "model_key": model_key, "data": data, "lmp_lines": lines, "lmp_path": lmp_path,
-                             "redditbias": RedditBiasData(base.data_dir)}
-    return ctx
+        lmp_path = lmp_reference_file(base) if base.lmp else None
+        return cls(key=key or cls.key_of(base), model_dir=model_dir, config=config, params=params,
+                   tokenizer=tokenizer, model_key=model_key, data=TrainingData(base, tokenizer, config.vocab_size),
+                   lmp_lines=None if lmp_path is None else read_reference_lines(lmp_path, base.lmp_max_lines),
+                   lmp_path=lmp_path, redditbias=RedditBiasData(base.data_dir))
 
 
-def _evaluate(ctx: dict, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None,
+class ContextCache:
+    """The :class:`SweepContext` of the sweep being run, kept between its chunks (one at a time: the start
+    parameters are the largest part, and :func:`run_sweeps` runs its sweeps one after the other). Owned by the
+    caller: :func:`run_sweeps` makes one per call and hands it to the chunks it runs in this process; a chunk run
+    elsewhere (a Ray worker) loads its own."""
+
+    def __init__(self) -> None:
+        self._held: SweepContext | None = None
+
+    def get(self, base: TrainConfig) -> SweepContext:
+        """The context of ``base``: the one held when its key matches, else a fresh load (dropping the old)."""
+        k = SweepContext.key_of(base)
+        if self._held is None or self._held.key != k:
+            self._held = None  # free the old model before loading the next
+            self._held = SweepContext.load(base, key=k)
+        return self._held
+
+
+def _evaluate(ctx: SweepContext, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None,
               stacked: bool = False):
     """Dev LMB and LMP of one model, or (``stacked``) of every model of a stacked parameter tree in one vmapped
     pass each: ``(dev, lmp)``, or lists of them."""
-    import jax
-
     params = jax.device_get(params)
-    dev = dev_lmb(params, ctx["config"], ctx["tokenizer"], base.bias_type, ctx["redditbias"],
+    dev = dev_lmb(params, ctx.config, ctx.tokenizer, base.bias_type, ctx.redditbias,
                   batch_size=base.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs,
                   stacked=stacked)
     lmp = [None] * len(dev) if stacked else None
-    if ctx["lmp_lines"] is not None:
+    if ctx.lmp_lines is not None:
 
-        full = reddit_perplexity(params, ctx["config"], ctx["tokenizer"], ctx["lmp_lines"],
+        full = reddit_perplexity(params, ctx.config, ctx.tokenizer, ctx.lmp_lines,
                                  block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked,
-                                 bos_id=ctx["tokenizer"].default_bos_id)
+                                 bos_id=ctx.tokenizer.default_bos_id)
         pick = lambda f: {k: f[k] for k in ("perplexity", "reference_grid", "reference_cda")}  # noqa: E731
         lmp = [pick(f) for f in full] if stacked else pick(full)
     return dev, lmp
 
 
-def run_chunk(task: dict) -> list[dict]:
+def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     """Train one chunk of grid points (one batch plan) and evaluate each point; a top-level function, so that it
     runs as a task of :mod:`rbjax.core.parallel` (this process, or a Ray worker reading the same paths).
 
     Args:
         task: ``{"base": TrainConfig fields, "plan": [batch_size, grad_accum], "points": [GridPoint fields],
             "chunk_id", "out" (the sweep folder), "key" (the sweep key), "n_bootstrap", "dev_max_pairs",
-            "keep_checkpoints", "mesh_devices" (None: all)}``.
+            "keep_checkpoints", "n_devices" (the driver's device count)}``.
+        contexts: the caller's :class:`ContextCache` (chunks run in the calling process share its loaded model);
+            ``None`` loads the sweep's context for this chunk alone (a Ray worker).
 
     Returns:
         one record per point (``id``, ``point``, ``key``, ``dev``, ``lmp``, ``updates``, ``train_s``, ``eval_s``,
         ``last``, ``chunk``); also written to ``OUT/chunks/<chunk_id>/records.json``. A chunk whose records file has
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
-
-
     base = TrainConfig(**task["base"])
     B, A = task["plan"]
     pts = [GridPoint(**p) for p in task["points"]]
@@ -345,16 +377,13 @@ def run_chunk(task: dict) -> list[dict]:
     prev = read_json(rpath)
     if prev is not None and [r.get("key") for r in prev] == keys:
         return prev
-    ctx = _context(base)
-    import os
-    import socket
-
+    ctx = (contexts or ContextCache()).get(base)
     atomic_write_json(cdir / "running.json", {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
     cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
     t0 = time.perf_counter()
     tr = DebiasTrainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
-                       model_config=ctx["config"], params=ctx["params"], model_key=ctx["model_key"],
-                       tokenizer=ctx["tokenizer"], data=ctx["data"])
+                       model_config=ctx.config, params=ctx.params, model_key=ctx.model_key,
+                       tokenizer=ctx.tokenizer, data=ctx.data)
     res = tr.run(out_dir=cdir)
     train_s = time.perf_counter() - t0
     recs = []
@@ -383,15 +412,15 @@ def _point_key(sweep_key: dict, p: GridPoint) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ sweeps
-def _sweep_key(base: TrainConfig, ctx: dict, dev_max_pairs, n_bootstrap) -> dict:
+def _sweep_key(base: TrainConfig, ctx: SweepContext, dev_max_pairs, n_bootstrap) -> dict:
 
     traj = base.trajectory()
     for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
         traj.pop(k)
-    return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx["model_key"],
-            "tokenizer": tokenizer_digest(ctx["tokenizer"]), "data": ctx["data"].key,
+    return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx.model_key,
+            "tokenizer": tokenizer_digest(ctx.tokenizer), "data": ctx.data.key,
             "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.lmp,
-                           "lmp_file": None if ctx["lmp_path"] is None else str(ctx["lmp_path"]),
+                           "lmp_file": None if ctx.lmp_path is None else str(ctx.lmp_path),
                            "lmp_max_lines": base.lmp_max_lines, "eval_batch_size": base.eval_batch_size}}
 
 
@@ -422,20 +451,20 @@ def clear_sweep(folder: str | Path) -> None:
             q.unlink(missing_ok=True)
 
 
-def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev_max_pairs, grid_chunk,
-             keep_checkpoints, replace_other_inputs: bool = False) -> _Sweep:
+def _prepare(base: TrainConfig, out: Path, contexts: ContextCache, *, grid, max_points, n_bootstrap, dev_max_pairs,
+             grid_chunk, keep_checkpoints, replace_other_inputs: bool = False) -> _Sweep:
 
     check_output_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     pts = grid_points(base.method, grid)
     if max_points is not None:
         pts = pts[:max_points]
-    ctx = _context(base)
+    ctx = contexts.get(base)
     key = canonical(_sweep_key(base, ctx, dev_max_pairs, n_bootstrap))
     settings = {"method": base.method, "bias_type": base.bias_type, "semantics": base.semantics, "model": base.model,
                 "seed": base.seed, "epochs": base.epochs, "max_steps": base.max_steps,
                 "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()},
-                "lmp_file": None if ctx["lmp_path"] is None else str(ctx["lmp_path"]),
+                "lmp_file": None if ctx.lmp_path is None else str(ctx.lmp_path),
                 "lmp_max_lines": base.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
     spath = out / "sweep_settings.json"
     if spath.exists():
@@ -450,18 +479,16 @@ def _prepare(base: TrainConfig, out: Path, *, grid, max_points, n_bootstrap, dev
     bpath = out / "baseline.json"
     baseline = json.loads(bpath.read_text()) if bpath.exists() else None
     if baseline is None or baseline.get("key") != key:
-        dev, lmp = _evaluate(ctx, base, ctx["params"], n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs)
+        dev, lmp = _evaluate(ctx, base, ctx.params, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs)
         baseline = {"key": key, "settings": settings, "dev": dev, "lmp": lmp, "versions": versions()}
         atomic_write_json(bpath, baseline)
     done = {r["id"]: r for r in _read_jsonl(out / "sweep.jsonl") if r.get("key") == _point_key(key, _pt(r))}
     tasks = []
-    import jax
-
     for (B, A), group in batch_plans(pts):
         todo = [p for p in group if p.id not in done]
         if not todo:
             continue
-        n = grid_chunk or auto_grid_chunk(ctx["params"], len(group))[0]
+        n = grid_chunk or auto_grid_chunk(ctx.params, len(group))[0]
         for c in range(0, len(todo), n):
             chunk = todo[c:c + n]
             tasks.append({"base": base.to_dict(), "plan": [B, A], "points": [p.as_dict() for p in chunk],
@@ -552,7 +579,8 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
         raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
     for _, o in bases:  # every output location before any work
         check_output_dir(o, "--out")
-    sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o),
+    contexts = ContextCache()  # one loaded start model at a time, shared by the chunks run in this process
+    sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o), contexts,
                        grid=(method_grids or {}).get(b.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
                        grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints,
@@ -561,15 +589,11 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
     n_total = sum(len(sw.points) for sw in sweeps)
     n_done = sum(len(sw.records) for sw in sweeps)
     if tasks:
-        import contextlib
-
-        import jax
-
-
         primary = jax.process_index() == 0
         if executor == "ray" and resources is None:
             resources = _ray_task_resources
-        results = as_completed(run_chunk, [t for _, t in tasks], executor=executor,
+        fn = functools.partial(run_chunk, contexts=contexts) if executor == "local" else run_chunk
+        results = as_completed(fn, [t for _, t in tasks], executor=executor,
                                jobs=1 if executor == "local" else jobs, resources=resources, ray_address=ray_address)
         with progress_bar(n_total, "sweep", "point", enabled=progress, initial=n_done, leave=True) as bar, \
                 contextlib.closing(results):
