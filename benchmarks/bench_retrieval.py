@@ -1,7 +1,7 @@
 """Retrieval throughput benchmark (issue 4): comments/s and peak memory.
 
 Generates Reddit-like comment dumps (NDJSON, zstandard) in a temporary directory and runs
-``rbjax.data.retrieval.retrieve`` with the five packaged bias specifications in one pass,
+``rbjax.data.retrieval.run.retrieve`` with the five packaged bias specifications in one pass,
 each run in a fresh subprocess so that its peak RSS is its own.
 
 * Comment objects carry the field set of the 2019+ monthly dumps (~1 KB a line).
@@ -130,7 +130,7 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 sys.path.insert(0, {root!r})
-from rbjax.data.retrieval import retrieve
+from rbjax.data.retrieval.run import retrieve
 from rbjax.specs import load_spec
 specs = [load_spec(b) for b in {types!r}]
 t0 = time.perf_counter(); c0 = time.process_time()
@@ -154,7 +154,8 @@ def run_child(dump: Path, outdir: Path, prefilter: bool = True) -> dict:
 PAR_CHILD = r"""
 import json, sys, time
 sys.path.insert(0, {root!r})
-from rbjax.data.retrieval import retrieve, peak_rss_mib
+from rbjax.data.retrieval.run import retrieve
+from rbjax.data.retrieval.scan import peak_rss_mib
 from rbjax.specs import load_spec
 executor, jobs = {executor!r}, {jobs!r}
 if executor == "ray":

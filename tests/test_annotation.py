@@ -16,7 +16,7 @@ from rbjax.data.annotation import (
     read_annotations,
     write_aggregated,
 )
-from rbjax.data.retrieval import CANDIDATE_COLUMNS
+from rbjax.data.retrieval.query import CANDIDATE_COLUMNS
 
 
 # ---------------------------------------------------------------- Krippendorff's alpha

@@ -9,15 +9,15 @@ import pytest
 
 from rbjax.cli import main as cli_main
 from rbjax.data.dumps import write_zst
-from rbjax.data.retrieval import (
+from rbjax.data.retrieval.layout import output_paths
+from rbjax.data.retrieval.query import (
     CANDIDATE_COLUMNS,
     QueryMatcher,
     clean_comment,
     make_prefilter,
-    output_paths,
     raw_body,
-    retrieve,
 )
+from rbjax.data.retrieval.run import retrieve
 from rbjax.specs import load_spec
 
 #: A user-written spec for a made-up group (the "new bias type" path): queries with "to be",

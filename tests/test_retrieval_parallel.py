@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
 from rbjax.cli import main as cli_main
 from rbjax.core import parallel
 from rbjax.core.reuse import OutputExists
+from rbjax.data import dumps as dump_reader
 from rbjax.data.dumps import write_zst
-from rbjax.data.retrieval import CANDIDATE_COLUMNS, PART_RECORD, retrieve
+from rbjax.data.retrieval import scan
+from rbjax.data.retrieval.parts import PART_RECORD
+from rbjax.data.retrieval.query import CANDIDATE_COLUMNS
+from rbjax.data.retrieval.run import retrieve
 from rbjax.specs import load_spec
 from tests.test_retrieval import FILLER_WORDS, ZORB_SPEC
 
@@ -194,6 +200,22 @@ def test_changed_inputs_are_redone(corpus, tmp_path):
     assert _cli(corpus["spec"], files, out, "--fresh", "--window", "3", "--attribute-in-window-only") == 0
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert {f["reason"] for f in summary["files"]} == {"resume off"}
+
+
+def test_code_digest_keys_the_parts(corpus, tmp_path, monkeypatch):
+    """The code digest hashes the code that decides what a part holds (the query, the scan, the part files and the
+    dump reader), not the layout, the merge or the driver; a part written by other such code is read again."""
+    here = Path(scan.__file__).parent
+    assert scan.code_digest_sources() == (here / "query.py", here / "scan.py", here / "parts.py",
+                                          Path(dump_reader.__file__))
+    assert scan.code_digest() == hashlib.sha256(b"".join(p.read_bytes() for p in scan.code_digest_sources())).hexdigest()
+    spec = load_spec(corpus["spec"])
+    out = tmp_path / "out"
+    retrieve(spec, corpus["files"], out, progress=False)
+    monkeypatch.setattr(scan, "_CODE_DIGEST", "0" * 64)
+    res = retrieve(spec, corpus["files"], out, progress=False)
+    assert {f["status"] for f in res.files} == {"read"} and {f["reason"] for f in res.files} == {"changed: code_sha256"}
+    assert (out / "candidates_zorbness.csv").read_bytes() == corpus["csv"]
 
 
 def test_jobs_bounded_by_memory(corpus, tmp_path, monkeypatch):
