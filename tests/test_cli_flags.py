@@ -108,3 +108,27 @@ def test_evaluate_settings_name_the_flag(tmp_path, capsys):
         task_settings("dst", {"learning_rate": -1.0})
     assert main(["evaluate", "--task", "dst", "--model", "m", "--out", str(tmp_path / "o"), "--lr", "-1"]) == 1
     assert capsys.readouterr().err.strip() == "rbjax evaluate: error: --lr must be > 0, got -1.0"
+
+
+def test_measure_options_are_the_measure_config():
+    """``rbjax measure``'s options are generated from :class:`MeasureConfig`: each field has its option, the parsed
+    defaults build the default config, and given values reach the config unchanged."""
+    import dataclasses
+
+    from rbjax.cli import build_parser
+    from rbjax.commands.measure import MEASURE_OPTIONS
+    from rbjax.commands.options import config_values
+    from rbjax.lmb.config import MeasureConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["measure", "--stored-perplexities"])
+    assert set(MEASURE_OPTIONS) | {"outlier_removal"} == {f.name for f in dataclasses.fields(MeasureConfig)}
+    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS)) == MeasureConfig()
+    args = parser.parse_args(["measure", "--stored-perplexities", "--split", "valid", "--n-std", "2.5", "--ddof", "1",
+                              "--no-bos", "--skip-unscorable", "--n-bootstrap", "7", "--param-dtype", "bf16",
+                              "--mesh", "data=1"])
+    got = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS))
+    assert got == MeasureConfig(split="valid", n_std=2.5, ddof=1, bos=False, skip_unscorable=True, n_bootstrap=7,
+                                param_dtype="bf16", mesh="data=1")
+    with pytest.raises(TypeError, match="unknown measurement setting.*n_boot"):
+        MeasureConfig().replace(n_boot=3)  # a misspelt keyword of measure_bias is an error, never ignored

@@ -147,8 +147,8 @@ def test_bad_arguments_are_clear_errors(redditbias_dir, tmp_path, capsys, tiny_m
     base = ["measure", "--stored-perplexities", "--data-dir", str(redditbias_dir), "--no-progress"]
     cases = [
         (["--alpha", "2"], "alpha must be between 0 and 1"),
-        (["--n-std", "0", "--outlier-removal", "on"], "n_std must be > 0"),
-        (["--n-bootstrap", "-1"], "n_bootstrap must be an integer >= 0"),
+        (["--n-std", "0", "--outlier-removal", "on"], "--n-std must be > 0"),
+        (["--n-bootstrap", "-1"], "--n-bootstrap must be an integer >= 0"),
         (["--bos"], "no effect with --stored-perplexities"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--out", str(tmp_path / "afile" / "sub")], "afile exists and is not a folder"),

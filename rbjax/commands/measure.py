@@ -1,18 +1,21 @@
 """``rbjax measure``: language model bias (LMB) of a model on RedditBias (paper §3.1)."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
-from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
+from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import format_table, measure_bias
 from rbjax.lmb.perplexity import SLOTS_PER_PHRASE
 from rbjax.model.memory import plan_for_model
 
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
+#: the MeasureConfig fields that are options of their own (``outlier_removal`` is ``--outlier-removal auto|on|off``)
+MEASURE_OPTIONS = ("split", "batch_size", "precision", "mesh", "param_dtype", "seed", "bos", "n_std", "ddof", "alpha",
+                   "n_bootstrap", "skip_unscorable")
 
 
 def register(sub) -> None:
@@ -31,41 +34,18 @@ def register(sub) -> None:
     p.add_argument("--bias", action="append", metavar="BIAS",
                    help=f"bias type(s): {', '.join(BIAS_CHOICES)}, or a bias-spec JSON file of your own; "
                         "comma-separated or repeated (default: all)")
-    p.add_argument("--split", default="test", choices=["test", "valid", "valid+test"],
-                   help="test: the paper's LMB split; valid: debiasing model selection; valid+test: both")
     p.add_argument("--out", default="results", help="output folder")
     p.add_argument("--data-dir", help="RedditBias data folder laid out like umanlp/RedditBias "
                                       "(default: $RBJAX_DATA_DIR, else download from the pinned commit and cache)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP)
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                   help="compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 accumulation "
-                        "and log-sum-exp; faster on bf16 hardware); recorded in lmb.json")
-    p.add_argument("--mesh", metavar="AXIS=N,...",
-                   help="device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; sizes multiply "
-                        "to the device count; docs/scale.md): fsdp/tensor split the parameters, data×fsdp the rows. "
-                        "Default: rows over this process's devices, parameters replicated; recorded in lmb.json")
-    p.add_argument("--param-dtype", default="fp32", choices=["fp32", "bf16"],
-                   help="parameter storage: bf16 halves the weights' memory (computation and log-sum-exp stay as "
-                        "--precision says; docs/scale.md measures the change); recorded in lmb.json")
     p.add_argument("--device-memory-gb", type=float, metavar="GB",
                    help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
                         "none and is not checked)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the memory plan (per-device parameters, activations) and stop, loading no weights")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
-                   help="--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score every token; "
-                        "--no-bos: never. Default: as the model's own tokenizer encodes a phrase (Llama, Mistral, "
-                        "Gemma add a BOS; GPT-2/DialoGPT as the reference, Qwen2, Pythia do not); recorded in lmb.json")
-    p.add_argument("--n-std", type=float, default=3.0, help="outlier interval width in standard deviations")
-    p.add_argument("--ddof", type=int, default=0, choices=[0, 1], help="std convention: 0 population (reference), 1 sample")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (two-tailed); CI level is 1 - alpha")
-    p.add_argument("--n-bootstrap", type=int, default=10000, help="bootstrap resamples for the CI (0: no CI)")
-    p.add_argument("--outlier-removal", choices=["auto", "on", "off"], default="auto",
-                   help="3σ outlier-pair removal before the primary test; auto = on for a model, off for "
-                        "--stored-perplexities (the released files were already reduced with those values)")
-    p.add_argument("--skip-unscorable", action="store_true", help="exclude pairs with a phrase of < 2 tokens instead of failing")
+    add_config_arguments(p, MeasureConfig, MEASURE_OPTIONS)
+    p.add_argument("--outlier-removal", dest="outlier_removal", choices=["auto", "on", "off"], default="auto",
+                   help=MeasureConfig.__dataclass_fields__["outlier_removal"].metadata["help"])
     p.add_argument("--resume", action="store_true",
                    help="reuse the per-type CSVs of an earlier run in --out whose inputs are all the same (model and "
                         "tokenizer file contents, data files, split, --bos, --precision, scoring settings); any "
@@ -93,13 +73,13 @@ def run(args) -> int:
         plan.check()
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
+    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS),
+                           outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
     records = measure_bias(
-        model=args.model, bias_types=",".join(args.bias) if args.bias else "all", split=args.split, data_dir=args.data_dir,
-        tokenizer=args.tokenizer, out_dir=args.out, batch_size=args.batch_size, seed=args.seed, bos=args.bos,
-        stored_perplexities=args.stored_perplexities, n_std=args.n_std, ddof=args.ddof, alpha=args.alpha,
-        n_bootstrap=args.n_bootstrap, skip_unscorable=args.skip_unscorable,
-        outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal], resume=args.resume, progress=not args.no_progress,
-        precision=args.precision, overwrite=args.overwrite, mesh=args.mesh, param_dtype=args.param_dtype)
+        model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,
+        data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out,
+        stored_perplexities=args.stored_perplexities, resume=args.resume, progress=not args.no_progress,
+        overwrite=args.overwrite)
     print(format_table(records))
     out = Path(args.out)
     csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)

@@ -12,7 +12,6 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, files_key
@@ -21,6 +20,7 @@ from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
+from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
 from rbjax.model.handle import ModelHandle
@@ -196,15 +196,11 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
     return res
 
 
-def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Sequence[str] = "all",
-                 split: str = "test", data_dir: str | os.PathLike | None = None,
+def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_types: str | Sequence[str] = "all",
+                 config: MeasureConfig | None = None, *, data_dir: str | os.PathLike | None = None,
                  tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-                 batch_size: int = 64, seed: int = 0, bos: bool | None = None,
-                 stored_perplexities: bool = False, n_std: float = 3.0, ddof: int = 0,
-                 alpha: float = 0.05, n_bootstrap: int = 10000, skip_unscorable: bool = False,
-                 outlier_removal: bool | None = None, resume: bool = False, progress: bool = True,
-                 plot: bool = True, precision: str = "fp32", overwrite: bool = False,
-                 log_reuse: bool = True, mesh: str | None = None, param_dtype: str = "fp32") -> list[dict]:
+                 stored_perplexities: bool = False, resume: bool = False, progress: bool = True, plot: bool = True,
+                 overwrite: bool = False, log_reuse: bool = True, **settings) -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -213,50 +209,51 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
     stereotypical). See :func:`rbjax.lmb.stats.lmb_statistics` for the other statistics.
 
     Args:
-        model: HF GPT-2 folder or hub id (e.g. ``microsoft/DialoGPT-small``), or a :class:`LoadedModel` (e.g.
+        model: HF model folder or hub id (e.g. ``microsoft/DialoGPT-small``), or a :class:`LoadedModel` (e.g.
             :meth:`LoadedModel.from_params`: parameters in memory); ``None`` with ``stored_perplexities=True``.
-        bias_types: ``"all"``, a name, a comma list, or a list of names.
-        split: ``test`` (paper), ``valid`` or ``valid+test``.
+        bias_types: ``"all"``, a name, a comma list, a list of names, or bias-spec JSON files.
+        config: what is computed and how (:class:`rbjax.lmb.config.MeasureConfig`: split, batch size, precision,
+            mesh, parameter dtype, BOS, outlier rule and statistics); default: the paper's settings.
+        **settings: :class:`~rbjax.lmb.config.MeasureConfig` fields that override ``config`` (e.g.
+            ``split="valid", n_bootstrap=0``); any other name is a ``TypeError``.
         data_dir: RedditBias folder (else ``$RBJAX_DATA_DIR`` or the verified download cache).
         tokenizer: tokenizer folder or hub id (default: the model folder).
         out_dir: where to write ``lmb.json``, ``<type>_perplexities.csv`` and ``lmb.png``
             (nothing written when ``None``).
-        batch_size: packed rows per compiled batch (64 token slots each, several phrases per row).
-        seed: bootstrap seed.
-        bos: ``None`` (default): score each phrase as the model's own tokenizer encodes it — a BOS before it where
-            the tokenizer adds one (Llama, Mistral, Gemma), none otherwise (GPT-2/DialoGPT as the reference, Qwen2,
-            Pythia); ``True`` (``--bos``): prepend the BOS token (GPT-2: ``<|endoftext|>``) and score every token;
-            ``False`` (``--no-bos``): never. The resolved choice is recorded as ``settings.bos`` (with
-            ``settings.bos_policy``) and is part of the resume key; docs/lmb.md defines the perplexity per case.
         stored_perplexities: use the data files' ``perplexity`` columns instead of a model (in the released
             RedditBias files: DialoGPT-small, per the upstream README).
-        skip_unscorable: exclude pairs with a < 2-token phrase instead of failing.
-        outlier_removal: apply the 3σ pair rule before the primary test. ``None`` (auto):
-            on when perplexities come from a model; off for ``stored_perplexities``, because
-            the released ``*_reduced`` files are the *output* of that rule applied to exactly
-            these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so
-            applying it again would be a second pass the paper never made.
         resume: reuse a ``<type>_perplexities.csv`` already in ``out_dir`` when it was produced by exactly
             these inputs: the same model and tokenizer file *contents* (sha256 of config, weights and tokenizer
             files), the same data files (sha256), split, ``bos``, precision and unscorable-pair rule. The key is checked per
             bias type; a CSV of any other run is scored again, never relabelled. Each CSV is written as soon as
             its bias type is scored, ``lmb.json`` only when every type is done. A hidden
             ``.rbjax_measure_run.json`` in ``out_dir`` records, per bias type, what produced its CSV.
-        precision: ``"fp32"`` (default, parity with PyTorch) or ``"bf16"`` compute (float32 accumulation and
-            log-sum-exp; see docs/lmb.md for what it changes); recorded in each record's ``settings`` and part of
-            the resume key.
         overwrite: replace files in ``out_dir`` that this run did not write. Without it, a folder holding another
             run's results (another model, data, types or settings: its ``lmb.json``, ``lmb.png`` or the CSV of a
             type measured here) or files rbjax did not write is refused before anything is scored
             (:func:`rbjax.core.reuse.claim_outputs`); the files of the same inputs are this run's own (a rerun, or
             ``resume``).
+        progress: progress bars; plot: write ``lmb.png``.
         log_reuse: say on stderr, per bias type, that its perplexities were reused (``resume``); the study runner
             turns it off and reports one line per stage.
-        mesh: ``"data=2,fsdp=4"``-style device mesh (:func:`rbjax.core.mesh.parse_mesh`; default: the rows over
-            this process's devices, parameters replicated); recorded in ``settings["mesh"]`` (not in the resume key:
-            a mesh changes the float32 rounding only).
-        param_dtype: ``"fp32"`` (default) or ``"bf16"`` parameter storage (docs/scale.md: what it changes);
-            recorded in ``settings`` and part of the resume key.
+
+    What the settings mean beyond their help text:
+
+    * ``bos``: ``None`` (default) scores each phrase as the model's own tokenizer encodes it — a BOS before it where
+      the tokenizer adds one (Llama, Mistral, Gemma), none otherwise (GPT-2/DialoGPT as the reference, Qwen2,
+      Pythia); ``True`` prepends the BOS token (GPT-2: ``<|endoftext|>``) and scores every token; ``False`` never.
+      The resolved choice is recorded as ``settings.bos`` (with ``settings.bos_policy``) and is part of the resume
+      key; docs/lmb.md defines the perplexity per case.
+    * ``outlier_removal``: ``None`` (auto) is on when perplexities come from a model and off for
+      ``stored_perplexities``, because the released ``*_reduced`` files are the *output* of that rule applied to
+      exactly these stored values (upstream ``measure_bias.py`` with ``REDUCE_SET``), so applying it again would be
+      a second pass the paper never made.
+    * ``precision`` (``"fp32"``: parity with PyTorch; ``"bf16"``: bf16 matmuls, float32 accumulation and
+      log-sum-exp, docs/lmb.md) and ``param_dtype`` (docs/scale.md) are recorded in each record's ``settings`` and
+      are part of the resume key; ``mesh`` (:func:`rbjax.core.mesh.parse_mesh`) is recorded in ``settings["mesh"]``
+      but not in the key (a mesh changes the float32 rounding only).
+    * With a :class:`LoadedModel`, its own batch size, precision, mesh and parameter dtype are used.
+
     Returns:
         one record (dict) per bias type, as written to ``lmb.json``.
     Raises:
@@ -264,26 +261,17 @@ def measure_bias(model: str | os.PathLike | None = None, bias_types: str | Seque
         rbjax.core.reuse.OutputExists: ``out_dir`` holds results of other inputs and not ``overwrite``.
         FileNotFoundError / RuntimeError: missing files, failed downloads.
     """
+    cfg = (config or MeasureConfig()).replace(**settings)
+    split, batch_size, seed, bos, precision, mesh, param_dtype = (
+        cfg.split, cfg.batch_size, cfg.seed, cfg.bos, cfg.precision, cfg.mesh, cfg.param_dtype)
+    n_std, ddof, alpha, n_bootstrap = cfg.n_std, cfg.ddof, cfg.alpha, cfg.n_bootstrap
+    outlier_removal, skip_unscorable = cfg.outlier_removal, cfg.skip_unscorable
     if stored_perplexities and model is not None:
         raise ValueError("give either a model or --stored-perplexities, not both")
     if not stored_perplexities and model is None:
         raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
     if stored_perplexities and (tokenizer is not None or bos is not None):
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise SettingError("batch_size", f"must be >= 1, got {batch_size!r}")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
-    if not n_std > 0:
-        raise ValueError(f"n_std must be > 0, got {n_std}")
-    if not (isinstance(n_bootstrap, int) and n_bootstrap >= 0):
-        raise ValueError(f"n_bootstrap must be an integer >= 0 (0 = no bootstrap CI), got {n_bootstrap!r}")
-    if ddof not in (0, 1):
-        raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
-    if param_dtype not in ("fp32", "bf16"):
-        raise ValueError(f"param_dtype must be 'fp32' or 'bf16', got {param_dtype!r}")
     if stored_perplexities and (mesh or param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
     mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))

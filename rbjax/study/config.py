@@ -18,7 +18,7 @@
     methods = ["lmd", "add", "hd"]           # methods with a grid; the others train once with their defaults
     batch_size = [4, 8, 16]  …  selection = "default" | "reference"; lmp_tolerance; dev_max_pairs; n_bootstrap;
     grid_chunk; executor = "local" | "ray"; ray_address
-    [measure]       # split = "test", n_bootstrap
+    [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...})
 
 Relative paths in the file are resolved against the study file's folder, paths given with ``--set`` against the
@@ -40,6 +40,7 @@ from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
+from rbjax.lmb.config import MeasureConfig
 from rbjax.dialog.evaluate import DEFAULTS as DIALOG_DEFAULTS
 from rbjax.dialog.evaluate import task_settings
 from rbjax.model.gpt2 import GPT2Config
@@ -51,7 +52,8 @@ STUDY_KEYS = {"name", "model", "random_model", "tokenizer", "data_dir", "bias_ty
               "seeds", "semantics", "precision", "mesh"}
 SWEEP_KEYS = {"methods", "batch_size", "grad_accum", "lambda_lm", "lambda_d", "selection", "lmp_tolerance",
               "dev_max_pairs", "n_bootstrap", "grid_chunk", "executor", "ray_address", "max_points"}
-MEASURE_KEYS = {"split", "n_bootstrap", "batch_size"}
+#: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
+MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
 #: the fields each section takes ([training] takes TrainConfig's fields, checked against the dataclass)
 SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
@@ -172,9 +174,14 @@ class StudyConfig:
 
     @property
     def measure(self) -> dict:
-        d = {"split": "test", "n_bootstrap": 10000, "batch_size": 64}
+        """[measure] as given, with the split, bootstrap and batch size always present (the stages' keys)."""
+        d = {k: getattr(MeasureConfig, k) for k in ("split", "n_bootstrap", "batch_size")}
         d.update(self.raw.get("measure", {}))
         return d
+
+    def measure_config(self) -> MeasureConfig:
+        """The :class:`MeasureConfig` of every measure stage: [measure] with [study]'s precision and mesh."""
+        return MeasureConfig(**self.measure, precision=self.precision, mesh=self.mesh)
 
     @property
     def dialog(self) -> dict:
@@ -317,11 +324,12 @@ class StudyConfig:
                                                    "max_points": 1})
 
     def _validate_measure(self) -> None:
-        me = self.raw.get("measure", {})
-        if "split" in me and me["split"] not in ("test", "valid", "valid+test"):
-            raise ValueError(f"{self.where('measure', 'split')}: measure.split must be test, valid or valid+test, "
-                             f"got {me['split']!r}")
-        _check_counts(self, "measure", me, minimum={"n_bootstrap": 0, "batch_size": 1})
+        """[measure] as a :class:`MeasureConfig` (its own checks; errors name the key as written)."""
+        try:
+            self.measure_config()
+        except SettingError as e:
+            sec = "measure" if e.field in self.raw.get("measure", {}) else "study"
+            raise ValueError(f"{self.where(sec, e.field)}: {e.renamed(f'{sec}.{e.field}')}") from None
 
     def _validate_dialog(self) -> None:
         d = self.raw.get("dialog", {})
@@ -387,14 +395,16 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     if len(keys) < 2:
         raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
     train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {"training": train_defaults,
+                "measure": {f.name: f.default for f in dataclasses.fields(MeasureConfig)}}.get(sec, {})
     known = set(train_defaults) if sec == "training" else SECTION_KEYS[sec]
     if keys[1] not in known:
         raise ValueError(f"--set {text!r}: unknown field {keys[1]!r} in [{sec}] (known: {', '.join(sorted(known))})")
     current: Any = raw
     for k in keys:
         current = current.get(k) if isinstance(current, dict) else None
-    if current is None and sec == "training" and len(keys) == 2:
-        current = train_defaults[keys[1]]
+    if current is None and len(keys) == 2:
+        current = defaults.get(keys[1])
     words = _type_problem(value, current)  # (strings, lists, tables, unset fields: checked by validate())
     if words:
         raise ValueError(f"--set {text!r}: {'.'.join(keys)} must be {words}, got {value!r}")

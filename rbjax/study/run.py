@@ -135,12 +135,10 @@ class _Study:
     # -- stage bodies -------------------------------------------------------------------------------------------
     def _measure(self, model: str | Path, out_dir: Path) -> dict:
 
-        m = self.cfg.measure
-        recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, split=m["split"],
+        recs = measure_bias(model=str(model), bias_types=self.cfg.bias_types, config=self.cfg.measure_config(),
                             data_dir=self.cfg.data_dir, tokenizer=self._tok_for(model), out_dir=out_dir,
-                            batch_size=int(m["batch_size"]), n_bootstrap=int(m["n_bootstrap"]),
-                            progress=self.progress, resume=True, precision=self.cfg.precision,
-                            overwrite=True, log_reuse=False, mesh=self.cfg.mesh)  # the study owns the folder
+                            progress=self.progress, resume=True, overwrite=True,
+                            log_reuse=False)  # the study owns the folder
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs},
                 "reused_perplexities": [r["bias_type"] for r in recs if r.get("reused_perplexities")]}
 

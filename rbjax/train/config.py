@@ -11,10 +11,9 @@ default and help text is written once, here or in the task's class. Defaults are
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from typing import Any
 
+from rbjax.core.config import check_types, field, option_name  # noqa: F401 (field, option_name: re-exported)
 from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
@@ -24,52 +23,6 @@ __all__ = ["TrainerConfig", "field", "option_name", "LEFTOVERS"]
 
 #: what happens to the micro-batches left at an epoch's end (:func:`rbjax.train.batching.update_plan`)
 LEFTOVERS = ("drop", "carry")
-
-
-def field(default, help: str, *, flag: str | None = None, negate: str | None = None,  # noqa: A002
-          choices: tuple | None = None, metavar: str | None = None, grid: bool = False):
-    """A config field whose help, choices and command-line spelling live with it (the CLI is generated from these
-    fields by :func:`rbjax.commands.debias.add_training_arguments`).
-
-    ``flag``: the option's name when it is not ``--<field-name>``; ``negate``: a boolean switched off by
-    ``--no-<name>`` (e.g. ``--no-dropout``); ``grid``: a hyper-parameter of the paper's grid (``rbjax sweep`` takes
-    lists of values instead).
-    """
-    if metavar is None and choices is None and negate is None:
-        metavar = {int: "N", float: "X", str: "TEXT"}.get(type(default), "VALUE")
-    return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "negate": negate,
-                                                        "choices": choices, "metavar": metavar, "grid": grid})
-
-
-def option_name(config_class, field_name: str) -> str:
-    """The command-line option of a field of ``config_class`` (``learning_rate`` → ``--lr``, ``dropout`` →
-    ``--no-dropout``, ``epochs`` → ``--epochs``)."""
-    md = {f.name: f.metadata for f in dataclasses.fields(config_class)}[field_name]
-    return md["negate"] or md["flag"] or "--" + field_name.replace("_", "-")
-
-
-def _check_types(cfg) -> None:
-    """Each field holds a value of its declared type (ints not bools, finite floats, strings), else
-    :class:`SettingError` naming the field."""
-    for name, hint in typing.get_type_hints(type(cfg)).items():
-        v = getattr(cfg, name)
-        args = typing.get_args(hint)
-        if v is None and type(None) in args:
-            continue
-        base = next((a for a in args if a is not type(None)), hint)
-        if base is bool:
-            ok, words = isinstance(v, bool), "true or false"
-        elif base is int:
-            ok, words = isinstance(v, int) and not isinstance(v, bool), "an integer"
-        elif base is float:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            words = "a finite number"
-        elif base is str:
-            ok, words = isinstance(v, str), "a string"
-        else:
-            continue
-        if not ok:
-            raise SettingError(name, f"must be {words}, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +83,7 @@ class TrainerConfig:
     default_batch_size = 8
 
     def __post_init__(self):
-        _check_types(self)
+        check_types(self)
         if self.batch_size is None:
             object.__setattr__(self, "batch_size", self.default_batch_size)
         for name, allowed in (("precision", PRECISIONS), ("layout", LAYOUTS), ("leftover", (None, *LEFTOVERS))):

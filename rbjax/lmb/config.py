@@ -1,0 +1,88 @@
+"""Settings of an LMB measurement (paper §3.1): which split, how phrases are scored, and the statistics.
+
+:class:`MeasureConfig` is the one place where each setting of :func:`rbjax.lmb.measure.measure_bias` has its default,
+help and check; ``rbjax measure``'s options are generated from its fields
+(:func:`rbjax.commands.options.add_config_arguments`). Defaults are the paper's / the reference's: the test split,
+3σ outlier pairs (population std, ``ddof=0``), α = 0.05 two-tailed, 10,000 bootstrap resamples for the CI.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rbjax.core.config import check_types, field
+from rbjax.core.errors import SettingError
+from rbjax.data.redditbias import SPLITS
+from rbjax.lmb import SCORING_BATCH_HELP
+
+__all__ = ["MeasureConfig", "PARAM_DTYPES"]
+
+#: parameter storage of the scorer (computation precision is :data:`rbjax.core.precision.PRECISIONS`)
+PARAM_DTYPES = ("fp32", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureConfig:
+    """What an LMB measurement computes and how (frozen; the resume key and each record's ``settings`` come from
+    it). Each field's ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
+            its flag).
+    """
+
+    split: str = field("test", "test: the paper's LMB split; valid: debiasing model selection; valid+test: both",
+                       choices=SPLITS)
+    batch_size: int = field(64, SCORING_BATCH_HELP)
+    precision: str = field("fp32", "compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 "
+                                   "accumulation and log-sum-exp; faster on bf16 hardware); recorded in lmb.json",
+                           choices=("fp32", "bf16"))
+    mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; "
+                                   "sizes multiply to the device count; docs/scale.md): fsdp/tensor split the "
+                                   "parameters, data×fsdp the rows. Default: rows over this process's devices, "
+                                   "parameters replicated; recorded in lmb.json", metavar="AXIS=N,...")
+    param_dtype: str = field("fp32", "parameter storage: bf16 halves the weights' memory (computation and "
+                                     "log-sum-exp stay as --precision says; docs/scale.md measures the change); "
+                                     "recorded in lmb.json", choices=PARAM_DTYPES)
+    seed: int = field(0, "bootstrap seed")
+    bos: bool | None = field(None, "--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score "
+                                   "every token; --no-bos: never. Default: as the model's own tokenizer encodes a "
+                                   "phrase (Llama, Mistral, Gemma add a BOS; GPT-2/DialoGPT as the reference, Qwen2, "
+                                   "Pythia do not); recorded in lmb.json")
+    n_std: float = field(3.0, "outlier interval width in standard deviations")
+    ddof: int = field(0, "std convention: 0 population (reference), 1 sample", choices=(0, 1))
+    alpha: float = field(0.05, "significance level (two-tailed); CI level is 1 - alpha")
+    n_bootstrap: int = field(10000, "bootstrap resamples for the CI (0: no CI)")
+    outlier_removal: bool | None = field(None, "3σ outlier-pair removal before the primary test; auto = on for a "
+                                               "model, off for --stored-perplexities (the released files were "
+                                               "already reduced with those values)")
+    skip_unscorable: bool = field(False, "exclude pairs with a phrase of < 2 tokens instead of failing")
+
+    def __post_init__(self):
+        check_types(self)
+        if self.split not in SPLITS:
+            raise SettingError("split", f"must be {', '.join(SPLITS[:-1])} or {SPLITS[-1]}, got {self.split!r}")
+        if self.batch_size < 1:
+            raise SettingError("batch_size", f"must be >= 1, got {self.batch_size!r}")
+        for name, allowed in (("precision", ("fp32", "bf16")), ("param_dtype", PARAM_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, f"must be 'fp32' or 'bf16', got {getattr(self, name)!r}")
+        if not 0 < self.alpha < 1:
+            raise SettingError("alpha", f"must be between 0 and 1, got {self.alpha}")
+        if not self.n_std > 0:
+            raise SettingError("n_std", f"must be > 0, got {self.n_std}")
+        if self.n_bootstrap < 0:
+            raise SettingError("n_bootstrap", f"must be an integer >= 0 (0 = no bootstrap CI), got {self.n_bootstrap!r}")
+        if self.ddof not in (0, 1):
+            raise SettingError("ddof", f"must be 0 (population std) or 1 (sample std), got {self.ddof!r}")
+
+    def replace(self, **changes) -> MeasureConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the measurement.
+        """
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown measurement setting(s): {', '.join(unknown)}; the settings are "
+                            f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
