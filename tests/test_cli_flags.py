@@ -132,3 +132,26 @@ def test_measure_options_are_the_measure_config():
                                 param_dtype="bf16", mesh="data=1")
     with pytest.raises(TypeError, match="unknown measurement setting.*n_boot"):
         MeasureConfig().replace(n_boot=3)  # a misspelt keyword of measure_bias is an error, never ignored
+
+
+def test_sweep_options_are_the_sweep_config(tmp_path):
+    """``rbjax sweep``'s selection/execution options are :class:`SweepConfig`'s fields (defaults and values reach
+    the config); the study file's [sweep] is checked by the same class and named by section and key."""
+    from rbjax.cli import build_parser
+    from rbjax.commands.options import config_values
+    from rbjax.debias.sweep_config import SweepConfig
+    from rbjax.study.config import load_study
+
+    parser = build_parser()
+    base = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path)]
+    assert SweepConfig(**config_values(parser.parse_args(base), SweepConfig)) == SweepConfig()
+    args = parser.parse_args(base + ["--lmp-tolerance", "0.2", "--grid-chunk", "3", "--final", "both",
+                                     "--keep-point-checkpoints", "--executor", "ray", "--jobs", "2"])
+    assert SweepConfig(**config_values(args, SweepConfig)) == SweepConfig(
+        lmp_tolerance=0.2, grid_chunk=3, final="both", keep_point_checkpoints=True, executor="ray", jobs=2)
+    f = tmp_path / "s.toml"
+    f.write_text('[study]\nmodel = "m"\n[sweep]\nlmp_tolerance = -0.5\n')
+    with pytest.raises(ValueError, match=r"\[sweep\] lmp_tolerance: sweep.lmp_tolerance must be a number >= 0"):
+        load_study(f)
+    f.write_text('[study]\nmodel = "m"\n[sweep]\nselection = "reference"\ngrid_chunk = 2\n')
+    assert load_study(f).sweep_config() == SweepConfig(grid_chunk=2, final="reference")

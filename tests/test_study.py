@@ -125,11 +125,11 @@ def test_killed_study_resumes_without_redoing_finished_work(shared_dir, tmp_path
     real = sweep.run_chunk
     calls = []
 
-    def dies_on_second(task):
+    def dies_on_second(task, **kw):
         calls.append(task["chunk_id"])
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(task)
+        return real(task, **kw)
 
     monkeypatch.setattr(sweep, "run_chunk", dies_on_second)
     assert main(args) == 130
@@ -139,7 +139,7 @@ def test_killed_study_resumes_without_redoing_finished_work(shared_dir, tmp_path
     assert {"model", "baseline/lmb_test"} <= set(done) and "seed42/sweeps" not in done
     recs = (out / "seed42/religion1/hd/sweep/sweep.jsonl").read_text().splitlines()
     assert len(recs) == 1
-    monkeypatch.setattr(sweep, "run_chunk", lambda task: (calls.append(task["chunk_id"]), real(task))[1])
+    monkeypatch.setattr(sweep, "run_chunk", lambda task, **kw: (calls.append(task["chunk_id"]), real(task, **kw))[1])
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "model: unchanged, skipped" in err and "baseline/lmb_test: unchanged, skipped" in err

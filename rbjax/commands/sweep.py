@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 
 from rbjax.commands.debias import add_training_arguments, config_from_args, training_settings
+from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.distributed import initialize, requested
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
 from rbjax.debias.config import METHODS
+from rbjax.debias.sweep_config import SweepConfig
 from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, run_sweeps
 from rbjax.specs import is_spec_path
 
@@ -58,26 +60,7 @@ def register(sub) -> None:
                    help="grid axis: λ_LM")
     g.add_argument("--lambda-ds", type=_floats, default=PAPER_GRID["lambda_d"], metavar="X,X,..",
                    help="grid axis: λ_D")
-    g.add_argument("--lmp-tolerance", type=float, default=0.10, metavar="X",
-                   help="rbjax's selection rule: allowed relative LMP increase over the starting model")
-    g.add_argument("--max-points", type=int, metavar="N", help="run only the first N grid points (smoke runs)")
-    g.add_argument("--keep-point-checkpoints", action="store_true",
-                   help="keep every chunk's checkpoints after its points are recorded")
-    g.add_argument("--n-bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples of each point's dev LMB statistics")
-    g.add_argument("--dev-max-pairs", type=int, metavar="N", help="score only the first N valid pairs (smoke runs)")
-    g.add_argument("--final", choices=["none", "default", "reference", "both"], default="none",
-                   help="retrain the selected run(s) with export and full evaluation into OUT/selected_<rule>")
-    g.add_argument("--grid-chunk", type=int, metavar="N",
-                   help="grid points trained together in one vmapped program (when not given: as many of a batch "
-                        "plan's points as fit the free device memory)")
-    g.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local: this process, on all its devices; ray: one task per chunk on a Ray cluster "
-                        "(pip install 'rbjax[ray]'; --out must be a path every worker can reach)")
-    g.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to attach to (when not given: $RAY_ADDRESS, else a local cluster is started)")
-    g.add_argument("--jobs", type=int, metavar="N", help="Ray tasks in flight at once (when not given: as many as "
-                                                         "the cluster's resources allow)")
+    add_config_arguments(g, SweepConfig)
     g.add_argument("--distributed", action="store_true",
                    help="several hosts as one program: call jax.distributed.initialize() first (also "
                         "RBJAX_DISTRIBUTED=1); run the same command on every host, --out on a shared path; outside "
@@ -125,11 +108,8 @@ def run(args) -> int:
                                                 "batch_size": g["batch_size"][0], "grad_accum": g["grad_accum"][0],
                                                 "lambda_lm": g["lambda_lm"][0], "lambda_d": g["lambda_d"][0]}),
                       folder))
-    sels = run_sweeps(bases, grid=cli_grid, method_grids=grids, lmp_tolerance=args.lmp_tolerance,
-                      keep_checkpoints=args.keep_point_checkpoints,
-                      max_points=args.max_points, n_bootstrap=args.n_bootstrap, final=args.final,
-                      dev_max_pairs=args.dev_max_pairs, grid_chunk=args.grid_chunk, executor=args.executor,
-                      ray_address=args.ray_address, jobs=args.jobs, progress=args.progress,
+    sels = run_sweeps(bases, SweepConfig(**config_values(args, SweepConfig)), grid=cli_grid, method_grids=grids,
+                      progress=args.progress,
                       replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))

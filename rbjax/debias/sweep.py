@@ -67,6 +67,7 @@ from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
 from rbjax.debias.data import TrainingData
 from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.debias.sweep_config import SweepConfig
 from rbjax.debias.train import lmp_reference_file, train
 from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
@@ -166,7 +167,7 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     return out if stacked else out[0]
 
 
-def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float = 0.10) -> dict:
+def select(records: list[dict], baseline_lmp: float | None, lmp_tolerance: float = SweepConfig.lmp_tolerance) -> dict:
     """Apply both selection rules to finished sweep records (see the module docstring).
 
     Args:
@@ -532,29 +533,23 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
     return sel
 
 
-def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[str, Sequence] | None = None,
-               method_grids: dict[str, dict[str, Sequence]] | None = None, lmp_tolerance: float = 0.10, keep_checkpoints: bool = False, max_points: int | None = None,
-               n_bootstrap: int = 1000, final: str = "none", dev_max_pairs: int | None = None,
-               grid_chunk: int | None = None, executor: str = "local", ray_address: str | None = None,
-               jobs: int | None = None, resources: dict | None = None, progress: bool = True,
-               final_evaluate: bool = True, replace_other_inputs: bool = False) -> list[dict]:
+def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], config: SweepConfig | None = None, *,
+               grid: dict[str, Sequence] | None = None, method_grids: dict[str, dict[str, Sequence]] | None = None,
+               resources: dict | None = None, progress: bool = True, final_evaluate: bool = True,
+               replace_other_inputs: bool = False, **settings) -> list[dict]:
     """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
     executor, then select on the valid split in each folder (see the module docstring).
 
     Args:
         bases: ``(settings shared by every point, sweep folder)`` per sweep; batch size, accumulation and λ of the
             settings are replaced by the grid's.
+        config: how points are evaluated, selected and run (:class:`rbjax.debias.sweep_config.SweepConfig`: LMP
+            tolerance of the default rule, dev bootstrap, smoke-run limits, chunk size, which selection to retrain,
+            executor); default: its defaults.
+        **settings: :class:`~rbjax.debias.sweep_config.SweepConfig` fields that override ``config`` (e.g.
+            ``n_bootstrap=0, grid_chunk=2``); any other name is a ``TypeError``.
         grid: axes as :data:`PAPER_GRID` (default: the paper's). method_grids: axes per method, replacing ``grid``
             for the sweeps of that method (e.g. from grid files, :mod:`rbjax.debias.grid_config`).
-        lmp_tolerance: LMP budget of the default rule.
-        keep_checkpoints: keep each chunk's checkpoints (default: deleted once its records are written).
-        max_points: run only the first N points of each sweep (smoke runs). n_bootstrap: dev LMB resamples.
-        final: retrain and fully evaluate the selected run(s) into ``OUT/selected_<rule>``: ``none``, ``default``,
-            ``reference`` or ``both``.
-        dev_max_pairs: score only the first N dev pairs (smoke runs).
-        grid_chunk: points per chunk (``None``: :func:`auto_grid_chunk`).
-        executor: ``local`` (this process, chunk after chunk, on all local devices) or ``ray``.
-        ray_address: the Ray cluster (default ``$RAY_ADDRESS`` or a local one). jobs: Ray tasks in flight.
         resources: Ray resources per task (default: ``{"num_gpus": 1}`` when the cluster has GPUs).
         progress: progress bars.
         final_evaluate: evaluate the retrained selection (LMB on the valid split, LMP) as ``rbjax debias`` does;
@@ -569,14 +564,12 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], *, grid: dict[st
 
     Raises:
         ValueError, FileNotFoundError, RuntimeError: bad settings or data; rbjax.core.parallel.TaskError: a task failed.
+        TypeError: a keyword that is not a sweep setting.
     """
-
-    if final not in ("none", "default", "reference", "both"):
-        raise ValueError(f"final must be none, default, reference or both, got {final!r}")
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if grid_chunk is not None and grid_chunk < 1:
-        raise ValueError(f"grid_chunk must be >= 1, got {grid_chunk}")
+    cfg = (config or SweepConfig()).replace(**settings)
+    lmp_tolerance, n_bootstrap, final, executor = cfg.lmp_tolerance, cfg.n_bootstrap, cfg.final, cfg.executor
+    max_points, dev_max_pairs, grid_chunk = cfg.max_points, cfg.dev_max_pairs, cfg.grid_chunk
+    ray_address, jobs, keep_checkpoints = cfg.ray_address, cfg.jobs, cfg.keep_point_checkpoints
     for _, o in bases:  # every output location before any work
         check_output_dir(o, "--out")
     contexts = ContextCache()  # one loaded start model at a time, shared by the chunks run in this process

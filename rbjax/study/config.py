@@ -40,6 +40,7 @@ from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
+from rbjax.debias.sweep_config import SweepConfig
 from rbjax.lmb.config import MeasureConfig
 from rbjax.dialog.evaluate import DEFAULTS as DIALOG_DEFAULTS
 from rbjax.dialog.evaluate import task_settings
@@ -50,8 +51,9 @@ __all__ = ["StudyConfig", "load_study", "parse_override"]
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
 STUDY_KEYS = {"name", "model", "random_model", "tokenizer", "data_dir", "bias_types", "debias_types", "methods",
               "seeds", "semantics", "precision", "mesh"}
-SWEEP_KEYS = {"methods", "batch_size", "grad_accum", "lambda_lm", "lambda_d", "selection", "lmp_tolerance",
-              "dev_max_pairs", "n_bootstrap", "grid_chunk", "executor", "ray_address", "max_points"}
+#: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
+#: (but ``final``: the study retrains nothing, it measures the selected point)
+SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
 #: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
 MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
@@ -167,10 +169,18 @@ class StudyConfig:
 
     @property
     def sweep(self) -> dict:
-        d = {"methods": ["lmd", "add", "hd"], "selection": "default", "lmp_tolerance": 0.10, "n_bootstrap": 1000,
-             "executor": "local"}
+        """[sweep] as given, with the methods, the selection and three SweepConfig defaults always present (the
+        stages' keys)."""
+        d = {"methods": ["lmd", "add", "hd"], "selection": "default",
+             **{k: getattr(SweepConfig, k) for k in ("lmp_tolerance", "n_bootstrap", "executor")}}
         d.update(self.raw.get("sweep", {}))
         return d
+
+    def sweep_config(self) -> SweepConfig:
+        """The :class:`SweepConfig` of the study's sweeps: [sweep]'s settings; the selected rule is retrained
+        (``final``), without its own evaluation (the study's stages measure it)."""
+        fields = {f.name for f in dataclasses.fields(SweepConfig)}
+        return SweepConfig(**{k: v for k, v in self.sweep.items() if k in fields}, final=self.sweep["selection"])
 
     @property
     def measure(self) -> dict:
@@ -313,15 +323,13 @@ class StudyConfig:
             if not isinstance(sw["methods"], list) or any(m not in METHODS for m in sw["methods"]):
                 raise ValueError(f"{self.where('sweep', 'methods')}: sweep.methods must be a list of "
                                  f"{', '.join(METHODS)}, got {sw['methods']!r}")
-        for k, allowed in (("selection", ("default", "reference")), ("executor", ("local", "ray"))):
-            if k in sw and sw[k] not in allowed:
-                raise ValueError(f"{self.where('sweep', k)}: sweep.{k} must be {' or '.join(map(repr, allowed))}, "
-                                 f"got {sw[k]!r}")
-        if "lmp_tolerance" in sw and not (_is_num(sw["lmp_tolerance"]) and sw["lmp_tolerance"] >= 0):
-            raise ValueError(f"{self.where('sweep', 'lmp_tolerance')}: sweep.lmp_tolerance must be a number >= 0 "
-                             f"(0.10 = 10 %), got {sw['lmp_tolerance']!r}")
-        _check_counts(self, "sweep", sw, minimum={"n_bootstrap": 0, "dev_max_pairs": 1, "grid_chunk": 1,
-                                                   "max_points": 1})
+        if "selection" in sw and sw["selection"] not in ("default", "reference"):
+            raise ValueError(f"{self.where('sweep', 'selection')}: sweep.selection must be 'default' or 'reference', "
+                             f"got {sw['selection']!r}")
+        try:
+            self.sweep_config()
+        except SettingError as e:
+            raise ValueError(f"{self.where('sweep', e.field)}: {e.renamed(f'sweep.{e.field}')}") from None
 
     def _validate_measure(self) -> None:
         """[measure] as a :class:`MeasureConfig` (its own checks; errors name the key as written)."""
@@ -376,12 +384,6 @@ def _type_problem(value: Any, default: Any) -> str | None:
     return None
 
 
-def _check_counts(cfg: StudyConfig, sec: str, d: dict, minimum: dict[str, int]) -> None:
-    for k, lo in minimum.items():
-        if d.get(k) is not None and not (_is_int(d[k]) and d[k] >= lo):
-            raise ValueError(f"{cfg.where(sec, k)}: {sec}.{k} must be an integer >= {lo}, got {d[k]!r}")
-
-
 def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
     """A ``--set`` names a known section and field, and a number or a switch gets a number or a switch.
 
@@ -396,7 +398,8 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
         raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
     train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     defaults = {"training": train_defaults,
-                "measure": {f.name: f.default for f in dataclasses.fields(MeasureConfig)}}.get(sec, {})
+                "measure": {f.name: f.default for f in dataclasses.fields(MeasureConfig)},
+                "sweep": {f.name: f.default for f in dataclasses.fields(SweepConfig)}}.get(sec, {})
     known = set(train_defaults) if sec == "training" else SECTION_KEYS[sec]
     if keys[1] not in known:
         raise ValueError(f"--set {text!r}: unknown field {keys[1]!r} in [{sec}] (known: {', '.join(sorted(known))})")

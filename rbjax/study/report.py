@@ -632,7 +632,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
                  "less stereotypical than B); one type per comparison, so no correction.")
     over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
                  "against the baseline on the same pairs).")
-    md = [f"# RedditBias study report\n"]
+    md = ["# RedditBias study report\n"]
     if warn:
         md.append(f"**{warn}**\n\n" + "\n".join(f"- {x}" for x in incomplete) + "\n")
     md += [f"{intro}\n"]

@@ -165,10 +165,7 @@ class _Study:
             for m in self._grid_methods():
                 folder = self.run_folder(seed, b, m) / "sweep"
                 bases.append((self._train_base(m, b, seed, folder), folder))
-        sels = run_sweeps(bases, grid=self.cfg.grid(), lmp_tolerance=float(s["lmp_tolerance"]),
-                          max_points=s.get("max_points"), n_bootstrap=int(s["n_bootstrap"]), final=s["selection"],
-                          dev_max_pairs=s.get("dev_max_pairs"), grid_chunk=s.get("grid_chunk"),
-                          executor=s["executor"], ray_address=s.get("ray_address"), progress=self.progress,
+        sels = run_sweeps(bases, self.cfg.sweep_config(), grid=self.cfg.grid(), progress=self.progress,
                           final_evaluate=False,  # the selected models are measured by the test/dialog stages
                           replace_other_inputs=True)  # the study owns its folders: a changed setting reruns
         return {str(f): {"selected": sel[s["selection"]]["id"], "n_runs": sel["n_runs"]}
