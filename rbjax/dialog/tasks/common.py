@@ -57,15 +57,15 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
-    """The settings every task takes (frozen; JSON types only). A task's class adds its own fields.
+    """The settings every task takes (frozen, JSON-serialisable). A task's class adds its own fields.
 
     Class attributes (not fields): ``path_fields``, the fields that name files or folders (stored as strings, a
-    tuple-typed one such as ``refs`` as a tuple of strings; a path that was given must exist — never replaced by a download — and its
-    *content* enters the key, not the path); ``no_key_fields``, the fields that do not change a result;
-    ``signed_fields``, the integer fields that may take any value (every other integer field is a count, >= 1);
-    ``path_options``, ``(field, option)`` pairs: the option named when a given path does not exist, where it is not
-    the field's own. The help
-    of a field switched off by ``--no-...`` (``negate``) describes the switch, as ``rbjax evaluate --help`` shows it.
+    tuple-typed one such as ``refs`` as a tuple of strings; a path that was given must exist — never replaced by a
+    download — and its *content* enters the key, not the path); ``no_key_fields``, the fields that do not change a
+    result; ``signed_fields``, the integer fields that may take any value (every other integer field is a count,
+    >= 1); ``path_options``, ``(field, option)`` pairs: the option named when a given path does not exist, where it
+    is not the field's own. The help of a field switched off by ``--no-...`` (``negate``) describes the switch, as
+    ``rbjax evaluate --help`` shows it.
 
     Raises:
         rbjax.core.errors.SettingError (a ValueError) naming the field: a value of the wrong type or out of range (the
@@ -88,11 +88,6 @@ class TaskSettings:
     def names(cls) -> tuple[str, ...]:
         """The task's setting names, in declaration order."""
         return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """``{name: default}`` (``None``: resolved at run time by the task)."""
-        return {f.name: f.default for f in dataclasses.fields(cls)}
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]):
