@@ -60,7 +60,7 @@ def lm_data(tok, config):
 
 def dst_data(tok, n: int):
     from benchmarks.bench_dialog import dst_arrays
-    from rbjax.dialog.evaluate import _trim_columns
+    from rbjax.dialog.tasks.dst import _trim_columns
     from rbjax.train.batching import ArrayData
     from rbjax.train.config import TrainerConfig
 

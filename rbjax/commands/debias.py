@@ -9,12 +9,12 @@ import dataclasses
 import typing
 from pathlib import Path
 
+from rbjax.core.config import option_name
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.train import check_own_bias_type_data, train
 from rbjax.model.memory import plan_for_model
-from rbjax.train.config import option_name
 
 
 def add_training_arguments(p, *, grid: bool = False) -> None:

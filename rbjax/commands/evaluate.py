@@ -1,7 +1,11 @@
 """``rbjax evaluate``: dialog-quality checks of a (debiased) model (paper §3.2, Tables 4–5).
 
-One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Task``) with the options it needs;
-adding a task means adding its options to the parser and one entry to :data:`TASKS`.
+One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Task``) with the options it needs. The
+model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are generated from the fields of the tasks'
+settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
+once, its default ``None`` = each task's own): :data:`OPTION_GROUPS` places each field in the help. Hand-written are
+only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--hyp`` (crg-metrics) and the three
+training-file options (``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
 * ``dst`` — MultiWOZ 2.0 dialog state tracking (train the classifier, score the test split) → ``OUT/dst.json``.
@@ -17,14 +21,17 @@ settings reuses the result file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from rbjax.commands import HelpFormatter
 from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
 from rbjax.dialog.evaluate import evaluate, format_result
+from rbjax.dialog.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class Task:
 def _run_crg_metrics(args) -> int:
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
-                                  compute_meteor=not args.no_meteor, meteor_norm=not args.meteor_no_norm,
+                                  compute_meteor=args.meteor is not False, meteor_norm=args.meteor_norm is not False,
                                   meteor_jar=args.meteor_jar, java=args.java, overwrite=args.overwrite)
     print(format_crg_table(result))
     for metric, why in result["null_reasons"].items():
@@ -52,21 +59,8 @@ def _run_crg_metrics(args) -> int:
 def _settings(args) -> dict:
     """The :func:`rbjax.dialog.evaluate.evaluate` settings of the command-line options (``None`` = the task's
     default)."""
-    return {
-        "progress": not args.no_progress, "keep_checkpoints": args.keep_checkpoints or None,
-        "data_dir": args.data_dir, "lmp_file": args.lmp_file, "lmp_max_lines": args.lmp_max_lines,
-        "lmp_block_size": args.lmp_block_size, "eval_batch_size": args.eval_batch_size,
-        "multiwoz": args.multiwoz, "ontology": args.ontology, "mapping": args.mapping,
-        "train_file": args.train_file, "dst_train_file": args.dst_train_file, "crg_train_file": args.crg_train_file,
-        "test_file": args.test_file, "refs": args.refs, "max_steps": args.max_steps, "max_examples": args.max_examples,
-        "seed": args.seed, "semantics": args.semantics, "joint_goal": args.joint_goal or None,
-        "jga_max_dialogues": args.jga_max_dialogues, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
-        "epochs": args.epochs, "learning_rate": args.learning_rate, "gen_batch_size": args.gen_batch_size,
-        "greedy": args.greedy or None, "max_new_tokens": args.max_new_tokens, "clean": args.clean,
-        "meteor": False if args.no_meteor else None, "meteor_norm": False if args.meteor_no_norm else None,
-        "meteor_jar": args.meteor_jar, "java": args.java, "dropout": False if args.no_dropout else None,
-        "layout": args.layout,
-    }
+    return {"train_file": args.train_file, "dst_train_file": args.dst_train_file,
+            "crg_train_file": args.crg_train_file, **{name: getattr(args, name) for name in _option_fields()}}
 
 
 def _run_model_task(args) -> int:
@@ -84,24 +78,90 @@ def _run_model_task(args) -> int:
             print(format_result(results[t]))
             print()
     out = Path(args.out)
-    written = [out / f"{t}.json" for t in results]
-    if "crg" in results:
-        written += [out / "crg_responses.jsonl", out / "crg_hypotheses.txt"]
+    written = [out / f for t in results for f in get_task(t).outputs]
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
+def _task_help(name: str) -> str:
+    t = get_task(name)
+    return f"{t.help} ({', '.join('OUT/' + f for f in t.outputs)})"
+
+
 #: task name -> handler; the ``--task`` choices are exactly these keys
 TASKS: dict[str, Task] = {
-    "lmp": Task(_run_model_task, "Reddit-6K perplexity of the model (OUT/lmp.json)", ("model", "out")),
-    "dst": Task(_run_model_task, "MultiWOZ 2.0 dialog state tracking: train the classifier on train (default: the "
-                                 "val split standing in), score the test split (OUT/dst.json)", ("model", "out")),
-    "crg": Task(_run_model_task, "DSTC-7 response generation: optional fine-tuning, generation, DSTC-7 metrics "
-                                 "(OUT/crg.json, OUT/crg_responses.jsonl)", ("model", "out")),
-    "all": Task(_run_model_task, "lmp, dst and crg", ("model", "out")),
+    **{name: Task(_run_model_task, _task_help(name), ("model", "out")) for name in MODEL_TASKS},
+    "all": Task(_run_model_task, f"{', '.join(MODEL_TASKS[:-1])} and {MODEL_TASKS[-1]}", ("model", "out")),
     "crg-metrics": Task(_run_crg_metrics, "score given responses with the DSTC-7 metrics (OUT/crg_metrics.json)",
                         ("hyp", "out")),
 }
+
+#: where each setting of the model tasks appears in ``rbjax evaluate --help``: ``(group title or None for the
+#: top level, field names)``. Every field of every task's settings is an option placed here, or listed in
+#: :data:`NOT_OPTIONS` (checked when the parser is built).
+OPTION_GROUPS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("seed", "semantics", "progress")),
+    ("training (dst, crg)", ("max_steps", "max_examples", "batch_size", "grad_accum", "epochs", "learning_rate",
+                             "dropout", "layout", "keep_checkpoints", "eval_batch_size")),
+    ("lmp", ("data_dir", "lmp_file", "lmp_max_lines", "lmp_block_size")),
+    ("dst", ("multiwoz", "ontology", "mapping", "joint_goal", "jga_max_dialogues")),
+    ("crg and crg-metrics", ("test_file", "refs", "gen_batch_size", "greedy", "max_new_tokens", "clean", "meteor",
+                             "meteor_jar", "meteor_norm", "java")),
+)
+#: settings that are not options: the training files (``--train-file`` and the ``--<task>-train-file`` options are
+#: written by hand below) and those of the Python API and study files only
+NOT_OPTIONS = ("dst_train_file", "crg_train_file", "block_size")
+
+
+def _fields() -> dict[str, list[tuple[str, type, dataclasses.Field]]]:
+    """``{setting: [(task, settings class, field), ...]}`` over the model tasks, in task order."""
+    out: dict[str, list] = {}
+    for name in MODEL_TASKS:
+        cls = get_task(name).settings
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, []).append((name, cls, f))
+    return out
+
+
+def _option_fields() -> tuple[str, ...]:
+    return tuple(name for _, names in OPTION_GROUPS for name in names)
+
+
+def _add_setting(g, name: str, owners: list) -> None:
+    """One option for the setting ``name`` of the tasks ``owners`` (``[(task, class, field), ...]``): spelling, help,
+    choices and metavar from the field (the same in every task that takes it), type from its annotation, default
+    ``None`` (= each task's own, shown in the help when the help does not already say it)."""
+    _, cls, f = owners[0]
+    md = f.metadata
+    for task, _, other in owners[1:]:
+        if dict(other.metadata) != dict(md):
+            raise TypeError(f"setting {name}: {task}'s field differs from {owners[0][0]}'s in its help or spelling")
+    hint = typing.get_type_hints(cls)[name]
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    flag = cls.option(name)
+    kw = {"dest": name, "default": None, "help": md["help"]}
+    defaults = {task: other.default for task, _, other in owners}
+    if base is bool:
+        if md["negate"]:
+            kw["action"] = "store_false"
+        elif f.default is False:
+            kw["action"] = "store_true"
+        else:
+            kw["action"] = argparse.BooleanOptionalAction
+    else:
+        if typing.get_origin(base) is tuple:
+            kw.update(nargs="+", type=typing.get_args(base)[0])
+        else:
+            kw["type"] = base
+        if md["choices"]:
+            kw["choices"] = list(md["choices"])
+        if md["metavar"]:
+            kw["metavar"] = md["metavar"]
+        if "default" not in md["help"].lower() and any(v is not None for v in defaults.values()):
+            shown = ({str(v) for v in defaults.values()}.pop() if len(set(defaults.values())) == 1
+                     else ", ".join(f"{task} {v}" for task, v in defaults.items()))
+            kw["help"] = f"{md['help']} (default: {shown})"
+    g.add_argument(flag, **kw)
 
 
 def register(sub) -> None:
@@ -123,93 +183,28 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="MODEL",
                    help="HF model folder (any supported family), hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--seed", type=int, metavar="N",
-                   help="seed of the DST negatives, classifier head, data order and dropout, and of CRG sampling "
-                        "(default: 42, the reference's)")
-    p.add_argument("--semantics", choices=("paper", "reference"),
-                   help="paper (default): rbjax's corrected semantics; reference: reproduce the official scripts "
-                        "(DST negatives with the slot-remap bug, pooling the last padded column, start-of-text "
-                        "truncation; CRG prompts and top-k 50 + top-p 0.95 sampling, 128 tokens with the prompt)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    g = p.add_argument_group("training (dst, crg)")
-    g.add_argument("--train-file", metavar="PATH",
-                   help="the task's training data: dst — the MultiWOZ 2.0 train split (official MultiWOZ_2.0.zip, "
-                        "ConvLab train.json.zip or TRADE train_dials.json; default: the val split stands in); crg — a "
-                        "DSTC-7 TSV (hash, subreddit, conv_id, score, turn, context, response; default: no "
-                        "fine-tuning)")
-    g.add_argument("--dst-train-file", metavar="PATH", help="--train-file of dst, for --task all")
-    g.add_argument("--crg-train-file", metavar="FILE", help="--train-file of crg, for --task all")
-    g.add_argument("--max-steps", type=int, metavar="N", help="stop training after N updates (quick runs)")
-    g.add_argument("--max-examples", type=int, metavar="N",
-                   help="use only the first N examples: dst — of the train and of the test pairs; crg — of the test "
-                        "contexts (quick runs; recorded in the result)")
-    g.add_argument("--batch-size", type=int, metavar="N", help="training micro-batch (default: dst 12, crg 16)")
-    g.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per update (default: dst 4, crg 5)")
-    g.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: 1)")
-    g.add_argument("--lr", dest="learning_rate", type=float, metavar="X", help="peak learning rate, linear decay (default: 5e-5)")
-    g.add_argument("--no-dropout", action="store_true", help="train without GPT-2's dropout (the reference uses it)")
-    g.add_argument("--layout", choices=["packed", "padded"],
-                   help="token layout of the training micro-batches: packed (default: examples side by side in a few "
-                        "rows, no compute on padding, the same loss) or padded (one block_size row per example, for "
-                        "comparison); DST in reference semantics is always padded")
-    g.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints after the result is "
-                        "written (default: deleted then); with them a rerun that changes only evaluation settings "
-                        "(e.g. adds --joint-goal) restores the trained model instead of training again")
-    g.add_argument("--eval-batch-size", type=int, metavar="N",
-                   help="rows per scoring batch of LMP lines and DST pairs (default: 64)")
-
-    g = p.add_argument_group("lmp")
-    g.add_argument("--data-dir", metavar="DIR",
-                   help="RedditBias data folder: the LMP file text_files/humanref6k.txt and the offline DSTC-7 test "
-                        "contexts data/dstc7/response_hyp.txt (default: $RBJAX_DATA_DIR, else the verified download "
-                        "cache)")
-    g.add_argument("--lmp-file", metavar="FILE", help="LMP reference file, one utterance a line (default: "
-                                                      "RedditBias text_files/humanref6k.txt)")
-    g.add_argument("--lmp-max-lines", type=int, metavar="N", help="score only the first N LMP lines (quick runs)")
-    g.add_argument("--lmp-block-size", type=int, metavar="N", help="tokens kept per LMP line (default: 36)")
-
-    g = p.add_argument_group("dst")
-    g.add_argument("--multiwoz", metavar="PATH",
-                   help="MultiWOZ 2.0: a folder or zip in the official, ConvLab or TRADE layout (mapping.pair and "
-                        "ontology.json are taken from it when present; default: $RBJAX_MULTIWOZ, else ConvLab's val "
-                        "and test splits downloaded and verified)")
-    g.add_argument("--ontology", metavar="FILE", help="MultiWOZ 2.0 ontology.json (default: from --multiwoz, else the "
-                                                      "pinned download)")
-    g.add_argument("--mapping", metavar="FILE", help="TRADE's mapping.pair (default: from --multiwoz, else the pinned "
-                                                     "download)")
-    g.add_argument("--joint-goal", action="store_true",
-                   help="also joint goal accuracy: every candidate value of every slot at every turn (about 300 times "
-                        "the pairs of the binary metrics); the cost is reported")
-    g.add_argument("--jga-max-dialogues", type=int, metavar="N",
-                   help="joint goal accuracy on the first N test dialogues only")
-
-    g = p.add_argument_group("crg and crg-metrics")
-    g.add_argument("--test-file", metavar="FILE",
-                   help="crg: DSTC-7 TSV of test contexts (default: the 1,472 DSTC-7 test contexts of RedditBias "
-                        "data/dstc7/response_hyp.txt)")
-    g.add_argument("--hyp", metavar="FILE", help="crg-metrics: generated responses, one per line (UTF-8)")
-    g.add_argument("--refs", metavar="FILE", nargs="+",
-                   help="reference files, one per reference set, line-aligned with the test examples (crg) or with "
-                        "--hyp (crg-metrics); without them only the reference-free metrics (entropy, dist, avg_len) "
-                        "are computed and BLEU/NIST/METEOR are null with the reason")
-    g.add_argument("--gen-batch-size", type=int, metavar="N", help="crg: contexts per generation batch (default: 16)")
-    g.add_argument("--greedy", action="store_true", help="crg: greedy decoding instead of sampling")
-    g.add_argument("--max-new-tokens", type=int, metavar="N", help="crg: at most N new tokens per response "
-                                                                   "(default: 64)")
-    g.add_argument("--clean", action=argparse.BooleanOptionalAction, default=None,
-                   help="DSTC-7's -c cleaning of hypotheses and references (lower-case, URLs to __url__, tweet "
-                        "tokenisation, contractions split), as the official scores use it (default: on for crg, off "
-                        "for crg-metrics)")
-    g.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts Java and loads 60 MB of paraphrases)")
-    g.add_argument("--meteor-jar", metavar="JAR",
-                   help="meteor-1.5.jar with data/paraphrase-en.gz beside it (default: $RBJAX_METEOR_JAR, else the "
-                        "copy bundled in the pycocoevalcap package)")
-    g.add_argument("--meteor-no-norm", action="store_true",
-                   help="run METEOR without -norm (the official command uses -norm; the official README's demo "
-                        "value was computed without it)")
-    g.add_argument("--java", help="Java executable for METEOR (default: java on PATH)")
+    fields = _fields()
+    placed = _option_fields() + NOT_OPTIONS
+    missing = [name for name in fields if name not in placed]
+    if missing or len(set(placed)) != len(placed) or set(placed) - set(fields):
+        raise TypeError(f"rbjax evaluate: OPTION_GROUPS / NOT_OPTIONS must place every task setting once (unplaced: "
+                        f"{missing}; unknown: {sorted(set(placed) - set(fields))})")
+    for title, names in OPTION_GROUPS:
+        g = p if title is None else p.add_argument_group(title)
+        if title == "training (dst, crg)":  # the training files: one option per task, named by the task that runs
+            dst_f, crg_f = fields["dst_train_file"][0][2], fields["crg_train_file"][0][2]
+            g.add_argument("--train-file", metavar="PATH",
+                           help=f"the task's training data: dst — {dst_f.metadata['help']}; crg — "
+                                f"{crg_f.metadata['help']}")
+            g.add_argument("--dst-train-file", dest="dst_train_file", metavar=dst_f.metadata["metavar"],
+                           help="--train-file of dst, for --task all")
+            g.add_argument("--crg-train-file", dest="crg_train_file", metavar=crg_f.metadata["metavar"],
+                           help="--train-file of crg, for --task all")
+        for name in names:
+            _add_setting(g, name, fields[name])
+            if name == "test_file":
+                g.add_argument("--hyp", metavar="FILE", help="crg-metrics: generated responses, one per line (UTF-8)")
     p.set_defaults(func=run)
 
 

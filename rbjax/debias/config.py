@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from rbjax.core.config import field
 from rbjax.core.errors import SettingError
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
-from rbjax.train.config import TrainerConfig, field
+from rbjax.train.config import TrainerConfig
 
 __all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
            "bias_spec"]

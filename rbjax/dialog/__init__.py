@@ -2,6 +2,8 @@
 
 * :mod:`rbjax.dialog.evaluate` — the entry point: :func:`~rbjax.dialog.evaluate.evaluate` runs ``lmp``, ``dst``,
   ``crg`` or ``all`` on a model and writes keyed, reusable ``OUT/<task>.json`` result files.
+* :mod:`rbjax.dialog.tasks` — the tasks, one module each (its runner and settings dataclass), behind a registry
+  (:func:`rbjax.dialog.tasks.get_task`); what they share in :mod:`rbjax.dialog.tasks.common`.
 * :mod:`rbjax.dialog.lmp` — language-model perplexity (LMP) on the 6K Reddit reference utterances.
 * :mod:`rbjax.dialog.multiwoz` — MultiWOZ 2.0 in TRADE's turn format (three layouts, normalisation, ontology).
 * :mod:`rbjax.dialog.dst` — dialog state tracking as binary slot-value classification; metrics, joint goal accuracy.

@@ -41,9 +41,9 @@ from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.debias.sweep_config import SweepConfig
+from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
+from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
-from rbjax.dialog.evaluate import DEFAULTS as DIALOG_DEFAULTS
-from rbjax.dialog.evaluate import task_settings
 from rbjax.model.gpt2 import GPT2Config
 
 __all__ = ["StudyConfig", "load_study", "parse_override"]
@@ -59,7 +59,6 @@ MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
 #: the fields each section takes ([training] takes TrainConfig's fields, checked against the dataclass)
 SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
-DIALOG_TASKS = ("lmp", "dst", "crg")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -352,12 +351,13 @@ class StudyConfig:
             if not isinstance(settings, dict):
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t} must be a table, e.g. {{ max_examples = 8 }}")
             settings = {(f"{t}_train_file" if k == "train_file" else k): v for k, v in settings.items()}
-            unknown = sorted(set(settings) - set(DIALOG_DEFAULTS[t]))
+            known = get_task(t).settings.names()
+            unknown = sorted(set(settings) - set(known))
             if unknown:
                 raise ValueError(f"{self.where('dialog', t)}: unknown setting(s) {unknown} of dialog.{t} (known: "
-                                 f"{', '.join(sorted(k for k in DIALOG_DEFAULTS[t] if k not in ('progress',)))})")
+                                 f"{', '.join(sorted(k for k in known if k not in ('progress',)))})")
             try:
-                task_settings(t, settings)
+                get_task(t).settings.from_settings(settings)
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t}: {e}") from None
 

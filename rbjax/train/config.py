@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rbjax.core.config import check_types, field, option_name  # noqa: F401 (field, option_name: re-exported)
+from rbjax.core.config import check_types, field
 from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
 from rbjax.train.batching import LAYOUTS
 
-__all__ = ["TrainerConfig", "field", "option_name", "LEFTOVERS"]
+__all__ = ["TrainerConfig", "LEFTOVERS"]
 
 #: what happens to the micro-batches left at an epoch's end (:func:`rbjax.train.batching.update_plan`)
 LEFTOVERS = ("drop", "carry")

@@ -1,0 +1,340 @@
+"""What the dialog-quality tasks share: the settings base classes, the task record, the model under evaluation, the
+keyed result files and the fine-tuning adapter over the shared trainer.
+
+**Settings.** Each task's settings are a frozen dataclass (:class:`TaskSettings`; the tasks' own are
+:class:`rbjax.dialog.tasks.lmp.LMPSettings`, :class:`~rbjax.dialog.tasks.dst.DSTSettings` and
+:class:`~rbjax.dialog.tasks.crg.CRGSettings`) whose fields carry their default, help, choices and command-line
+spelling (:func:`rbjax.core.config.field`): ``rbjax evaluate`` generates its options from them, the study checks
+its ``[dialog]`` tables with them, and each default is written once. ``None`` given for a setting means the task's
+default (:meth:`TaskSettings.from_settings`).
+
+**Result files.** ``OUT/<task>.json`` carries a ``key``: the content digest of the model and tokenizer files, of
+every data file read, and the settings that shape the numbers (:meth:`TaskSettings.key_settings`: not the ones that
+name files — their content is keyed instead — nor ``progress`` and ``keep_checkpoints``). A rerun with the same key
+returns the stored result; another key is refused unless ``overwrite`` (:class:`rbjax.core.reuse.KeyedResult`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rbjax.core.config import check_types, field
+from rbjax.core.errors import SettingError
+from rbjax.core.io import atomic_write_json, read_json, versions
+from rbjax.core.keys import canonical, describe_difference, file_digest
+from rbjax.core.log import say
+from rbjax.core.reuse import KeyedResult
+from rbjax.model.handle import ModelHandle
+from rbjax.train.batching import LAYOUTS
+from rbjax.train.config import TrainerConfig
+from rbjax.train.loop import Trainer
+
+__all__ = [
+    "RESULT_FORMAT",
+    "SEMANTICS",
+    "EvalModel",
+    "Task",
+    "TaskSettings",
+    "TrainingSettings",
+    "resolve_model",
+    "training_layout",
+]
+
+#: bumped when the result files change incompatibly (older files are then recomputed, not reused)
+RESULT_FORMAT = 1
+SEMANTICS = ("paper", "reference")
+
+
+def _say(msg: str) -> None:
+    say("evaluate", msg)
+
+
+# ------------------------------------------------------------------------------------------------ settings
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+    """The settings every task takes (frozen, JSON-serialisable). A task's class adds its own fields.
+
+    Class attributes (not fields): ``path_fields``, the fields that name files or folders (stored as strings, a
+    tuple-typed one such as ``refs`` as a tuple of strings; a path that was given must exist — never replaced by a
+    download — and its *content* enters the key, not the path); ``no_key_fields``, the fields that do not change a
+    result; ``signed_fields``, the integer fields that may take any value (every other integer field is a count,
+    >= 1); ``path_options``, ``(field, option)`` pairs: the option named when a given path does not exist, where it
+    is not the field's own. The help of a field switched off by ``--no-...`` (``negate``) describes the switch, as
+    ``rbjax evaluate --help`` shows it.
+
+    Raises:
+        rbjax.core.errors.SettingError (a ValueError) naming the field: a value of the wrong type or out of range (the
+        command line shows the flag instead, a study file its section and key). FileNotFoundError: a path that was
+        given does not exist (named by its option).
+    """
+
+    progress: bool = field(True, "no progress bars", negate="--no-progress")
+    keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints "
+                                          "after the result is written (default: deleted then); with them a rerun "
+                                          "that changes only evaluation settings (e.g. adds --joint-goal) restores "
+                                          "the trained model instead of training again")
+
+    path_fields = ()
+    no_key_fields = ("progress", "keep_checkpoints")
+    signed_fields = ("seed",)
+    path_options = ()
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The task's setting names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]):
+        """The task's settings from a mapping that may hold other tasks' settings too: the keys this task does not
+        take are ignored, and a ``None`` value means the default.
+
+        Raises:
+            SettingError, FileNotFoundError: see the class.
+        """
+        names = set(cls.names())
+        return cls(**{k: v for k, v in settings.items() if k in names and v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def key_settings(self) -> dict[str, Any]:
+        """The settings that shape the numbers (enter the result's key)."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.no_key_fields and k not in self.path_fields}
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for name in self.path_fields:  # paths as strings (their content is keyed, not their type)
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if _is_tuple(hints[name]):  # several paths (one may be given alone)
+                v = tuple(str(p) for p in ([v] if isinstance(v, (str, os.PathLike)) else v))
+            else:
+                v = str(v)
+            object.__setattr__(self, name, v)
+        self._check()
+        check_types(self)
+        for name in sorted(self.path_fields):  # a path that was given must exist: never fall back to a download
+            v = getattr(self, name)
+            for p in ([] if v is None else (v if isinstance(v, tuple) else [v])):
+                if not Path(p).expanduser().exists():
+                    raise FileNotFoundError(f"{self.option(name)} {p}: not found")
+
+    def _check(self) -> None:
+        """Value ranges (a subclass adds its own and calls this): every integer field not in ``signed_fields`` is a
+        count (>= 1; ``None`` where the type allows it)."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if f.name in self.signed_fields or int not in (hints[f.name], *typing.get_args(hints[f.name])):
+                continue
+            v = getattr(self, f.name)
+            if v is None and type(None) in typing.get_args(hints[f.name]):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SettingError(f.name, f"must be a positive integer, got {v!r}")
+
+    @classmethod
+    def option(cls, name: str) -> str:
+        """The command-line option of a setting (for messages)."""
+        if name in dict(cls.path_options):
+            return dict(cls.path_options)[name]
+        md = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+        return md["negate"] or md["flag"] or "--" + name.replace("_", "-")
+
+
+def _is_tuple(hint) -> bool:
+    return any(typing.get_origin(a) is tuple for a in (hint, *typing.get_args(hint)))
+
+
+def data_dir_field():
+    """``data_dir``: the RedditBias data folder (LMP and CRG)."""
+    return field(None, "RedditBias data folder: the LMP file text_files/humanref6k.txt and the offline DSTC-7 test "
+                       "contexts data/dstc7/response_hyp.txt (default: $RBJAX_DATA_DIR, else the verified download "
+                       "cache)", metavar="DIR")
+
+
+def eval_batch_size_field():
+    """``eval_batch_size``: rows per scoring batch (LMP and DST)."""
+    return field(64, "rows per scoring batch of LMP lines and DST pairs")
+
+
+def batch_size_field(default: int):
+    """``batch_size``: the training micro-batch (a default per task)."""
+    return field(default, "training micro-batch")
+
+
+def grad_accum_field(default: int):
+    """``grad_accum``: micro-batches per update (a default per task)."""
+    return field(default, "micro-batches per update")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings(TaskSettings):
+    """The settings of a task that fine-tunes the model with the shared trainer (DST, CRG); the task adds
+    ``batch_size`` and ``grad_accum`` with its own defaults."""
+
+    max_steps: int | None = field(None, "stop training after N updates (quick runs)", metavar="N")
+    max_examples: int | None = field(None, "use only the first N examples: dst — of the train and of the test pairs; "
+                                           "crg — of the test contexts (quick runs; recorded in the result)",
+                                     metavar="N")
+    seed: int = field(42, "seed of the DST negatives, classifier head, data order and dropout, and of CRG sampling, "
+                          "as in the reference code")
+    semantics: str = field("paper", "paper (default): rbjax's corrected semantics; reference: reproduce the official "
+                                    "scripts (DST negatives with the slot-remap bug, pooling the last padded column, "
+                                    "start-of-text truncation; CRG prompts and top-k 50 + top-p 0.95 sampling, 128 "
+                                    "tokens with the prompt)", choices=SEMANTICS)
+    epochs: int = field(1, "training epochs")
+    learning_rate: float = field(5e-5, "peak learning rate, linear decay", flag="--lr")
+    block_size: int = field(128, "tokens kept per training example")
+    dropout: bool = field(True, "train without GPT-2's dropout (the reference uses it)", negate="--no-dropout")
+    layout: str = field("packed", "token layout of the training micro-batches: packed (default: examples side by side "
+                                  "in a few rows, no compute on padding, the same loss) or padded (one block_size row "
+                                  "per example, for comparison); DST in reference semantics is always padded",
+                        choices=LAYOUTS)
+
+    def _check(self) -> None:
+        if self.semantics not in SEMANTICS:
+            raise SettingError("semantics", f"must be one of {SEMANTICS}, got {self.semantics!r}")
+        if self.layout not in LAYOUTS:
+            raise SettingError("layout", f"must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        super()._check()
+        v = self.learning_rate
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+            raise SettingError("learning_rate", f"must be > 0, got {v!r}")
+
+
+# ------------------------------------------------------------------------------------------------ the task record
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One dialog-quality task: its name, settings class and runner ``run(model, out_dir, settings, *,
+    overwrite=False) -> result``, a help line and the files it writes into ``OUT`` (the result first)."""
+
+    name: str
+    settings: type[TaskSettings]
+    run: Callable[..., dict]
+    help: str
+    outputs: tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------------------ model
+#: the model under evaluation: :class:`rbjax.model.handle.ModelHandle` (its location, content digests, and weights
+#: loaded once on demand)
+EvalModel = ModelHandle
+
+
+def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> ModelHandle:
+    """Where the model to evaluate is: an HF folder, a hub id (downloaded into the HF cache), or a finished
+    ``rbjax debias`` run folder (then its ``model/`` subfolder) — :meth:`rbjax.model.handle.ModelHandle.open`.
+
+    Raises:
+        FileNotFoundError: no such folder (and not a hub id).
+        ValueError: a run folder without an exported model (unfinished run, or made with ``--no-export``), or one
+            whose ``results.json`` says it did not finish.
+        RuntimeError: a hub id that cannot be downloaded.
+    """
+    return ModelHandle.open(model, tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------ results
+def _result_path(out_dir: Path, task: str) -> Path:
+    return out_dir / f"{task}.json"
+
+
+def _existing(path: Path, key: dict, task: str, overwrite: bool, check=None) -> dict | None:
+    """The existing result at ``path`` when its key equals ``key`` (and ``check(prev)`` passes), else ``None``
+    (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`.
+
+    Raises:
+        rbjax.core.reuse.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
+            not ``overwrite``: it is never replaced silently (nothing was computed).
+    """
+    return KeyedResult(path, key, task, _say, check, refuse_other=not overwrite).stored()
+
+
+def _key(task: str, model: EvalModel, data: dict, s: TaskSettings) -> dict:
+    return canonical({"task": task, "format": RESULT_FORMAT, "model": model.digest,
+                      "tokenizer": model.tokenizer_digest, "data": data, "settings": s.key_settings()})
+
+
+def _finish(task: str, out_dir: Path, key: dict, model: EvalModel, s: TaskSettings, overwrite: bool, body: dict,
+            t0: float) -> dict:
+    v = body.pop("versions", None) or versions()
+    res = {"task": task, "format": RESULT_FORMAT, "model": model.describe(), **body,
+           "settings": canonical({**s.to_dict(), "overwrite": overwrite}), "versions": v}
+    res.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
+    return KeyedResult(_result_path(out_dir, task), key, task).save(res)
+
+
+def _file_record(path: Path) -> dict:
+
+    return {"path": str(Path(path).resolve()), "sha256": file_digest(path)}
+
+
+# ------------------------------------------------------------------------------------------------ training
+def training_layout(method: str, s: TrainingSettings | Mapping[str, Any]) -> str:
+    """The token layout a fine-tuning task trains in: the ``layout`` setting, except ``padded`` for DST in
+    reference semantics, whose pooling (the batch's longest row's last column, padding attended:
+    ``lm_dst_binary.py``) depends on the padding. ``s``: the task's settings (or a mapping with ``semantics`` and
+    ``layout``)."""
+    semantics, layout = (s["semantics"], s["layout"]) if isinstance(s, Mapping) else (s.semantics, s.layout)
+    return "padded" if (method == "dst" and semantics == "reference") else layout
+
+
+def _train(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
+    """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves).
+
+    A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
+    the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
+
+    Returns:
+        ``(params, record, train_dir)``.
+    """
+
+    config, _, tok = model.load()
+    train_dir = out_dir / f"{method}_train"
+    cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s.seed, epochs=s.epochs,
+                        batch_size=s.batch_size, grad_accum=s.grad_accum, learning_rate=s.learning_rate,
+                        block_size=s.block_size, max_steps=s.max_steps, dropout=s.dropout,
+                        layout=training_layout(method, s), progress=s.progress, keep_checkpoints=1,
+                        leftover="carry" if s.semantics == "reference" else "drop")
+    try:
+        trainer = Trainer(cfg, objective, model_config=config, params=params, model_key=model.digest, tokenizer=tok,
+                          data=data)
+    except ValueError as e:
+        if "fewer than grad_accum" in str(e):
+            raise ValueError(f"{what}: {data.n_examples} training examples make {-(-data.n_examples // cfg.batch_size)}"
+                             f" micro-batch(es) of {cfg.batch_size}, fewer than grad_accum={cfg.grad_accum}: no update "
+                             "would happen; raise --max-examples or lower --batch-size / --grad-accum") from None
+        raise
+    tkey = canonical(trainer.key())
+    kpath = train_dir / "key.json"
+    if train_dir.exists():
+        old = read_json(kpath)
+        if old != tkey:
+            if (train_dir / "checkpoints").exists():
+                _say(f"{train_dir}: training state of other inputs "
+                     f"({describe_difference(old or {}, tkey) if old else 'no key.json'}); starting afresh")
+            shutil.rmtree(train_dir)
+    atomic_write_json(kpath, tkey)
+    t0 = time.perf_counter()
+    res = trainer.run()
+    summary = {k: v for k, v in res.summary.items() if k != "last"}
+    record = {"updates": res.updates_done, "t_total": res.t_total, "resumed_from": res.resumed_from,
+              "n_examples": data.n_examples, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
+              "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "max_steps": cfg.max_steps,
+              "final_loss": (res.summary.get("last") or {}).get("total"), "last": res.summary.get("last"),
+              "seconds": time.perf_counter() - t0, "folder": str(train_dir),
+              "data_sha256": data.info.get("sha256_arrays"), **summary}
+    return res.params, record, train_dir
+
+
+def _drop_checkpoints(train_dir: Path | None, s: TaskSettings) -> None:
+    if train_dir is not None and not s.keep_checkpoints and (train_dir / "checkpoints").exists():
+        shutil.rmtree(train_dir / "checkpoints")

@@ -1,0 +1,190 @@
+"""``crg``: response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
+``OUT/crg_responses.jsonl`` and ``OUT/crg_hypotheses.txt``.
+
+Optionally fine-tunes on a DSTC-7 TSV (``crg_train_file``; the loss on the response only, :mod:`rbjax.dialog.crg`),
+generates a response per test context (:func:`rbjax.dialog.generate.generate_responses`) and scores them with the
+DSTC-7 metrics (:func:`rbjax.dialog.crg_metrics.crg_metrics`; without reference files only the reference-free
+ones).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from rbjax.core.config import field
+from rbjax.core.io import atomic_write_text, versions
+from rbjax.core.keys import file_digest
+from rbjax.data.redditbias import RedditBiasData
+from rbjax.dialog import crg
+from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics
+from rbjax.dialog.generate import generate_responses
+from rbjax.dialog.tasks.common import (
+    EvalModel,
+    Task,
+    TrainingSettings,
+    _drop_checkpoints,
+    _existing,
+    _file_record,
+    _finish,
+    _key,
+    _result_path,
+    _train,
+    batch_size_field,
+    data_dir_field,
+    grad_accum_field,
+)
+from rbjax.model.generate import sampling_settings
+from rbjax.train.batching import ArrayData
+
+__all__ = ["TASK", "CRGSettings", "run_crg"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CRGSettings(TrainingSettings):
+    """The settings of ``crg`` (see :class:`rbjax.dialog.tasks.common.TrainingSettings`); the trainer's defaults are
+    the reference's (batch 16, accumulation 5, 1 epoch, lr 5e-5, block 128, seed 42)."""
+
+    data_dir: str | None = data_dir_field()
+    crg_train_file: str | None = field(None, "a DSTC-7 TSV (hash, subreddit, conv_id, score, turn, context, "
+                                             "response; default: no fine-tuning)", metavar="FILE")
+    test_file: str | None = field(None, "crg: DSTC-7 TSV of test contexts (default: the 1,472 DSTC-7 test contexts of "
+                                        "RedditBias data/dstc7/response_hyp.txt)", metavar="FILE")
+    refs: tuple[str, ...] | None = field(None, "reference files, one per reference set, line-aligned with the test "
+                                               "examples (crg) or with --hyp (crg-metrics); without them only the "
+                                               "reference-free metrics (entropy, dist, avg_len) are computed and "
+                                               "BLEU/NIST/METEOR are null with the reason", metavar="FILE")
+    batch_size: int = batch_size_field(16)
+    grad_accum: int = grad_accum_field(5)
+    gen_batch_size: int = field(16, "crg: contexts per generation batch")
+    greedy: bool = field(False, "crg: greedy decoding instead of sampling")
+    max_new_tokens: int | None = field(None, "crg: at most N new tokens per response (default: 64)", metavar="N")
+    clean: bool = field(True, "DSTC-7's -c cleaning of hypotheses and references (lower-case, URLs to __url__, tweet "
+                              "tokenisation, contractions split), as the official scores use it (default: on for "
+                              "crg, off for crg-metrics)")
+    meteor: bool = field(True, "skip METEOR (it starts Java and loads 60 MB of paraphrases)", negate="--no-meteor")
+    meteor_norm: bool = field(True, "run METEOR without -norm (the official command uses -norm; the official "
+                                    "README's demo value was computed without it)", negate="--meteor-no-norm")
+    meteor_jar: str | None = field(None, "meteor-1.5.jar with data/paraphrase-en.gz beside it (default: "
+                                         "$RBJAX_METEOR_JAR, else the copy bundled in the pycocoevalcap package)",
+                                   metavar="JAR")
+    java: str | None = field(None, "Java executable for METEOR (default: java on PATH)", metavar="JAVA")
+
+    path_fields = ("data_dir", "crg_train_file", "test_file", "refs")
+    path_options = (("crg_train_file", "--train-file"),)
+
+
+def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, overwrite: bool = False) -> dict:
+    """Response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
+    ``OUT/crg_responses.jsonl`` (``{key, context, response}``) and ``OUT/crg_hypotheses.txt`` (one per line).
+
+    ``s``: the task's settings; ``overwrite``: replace a result of other inputs (else refused:
+    :class:`rbjax.core.reuse.OutputExists`). Fine-tunes first when ``crg_train_file`` is given (else the model is
+    used as it is: ``fine_tuned: false``). Metrics: :func:`rbjax.dialog.crg_metrics.crg_metrics`'s keys
+    (``bleu``, ``nist``, ``meteor``, ``entropy``, ``dist``, ``avg_len``, ``null_reasons`` ...) and ``headline``
+    (BLEU-4, NIST-2, METEOR, entropy-4, dist-2, avg_len, the paper's columns).
+
+    Raises:
+        FileNotFoundError, ValueError: missing or malformed files (named with the line), misaligned references.
+    """
+
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    notes = []
+    if s.test_file:
+        rows = crg.read_dstc7_tsv(s.test_file, what="--test-file")
+        examples = [(r.hash, r.context) for r in rows]
+        test_rec = {**_file_record(Path(s.test_file)), "what": "DSTC-7 TSV given by the user", "n_rows": len(rows),
+                    "official": None, "stand_in_for": None}
+    else:
+        path = RedditBiasData(s.data_dir).path(crg.RESPONSE_HYP)
+        examples = crg.read_response_hyp(path)
+        test_rec = {**_file_record(path), "what": "RedditBias data/dstc7/response_hyp.txt: the DSTC-7 test contexts "
+                    "released with RedditBias", "n_rows": len(examples), "official": False,
+                    "stand_in_for": "DSTC-7 test set (2,208 scored keys; its text is not distributed)"}
+        notes.append(f"test contexts: the {len(examples)} DSTC-7 test contexts of RedditBias's response_hyp.txt "
+                     "(the official test text is not distributed; pass --test-file for your own)")
+    n_total = len(examples)
+    refs = crg.read_reference_sets(s.refs, n_total) if s.refs else None
+    if s.max_examples:
+        examples = examples[:s.max_examples]
+        refs = None if refs is None else [r[:s.max_examples] for r in refs]
+        notes.append(f"--max-examples {s.max_examples}: only the first {len(examples)} of {n_total} test contexts")
+    train_rows = (crg.read_dstc7_tsv(s.crg_train_file, need_response=True, what="--train-file")
+                  if s.crg_train_file else None)
+    data_key = {"test": test_rec["sha256"], "train": None if train_rows is None else file_digest(s.crg_train_file),
+                "refs": [file_digest(p) for p in (s.refs or [])]}
+    key = _key("crg", model, data_key, s)
+    resp_path, hyp_path = out_dir / "crg_responses.jsonl", out_dir / "crg_hypotheses.txt"
+
+    def outputs_intact(prev):
+        for p, k in ((resp_path, "responses"), (hyp_path, "hypotheses")):
+            want = (prev.get("outputs") or {}).get(k, {}).get("sha256")
+            if not p.exists() or file_digest(p) != want:
+                return f"{p.name} is missing or was changed since the result was computed"
+        return None
+
+    prev = _existing(_result_path(out_dir, "crg"), key, "crg", overwrite, check=outputs_intact)
+    if prev is not None:
+        return prev
+    t_data = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    config, params, tok = model.load()
+    t_model = time.perf_counter() - t1
+    timings = {"load_data_s": t_data, "load_model_s": t_model}
+    training, train_dir = None, None
+    if train_rows is not None:
+        if s.block_size > config.max_positions:
+            raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
+        arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s.block_size)
+        data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
+        params, training, train_dir = _train("crg", crg.CRGObjective(), model, out_dir, s, params, data,
+                                                 what="CRG")
+        training["examples"] = stats
+        timings["train_s"] = training["seconds"]
+    else:
+        notes.append("no --train-file: responses generated by the model as it is (not fine-tuned on DSTC-7)")
+    gen_sem = "reference" if s.semantics == "reference" else "rbjax"
+    over = {}
+    if s.greedy:
+        over["greedy"] = True
+    if s.max_new_tokens:
+        over["max_new_tokens"] = s.max_new_tokens
+    sampling = sampling_settings(gen_sem, **over)
+    t1 = time.perf_counter()
+    records = generate_responses(params, config, tok, examples, resp_path, semantics=gen_sem, seed=s.seed,
+                                 settings=sampling, batch_size=s.gen_batch_size, progress=s.progress)
+    timings["generate_s"] = time.perf_counter() - t1
+    hyps = [" ".join(r["response"].split()) for r in records]
+    atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
+    gen = {"semantics": gen_sem, "sampling": dataclasses.asdict(sampling), "seed": s.seed,
+           "n_generated": len(records), "n_empty": sum(1 for h in hyps if not h),
+           "n_multiline": sum(1 for r in records if "\n" in r["response"] or "\r" in r["response"]),
+           "mean_response_chars": float(sum(len(r["response"]) for r in records) / max(len(records), 1))}
+    t1 = time.perf_counter()
+    m = crg_metrics(hyps, refs, clean=s.clean, compute_meteor=s.meteor, meteor_norm=s.meteor_norm,
+                    meteor_jar=s.meteor_jar, java=s.java)
+    timings["metrics_s"] = time.perf_counter() - t1
+    pick = (lambda xs, i: None if xs is None else xs[i])
+    m["headline"] = {"bleu4": pick(m["bleu"], 3), "nist2": pick(m["nist"], 1), "meteor": m["meteor"],
+                     "entropy4": pick(m["entropy"], 3), "dist2": pick(m["dist"], 1), "avg_len": m["avg_len"]}
+
+    v = versions(extra=METRIC_PACKAGES)
+    v["java"] = (m.get("meteor_info") or {}).get("java_version")
+    data_rec = {"test": test_rec, "n_test_examples": len(examples),
+                "train": None if train_rows is None else {**_file_record(Path(s.crg_train_file)),
+                                                          "n_rows": len(train_rows)},
+                "refs": [{**_file_record(Path(p)), "n_lines": n_total} for p in (s.refs or [])]}
+    outputs = {"responses": _file_record(resp_path), "hypotheses": _file_record(hyp_path)}
+    res = _finish("crg", out_dir, key, model, s, overwrite, {
+        "metrics": m, "fine_tuned": train_rows is not None, "training": training, "generation": gen,
+        "outputs": outputs, "data": data_rec, "notes": notes, "timings": timings, "versions": v}, t0)
+    _drop_checkpoints(train_dir, s)
+    return res
+
+
+
+
+TASK = Task("crg", CRGSettings, run_crg, "DSTC-7 response generation: optional fine-tuning, generation, DSTC-7 metrics",
+            ("crg.json", "crg_responses.jsonl", "crg_hypotheses.txt"))

@@ -1,0 +1,81 @@
+"""The dialog tasks' registry and settings dataclasses (rbjax.dialog.tasks), and the `rbjax evaluate` options generated
+from them (issue 16, items 6 and 7). No model is loaded."""
+import argparse
+import dataclasses
+
+import pytest
+
+from rbjax.commands import evaluate as cmd
+from rbjax.core.errors import SettingError
+from rbjax.dialog.tasks import TASKS, get_task
+from rbjax.dialog.tasks.crg import CRGSettings
+from rbjax.dialog.tasks.dst import DSTSettings
+from rbjax.dialog.tasks.lmp import LMPSettings
+
+#: the settings that enter each task's result key with their defaults: a change here changes every user's keys
+#: (their results are recomputed, their fine-tuning restarts), so it must be deliberate (and bump RESULT_FORMAT)
+KEY_DEFAULTS = {
+    "lmp": {"lmp_max_lines": None, "lmp_block_size": 36, "eval_batch_size": 64},
+    "dst": {"max_steps": None, "max_examples": None, "seed": 42, "semantics": "paper", "joint_goal": False,
+            "jga_max_dialogues": None, "batch_size": 12, "grad_accum": 4, "epochs": 1, "learning_rate": 5e-5,
+            "block_size": 128, "eval_batch_size": 64, "dropout": True, "layout": "packed"},
+    "crg": {"max_steps": None, "max_examples": None, "seed": 42, "semantics": "paper", "batch_size": 16,
+            "grad_accum": 5, "epochs": 1, "learning_rate": 5e-5, "block_size": 128, "gen_batch_size": 16,
+            "greedy": False, "max_new_tokens": None, "clean": True, "meteor": True, "meteor_norm": True,
+            "meteor_jar": None, "java": None, "dropout": True, "layout": "packed"},
+}
+
+
+def test_registry_order_and_unknown_task():
+    assert TASKS == ("lmp", "dst", "crg")
+    assert [get_task(t).settings for t in TASKS] == [LMPSettings, DSTSettings, CRGSettings]
+    assert get_task("crg").outputs[0] == "crg.json"
+    with pytest.raises(ValueError, match="unknown dialog task 'bleu'; expected one of lmp, dst, crg"):
+        get_task("bleu")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_key_settings_of_the_defaults(task):
+    s = get_task(task).settings()
+    assert s.key_settings() == KEY_DEFAULTS[task]
+    assert {"progress", "keep_checkpoints"} <= set(s.to_dict()) and not set(s.path_fields) & set(s.key_settings())
+
+
+def test_settings_are_frozen_typed_and_named_by_field(tmp_path):
+    s = DSTSettings.from_settings({"batch_size": 4, "seed": None, "gen_batch_size": 3})  # not dst's: ignored
+    assert (s.batch_size, s.seed) == (4, 42) and "gen_batch_size" not in s.to_dict()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 1
+    with pytest.raises(SettingError, match="^greedy must be true or false, got 'yes'$"):
+        CRGSettings(greedy="yes")
+    with pytest.raises(SettingError, match="^learning_rate must be > 0, got 'x'$"):
+        CRGSettings(learning_rate="x")
+    ref = tmp_path / "r.txt"
+    ref.write_text("a\n")
+    assert CRGSettings(refs=ref).refs == (str(ref),) and CRGSettings(refs=[ref, ref]).refs == (str(ref),) * 2
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    cmd.register(p.add_subparsers(dest="command"))
+    return p
+
+
+def test_every_setting_is_an_option_or_named_as_not_one():
+    names = {f.name for t in TASKS for f in dataclasses.fields(get_task(t).settings)}
+    assert set(cmd._option_fields()) | set(cmd.NOT_OPTIONS) == names
+    args = _parser().parse_args(["evaluate", "--task", "dst"])
+    given = {k: v for k, v in cmd._settings(args).items() if v is not None}
+    assert given == {}  # nothing given: every task's own defaults
+
+
+def test_generated_options_give_the_settings():
+    args = _parser().parse_args(["evaluate", "--task", "all", "--batch-size", "4", "--lr", "1e-4", "--no-dropout",
+                                 "--no-meteor", "--no-clean", "--keep-checkpoints", "--layout", "padded",
+                                 "--no-progress"])
+    given = {k: v for k, v in cmd._settings(args).items() if v is not None}
+    assert given == {"batch_size": 4, "learning_rate": 1e-4, "dropout": False, "meteor": False, "clean": False,
+                     "keep_checkpoints": True, "layout": "padded", "progress": False}
+    (bs,) = [a for a in _parser()._subparsers._group_actions[0].choices["evaluate"]._actions
+             if a.dest == "batch_size"]
+    assert bs.default is None and bs.help.endswith("(default: dst 12, crg 16)")
