@@ -20,14 +20,13 @@ settings reuses the result file.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
+from rbjax.commands.options import option_spec
 from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
 from rbjax.dialog.evaluate import evaluate, format_result
@@ -136,32 +135,13 @@ def _add_setting(g, name: str, owners: list) -> None:
     for task, _, other in owners[1:]:
         if dict(other.metadata) != dict(md):
             raise TypeError(f"setting {name}: {task}'s field differs from {owners[0][0]}'s in its help or spelling")
-    hint = typing.get_type_hints(cls)[name]
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-    flag = cls.option(name)
-    kw = {"dest": name, "default": None, "help": md["help"]}
+    flags, kw = option_spec(cls, f, unset_default=True)
     defaults = {task: other.default for task, _, other in owners}
-    if base is bool:
-        if md["negate"]:
-            kw["action"] = "store_false"
-        elif f.default is False:
-            kw["action"] = "store_true"
-        else:
-            kw["action"] = argparse.BooleanOptionalAction
-    else:
-        if typing.get_origin(base) is tuple:
-            kw.update(nargs="+", type=typing.get_args(base)[0])
-        else:
-            kw["type"] = base
-        if md["choices"]:
-            kw["choices"] = list(md["choices"])
-        if md["metavar"]:
-            kw["metavar"] = md["metavar"]
-        if "default" not in md["help"].lower() and any(v is not None for v in defaults.values()):
-            shown = ({str(v) for v in defaults.values()}.pop() if len(set(defaults.values())) == 1
-                     else ", ".join(f"{task} {v}" for task, v in defaults.items()))
-            kw["help"] = f"{md['help']} (default: {shown})"
-    g.add_argument(flag, **kw)
+    if "action" not in kw and "default" not in md["help"].lower() and any(v is not None for v in defaults.values()):
+        shown = ({str(v) for v in defaults.values()}.pop() if len(set(defaults.values())) == 1
+                 else ", ".join(f"{task} {v}" for task, v in defaults.items()))
+        kw["help"] = f"{md['help']} (default: {shown})"
+    g.add_argument(*flags, **kw)
 
 
 def register(sub) -> None:

@@ -28,37 +28,53 @@ def _fields(config_class, names: Iterable[str] | None):
     return [fields[n] for n in names]
 
 
+def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = False) -> tuple[list[str], dict]:
+    """The option of the field ``f`` of ``config_class``: ``(names, add_argument keywords)`` — spelling, help,
+    choices and metavar from the field's metadata, type from its annotation (a ``tuple[T, ...]`` takes one or more
+    values), ``dest`` the field's name.
+
+    ``unset_default``: the option's default is ``None`` ("not given": the caller fills in a default of its own, e.g.
+    each dialog task's), not the field's.
+
+    Raises:
+        TypeError: a ``--no-...`` field whose default is not ``True``.
+    """
+    md = f.metadata
+    hint = typing.get_type_hints(config_class)[f.name]
+    args = typing.get_args(hint)
+    base = next((a for a in args if a is not type(None)), hint)
+    flag = option_name(config_class, f.name)
+    kw: dict = {"dest": f.name, "help": md["help"], "default": None if unset_default else f.default}
+    if md["negate"]:
+        if f.default is not True:
+            raise TypeError(f"{config_class.__name__}.{f.name}: a --no-... switch needs the default True")
+        kw["action"] = "store_false"
+    elif base is bool:
+        # False by default: a switch; True or None (automatic) by default: --name/--no-name
+        kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+    else:
+        if typing.get_origin(base) is tuple:
+            kw.update(nargs="+", type=typing.get_args(base)[0])
+        else:
+            kw["type"] = base
+        if md["choices"]:
+            kw["choices"] = list(md["choices"])
+        elif md["metavar"]:
+            kw["metavar"] = md["metavar"]
+    names = [flag] if not md["flag"] or md["negate"] else [flag, "--" + f.name.replace("_", "-")]
+    return names, kw
+
+
 def add_config_arguments(group, config_class, names: Iterable[str] | None = None) -> None:
-    """Add one option per field of ``config_class`` (``names``: these fields, in this order; default: all).
+    """Add one option per field of ``config_class`` (``names``: these fields, in this order; default: all), as
+    :func:`option_spec` describes it.
 
     Raises:
         TypeError: a name that is not a field, or a ``--no-...`` field whose default is not ``True``.
     """
-    hints = typing.get_type_hints(config_class)
     for f in _fields(config_class, names):
-        md = f.metadata
-        flag = option_name(config_class, f.name)
-        args = typing.get_args(hints[f.name])
-        base = next((a for a in args if a is not type(None)), hints[f.name])
-        if md["negate"]:
-            if f.default is not True:
-                raise TypeError(f"{config_class.__name__}.{f.name}: a --no-... switch needs the default True")
-            group.add_argument(flag, dest=f.name, action="store_false", help=md["help"])
-        elif base is bool and type(None) in args:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                               help=md["help"])
-        elif base is bool:
-            if f.default is not False:
-                raise TypeError(f"{config_class.__name__}.{f.name}: a switch needs the default False (or negate=)")
-            group.add_argument(flag, dest=f.name, action="store_true", help=md["help"])
-        else:
-            kw = dict(dest=f.name, type=base, default=f.default, help=md["help"])
-            if md["choices"]:
-                kw["choices"] = list(md["choices"])
-            if md["metavar"] and not md["choices"]:
-                kw["metavar"] = md["metavar"]
-            names_ = [flag] if not md["flag"] else [flag, "--" + f.name.replace("_", "-")]
-            group.add_argument(*names_, **kw)
+        flags, kw = option_spec(config_class, f)
+        group.add_argument(*flags, **kw)
 
 
 def config_values(args, config_class, names: Iterable[str] | None = None) -> dict:

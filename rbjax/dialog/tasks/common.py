@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.config import check_types, field
+from rbjax.core.config import check_types, field, option_name
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, file_digest
@@ -143,10 +143,7 @@ class TaskSettings:
     @classmethod
     def option(cls, name: str) -> str:
         """The command-line option of a setting (for messages)."""
-        if name in dict(cls.path_options):
-            return dict(cls.path_options)[name]
-        md = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
-        return md["negate"] or md["flag"] or "--" + name.replace("_", "-")
+        return dict(cls.path_options).get(name) or option_name(cls, name)
 
 
 def _is_tuple(hint) -> bool:
