@@ -6,10 +6,9 @@ The options are the fields of :class:`rbjax.debias.config.TrainConfig`, generate
 from __future__ import annotations
 
 import dataclasses
-import typing
 from pathlib import Path
 
-from rbjax.core.config import option_name
+from rbjax.commands.options import option_spec
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import TrainConfig
@@ -26,32 +25,18 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
     (``--no-dropout``; ``--no-dropout false`` is an error). For the sweep, the grid's hyper-parameters (taken as
     lists) and the single run's export/evaluation switches are left out, and ``--method`` takes a comma list.
     """
-    hints = typing.get_type_hints(TrainConfig)
     g = p.add_argument_group("settings shared by every grid point" if grid else
                              "training settings (defaults: the paper's and the reference code's)")
     for f in _cli_fields(grid):
-        md = f.metadata
-        flag = option_name(TrainConfig, f.name)
-        if md["negate"]:
-            if f.default is not True:
-                raise TypeError(f"TrainConfig.{f.name}: a --no-... switch needs the default True")
-            g.add_argument(flag, dest=f.name, action="store_false", help=md["help"])
-            continue
-        base = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-        kw = dict(dest=f.name, type=base, help=md["help"], default=f.default)
-        if md["choices"]:
-            kw["choices"] = md["choices"]
-        if md["metavar"]:
-            kw["metavar"] = md["metavar"]
-        names = [flag] if not md["flag"] else [flag, "--" + f.name.replace("_", "-")]
+        names, kw = option_spec(TrainConfig, f)
         if f.name in ("method", "bias_type"):  # no silent default for what to debias
             kw.update(required=True, default=None)
         if grid and f.name == "method":  # a study: several methods at once
             kw.pop("choices")
             kw.update(type=str, metavar="METHOD[,METHOD..]",
-                      help="method(s), a comma list of lmd, add, hd, cda, lm (" + md["help"] + ")")
+                      help="method(s), a comma list of lmd, add, hd, cda, lm (" + f.metadata["help"] + ")")
         if grid and f.name == "bias_type":
-            kw["help"] = "bias type(s): all, or a comma list of " + md["help"].removeprefix("bias type: ")
+            kw["help"] = "bias type(s): all, or a comma list of " + f.metadata["help"].removeprefix("bias type: ")
         g.add_argument(*names, **kw)
     p.add_argument("--overwrite", action="store_true",
                    help="discard an existing run in --out instead of resuming (or reusing) it")
