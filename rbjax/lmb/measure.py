@@ -5,7 +5,6 @@ data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +14,7 @@ import numpy as np
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, files_key
+from rbjax.core.log import say
 from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
@@ -346,15 +346,14 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 if old == canonical(key):
                     prev = _reuse_csv(out, pairs)
                     if prev is None:
-                        print(f"rbjax: --resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again",
-                              file=sys.stderr)
+                        say("measure", f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
                 elif old is not None:
-                    print(f"rbjax: --resume: {csv_path} was produced by other inputs "
-                          f"({describe_difference(old, key)}); scoring {pairs.bias_type} again", file=sys.stderr)
+                    say("measure", f"--resume: {csv_path} was produced by other inputs "
+                          f"({describe_difference(old, key)}); scoring {pairs.bias_type} again")
             if prev is not None:
                 if log_reuse:
-                    print(f"rbjax: --resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
-                          "(same model and tokenizer files, data files, split and settings)", file=sys.stderr)
+                    say("measure", f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
+                          "(same model and tokenizer files, data files, split and settings)")
                 b, c, notes = prev
             else:
                 if out is not None and state.pop(pairs.bias_type, None) is not None:
@@ -362,8 +361,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
             keep = np.array([not n for n in notes], dtype=bool)
             if not keep.all():
-                print(f"rbjax: {pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
-                      f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV", file=sys.stderr)
+                say("measure", f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
+                      f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV")
             st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
                                        seed=seed, remove_outliers=outlier_removal)
             rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
@@ -406,8 +405,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
         others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
         if others:
-            print(f"rbjax: note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
-                  "--resume reuses such a file only when it was produced by the same inputs)", file=sys.stderr)
+            say("measure", f"note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
+                  "--resume reuses such a file only when it was produced by the same inputs)")
     return records
 
 

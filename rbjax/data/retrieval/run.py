@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from rbjax import __version__
 from rbjax.core import parallel
 from rbjax.core.io import atomic_write_json, check_output_dir, check_output_file
+from rbjax.core.log import say
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.dumps import (
@@ -236,7 +236,7 @@ def retrieve(
             every file again.
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
             after its part is written.
-        log: where notes go (the jobs bound); default: stderr.
+        log: where notes go (the jobs bound); default: the ``rbjax retrieve`` logger (:func:`rbjax.core.log.say`).
         overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own unchanged output of
             the same specification(s) and settings (a rerun over added or changed dumps updates them in place);
             without it they are refused before any file is read
@@ -259,7 +259,7 @@ def retrieve(
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
     """
 
-    log = log or (lambda msg: print(msg, file=sys.stderr))
+    log = log or (lambda msg: say("retrieve", msg))
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     if clean_mode not in ("paper", "reference"):
@@ -316,7 +316,7 @@ def retrieve(
         n_jobs, note = parallel.plan_jobs(len(todo), need, jobs)
         n_jobs = min(n_jobs, max(1, len(todo)))
         if note:
-            log(f"rbjax retrieve: {note}")
+            log(note)
     else:
         n_jobs = jobs
 
