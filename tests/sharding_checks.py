@@ -146,7 +146,9 @@ def check_train(args) -> dict:
     from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
-    cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
+    # HD: besides the embedding gathers every loss has, its bias subspace (SVD of the target embeddings) is computed
+    # from fsdp-split embeddings (LMD, ADD and CDA run on data/grid meshes in tests/mesh_checks.py)
+    cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
     t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     st = t8.initial_state()
     mu_specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(st.opt_state) if x.ndim >= 2})

@@ -198,6 +198,7 @@ def test_families_adam_updates_sharded_equal_one_device(sharding_checks):
 
 
 def test_debias_run_on_fsdp_equals_one_device(sharding_checks):
+    """HD (its SVD bias subspace from fsdp-split embeddings) on data=2,fsdp=4: 3 updates equal one device."""
     r = sharding_checks["train"]
     assert r["updates"] == 3 and r["batch_spec"] == "P(None, ('data', 'fsdp'))"
     assert "P('fsdp', None)" in r["param_specs"] and "P('fsdp', None)" in r["adam_specs"]

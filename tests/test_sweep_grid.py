@@ -192,3 +192,24 @@ def test_context_cache_holds_one_sweep_and_reloads_on_change(tiny_model_dir, tok
 
     pairs = list(zip(jax.tree.leaves(first.params), jax.tree.leaves(new.params)))
     assert all(a.shape == b.shape for a, b in pairs) and not all(np.array_equal(a, b) for a, b in pairs)
+
+
+def test_a_chunk_with_its_records_is_not_trained_again(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path,
+                                                        monkeypatch):
+    """A chunk's records file is a keyed result (the points' keys): the same task returns it without training;
+    a task of other points (another key) trains."""
+    from rbjax.debias import sweep
+    from rbjax.debias.sweep import ContextCache, GridPoint, run_chunk
+
+    base = _base(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, max_steps=1)
+    pt = GridPoint(batch_size=4, grad_accum=1, lambda_lm=0.01, lambda_d=10.0)
+    task = {"base": base.to_dict(), "plan": [4, 1], "points": [pt.as_dict()], "chunk_id": "c", "out": str(tmp_path),
+            "key": {"sweep": "k"}, "n_bootstrap": 0, "dev_max_pairs": 4, "keep_checkpoints": False, "n_devices": 1}
+    cache = ContextCache()
+    first = run_chunk(task, contexts=cache)
+    trained = []
+    real = sweep.DebiasTrainer
+    monkeypatch.setattr(sweep, "DebiasTrainer", lambda *a, **k: (trained.append(1), real(*a, **k))[1])
+    assert run_chunk(task, contexts=cache) == first and trained == []  # reused, nothing trained
+    other = run_chunk({**task, "key": {"sweep": "other"}}, contexts=cache)
+    assert trained == [1] and other[0]["key"] != first[0]["key"]

@@ -57,12 +57,13 @@ import jax
 import numpy as np
 
 from rbjax.core.errors import SettingError
-from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, to_json, versions
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, to_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest
 from rbjax.core.log import say
 from rbjax.core.mesh import to_host
 from rbjax.core.parallel import as_completed, available_memory
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import KeyedResult
 from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, TrainConfig
 from rbjax.debias.data import TrainingData
@@ -366,7 +367,8 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
 
     Returns:
         one record per point (``id``, ``point``, ``key``, ``dev``, ``lmp``, ``updates``, ``train_s``, ``eval_s``,
-        ``last``, ``chunk``); also written to ``OUT/chunks/<chunk_id>/records.json``. A chunk whose records file has
+        ``last``, ``chunk``); also written to ``OUT/chunks/<chunk_id>/records.json`` (a keyed result,
+        :class:`rbjax.core.reuse.KeyedResult`, keyed on the points' keys). A chunk whose records file has
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
     base = TrainConfig(**task["base"])
@@ -374,10 +376,10 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     pts = [GridPoint(**p) for p in task["points"]]
     cdir = Path(task["out"]) / "chunks" / task["chunk_id"]
     keys = [_point_key(task["key"], p) for p in pts]
-    rpath = cdir / "records.json"
-    prev = read_json(rpath)
-    if prev is not None and [r.get("key") for r in prev] == keys:
-        return prev
+    stored = KeyedResult(cdir / "records.json", {"points": keys}, what=f"chunk {task['chunk_id']}")
+    prev = stored.stored()
+    if prev is not None:
+        return prev["records"]
     ctx = (contexts or ContextCache()).get(base)
     atomic_write_json(cdir / "running.json", {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
     cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
@@ -401,7 +403,7 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
                              "last": last[i] if i < len(last) else None,
                              "skipped_updates": res.summary["skipped_updates"][i], "chunk": task["chunk_id"],
                              "resumed_from": res.resumed_from, "layout": tr.layout_info()})))  # NaN/inf -> None
-    atomic_write_json(rpath, recs)
+    stored.save({"records": recs})
     if not task.get("keep_checkpoints"):
         shutil.rmtree(cdir / "checkpoints", ignore_errors=True)
     return recs
