@@ -6,7 +6,7 @@ vocabulary 50257, rbjax's initialiser), for
 
 * ``dst`` — the DST classifier step (``method="dst"``: GPT-2 body + ``Linear(768→1)`` on the last real token, BCE) on
   a batch of 12 real binary slot-value examples of the offline MultiWOZ 2.0 test split, with the padding columns no
-  example uses dropped, as ``rbjax evaluate --task dst`` trains (``rbjax.dialog.tasks.dst._trim_columns``);
+  example uses dropped, as ``rbjax evaluate --task dst`` trains (``rbjax.dialog.tasks.dst.trim_columns``);
 * ``dst-128`` — the same step at the full 128 columns (the reference's block, every row padded to it);
 * ``lm`` — the plain causal-LM step (``method="lm"``) on the same 12 token rows and width as ``dst``.
 
@@ -61,7 +61,7 @@ class Variant:
 
         from rbjax.debias.objective import DebiasObjective
         from rbjax.dialog.dst import DSTObjective, init_head
-        from rbjax.dialog.tasks.dst import _trim_columns
+        from rbjax.dialog.tasks.dst import trim_columns
         from rbjax.train.batching import ArrayData
         from rbjax.train.config import TrainerConfig
         from rbjax.train.loop import Trainer
@@ -70,7 +70,7 @@ class Variant:
         self.method = "lm" if name == "lm" else "dst"
         a = {k: arrays[k] for k in ("input_ids", "attention_mask", "labels")}
         if name != "dst-128":
-            a = _trim_columns(a)
+            a = trim_columns(a)
         if self.method == "lm":
             a.pop("labels")
         start = {"gpt2": params, "head": init_head(config, 0)} if self.method == "dst" else params

@@ -60,12 +60,12 @@ def lm_data(tok, config):
 
 def dst_data(tok, n: int):
     from benchmarks.bench_dialog import dst_arrays
-    from rbjax.dialog.tasks.dst import _trim_columns
+    from rbjax.dialog.tasks.dst import trim_columns
     from rbjax.train.batching import ArrayData
     from rbjax.train.config import TrainerConfig
 
     a = dst_arrays(n, tok)
-    a = _trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
+    a = trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
     cfg = TrainerConfig(model="random", batch_size=DST_BATCH, block_size=128, progress=False)
     return cfg, ArrayData(a, pad_id=tok.eos_id, info={"bench": "dst"})
 
@@ -111,9 +111,9 @@ def rbjax_worker(args) -> dict:
 
     from rbjax.debias.objective import DebiasObjective
     from rbjax.dialog.dst import DSTObjective, init_head
-    from rbjax.train.step import compiled_programs
     from rbjax.model.gpt2 import init_params
     from rbjax.model.tokenizer import load_tokenizer
+    from rbjax.train.step import compiled_programs
 
     config = model_config(args)
     params = jax.device_get(init_params(config, seed=0))

@@ -23,7 +23,12 @@ from typing import Sequence
 
 from rbjax.core.io import atomic_file, to_json
 from rbjax.core.progress import progress_bar
-from rbjax.model.generate import Generated, SamplingSettings, generate, sampling_settings
+from rbjax.model.generate import (
+    Generated,
+    SamplingSettings,
+    generate,
+    sampling_settings,
+)
 
 __all__ = ["build_prompt", "generate_responses", "REFERENCE_PROMPT_WIDTH"]
 

@@ -42,7 +42,14 @@ __all__ = [
     "Task",
     "TaskSettings",
     "TrainingSettings",
+    "drop_checkpoints",
+    "existing_result",
+    "file_record",
+    "fine_tune",
+    "finish",
     "resolve_model",
+    "result_key",
+    "result_path",
     "training_layout",
 ]
 
@@ -75,7 +82,7 @@ class TaskSettings:
     """
 
     progress: bool = field(True, "no progress bars", negate="--no-progress")
-    keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints "
+    keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>fine_tune/checkpoints "
                                           "after the result is written (default: deleted then); with them a rerun "
                                           "that changes only evaluation settings (e.g. adds --joint-goal) restores "
                                           "the trained model instead of training again")
@@ -240,11 +247,11 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None 
 
 
 # ------------------------------------------------------------------------------------------------ results
-def _result_path(out_dir: Path, task: str) -> Path:
+def result_path(out_dir: Path, task: str) -> Path:
     return out_dir / f"{task}.json"
 
 
-def _existing(path: Path, key: dict, task: str, overwrite: bool, check=None) -> dict | None:
+def existing_result(path: Path, key: dict, task: str, overwrite: bool, check=None) -> dict | None:
     """The existing result at ``path`` when its key equals ``key`` (and ``check(prev)`` passes), else ``None``
     (and the reason for recomputing is printed): :class:`rbjax.core.reuse.KeyedResult`.
 
@@ -255,21 +262,21 @@ def _existing(path: Path, key: dict, task: str, overwrite: bool, check=None) -> 
     return KeyedResult(path, key, task, _say, check, refuse_other=not overwrite).stored()
 
 
-def _key(task: str, model: EvalModel, data: dict, s: TaskSettings) -> dict:
+def result_key(task: str, model: EvalModel, data: dict, s: TaskSettings) -> dict:
     return canonical({"task": task, "format": RESULT_FORMAT, "model": model.digest,
                       "tokenizer": model.tokenizer_digest, "data": data, "settings": s.key_settings()})
 
 
-def _finish(task: str, out_dir: Path, key: dict, model: EvalModel, s: TaskSettings, overwrite: bool, body: dict,
+def finish(task: str, out_dir: Path, key: dict, model: EvalModel, s: TaskSettings, overwrite: bool, body: dict,
             t0: float) -> dict:
     v = body.pop("versions", None) or versions()
     res = {"task": task, "format": RESULT_FORMAT, "model": model.describe(), **body,
            "settings": canonical({**s.to_dict(), "overwrite": overwrite}), "versions": v}
     res.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
-    return KeyedResult(_result_path(out_dir, task), key, task).save(res)
+    return KeyedResult(result_path(out_dir, task), key, task).save(res)
 
 
-def _file_record(path: Path) -> dict:
+def file_record(path: Path) -> dict:
 
     return {"path": str(Path(path).resolve()), "sha256": file_digest(path)}
 
@@ -284,8 +291,8 @@ def training_layout(method: str, s: TrainingSettings | Mapping[str, Any]) -> str
     return "padded" if (method == "dst" and semantics == "reference") else layout
 
 
-def _train(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
-    """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves).
+def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
+    """Fine-tune with the shared trainer in ``OUT/<method>fine_tune`` (checkpoints, resume, Ctrl-C saves).
 
     A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
     the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
@@ -295,7 +302,7 @@ def _train(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingS
     """
 
     config, _, tok = model.load()
-    train_dir = out_dir / f"{method}_train"
+    train_dir = out_dir / f"{method}fine_tune"
     cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s.seed, epochs=s.epochs,
                         batch_size=s.batch_size, grad_accum=s.grad_accum, learning_rate=s.learning_rate,
                         block_size=s.block_size, max_steps=s.max_steps, dropout=s.dropout,
@@ -332,6 +339,6 @@ def _train(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingS
     return res.params, record, train_dir
 
 
-def _drop_checkpoints(train_dir: Path | None, s: TaskSettings) -> None:
+def drop_checkpoints(train_dir: Path | None, s: TaskSettings) -> None:
     if train_dir is not None and not s.keep_checkpoints and (train_dir / "checkpoints").exists():
         shutil.rmtree(train_dir / "checkpoints")

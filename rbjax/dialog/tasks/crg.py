@@ -24,16 +24,16 @@ from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
     TrainingSettings,
-    _drop_checkpoints,
-    _existing,
-    _file_record,
-    _finish,
-    _key,
-    _result_path,
-    _train,
     batch_size_field,
     data_dir_field,
+    drop_checkpoints,
+    existing_result,
+    file_record,
+    fine_tune,
+    finish,
     grad_accum_field,
+    result_key,
+    result_path,
 )
 from rbjax.model.generate import sampling_settings
 from rbjax.train.batching import ArrayData
@@ -95,12 +95,12 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     if s.test_file:
         rows = crg.read_dstc7_tsv(s.test_file, what="--test-file")
         examples = [(r.hash, r.context) for r in rows]
-        test_rec = {**_file_record(Path(s.test_file)), "what": "DSTC-7 TSV given by the user", "n_rows": len(rows),
+        test_rec = {**file_record(Path(s.test_file)), "what": "DSTC-7 TSV given by the user", "n_rows": len(rows),
                     "official": None, "stand_in_for": None}
     else:
         path = RedditBiasData(s.data_dir).path(crg.RESPONSE_HYP)
         examples = crg.read_response_hyp(path)
-        test_rec = {**_file_record(path), "what": "RedditBias data/dstc7/response_hyp.txt: the DSTC-7 test contexts "
+        test_rec = {**file_record(path), "what": "RedditBias data/dstc7/response_hyp.txt: the DSTC-7 test contexts "
                     "released with RedditBias", "n_rows": len(examples), "official": False,
                     "stand_in_for": "DSTC-7 test set (2,208 scored keys; its text is not distributed)"}
         notes.append(f"test contexts: the {len(examples)} DSTC-7 test contexts of RedditBias's response_hyp.txt "
@@ -115,7 +115,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
                   if s.crg_train_file else None)
     data_key = {"test": test_rec["sha256"], "train": None if train_rows is None else file_digest(s.crg_train_file),
                 "refs": [file_digest(p) for p in (s.refs or [])]}
-    key = _key("crg", model, data_key, s)
+    key = result_key("crg", model, data_key, s)
     resp_path, hyp_path = out_dir / "crg_responses.jsonl", out_dir / "crg_hypotheses.txt"
 
     def outputs_intact(prev):
@@ -125,7 +125,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
                 return f"{p.name} is missing or was changed since the result was computed"
         return None
 
-    prev = _existing(_result_path(out_dir, "crg"), key, "crg", overwrite, check=outputs_intact)
+    prev = existing_result(result_path(out_dir, "crg"), key, "crg", overwrite, check=outputs_intact)
     if prev is not None:
         return prev
     t_data = time.perf_counter() - t0
@@ -139,7 +139,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
             raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
         arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s.block_size)
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
-        params, training, train_dir = _train("crg", crg.CRGObjective(), model, out_dir, s, params, data,
+        params, training, train_dir = fine_tune("crg", crg.CRGObjective(), model, out_dir, s, params, data,
                                                  what="CRG")
         training["examples"] = stats
         timings["train_s"] = training["seconds"]
@@ -173,14 +173,14 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     v = versions(extra=METRIC_PACKAGES)
     v["java"] = (m.get("meteor_info") or {}).get("java_version")
     data_rec = {"test": test_rec, "n_test_examples": len(examples),
-                "train": None if train_rows is None else {**_file_record(Path(s.crg_train_file)),
+                "train": None if train_rows is None else {**file_record(Path(s.crg_train_file)),
                                                           "n_rows": len(train_rows)},
-                "refs": [{**_file_record(Path(p)), "n_lines": n_total} for p in (s.refs or [])]}
-    outputs = {"responses": _file_record(resp_path), "hypotheses": _file_record(hyp_path)}
-    res = _finish("crg", out_dir, key, model, s, overwrite, {
+                "refs": [{**file_record(Path(p)), "n_lines": n_total} for p in (s.refs or [])]}
+    outputs = {"responses": file_record(resp_path), "hypotheses": file_record(hyp_path)}
+    res = finish("crg", out_dir, key, model, s, overwrite, {
         "metrics": m, "fine_tuned": train_rows is not None, "training": training, "generation": gen,
         "outputs": outputs, "data": data_rec, "notes": notes, "timings": timings, "versions": v}, t0)
-    _drop_checkpoints(train_dir, s)
+    drop_checkpoints(train_dir, s)
     return res
 
 

@@ -19,16 +19,16 @@ from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
     TrainingSettings,
-    _drop_checkpoints,
-    _existing,
-    _file_record,
-    _finish,
-    _key,
-    _result_path,
-    _train,
     batch_size_field,
+    drop_checkpoints,
     eval_batch_size_field,
+    existing_result,
+    file_record,
+    fine_tune,
+    finish,
     grad_accum_field,
+    result_key,
+    result_path,
 )
 from rbjax.train.batching import ArrayData
 
@@ -112,7 +112,7 @@ def _dst_support_files(s: DSTSettings) -> tuple[Path, Path]:
     return mapping, onto
 
 
-def _trim_columns(arrays: dict, multiple: int = 8) -> dict:
+def trim_columns(arrays: dict, multiple: int = 8) -> dict:
     """Drop the trailing columns no row uses (rounded up to ``multiple``): no logit changes (causal attention, the
     pooled token is a real one), and the training step runs on fewer positions."""
     import numpy as np
@@ -152,11 +152,11 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     train_files = (mw.split_files(s.dst_train_file, "train") if s.dst_train_file
                    else mw.split_files(s.multiwoz, "val"))
     mapping, onto_path = _dst_support_files(s)
-    digests = lambda files: [_file_record(p)["sha256"] for p in files]
+    digests = lambda files: [file_record(p)["sha256"] for p in files]
     data_key = {"train": digests(train_files), "test": digests(test_files),
-                "ontology": _file_record(onto_path)["sha256"], "mapping": _file_record(mapping)["sha256"]}
-    key = _key("dst", model, data_key, s)
-    prev = _existing(_result_path(out_dir, "dst"), key, "dst", overwrite)
+                "ontology": file_record(onto_path)["sha256"], "mapping": file_record(mapping)["sha256"]}
+    key = result_key("dst", model, data_key, s)
+    prev = existing_result(result_path(out_dir, "dst"), key, "dst", overwrite)
     if prev is not None:
         return prev
     test = mw.load_multiwoz(s.multiwoz, "test", mapping=mapping)
@@ -189,12 +189,12 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     test_arr = dst.encode_examples(test_ex, tok, block_size=s.block_size, truncation=trunc)
     counts["train_truncated"] = int((train_arr["lengths"] > s.block_size).sum())
     counts["test_truncated"] = int((test_arr["lengths"] > s.block_size).sum())
-    tr = _trim_columns({k: train_arr[k] for k in ("input_ids", "attention_mask", "labels")})
+    tr = trim_columns({k: train_arr[k] for k in ("input_ids", "attention_mask", "labels")})
     data = ArrayData(tr, pad_id=tok.eos_id, info={"task": "dst", "split": train.split,
                                                   "stand_in_for": train.stand_in_for,
                                                   "n_examples": len(train_ex), "semantics": s.semantics})
     start = {"gpt2": params, "head": dst.init_head(config, s.seed)}
-    trained, training, train_dir = _train("dst", dst.DSTObjective(pooling="reference" if s.semantics == "reference" else "last"),
+    trained, training, train_dir = fine_tune("dst", dst.DSTObjective(pooling="reference" if s.semantics == "reference" else "last"),
                                             model, out_dir, s, start, data, what="DST")
 
     t1 = time.perf_counter()
@@ -235,11 +235,11 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
                          "note": "the MultiWOZ 2.0 test split" + (" (ConvLab's re-tokenised copy: transcripts differ "
                                                                   "a little from the official text, belief states "
                                                                   "do not)" if test.layout == "convlab" else "")},
-                "ontology": _file_record(onto_path), "mapping": _file_record(mapping),
+                "ontology": file_record(onto_path), "mapping": file_record(mapping),
                 "stand_in_for": train.stand_in_for}
-    res = _finish("dst", out_dir, key, model, s, overwrite, {"metrics": metrics, "counts": counts, "training": training,
+    res = finish("dst", out_dir, key, model, s, overwrite, {"metrics": metrics, "counts": counts, "training": training,
                                                    "data": data_rec, "notes": notes, "timings": timings}, t0)
-    _drop_checkpoints(train_dir, s)
+    drop_checkpoints(train_dir, s)
     return res
 
 

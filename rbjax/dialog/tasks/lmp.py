@@ -14,13 +14,13 @@ from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
     TaskSettings,
-    _existing,
-    _file_record,
-    _finish,
-    _key,
-    _result_path,
     data_dir_field,
     eval_batch_size_field,
+    existing_result,
+    file_record,
+    finish,
+    result_key,
+    result_path,
 )
 
 __all__ = ["TASK", "LMPSettings", "run_lmp"]
@@ -53,10 +53,10 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     path = Path(s.lmp_file) if s.lmp_file else RedditBiasData(s.data_dir).reddit_reference_file()
     if not path.is_file():
         raise FileNotFoundError(f"LMP reference file {path}: no such file")
-    rec = _file_record(path)
+    rec = file_record(path)
     official = rec["sha256"] == manifest()["files"]["text_files/humanref6k.txt"]["sha256"]
-    key = _key("lmp", model, {"lmp_file": rec["sha256"]}, s)
-    prev = _existing(_result_path(out_dir, "lmp"), key, "lmp", overwrite)
+    key = result_key("lmp", model, {"lmp_file": rec["sha256"]}, s)
+    prev = existing_result(result_path(out_dir, "lmp"), key, "lmp", overwrite)
     if prev is not None:
         return prev
     t1 = time.perf_counter()
@@ -74,7 +74,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     notes = []
     if s.lmp_max_lines:
         notes.append(f"only the first {s.lmp_max_lines} lines were scored: not the paper's LMP")
-    return _finish("lmp", out_dir, key, model, s, overwrite, {"metrics": m, "data": data, "notes": notes,
+    return finish("lmp", out_dir, key, model, s, overwrite, {"metrics": m, "data": data, "notes": notes,
                                                                 "timings": {"load_model_s": t_model,
                                                                             "eval_s": t_eval}}, t0)
 
