@@ -82,7 +82,7 @@ class TaskSettings:
     """
 
     progress: bool = field(True, "no progress bars", negate="--no-progress")
-    keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>fine_tune/checkpoints "
+    keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints "
                                           "after the result is written (default: deleted then); with them a rerun "
                                           "that changes only evaluation settings (e.g. adds --joint-goal) restores "
                                           "the trained model instead of training again")
@@ -292,7 +292,7 @@ def training_layout(method: str, s: TrainingSettings | Mapping[str, Any]) -> str
 
 
 def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
-    """Fine-tune with the shared trainer in ``OUT/<method>fine_tune`` (checkpoints, resume, Ctrl-C saves).
+    """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves).
 
     A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
     the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
@@ -302,7 +302,7 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
     """
 
     config, _, tok = model.load()
-    train_dir = out_dir / f"{method}fine_tune"
+    train_dir = out_dir / f"{method}_train"
     cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s.seed, epochs=s.epochs,
                         batch_size=s.batch_size, grad_accum=s.grad_accum, learning_rate=s.learning_rate,
                         block_size=s.block_size, max_steps=s.max_steps, dropout=s.dropout,
