@@ -15,7 +15,7 @@ import typing
 
 from rbjax.core.errors import SettingError
 
-__all__ = ["field", "option_name", "check_types"]
+__all__ = ["field", "option_name", "check_types", "replace_settings"]
 
 
 def field(default, help: str, *, flag: str | None = None, negate: str | None = None,  # noqa: A002
@@ -64,4 +64,14 @@ def check_types(cfg) -> None:
             raise SettingError(name, f"must be {words}, got {v!r}")
 
 
+def replace_settings(cfg, what: str, **changes):
+    """A copy of the settings dataclass ``cfg`` with ``changes`` (checked again by its ``__post_init__``).
 
+    Raises:
+        TypeError: a name that is not a field (``what`` names the settings in the message, e.g. "measurement").
+    """
+    names = [f.name for f in dataclasses.fields(cfg)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise TypeError(f"unknown {what} setting(s): {', '.join(unknown)}; the settings are {', '.join(names)}")
+    return dataclasses.replace(cfg, **changes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rbjax.core.config import check_types, field
+from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
 
 __all__ = ["SweepConfig", "FINALS", "EXECUTORS"]
@@ -70,8 +70,4 @@ class SweepConfig:
         Raises:
             TypeError: a name that is not a sweep setting.
         """
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise TypeError(f"unknown sweep setting(s): {', '.join(unknown)}; the settings are "
-                            f"{', '.join(f.name for f in dataclasses.fields(self))}")
-        return dataclasses.replace(self, **changes)
+        return replace_settings(self, "sweep", **changes)

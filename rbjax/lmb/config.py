@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rbjax.core.config import check_types, field
+from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
@@ -81,8 +81,4 @@ class MeasureConfig:
         Raises:
             TypeError: a name that is not a setting of the measurement.
         """
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise TypeError(f"unknown measurement setting(s): {', '.join(unknown)}; the settings are "
-                            f"{', '.join(f.name for f in dataclasses.fields(self))}")
-        return dataclasses.replace(self, **changes)
+        return replace_settings(self, "measurement", **changes)
