@@ -21,6 +21,9 @@ Each check prints ``{"check": NAME, ...figures}`` on one line:
   state), resumed on a 4-device ``data=2,fsdp=2`` mesh to its end; the restored parameters against the saved ones, the finished run
   against one uninterrupted on one device.
 * ``generate``: greedy generation with the KV cache split over ``data=2,fsdp=2,tensor=2`` against one device.
+* ``evaluate``: ``rbjax evaluate --task all`` (LMP; DST: 2 fine-tuning updates, then the test pairs; CRG: greedy
+  generation) with ``--mesh data=2,fsdp=2,tensor=2`` and with the default layout: the metrics, the training
+  loss, the responses and the result keys of both.
 * ``memory``: the memory plan's per-device parameter and Adam bytes against the bytes of the arrays a run actually
   holds on device 0.
 """
@@ -280,6 +283,29 @@ def check_generate(args) -> dict:
     return {"same_tokens": g1.tokens == g8.tokens, "n_tokens": sum(len(t) for t in g1.tokens)}
 
 
+def check_evaluate(args) -> dict:
+    from rbjax.dialog.evaluate import evaluate
+
+    settings = dict(data_dir=args.data_dir, multiwoz=args.multiwoz, max_examples=8, max_steps=2, batch_size=4,
+                    grad_accum=1, lmp_max_lines=16, eval_batch_size=8, gen_batch_size=8, greedy=True,
+                    max_new_tokens=6, meteor=False, progress=False)
+    res = {label: evaluate("all", args.model, Path(args.work) / f"evaluate_{label}", tokenizer=args.tokenizer,
+                           mesh=mesh, **settings)
+           for label, mesh in (("default", None), ("sharded", "data=2,fsdp=2,tensor=2"))}
+    a, b = res["default"], res["sharded"]
+    rel = lambda x, y: abs(x - y) / max(abs(x), 1e-30)  # noqa: E731
+    return {"lmp_rel": rel(a["lmp"]["metrics"]["perplexity"], b["lmp"]["metrics"]["perplexity"]),
+            "dst_loss_rel": rel(a["dst"]["training"]["final_loss"], b["dst"]["training"]["final_loss"]),
+            "dst_updates": [a["dst"]["training"]["updates"], b["dst"]["training"]["updates"]],
+            "dst_prob_abs": abs(a["dst"]["metrics"]["mean_prob_positive"] - b["dst"]["metrics"]["mean_prob_positive"]),
+            "dst_same_confusion": a["dst"]["metrics"]["confusion_matrix"] == b["dst"]["metrics"]["confusion_matrix"],
+            "crg_same_responses": (Path(args.work, "evaluate_default", "crg_hypotheses.txt").read_text()
+                                   == Path(args.work, "evaluate_sharded", "crg_hypotheses.txt").read_text()),
+            "crg_n": a["crg"]["generation"]["n_generated"],
+            "same_keys": all(a[t]["key"] == b[t]["key"] for t in a),
+            "meshes": {t: [a[t]["settings"]["mesh"], b[t]["settings"]["mesh"]] for t in a}}
+
+
 def check_memory(args) -> dict:
     import jax
 
@@ -303,7 +329,7 @@ def check_memory(args) -> dict:
 
 
 CHECKS = {"families": check_families, "train": check_train, "grid": check_grid, "score": check_score,
-          "resume": check_resume, "generate": check_generate, "memory": check_memory}
+          "resume": check_resume, "generate": check_generate, "evaluate": check_evaluate, "memory": check_memory}
 
 
 def main(argv=None) -> int:
@@ -313,6 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--method", default="lmd")
+    p.add_argument("--multiwoz", help="the MultiWOZ 2.0 folder (the evaluate check)")
     p.add_argument("checks", nargs="+", choices=sorted(CHECKS))
     args = p.parse_args(argv)
     import warnings

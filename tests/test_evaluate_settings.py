@@ -79,3 +79,70 @@ def test_generated_options_give_the_settings():
     (bs,) = [a for a in _parser()._subparsers._group_actions[0].choices["evaluate"]._actions
              if a.dest == "batch_size"]
     assert bs.default is None and bs.help.endswith("(default: dst 12, crg 16)")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_mesh_is_checked_recorded_and_not_keyed(task):
+    """--mesh (issue 21): its syntax is checked with the settings, a grid axis is refused (one model), and it is not
+    part of the result key (a mesh changes the float32 rounding only: tests/test_sharding.py compares the numbers)."""
+    cls = get_task(task).settings
+    s = cls(mesh="data=2,fsdp=4")
+    assert s.to_dict()["mesh"] == "data=2,fsdp=4" and s.key_settings() == cls().key_settings()
+    with pytest.raises(SettingError, match="^mesh 'data=2,pipe=2': unknown axis 'pipe'"):
+        cls(mesh="data=2,pipe=2")
+    with pytest.raises(SettingError, match="^mesh 'grid=2,fsdp=2': a dialog task runs one model"):
+        cls(mesh="grid=2,fsdp=2")
+
+
+def test_mesh_that_does_not_fit_the_devices_is_refused_before_loading(tmp_path):
+    import jax
+
+    from rbjax.dialog.tasks.common import task_mesh
+
+    n = jax.device_count()
+    with pytest.raises(ValueError, match=f"multiply to {2 * n}"):
+        task_mesh(LMPSettings(mesh=f"data=2,fsdp={n}"))
+    assert task_mesh(LMPSettings()) is None
+    assert dict(task_mesh(LMPSettings(mesh=f"fsdp={n}")).shape) == {"grid": 1, "data": 1, "fsdp": n, "tensor": 1}
+
+
+def test_dry_run_plans_every_computation_from_config_json(capsys):
+    """rbjax evaluate --dry-run: one memory plan per computation of each task (fine-tuning, scoring, the generation's
+    KV cache), from the Llama-3-8B config.json alone (no weights); the mesh may name devices this machine lacks."""
+    from pathlib import Path
+
+    from rbjax.cli import main
+    from rbjax.dialog.evaluate import evaluate
+
+    llama = Path(__file__).parent / "fixtures" / "llama3_8b"
+    plans = evaluate("all", llama, None, mesh="fsdp=8", device_memory_gb=16, dry_run=True, crg_train_file=llama /
+                     "config.json")
+    kinds = {t: [(p.settings["training"], "kv_cache" in p.parts) for p in ps] for t, ps in plans.items()}
+    assert kinds == {"lmp": [(False, False)], "dst": [(True, False), (False, False)],
+                     "crg": [(True, False), (False, True)]}
+    dst_train = plans["dst"][0]
+    assert not dst_train.fits and dst_train.largest in ("gradients", "optimizer")  # 160 GB with Adam over 8 × 16 GB
+    assert plans["lmp"][0].fits and plans["crg"][1].fits
+    assert main(["evaluate", "--task", "crg", "--model", str(llama), "--mesh", "fsdp=8", "--device-memory-gb", "16",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("crg: memory plan: ") and "kv_cache" in out and "training" not in out
+    assert main(["evaluate", "--task", "crg-metrics", "--dry-run", "--hyp", "h", "--refs", "r", "--out", "o"]) == 1
+    assert "--dry-run plans the memory of a model task" in capsys.readouterr().err
+
+
+def test_a_plan_that_does_not_fit_is_refused_before_the_weights_are_loaded(tiny_model_dir, redditbias_dir, tmp_path,
+                                                                           monkeypatch):
+    from rbjax.dialog.evaluate import evaluate
+    from rbjax.model.handle import ModelHandle
+    from rbjax.model.memory import PlanError
+
+    def no_loading(self):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(ModelHandle, "load", no_loading)
+    with pytest.raises(PlanError, match=r"model: needs .* GB per device .* the largest part is activations"):
+        evaluate("lmp", tiny_model_dir, tmp_path / "out", data_dir=redditbias_dir, device_memory_gb=1e-6)
+    assert not (tmp_path / "out" / "lmp.json").exists()
+    with pytest.raises(SettingError, match="^device_memory_gb must be > 0, got 0"):
+        LMPSettings(device_memory_gb=0)

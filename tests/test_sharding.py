@@ -163,7 +163,7 @@ def test_debias_dry_run_and_refusal_before_loading(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ 8 devices
 @pytest.fixture(scope="module")
-def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
+def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, shared_dir, tmp_path_factory):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     env["JAX_PLATFORMS"] = "cpu"
@@ -171,7 +171,8 @@ def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_fact
     work = tmp_path_factory.mktemp("sharding_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "sharding_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
-           "families", "train", "grid", "score", "resume", "generate", "memory"]
+           "--multiwoz", str(shared_dir / "dialog-data" / "multiwoz"),
+           "families", "train", "grid", "score", "resume", "generate", "evaluate", "memory"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, f"sharding_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return {r.pop("check"): r for r in (json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{"))}
@@ -239,6 +240,18 @@ def test_greedy_generation_with_sharded_kv_cache(sharding_checks):
     assert r["same_tokens"] and r["n_tokens"] > 0
 
 
+def test_evaluate_on_a_mesh_equals_the_default_layout(sharding_checks):
+    """rbjax evaluate --mesh data=2,fsdp=2,tensor=2: LMP, DST fine-tuning and test pairs, CRG greedy generation give
+    the default layout's numbers; the mesh is recorded in each result and is not part of its key."""
+    r = sharding_checks["evaluate"]
+    assert r["lmp_rel"] <= 1e-5, r
+    assert r["dst_updates"] == [2, 2] and r["dst_loss_rel"] <= 1e-5, r
+    assert r["dst_prob_abs"] <= 1e-5 and r["dst_same_confusion"], r
+    assert r["crg_same_responses"] and r["crg_n"] == 8, r
+    assert r["same_keys"], r
+    assert all(m == [None, "data=2,fsdp=2,tensor=2"] for m in r["meshes"].values()), r
+
+
 def test_plan_bytes_equal_allocated_arrays(sharding_checks):
     for label, r in sharding_checks["memory"].items():
         assert r["plan_params"] == r["actual_params"], (label, r)
@@ -274,7 +287,7 @@ def test_export_writes_sharded_safetensors_with_index(tmp_path):
         parse_size("big")
 
 
-def test_study_file_mesh_key(tmp_path):
+def test_study_file_mesh_key(tmp_path, monkeypatch):
     """``[study] mesh`` reaches every training config and is checked when the file is read (file and key named)."""
     from rbjax.study.config import StudyConfig
 
@@ -283,6 +296,17 @@ def test_study_file_mesh_key(tmp_path):
     bad = StudyConfig({"study": {"mesh": "data=2,pipeline=4"}}, tmp_path / "s.toml")
     with pytest.raises(ValueError, match=r"s\.toml: \[study\] mesh .*unknown axis 'pipeline'"):
         bad.validate()
+    # the dialog stages run on [study] mesh too; a mesh of their own is refused by name
+    own = StudyConfig({"study": {"model": "gpt2"}, "dialog": {"tasks": ["lmp"], "lmp": {"mesh": "fsdp=8"}}},
+                      tmp_path / "s.toml")
+    with pytest.raises(ValueError, match=r"dialog\.lmp\.mesh: the device mesh of every stage is \[study\] mesh"):
+        own.validate()
+    from rbjax.study import run as study_run
+
+    seen = []
+    monkeypatch.setattr(study_run, "evaluate", lambda task, model, out, **kw: seen.append((task, kw["mesh"])) or {})
+    study_run._Study(ok, tmp_path, progress=False)._dialog(tmp_path, tmp_path / "dialog")
+    assert seen == [(t, "data=2,fsdp=4") for t in ("lmp", "dst", "crg")]
 
 
 def test_measure_records_mesh_and_param_dtype(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):

@@ -4,7 +4,7 @@ One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Tas
 model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are generated from the fields of the tasks'
 settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
 once, its default ``None`` = each task's own): :data:`OPTION_GROUPS` places each field in the help. Hand-written are
-only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--hyp`` (crg-metrics) and the three
+only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp`` (crg-metrics) and the three
 training-file options (``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
@@ -43,6 +43,8 @@ class Task:
 
 
 def _run_crg_metrics(args) -> int:
+    if args.dry_run:
+        raise ValueError("--dry-run plans the memory of a model task (lmp, dst, crg, all), not of --task crg-metrics")
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
                                   compute_meteor=args.meteor is not False, meteor_norm=args.meteor_norm is not False,
@@ -69,6 +71,14 @@ def _run_model_task(args) -> int:
                          "and/or --crg-train-file")
     if args.hyp:
         raise ValueError(f"--hyp belongs to --task crg-metrics, not --task {args.task}")
+    if args.dry_run:
+        plans = evaluate(args.task, args.model, None, tokenizer=args.tokenizer, dry_run=True, **_settings(args))
+        for t, ps in plans.items():
+            for p in ps:
+                print(f"{t}: {p.format()}")
+        return 0
+    if not args.out:
+        raise ValueError(f"--task {args.task} needs --out")
     res = evaluate(args.task, args.model, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite,
                    **_settings(args))
     results = res if args.task == "all" else {args.task: res}
@@ -89,8 +99,8 @@ def _task_help(name: str) -> str:
 
 #: task name -> handler; the ``--task`` choices are exactly these keys
 TASKS: dict[str, Task] = {
-    **{name: Task(_run_model_task, _task_help(name), ("model", "out")) for name in MODEL_TASKS},
-    "all": Task(_run_model_task, f"{', '.join(MODEL_TASKS[:-1])} and {MODEL_TASKS[-1]}", ("model", "out")),
+    **{name: Task(_run_model_task, _task_help(name), ("model",)) for name in MODEL_TASKS},
+    "all": Task(_run_model_task, f"{', '.join(MODEL_TASKS[:-1])} and {MODEL_TASKS[-1]}", ("model",)),
     "crg-metrics": Task(_run_crg_metrics, "score given responses with the DSTC-7 metrics (OUT/crg_metrics.json)",
                         ("hyp", "out")),
 }
@@ -99,7 +109,7 @@ TASKS: dict[str, Task] = {
 #: top level, field names)``. Every field of every task's settings is an option placed here, or listed in
 #: :data:`NOT_OPTIONS` (checked when the parser is built).
 OPTION_GROUPS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
-    (None, ("seed", "semantics", "progress")),
+    (None, ("seed", "semantics", "mesh", "device_memory_gb", "progress")),
     ("training (dst, crg)", ("max_steps", "max_examples", "batch_size", "grad_accum", "epochs", "learning_rate",
                              "dropout", "layout", "keep_checkpoints", "eval_batch_size")),
     ("lmp", ("data_dir", "lmp_file", "lmp_max_lines", "lmp_block_size")),
@@ -163,6 +173,9 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="MODEL",
                    help="HF model folder (any supported family), hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the memory plan of each task's computations (fine-tuning, scoring, the generation's "
+                        "KV cache) on --mesh and stop, reading only the model's config.json (no --out needed)")
 
     fields = _fields()
     placed = _option_fields() + NOT_OPTIONS

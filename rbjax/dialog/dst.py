@@ -49,10 +49,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
+from rbjax.core.mesh import batch_axes, replicate, shard_tree
 from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
+from rbjax.model.partition import logical_axes_for
 from rbjax.model.registry import family_of_config
 from rbjax.train.lm import forward_hidden
 
@@ -398,6 +401,12 @@ class DSTObjective:
         if self.pooling not in POOLING:
             raise ValueError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
 
+    def logical_axes(self, path: tuple, shape: tuple, model_axes) -> tuple | None:
+        """The head (``d`` + 1 numbers) is replicated on every device; the body is split by its family's rule."""
+        if path and path[0] == "head":
+            return (None,) * len(shape)
+        return model_axes(path, shape)
+
     def __call__(self, params, batch: dict, weights, key, spec):
         if "pack" in batch:
             if self.pooling != "last":
@@ -424,15 +433,26 @@ def _probs(params, head, input_ids, attention_mask, config, pooling):
 
 def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], config, *,
                   batch_size: int = 64, pooling: str = "last", bucket: int = 32, progress: bool = False,
-                  desc: str = "DST") -> np.ndarray:
+                  desc: str = "DST", mesh=None) -> np.ndarray:
     """``sigmoid(dst_logits)`` of every row of ``arrays`` (:func:`encode_examples`), float32 ``(N,)``.
 
     Batches have ``batch_size`` rows; each is cut to its longest row rounded up to a multiple of ``bucket`` columns
     (at most ``block/bucket`` compiled shapes). Dropping trailing all-padding columns changes no logit, for either
     pooling (causal attention; the reference's column is the longest row's last token), and saves most of the
     work: MultiWOZ examples have 40 tokens on average, not 128. ``bucket=0`` keeps the full width.
+
+    ``mesh`` (:func:`rbjax.core.mesh.make_mesh`): the body's parameters split by the family's logical axes over
+    ``fsdp``/``tensor`` (the head replicated), each batch's rows over ``data``×``fsdp`` where they divide; ``None``:
+    where the parameters already are.
     """
     n = len(arrays["labels"])
+    rows_sharding = None
+    if mesh is not None:
+        params = shard_tree(params, mesh, logical_axes_for(config))
+        head_params = replicate(head_params, mesh)
+        axes = batch_axes(mesh, batch_size)
+        rows_sharding = NamedSharding(mesh, PartitionSpec(axes if axes else None))
+    put = jnp.asarray if rows_sharding is None else (lambda x: jax.device_put(x, rows_sharding))
     out = np.zeros(n, np.float32)
     bar = None
     if progress:
@@ -444,8 +464,8 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
         if bucket:
             longest = int(_last_real_index(b["attention_mask"])) + 1
             w = min(width, -(-longest // bucket) * bucket)
-        p = np.asarray(_probs(params, head_params, jnp.asarray(b["input_ids"][:, :w]),
-                              jnp.asarray(b["attention_mask"][:, :w]), config, pooling))
+        p = np.asarray(_probs(params, head_params, put(b["input_ids"][:, :w]), put(b["attention_mask"][:, :w]),
+                              config, pooling))
         k = int(b["weights"].sum())
         out[i:i + k] = p[:k]
         i += k
@@ -645,18 +665,22 @@ def _encode_turn_pairs(tokenizer, turn: dict, candidates: Sequence[tuple[str, st
 def score_joint_goal(params, head_params: dict, config, tokenizer, dialogues: Sequence[dict],
                      onto: SlotOntology, *, domains: Iterable[str] = EXPERIMENT_DOMAINS, batch_size: int = 64,
                      block_size: int = BLOCK_SIZE, truncation: str = "left", pooling: str = "last",
-                     threshold: float = 0.5, pad_id: int | None = None, progress: bool = True) -> dict:
+                     threshold: float = 0.5, pad_id: int | None = None, progress: bool = True, mesh=None) -> dict:
     """Joint goal accuracy of a DST classifier: score every candidate pair of every turn, decode the belief states
     (:func:`predict_beliefs`), compare with the gold states (:func:`beliefs_equal`).
 
     Cost: :func:`jga_cost` pairs, each a forward pass of up to ``block_size`` tokens: on the MultiWOZ 2.0 test split
     (ConvLab copy, 999 dialogues, 7368 turns) 4,713,028 pairs, 640 per turn on average (145–1292), against 15,870
     sampled pairs for the binary metrics — about 300 times the work. On a CPU score a slice of ``dialogues``.
+    ``mesh``: as :func:`predict_proba`.
 
     Returns:
         ``{"jga", "n_turns", "n_correct", "n_pairs", "oracle_jga", "per_dialogue": [{dialogue_idx, correct}]}``.
     """
     domains = tuple(domains)
+    if mesh is not None:  # placed once, not per turn
+        params = shard_tree(params, mesh, logical_axes_for(config))
+        head_params = replicate(head_params, mesh)
     if truncation not in TRUNCATION:
         raise ValueError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
     pad = tokenizer.eos_id if pad_id is None else int(pad_id)
@@ -681,7 +705,8 @@ def score_joint_goal(params, head_params: dict, config, tokenizer, dialogues: Se
                     ids[i, :len(s)] = s
                     mask[i, :len(s)] = 1
                 arrays = {"input_ids": ids, "attention_mask": mask, "labels": np.zeros(K, np.float32)}
-                probs[ti] = predict_proba(params, head_params, arrays, config, batch_size=batch_size, pooling=pooling)
+                probs[ti] = predict_proba(params, head_params, arrays, config, batch_size=batch_size, pooling=pooling,
+                                          mesh=mesh)
                 if bar is not None:
                     bar.update(K)
         pred = predict_beliefs(d, cands, probs, threshold=threshold)

@@ -53,7 +53,7 @@ from rbjax.core.io import check_output_dir
 from rbjax.core.log import say
 from rbjax.dialog.crg_metrics import format_crg_table
 from rbjax.dialog.tasks import TASKS, get_task
-from rbjax.dialog.tasks.common import resolve_model, training_layout
+from rbjax.dialog.tasks.common import memory_plans, resolve_model, training_layout
 
 __all__ = ["TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
 
@@ -75,8 +75,9 @@ def task_settings(task: str, settings: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ entry point
-def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
-             tokenizer: str | os.PathLike | None = None, overwrite: bool = False, **settings) -> dict:
+def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | None, *,
+             tokenizer: str | os.PathLike | None = None, overwrite: bool = False, dry_run: bool = False,
+             **settings) -> dict:
     """Run one dialog-quality task (or ``"all"``: lmp, dst, crg) on a model and write ``OUT/<task>.json``.
 
     Args:
@@ -87,6 +88,11 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         overwrite: replace a task's result file that holds the result of other inputs (another model, data or
             settings); without it such a file is refused before the task computes anything
             (:func:`rbjax.core.reuse.claim_outputs` is the same rule for the other commands).
+        dry_run: only the memory plans of each task's computations on its ``mesh``
+            (:func:`rbjax.dialog.tasks.common.memory_plans`, from ``model``'s ``config.json``: no weights are read,
+            nothing is written, ``out_dir`` may be ``None``, and the mesh may name more devices than this machine
+            has): returns ``{task: [MemoryPlan, ...]}``. Without it every task checks its plans before it loads the
+            weights (:class:`rbjax.model.memory.PlanError`).
         **settings: the fields of the tasks' settings classes (``None`` = the task's default). ``train_file`` is
             the task's own training file (``dst_train_file`` or ``crg_train_file``; with ``task="all"`` name them
             so).
@@ -114,6 +120,10 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     tasks = TASKS if task == "all" else (task,)
     resolved = {t: get_task(t).settings.from_settings(settings) for t in tasks}  # validate everything before any work
+    if dry_run:
+        return {t: memory_plans(model, resolved[t], get_task(t).plans(resolved[t]), dry_run=True) for t in tasks}
+    if out_dir is None:
+        raise ValueError("out_dir is needed (only a dry run writes nothing)")
     out = check_output_dir(Path(out_dir).expanduser(), "--out")
     out.mkdir(parents=True, exist_ok=True)
     m = resolve_model(model, tokenizer)

@@ -60,7 +60,8 @@ def build_prompt(context_ids: Sequence[int], eos_id: int, *, semantics: str = "r
 def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, str]],
                        out_path: str | os.PathLike | None = None, *, semantics: str = "rbjax", seed: int = 0,
                        settings: SamplingSettings | None = None, batch_size: int = 16, precision: str = "fp32",
-                       max_prompt_tokens: int = REFERENCE_PROMPT_WIDTH, progress: bool = True) -> list[dict]:
+                       max_prompt_tokens: int = REFERENCE_PROMPT_WIDTH, progress: bool = True,
+                       mesh=None) -> list[dict]:
     """Generate a response for every ``(key, context)`` and (optionally) write them as JSONL.
 
     Args:
@@ -69,6 +70,8 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
         out_path: JSONL file to write (atomically), or None.
         semantics: ``"rbjax"`` (top-k 50, 64 new tokens) or ``"reference"`` (see the module docstring).
         settings: override the sampling preset of ``semantics`` (e.g. ``SamplingSettings(greedy=True)``).
+        mesh: a named device mesh: parameters split by the family's logical axes, prompt rows and the KV cache over
+            ``data``×``fsdp`` (:func:`rbjax.model.generate.generate`); ``None``: one device.
     Returns:
         the records ``{"key", "context", "response"}`` in input order.
     """
@@ -84,7 +87,8 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
         bar = progress_bar(len(prompts), "generate", "context")
     try:
         gen: Generated = generate(params, config, prompts, settings=settings, seed=seed, batch_size=batch_size,
-                                  precision=precision, eos_id=eos, progress=None if bar is None else bar.update)
+                                  precision=precision, eos_id=eos, progress=None if bar is None else bar.update,
+                                  mesh=mesh)
     finally:
         if bar is not None:
             bar.close()

@@ -99,7 +99,7 @@ def lmp_from_counts(nll_sum: np.ndarray, n_pred: np.ndarray, n_tokens: np.ndarra
 
 def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
                       batch_size: int = 64, progress: Callable[[int], None] | None = None,
-                      stacked: bool = False, bos_id: int | None = None) -> dict | list[dict]:
+                      stacked: bool = False, bos_id: int | None = None, mesh=None) -> dict | list[dict]:
     """LMP of a causal LM on reference lines (paper §3.2).
 
     Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored by the LMB scorer
@@ -119,6 +119,9 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
         bos_id: put this token before every line as context (the model's tokenizer adds a BOS:
             :meth:`rbjax.model.handle.ModelHandle.bos_id`), so every line token is predicted; ``None`` (GPT-2, as
             the reference): the first token is context only. Not counted in ``block_size``.
+        mesh: a named device mesh (:func:`rbjax.core.mesh.make_mesh`): the parameters split by the family's logical
+            axes over ``fsdp``/``tensor``, the rows over ``data``×``fsdp`` (:class:`PerplexityScorer`); ``None``:
+            rows over this process's devices, parameters replicated.
 
     Returns:
         :func:`lmp_from_counts`'s dict plus ``n_lines``, ``n_truncated`` (lines longer than ``block_size``),
@@ -138,7 +141,8 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     n = len(toks)
     lens = np.array([len(t) for t in toks], np.int64)
     try:
-        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked, bos_id=bos_id).score_ids(
+        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked, bos_id=bos_id,
+                                  mesh=mesh).score_ids(
             toks, progress=progress)
     except PhraseError as e:
         raise ValueError(f"line {e.index + 1}: {e.problem}") from None

@@ -19,7 +19,7 @@
     batch_size = [4, 8, 16]  …  selection = "default" | "reference"; lmp_tolerance; dev_max_pairs; n_bootstrap;
     grid_chunk; executor = "local" | "ray"; ray_address
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
-    [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...})
+    [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
 
 Relative paths in the file are resolved against the study file's folder, paths given with ``--set`` against the
 current folder. ``--set key=value`` (TOML value syntax; plain words are strings) overrides any field, e.g. ``--set study.data_dir=../shared/redditbias --set training.max_steps=2``.
@@ -351,7 +351,10 @@ class StudyConfig:
             if not isinstance(settings, dict):
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t} must be a table, e.g. {{ max_examples = 8 }}")
             settings = {(f"{t}_train_file" if k == "train_file" else k): v for k, v in settings.items()}
-            known = get_task(t).settings.names()
+            if "mesh" in settings:
+                raise ValueError(f"{self.where('dialog', t)}: dialog.{t}.mesh: the device mesh of every stage is "
+                                 "[study] mesh")
+            known = [k for k in get_task(t).settings.names() if k != "mesh"]
             unknown = sorted(set(settings) - set(known))
             if unknown:
                 raise ValueError(f"{self.where('dialog', t)}: unknown setting(s) {unknown} of dialog.{t} (known: "

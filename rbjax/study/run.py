@@ -152,6 +152,7 @@ class _Study:
                 settings.setdefault("data_dir", self.cfg.data_dir)
             if task == "crg":
                 settings.setdefault("data_dir", self.cfg.data_dir)
+            settings["mesh"] = self.cfg.mesh  # [study] mesh, as for every stage
             res = evaluate(task, str(model), out_dir, tokenizer=self._tok_for(model), progress=self.progress,
                            overwrite=True, **settings)  # the study owns its folders (stages keyed on inputs)
             out[task] = {k: res.get(k) for k in ("metrics",) if k in res}

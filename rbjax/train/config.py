@@ -92,7 +92,7 @@ class TrainerConfig:
                                          f"got {getattr(self, name)!r}")
         if self.mesh is not None:  # the syntax here; the device count when the mesh is built
             try:
-                parse_mesh(self.mesh, mesh_product(self.mesh))
+                parse_mesh(self.mesh, mesh_product(self.mesh), flag="{name}")
             except ValueError as e:
                 raise SettingError("mesh", str(e)) from None
         for name in ("epochs", "batch_size", "grad_accum", "save_every", "keep_checkpoints", "max_steps"):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -193,7 +194,10 @@ class Trainer:
                                                             cfg.batch_size)
         self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1
         # parameters, gradients and Adam moments split by the family's logical axes on an fsdp/tensor mesh
-        self.logical_axes = logical_axes_for(self.config)
+        # (a task's own parameters, e.g. DST's classifier head, by the objective's rule: Objective.logical_axes)
+        model_axes = logical_axes_for(self.config)
+        own = getattr(objective, "logical_axes", None)
+        self.logical_axes = model_axes if own is None else partial(own, model_axes=model_axes)
 
     def make_data(self, tokenizer, vocab_size: int):
         """The run's examples when none were given (a task's trainer builds them from the tokenizer).

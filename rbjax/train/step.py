@@ -49,6 +49,11 @@ class Objective(Protocol):
 
     Attribute ``shared_keys`` (optional): names of batch arrays shared by every micro-batch of an update (not stacked
     on the micro-batch axis), e.g. the debiasing target pairs.
+
+    Method ``logical_axes(path, shape, model_axes)`` (optional; for trained parameters that are not the model's, e.g.
+    a classifier head): the logical axis names of the parameter at dict ``path`` (:mod:`rbjax.model.partition`;
+    ``None`` entries are replicated), ``model_axes(path, shape)`` being the family's own rule for the model's
+    parameters. Without it every trained parameter must be the model's.
     """
 
     def __call__(self, params, batch: dict, weights: jax.Array, key, spec: "StepSpec"):

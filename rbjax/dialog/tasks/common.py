@@ -24,13 +24,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from rbjax.core.config import check_types, field, option_name
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, file_digest
 from rbjax.core.log import say
+from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh
 from rbjax.core.reuse import KeyedResult
 from rbjax.model.handle import ModelHandle
+from rbjax.model.memory import plan_for_model
 from rbjax.train.batching import LAYOUTS
 from rbjax.train.config import TrainerConfig
 from rbjax.train.loop import Trainer
@@ -42,14 +46,17 @@ __all__ = [
     "Task",
     "TaskSettings",
     "TrainingSettings",
+    "check_memory",
     "drop_checkpoints",
     "existing_result",
     "file_record",
     "fine_tune",
     "finish",
+    "memory_plans",
     "resolve_model",
     "result_key",
     "result_path",
+    "task_mesh",
     "training_layout",
 ]
 
@@ -86,9 +93,18 @@ class TaskSettings:
                                           "after the result is written (default: deleted then); with them a rerun "
                                           "that changes only evaluation settings (e.g. adds --joint-goal) restores "
                                           "the trained model instead of training again")
+    mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; "
+                                   "sizes multiply to the device count; docs/scale.md): fsdp/tensor split the "
+                                   "parameters (and the fine-tuning's gradients and Adam state), data×fsdp the rows "
+                                   "of scoring, training and generation batches. Default: parameters replicated. "
+                                   "Recorded in the result, not in its key (a mesh changes the float32 rounding "
+                                   "only)", metavar="AXIS=N,...")
+    device_memory_gb: float | None = field(None, "memory of one device for the memory plan, checked before the "
+                                                 "weights are loaded (default: what the device reports; a CPU reports "
+                                                 "none and is not checked)", metavar="GB")
 
     path_fields = ()
-    no_key_fields = ("progress", "keep_checkpoints")
+    no_key_fields = ("progress", "keep_checkpoints", "mesh", "device_memory_gb")
     signed_fields = ("seed",)
     path_options = ()
 
@@ -146,6 +162,17 @@ class TaskSettings:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SettingError(f.name, f"must be a positive integer, got {v!r}")
+        v = self.device_memory_gb
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+            raise SettingError("device_memory_gb", f"must be > 0, got {v!r}")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built (task_mesh)
+            try:
+                sizes = parse_mesh(str(self.mesh), mesh_product(str(self.mesh)), flag="{name}")
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
+            if sizes is not None and sizes["grid"] > 1:
+                raise SettingError("mesh", f"{self.mesh!r}: a dialog task runs one model, it has no grid points to "
+                                           "spread; use data, fsdp and tensor")
 
     @classmethod
     def option(cls, name: str) -> str:
@@ -218,13 +245,15 @@ class TrainingSettings(TaskSettings):
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One dialog-quality task: its name, settings class and runner ``run(model, out_dir, settings, *,
-    overwrite=False) -> result``, a help line and the files it writes into ``OUT`` (the result first)."""
+    overwrite=False) -> result``, a help line, the files it writes into ``OUT`` (the result first) and
+    ``plans(settings) -> [plan_for_model keywords, ...]``, its computations for the memory plan (:func:`memory_plans`)."""
 
     name: str
     settings: type[TaskSettings]
     run: Callable[..., dict]
     help: str
     outputs: tuple[str, ...]
+    plans: Callable[[TaskSettings], list[dict]]
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -244,6 +273,45 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | os.PathLike | None 
         RuntimeError: a hub id that cannot be downloaded.
     """
     return ModelHandle.open(model, tokenizer)
+
+
+def task_mesh(s: TaskSettings):
+    """The device mesh of the ``mesh`` setting (:func:`rbjax.core.mesh.make_mesh`), or ``None`` (the default layout).
+
+    Raises:
+        ValueError: the sizes do not fit this machine's device count (named ``--mesh``).
+    """
+    sizes = parse_mesh(s.mesh, jax.device_count())
+    return None if sizes is None else make_mesh(sizes)
+
+
+def memory_plans(model: EvalModel | str | os.PathLike, s: TaskSettings, plans: list[dict], *,
+                 dry_run: bool = False) -> list:
+    """The memory plans (:func:`rbjax.model.memory.plan_for_model`, from the model folder's ``config.json``: no
+    weights are read) of a task's computations on its mesh. ``plans``: one ``plan_for_model`` keyword dict per
+    computation (the task module's ``memory_plans``). A model held only in memory has none. ``dry_run``: the mesh
+    may name more devices than this machine has (a plan for a cluster).
+
+    Raises:
+        FileNotFoundError: no ``config.json``. ValueError: a mesh that does not fit the devices.
+    """
+    folder = model.folder if isinstance(model, ModelHandle) else model
+    if folder is None:
+        return []
+    n = mesh_product(s.mesh) if dry_run and s.mesh else None
+    return [plan_for_model(str(folder), mesh=s.mesh, device_memory_gb=s.device_memory_gb, n_devices=n, **kw)
+            for kw in plans]
+
+
+def check_memory(model: EvalModel, s: TaskSettings, plans: list[dict]) -> None:
+    """:func:`memory_plans`, checked before the weights are loaded.
+
+    Raises:
+        rbjax.model.memory.PlanError: a plan that does not fit the devices' memory (names the largest part and a mesh
+            or batch that would fit).
+    """
+    for plan in memory_plans(model, s, plans):
+        plan.check()
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -306,7 +374,7 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
     cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s.seed, epochs=s.epochs,
                         batch_size=s.batch_size, grad_accum=s.grad_accum, learning_rate=s.learning_rate,
                         block_size=s.block_size, max_steps=s.max_steps, dropout=s.dropout,
-                        layout=training_layout(method, s), progress=s.progress, keep_checkpoints=1,
+                        layout=training_layout(method, s), progress=s.progress, keep_checkpoints=1, mesh=s.mesh,
                         leftover="carry" if s.semantics == "reference" else "drop")
     try:
         trainer = Trainer(cfg, objective, model_config=config, params=params, model_key=model.digest, tokenizer=tok,

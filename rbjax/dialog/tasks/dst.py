@@ -20,6 +20,7 @@ from rbjax.dialog.tasks.common import (
     Task,
     TrainingSettings,
     batch_size_field,
+    check_memory,
     drop_checkpoints,
     eval_batch_size_field,
     existing_result,
@@ -29,10 +30,11 @@ from rbjax.dialog.tasks.common import (
     grad_accum_field,
     result_key,
     result_path,
+    task_mesh,
 )
 from rbjax.train.batching import ArrayData
 
-__all__ = ["TASK", "DSTSettings", "run_dst"]
+__all__ = ["TASK", "DSTSettings", "memory_plans", "run_dst"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +126,13 @@ def trim_columns(arrays: dict, multiple: int = 8) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the task
+def memory_plans(s: DSTSettings) -> list[dict]:
+    """The memory plan's computations: fine-tuning (micro-batch ``batch_size`` × ``block_size``), then scoring the
+    test pairs in batches of ``eval_batch_size``."""
+    return [{"training": True, "batch_size": s.batch_size, "seq_len": s.block_size, "grad_accum": s.grad_accum},
+            {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.block_size}]
+
+
 def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, overwrite: bool = False) -> dict:
     """Dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; reference-debias.md §10) → ``OUT/dst.json``.
 
@@ -179,6 +188,8 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     counts.update(train=dst.example_counts(train_ex), test=dst.example_counts(test_ex))
     if not train_ex or not test_ex:
         raise ValueError(f"no DST examples (train {len(train_ex)}, test {len(test_ex)}): no turn with a turn_label")
+    mesh = task_mesh(s)
+    check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
     config, params, tok = model.load()
     t_model = time.perf_counter() - t1
@@ -200,7 +211,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     t1 = time.perf_counter()
     pooling = "reference" if reference else "last"
     probs = dst.predict_proba(trained["gpt2"], trained["head"], test_arr, config, batch_size=s.eval_batch_size,
-                              pooling=pooling, progress=s.progress, desc="DST test pairs")
+                              pooling=pooling, progress=s.progress, desc="DST test pairs", mesh=mesh)
     metrics = dst.binary_metrics(probs, test_arr["labels"])
     t_eval = time.perf_counter() - t1
     metrics["mean_prob_positive"] = float(np.mean(probs[test_arr["labels"] > 0.5])) if metrics["n_positive"] else None
@@ -210,7 +221,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
         t1 = time.perf_counter()
         jr = dst.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
                                   batch_size=s.eval_batch_size, block_size=s.block_size, truncation=trunc,
-                                  pooling=pooling, progress=s.progress)
+                                  pooling=pooling, progress=s.progress, mesh=mesh)
         secs = time.perf_counter() - t1
         metrics["joint_goal"] = {
             "jga": jr["jga"], "n_turns": jr["n_turns"], "n_correct": jr["n_correct"],
@@ -246,4 +257,5 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
 
 
 TASK = Task("dst", DSTSettings, run_dst, "MultiWOZ 2.0 dialog state tracking: train the classifier on train (default: "
-                                         "the val split standing in), score the test split", ("dst.json",))
+                                         "the val split standing in), score the test split", ("dst.json",),
+            memory_plans)

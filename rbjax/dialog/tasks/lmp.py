@@ -14,6 +14,7 @@ from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
     TaskSettings,
+    check_memory,
     data_dir_field,
     eval_batch_size_field,
     existing_result,
@@ -21,9 +22,10 @@ from rbjax.dialog.tasks.common import (
     finish,
     result_key,
     result_path,
+    task_mesh,
 )
 
-__all__ = ["TASK", "LMPSettings", "run_lmp"]
+__all__ = ["TASK", "LMPSettings", "memory_plans", "run_lmp"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,11 @@ class LMPSettings(TaskSettings):
     eval_batch_size: int = eval_batch_size_field()
 
     path_fields = ("data_dir", "lmp_file")
+
+
+def memory_plans(s: LMPSettings) -> list[dict]:
+    """The memory plan's computations: scoring batches of ``eval_batch_size`` lines (a BOS may come before each)."""
+    return [{"training": False, "batch_size": s.eval_batch_size, "seq_len": s.lmp_block_size + 1}]
 
 
 def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, overwrite: bool = False) -> dict:
@@ -59,6 +66,8 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     prev = existing_result(result_path(out_dir, "lmp"), key, "lmp", overwrite)
     if prev is not None:
         return prev
+    mesh = task_mesh(s)
+    check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
     config, params, tok = model.load()
     t_model = time.perf_counter() - t1
@@ -66,7 +75,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     t1 = time.perf_counter()
     with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s.progress) as bar:
         m = reddit_perplexity(params, config, tok, lines, block_size=s.lmp_block_size,
-                              batch_size=s.eval_batch_size, progress=bar.update, bos_id=model.bos_id())
+                              batch_size=s.eval_batch_size, progress=bar.update, bos_id=model.bos_id(), mesh=mesh)
     t_eval = time.perf_counter() - t1
     data = {"lmp_file": {**rec, "n_lines_scored": len(lines), "official": official,
                          "what": "RedditBias text_files/humanref6k.txt (DialoGPT's human.ref.6k.txt)" if official
@@ -79,4 +88,4 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
                                                                             "eval_s": t_eval}}, t0)
 
 
-TASK = Task("lmp", LMPSettings, run_lmp, "Reddit-6K perplexity of the model", ("lmp.json",))
+TASK = Task("lmp", LMPSettings, run_lmp, "Reddit-6K perplexity of the model", ("lmp.json",), memory_plans)
