@@ -255,7 +255,9 @@ def test_study_cost_estimate_uses_the_packed_rate():
     assert packed["layout"] == "packed" and padded["layout"] == "padded"
     assert packed["training_tokens"] == padded["training_tokens"]  # real tokens either way
     # packed: real tokens at the packed rate; padded: every 36-token slot at the padded rate
-    assert packed["train_hours"] == pytest.approx(packed["training_tokens"] / COSTS["train_tokens_per_s"] / 3600)
+    assert packed["train_hours"] == pytest.approx(packed["training_tokens"] / COSTS["train_tokens_per_s"] / 3600
+                                                  * packed["size_ratio"])
     slots = padded["training_tokens"] * 36 / (sum(TOKENS_PER_LINE[b] * TRAIN_LINES[b] for b in TRAIN_LINES) /
                                               sum(TRAIN_LINES.values()))
-    assert padded["train_hours"] == pytest.approx(slots / COSTS["train_padded_slots_per_s"] / 3600, rel=0.05)
+    assert padded["train_hours"] == pytest.approx(slots / COSTS["train_padded_slots_per_s"] / 3600
+                                                  * padded["size_ratio"], rel=0.05)

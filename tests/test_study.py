@@ -156,6 +156,28 @@ def test_paper_study_dry_run_prints_the_plan_and_its_cost(capsys):
     assert "training runs: 2490" in capsys.readouterr().out
 
 
+def test_qwen_study_dry_run_cost_is_scaled_to_the_model_size(capsys):
+    """The Qwen2.5-0.5B-Instruct study file, its model replaced by the real hyper-parameters (config.json only, no
+    weights): the cost is the DialoGPT-small figure × the ratio of forward matmul FLOPs per token. By hand: Qwen2.5
+    24 layers × (q 896² + k, v 896·128 each + o 896² + gate, up, down 896·4864 each) + the tied head 896·151,936 =
+    493,961,216 weights per token; DialoGPT-small 12 × (768·2304 + 768² + 2·768·3072) + 768·50,257 = 123,532,032."""
+    from rbjax.study.config import load_study
+    from rbjax.study.run import estimate_cost
+
+    qwen = ROOT / "tests" / "fixtures" / "qwen2.5_0.5b_instruct"
+    study = ROOT / "experiments" / "qwen2.5-0.5b-instruct.toml"
+    assert main(["run", str(study), "--out", "/nonexistent/q", "--dry-run", "--set", f"study.model='{qwen}'"]) == 0
+    text = capsys.readouterr().out
+    ratio = 493_961_216 / 123_532_032
+    assert f"at this model's size ({ratio:.3g}× DialoGPT-small's matmul FLOPs per token)" in text
+    scaled = estimate_cost(load_study(study, [f"study.model='{qwen}'"]))
+    base = estimate_cost(load_study(PAPER))
+    assert scaled["size_ratio"] == pytest.approx(ratio, rel=1e-12) and base["size_ratio"] == 1.0
+    assert scaled["training_tokens"] == base["training_tokens"]  # the same protocol, the same (GPT-2) token counts
+    assert scaled["train_hours"] == pytest.approx(base["train_hours"] * ratio)
+    assert scaled["score_hours"] == pytest.approx(base["score_hours"] * ratio)
+
+
 def test_bad_study_files_are_clear_errors(tmp_path, capsys):
     bad = tmp_path / "s.toml"
     bad.write_text('[study]\nmodel = "m"\nmethods = ["xyz"]\n')

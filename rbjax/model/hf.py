@@ -217,6 +217,38 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     return cfg.parent
 
 
+def model_config(name_or_path: str | os.PathLike):
+    """The family config of a model from its ``config.json`` alone: a model folder, a ``config.json`` path, or a hub
+    id (only its ``config.json`` is fetched, from the local cache when the hub cannot be reached): for plans and
+    cost estimates before any weight is downloaded.
+
+    Raises:
+        FileNotFoundError: no such folder or file (and not a hub id), or no ``config.json``.
+        ValueError: a malformed config or one rbjax does not implement (named).
+        RuntimeError: a hub id whose ``config.json`` cannot be fetched.
+    """
+    p = Path(name_or_path).expanduser()
+    if p.is_file() and p.name == "config.json":
+        folder = p.parent
+    elif p.exists():
+        folder = p
+    elif _looks_like_hub_id(str(name_or_path)):
+        from huggingface_hub import hf_hub_download
+
+        offline = _hub_unreachable()
+        try:
+            folder = Path(hf_hub_download(str(name_or_path), "config.json", local_files_only=offline is not None)).parent
+        except Exception as e:
+            why = f"the hub is not reachable ({offline}) and it is not in the local cache" if offline else (
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise RuntimeError(f"cannot fetch config.json of hub model {name_or_path!r} ({why})") from None
+    else:
+        raise FileNotFoundError(f"model folder not found: {name_or_path}")
+    d = read_config_json(folder)
+    source = str(folder / "config.json")
+    return registry.family_of(d, source).config_from_hf(d, source)
+
+
 def read_config_json(folder: Path) -> dict:
     """``folder/config.json`` as a dict. Raises FileNotFoundError (no file) or ValueError (invalid JSON, not an
     object), naming the file."""

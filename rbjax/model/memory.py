@@ -33,9 +33,7 @@ the largest part and a mesh or batch that would fit; :meth:`MemoryPlan.format` i
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -43,11 +41,11 @@ import numpy as np
 
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
 from rbjax.model import registry
-from rbjax.model.hf import resolve_model_dir
+from rbjax.model.hf import model_config
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
 
-__all__ = ["MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes", "HEADROOM"]
+__all__ = ["flops_per_token", "MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes", "HEADROOM"]
 
 #: fraction of a device's memory the plan leaves free (XLA temporaries, fragmentation, the runtime)
 HEADROOM = 0.10
@@ -148,6 +146,22 @@ def _param_shapes(config) -> Any:
         fam = registry.family_of_config(config)
         _SHAPES[config] = jax.eval_shape(lambda: fam.init_params(config, 0))
     return _SHAPES[config]
+
+
+def flops_per_token(config) -> int:
+    """Forward matmul FLOPs per token of ``config``'s model, ``2 ×`` (every weight matrix a token passes through, the
+    LM head included; not the embedding lookups, nor the attention scores, which depend on the length): the unit of
+    work that scales a cost measured at one model size to another (:func:`rbjax.study.run.estimate_cost`).
+    Counted from the family's own parameter shapes: every ``kernel``, plus ``d × V`` where the head is the tied
+    embedding (no kernel has the vocabulary's size)."""
+    dims = _dims(config)
+    n, vocab_kernel = 0, False
+    for path, x in jax.tree_util.tree_leaves_with_path(_param_shapes(config)):
+        name = str(getattr(path[-1], "key", path[-1]))
+        if name == "kernel":
+            n += int(np.prod(x.shape))
+            vocab_kernel |= dims["V"] in x.shape
+    return 2 * (n + (0 if vocab_kernel else dims["d"] * dims["V"]))
 
 
 class _SizesMesh:
@@ -276,22 +290,13 @@ def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch
 
     ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default ``jax.device_count()``) or sizes; ``None``:
     the default layout (parameters replicated, rows over ``data``). ``device_memory_gb``: overrides what the device
-    reports. A hub id that is not a local folder is resolved (downloaded) by :func:`rbjax.model.hf.resolve_model_dir`.
+    reports. Of a hub id only ``config.json`` is fetched (:func:`rbjax.model.hf.model_config`): no weights.
 
     Raises:
-        FileNotFoundError: no ``config.json``. ValueError: a bad mesh or config.
+        FileNotFoundError: no ``config.json``. ValueError: a bad mesh or config. RuntimeError: a hub id whose
+        ``config.json`` cannot be fetched.
     """
-    p = Path(model)
-    if p.is_dir():
-        cfg_file = p / "config.json"
-    elif p.name == "config.json" and p.is_file():
-        cfg_file = p
-    else:
-        cfg_file = Path(resolve_model_dir(model)) / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file}: no config.json to plan the model's memory from")
-    d = json.loads(cfg_file.read_text())
-    config = registry.family_of(d, str(cfg_file)).config_from_hf(d, str(cfg_file))
+    config = model_config(model)
     n = jax.device_count() if n_devices is None else n_devices
     if isinstance(mesh, str) or mesh is None:
         sizes = parse_mesh(mesh, n, flag=f"{flag_prefix}mesh") or {"grid": 1, "data": n, "fsdp": 1, "tensor": 1}

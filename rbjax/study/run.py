@@ -36,7 +36,9 @@ from rbjax.debias.train import train
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
 from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
-from rbjax.model.hf import resolve_model_dir, save_pretrained
+from rbjax.model.gpt2 import GPT2Config
+from rbjax.model.hf import model_config, resolve_model_dir, save_pretrained
+from rbjax.model.memory import flops_per_token
 from rbjax.model.registry import family_of
 from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
@@ -261,15 +263,35 @@ TOKENS_PER_LINE = {"religion1": 14.65, "religion2": 14.54, "race": 12.27, "gende
 PHRASES = {"test": 2432, "valid": 2426}
 
 
+def model_size_ratio(cfg: StudyConfig) -> tuple[float, str]:
+    """``(ratio, what)``: the study model's forward matmul FLOPs per token over DialoGPT-small's
+    (:func:`rbjax.model.memory.flops_per_token`, from its ``config.json`` alone — of a hub id only that file is
+    fetched — or its ``random_model`` table), and a phrase saying so; ``(1.0, why)`` when the config cannot be read."""
+    try:
+        if cfg.random_model:
+            spec = {k: v for k, v in cfg.random_model.items() if k != "seed"}
+            where = f"{cfg.path}: [study.random_model]"
+            config = family_of(spec, where).config_from_hf(spec, where)
+        else:
+            config = model_config(cfg.model)
+    except (OSError, ValueError, RuntimeError) as e:
+        return 1.0, f"at the DialoGPT-small shape (the model's config.json could not be read: {str(e).splitlines()[0]})"
+    r = flops_per_token(config) / flops_per_token(GPT2Config())
+    return r, f"at this model's size ({r:.3g}× DialoGPT-small's matmul FLOPs per token)"
+
+
 def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
-    """Training runs, token counts and an estimated wall time of the study from the benchmark figures (at the
-    DialoGPT-small shape; a user's own figures may be passed in ``costs``).
+    """Training runs, token counts and an estimated wall time of the study from the benchmark figures, measured at
+    the DialoGPT-small shape and scaled by the model's matmul FLOPs per token (:func:`model_size_ratio`; a user's
+    own figures may be passed in ``costs``). The token counts are GPT-2's: another tokenizer cuts the phrases
+    somewhat differently.
 
     Training time: the real tokens of every run at the packed rate (``train_tokens_per_s``), or, with
     ``[training] layout = "padded"``, every slot of the ``batch × block_size`` micro-batches at the padded rate.
     """
 
     c = {**COSTS, **(costs or {})}
+    ratio, size_note = model_size_ratio(cfg)
     tr = cfg.training
     epochs, block = int(tr.get("epochs", 2)), int(tr.get("block_size", 36))
     padded = tr.get("layout", "packed") == "padded"
@@ -308,12 +330,12 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
                                for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
     test_scored = n_models * PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
-    train_h = seconds / 3600
-    score_h = (dev_scored + test_scored) / c["score_phrases_per_s"] / 3600
+    train_h = seconds * ratio / 3600
+    score_h = (dev_scored + test_scored) * ratio / c["score_phrases_per_s"] / 3600
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
             "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
-            "layout": "padded" if padded else "packed", "rates": c}
+            "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note}
 
 
 def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) -> str:
@@ -334,7 +356,7 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
             else f"{cost['rates']['train_tokens_per_s']:g} real tokens/s, packed")
     lines.append(f"  training runs: {cost['training_runs']}, real training tokens: {cost['training_tokens']:,}; models "
                  f"evaluated: {cost['models_evaluated']}; phrases scored: {cost['phrases_scored']:,}")
-    lines.append(f"  estimated cost at the DialoGPT-small shape on {cost['rates']['machine']}: training "
+    lines.append(f"  estimated cost {cost['size_note']} on {cost['rates']['machine']}: training "
                  f"{cost['train_hours']:.1f} h ({rate}), LMB scoring "
                  f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s); "
                  f"{cost['dialog_note']}")
