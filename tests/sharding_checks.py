@@ -24,6 +24,8 @@ Each check prints ``{"check": NAME, ...figures}`` on one line:
 * ``evaluate``: ``rbjax evaluate --task all`` (LMP; DST: 2 fine-tuning updates, then the test pairs; CRG: greedy
   generation) with ``--mesh data=2,fsdp=2,tensor=2`` and with the default layout: the metrics, the training
   loss, the responses and the result keys of both.
+* ``load``: safetensors weights (one file, a sharded index, bf16) read slice by slice into ``fsdp=4,tensor=2``:
+  the values against the host loader, the layout, and how much of each tensor every read took.
 * ``memory``: the memory plan's per-device parameter and Adam bytes against the bytes of the arrays a run actually
   holds on device 0.
 """
@@ -306,6 +308,78 @@ def check_evaluate(args) -> dict:
             "meshes": {t: [a[t]["settings"]["mesh"], b[t]["settings"]["mesh"]] for t in a}}
 
 
+def _write_bf16_copy(src, dst) -> None:
+    """``dst``: ``src``'s folder with its weights stored in bfloat16 (one safetensors file)."""
+    import shutil
+
+    from rbjax.model.hf import _read_safetensors
+    from tests.test_families import _write_bf16_safetensors
+
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    _write_bf16_safetensors(dst / "model.safetensors", _read_safetensors(src / "model.safetensors"))
+
+
+def check_load(args) -> dict:
+    """Safetensors weights read slice by slice straight into a ``fsdp=4,tensor=2`` layout (issue 21, item 3): one
+    file, a sharded index of several files, bf16 storage; GPT-2 and an untied Llama (transposed Linear weights)."""
+    import jax
+    import numpy as np
+
+    from rbjax.core.mesh import make_mesh, tree_shardings
+    from rbjax.model import hf
+    from rbjax.model.partition import logical_axes_for
+    from rbjax.model.registry import family_of_config
+
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    reads = []
+    real_read = hf.LazyTensor.read
+
+    def counting_read(self, index=()):
+        out = real_read(self, index)
+        reads.append((self.name, out.size, int(np.prod(self.shape))))
+        return out
+
+    hf.LazyTensor.read = counting_read
+    out = {}
+    cfgs = _tiny_configs()
+    import dataclasses
+
+    cfgs["llama"] = dataclasses.replace(cfgs["llama"], tie_word_embeddings=False)
+    for fam_name in ("gpt2", "llama"):
+        config = cfgs[fam_name]
+        tokens = {f.name: 1 for f in dataclasses.fields(config) if f.name in ("bos_token_id", "eos_token_id",
+                                                                                "pad_token_id")}
+        config = dataclasses.replace(config, **tokens)  # inside the tiny vocabulary (checked when loaded)
+        params = family_of_config(config).init_params(config, 3)
+        one = Path(args.work) / f"load_{fam_name}_one"
+        sharded = Path(args.work) / f"load_{fam_name}_sharded"
+        hf.save_pretrained(params, config, one)
+        hf.save_pretrained(params, config, sharded, max_shard_size=20_000)
+        bf16 = Path(args.work) / f"load_{fam_name}_bf16"
+        _write_bf16_copy(one, bf16)
+        for label, folder in (("one_file", one), ("index", sharded), ("bf16", bf16)):
+            reads.clear()
+            _, host = hf.load_pretrained(folder)  # the host path, for comparison
+            n_lazy_reads_host = len(reads)
+            cfg2, placed = hf.load_pretrained(folder, mesh=mesh)
+            want = tree_shardings(placed, mesh, logical_axes_for(cfg2))
+            same_layout = all(a.sharding == w for a, w in zip(jax.tree.leaves(placed), jax.tree.leaves(want)))
+            max_diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                           for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(host)))
+            leaves = jax.tree.leaves(placed)
+            out[f"{fam_name}_{label}"] = {
+                "files": len(list(folder.glob("*.safetensors"))), "max_abs_diff": max_diff, "same_layout": same_layout,
+                "host_path_lazy_reads": n_lazy_reads_host, "reads": len(reads), "leaves": len(leaves),
+                "reads_of_a_slice": sum(r[1] < r[2] for r in reads),
+                "elements_read": sum(r[1] for r in reads),
+                "elements_on_devices": sum(sh.data.size for a in leaves for sh in a.addressable_shards),
+                "replicated_leaves": sum(a.sharding.is_fully_replicated for a in leaves),
+                "all_jax_arrays": all(isinstance(a, jax.Array) for a in leaves)}
+    hf.LazyTensor.read = real_read
+    return out
+
+
 def check_memory(args) -> dict:
     import jax
 
@@ -329,7 +403,8 @@ def check_memory(args) -> dict:
 
 
 CHECKS = {"families": check_families, "train": check_train, "grid": check_grid, "score": check_score,
-          "resume": check_resume, "generate": check_generate, "evaluate": check_evaluate, "memory": check_memory}
+          "resume": check_resume, "generate": check_generate, "evaluate": check_evaluate, "load": check_load,
+          "memory": check_memory}
 
 
 def main(argv=None) -> int:

@@ -48,3 +48,43 @@ def test_unfinished_unreadable_and_check(tmp_path):
     vetoed = KeyedResult(path, {"a": 1}, "x", check=lambda prev: "its output file is gone")
     assert vetoed.stored() is None and vetoed.reason == "its output file is gone"
     assert KeyedResult(tmp_path / "missing.json", {"a": 1}).stored() is None
+
+
+def test_keyed_entries_follow_the_same_rule_and_read_an_older_format(tmp_path):
+    """KeyedEntries (many keyed results in one file: the study's stages.json, measure's per-type record) reuse an
+    entry only for exactly its key, as KeyedResult does; a dropped entry is gone from the file at once; a file of an
+    older version is read through its upgrade (measure's version 2: {type: key})."""
+    from rbjax.core.reuse import KeyedEntries
+
+    path = tmp_path / "e.json"
+    e = KeyedEntries(path, "stages")
+    assert e.stored("a", {"k": 1}) is None and e.reason is None  # no entry
+    e.save("a", {"k": (1, 2)}, {"seconds": 3.0})
+    e.save("b", "digest-b")
+    assert json.loads(path.read_text()) == {"stages": {"a": {"seconds": 3.0, "key": {"k": [1, 2]}, "status": "done"},
+                                                       "b": {"key": "digest-b", "status": "done"}}}
+    again = KeyedEntries(path, "stages")
+    assert again.stored("a", {"k": [1, 2]})["seconds"] == 3.0 and again.stored("b", "digest-b") is not None
+    assert again.stored("a", {"k": [1, 3]}) is None and again.reason.startswith("inputs differ: ")
+    again.drop("a")
+    assert set(json.loads(path.read_text())["stages"]) == {"b"}
+    path.write_text(json.dumps({"stages": {"b": {"key": "digest-b", "status": "running"}}}))
+    assert KeyedEntries(path, "stages").stored("b", "digest-b") is None
+
+    old = tmp_path / "v2.json"
+    old.write_text(json.dumps({"version": 2, "types": {"race": {"m": 1}}}))
+    up = lambda st: {t: {"key": k, "status": "done"} for t, k in st["types"].items()}  # noqa: E731
+    v3 = KeyedEntries(old, "types", 3, up)
+    assert v3.stored("race", {"m": 1}) is not None and v3.stored("race", {"m": 2}) is None
+    v3.save("gender", {"m": 1})
+    assert json.loads(old.read_text())["version"] == 3
+    assert KeyedEntries(old, "types", 4).entries == {}  # another version without an upgrade: nothing is reused
+
+
+def test_measure_state_of_an_older_rbjax_is_still_reused(tmp_path):
+    """A measure folder written before KeyedEntries (state version 2: {type: key}) is resumed, not rescored."""
+    from rbjax.lmb.measure import STATE_FILE, measure_state
+
+    (tmp_path / STATE_FILE).write_text(json.dumps({"version": 2, "types": {"race": {"model": {"m": "x"}}}}))
+    st = measure_state(tmp_path)
+    assert st.stored("race", {"model": {"m": "x"}}) is not None and st.stored("gender", {"model": {}}) is None

@@ -172,7 +172,7 @@ def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, shared_dir, t
     cmd = [sys.executable, str(ROOT / "tests" / "sharding_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
            "--multiwoz", str(shared_dir / "dialog-data" / "multiwoz"),
-           "families", "train", "grid", "score", "resume", "generate", "evaluate", "memory"]
+           "families", "train", "grid", "score", "resume", "generate", "evaluate", "load", "memory"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, f"sharding_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return {r.pop("check"): r for r in (json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{"))}
@@ -250,6 +250,23 @@ def test_evaluate_on_a_mesh_equals_the_default_layout(sharding_checks):
     assert r["crg_same_responses"] and r["crg_n"] == 8, r
     assert r["same_keys"], r
     assert all(m == [None, "data=2,fsdp=2,tensor=2"] for m in r["meshes"].values()), r
+
+
+def test_safetensors_are_read_slice_by_slice_into_the_device_layout(sharding_checks):
+    """load_pretrained(mesh=fsdp=4,tensor=2) reads each device's slice of every weight from the file (one file, a
+    sharded index, bf16 storage; GPT-2 and an untied Llama, whose Linear weights are transposed slices): the values
+    equal the host loader's exactly, every leaf has the family's layout, and no split weight is read whole."""
+    r = sharding_checks["load"]
+    assert set(r) == {f"{f}_{k}" for f in ("gpt2", "llama") for k in ("one_file", "index", "bf16")}
+    for label, x in r.items():
+        assert x["max_abs_diff"] == 0.0 and x["same_layout"] and x["all_jax_arrays"], (label, x)
+        assert x["host_path_lazy_reads"] == 0, (label, x)  # without a mesh nothing changes
+        # each read is one device's slice (devices holding the same slice share a read): no more elements are read
+        # than the devices hold, and the only whole reads are of the weights the layout replicates
+        assert x["elements_read"] <= x["elements_on_devices"], (label, x)
+        assert x["reads"] - x["reads_of_a_slice"] == x["replicated_leaves"] < x["leaves"], (label, x)
+    assert r["gpt2_index"]["files"] > 1 and r["llama_index"]["files"] > 1  # really sharded
+    assert r["gpt2_one_file"]["files"] == 1
 
 
 def test_plan_bytes_equal_allocated_arrays(sharding_checks):

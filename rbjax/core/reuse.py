@@ -22,7 +22,7 @@ from typing import Any, Callable
 from rbjax.core.io import atomic_write_json, read_json, sha256_file
 from rbjax.core.keys import canonical, describe_difference
 
-__all__ = ["KeyedResult", "reuse_or_compute", "OutputExists", "claim_outputs", "record_outputs"]
+__all__ = ["KeyedResult", "KeyedEntries", "reuse_or_compute", "OutputExists", "claim_outputs", "record_outputs"]
 
 
 class OutputExists(ValueError):
@@ -69,17 +69,9 @@ class KeyedResult:
         if not self.path.exists():
             return None
         prev = read_json(self.path)
-        if not isinstance(prev, dict):
-            self.reason = "unreadable"
-        elif prev.get("status") != "done":
-            self.reason = f"unfinished (status {prev.get('status')!r})"
-        elif prev.get("key") != self.key:
-            self.reason = f"inputs differ: {describe_difference(prev.get('key') or {}, self.key)}"
+        self.reason, other = why_not_reusable(prev, self.key, self.check)
+        if other:
             self._refuse()
-        elif self.check is not None:
-            self.reason = self.check(prev)
-            if self.reason is not None:
-                self._refuse()
         if self.reason is not None:
             self._tell(f"{self.path}: recomputing {self.what} ({self.reason})")
             return None
@@ -99,6 +91,75 @@ class KeyedResult:
         rec.pop("reused", None)
         atomic_write_json(self.path, rec)
         return {**rec, "reused": False}
+
+
+def why_not_reusable(prev, key, check=None) -> tuple[str | None, bool]:
+    """The one reuse rule: ``(reason, other_inputs)`` — ``reason`` is ``None`` when the stored record ``prev`` (a
+    dict with ``key`` and ``status``) may stand for a result of ``key`` (canonical form), else why not;
+    ``other_inputs`` when it is a finished result of other inputs (or fails ``check``), not a damaged or unfinished
+    one."""
+    if not isinstance(prev, dict):
+        return "unreadable", False
+    if prev.get("status") != "done":
+        return f"unfinished (status {prev.get('status')!r})", False
+    if prev.get("key") != key:
+        return f"inputs differ: {describe_difference(prev.get('key') or {}, key)}", True
+    if check is not None:
+        why = check(prev)
+        return why, why is not None
+    return None, False
+
+
+@dataclasses.dataclass
+class KeyedEntries:
+    """Many keyed results recorded in one JSON file: ``{"version": V, section: {name: {"key", "status", ...}}}``
+    (the study's ``stages.json``, ``measure``'s per-bias-type record of its CSVs). The reuse rule is
+    :class:`KeyedResult`'s (:func:`why_not_reusable`); the file is rewritten atomically after every change, so an
+    interrupted run keeps what finished.
+
+    Attributes:
+        path: the JSON file. section: the key of the entries in it. version: the file's format (``None``: not
+            recorded); a file of another version holds no entries, unless ``upgrade(old) -> entries`` converts it.
+    """
+
+    path: Path
+    section: str
+    version: int | None = None
+    upgrade: Callable[[dict], dict] | None = None
+
+    def __post_init__(self):
+        self.path = Path(self.path)
+        st = read_json(self.path, {})
+        st = st if isinstance(st, dict) else {}
+        if self.version is not None and st.get("version") != self.version:
+            st = {self.section: self.upgrade(st)} if (self.upgrade is not None and st) else {}
+        entries = st.get(self.section)
+        self.entries: dict = dict(entries) if isinstance(entries, dict) else {}
+        self.reason: str | None = None
+
+    def stored(self, name: str, key: Any) -> dict | None:
+        """The entry ``name`` when it is a finished result of exactly ``key``, else ``None`` (:attr:`reason` says
+        why; ``None`` when there is no entry)."""
+        prev = self.entries.get(name)
+        self.reason = None if prev is None else why_not_reusable(prev, canonical(key))[0]
+        return prev if prev is not None and self.reason is None else None
+
+    def drop(self, name: str) -> None:
+        """Forget ``name`` (its result is about to be recomputed: it no longer describes what is on disk)."""
+        if self.entries.pop(name, None) is not None:
+            self._write()
+
+    def save(self, name: str, key: Any, body: dict | None = None) -> dict:
+        """Record ``name`` as a finished result of ``key`` (with ``body``'s fields); returns the entry."""
+        self.entries[name] = {**(body or {}), "key": canonical(key), "status": "done"}
+        self._write()
+        return self.entries[name]
+
+    def _write(self) -> None:
+        doc = {self.section: self.entries}
+        if self.version is not None:
+            doc = {"version": self.version, **doc}
+        atomic_write_json(self.path, doc)
 
 
 def reuse_or_compute(path: str | os.PathLike, key: Any, compute: Callable[[], dict], *, what: str = "result",

@@ -37,8 +37,8 @@ import numpy as np
 from scipy import stats as sps
 
 from rbjax.lmb import stats
-from rbjax.lmb.measure import CSV_HEADER, STATE_FILE, pairs_digest
-from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json, versions
+from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
+from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
@@ -137,8 +137,7 @@ def _inputs(m: MeasuredType) -> dict:
     inp = m.record.get("inputs")
     if isinstance(inp, dict):
         return inp
-    st = read_json(m.folder / STATE_FILE) or {}
-    key = (st.get("types") or {}).get(m.record["bias_type"])
+    key = (measure_state(m.folder).entries.get(m.record["bias_type"]) or {}).get("key")
     if not isinstance(key, dict):
         return {}
     model = key.get("model") or {}

@@ -12,12 +12,12 @@ import jax
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, digest, files_key
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
+from rbjax.core.keys import digest, files_key
 from rbjax.core.log import say
 from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import claim_outputs, record_outputs
+from rbjax.core.reuse import KeyedEntries, claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
@@ -29,21 +29,20 @@ from rbjax.model.handle import ModelHandle
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
 CSV_HEADER = ["biased_phrase", "counterfactual_phrase", "biased_ppl", "counterfactual_ppl", "outlier", "note"]
 STATE_FILE = ".rbjax_measure_run.json"  # what produced each CSV of an out folder (per bias type; for --resume)
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: {type: {key, status}} (KeyedEntries); 2: {type: key}, read as such
 STORED_LABEL = "stored perplexities (the data files' perplexity columns)"
 
 
-def _read_state(out: Path) -> dict:
-    """``{bias_type: key}`` of the CSVs in ``out`` (empty for a missing, damaged or older-format state file)."""
-
-    st = read_json(out / STATE_FILE)
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION or not isinstance(st.get("types"), dict):
-        return {}
-    return st["types"]
+def _upgrade_state(old: dict) -> dict:
+    """Entries of a version-2 state file (``{type: key}``, each a finished CSV); nothing from other versions."""
+    types = old.get("types") if old.get("version") == 2 else None
+    return {t: {"key": k, "status": "done"} for t, k in types.items()} if isinstance(types, dict) else {}
 
 
-def _write_state(out: Path, types: dict) -> None:
-    atomic_write_json(out / STATE_FILE, {"version": STATE_VERSION, "types": types})
+def measure_state(out: str | os.PathLike) -> KeyedEntries:
+    """What produced each ``<type>_perplexities.csv`` of a measure folder: one keyed entry per bias type
+    (:class:`rbjax.core.reuse.KeyedEntries` in ``OUT/.rbjax_measure_run.json``; the ``--resume`` record)."""
+    return KeyedEntries(Path(out) / STATE_FILE, "types", STATE_VERSION, _upgrade_state)
 
 
 def _reuse_csv(out: Path, pairs: PhrasePairs):
@@ -92,7 +91,7 @@ class LoadedModel:
                  batch_size: int = 64, bos: bool | None = None, precision: str = "fp32", *, mesh=None,
                  param_dtype: str = "fp32"):
         handle = ModelHandle.open(model, tokenizer)
-        handle.load()
+        handle.load(mesh=mesh)  # on an fsdp/tensor mesh: each device reads its slices of the weights
         self._setup(handle, batch_size, bos, precision, mesh, param_dtype)
 
     @classmethod
@@ -327,10 +326,10 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         for b, k in type_keys.items():
             claim_outputs([out / f"{b}_perplexities.csv"], k, overwrite=overwrite)
         claim_outputs(results, run_key, overwrite=overwrite)
-    state: dict = {}
+    state = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        state = _read_state(out)
+        state = measure_state(out)
         # results of an earlier run must not sit beside this one's as if complete
         for name in ("lmb.json", "lmb.png"):
             (out / name).unlink(missing_ok=True)
@@ -342,22 +341,21 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
             prev = None
             if resume and out is not None:
-                old = state.get(pairs.bias_type)
-                if old == canonical(key):
+                if state.stored(pairs.bias_type, key) is not None:
                     prev = _reuse_csv(out, pairs)
                     if prev is None:
                         say("measure", f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
-                elif old is not None:
-                    say("measure", f"--resume: {csv_path} was produced by other inputs "
-                          f"({describe_difference(old, key)}); scoring {pairs.bias_type} again")
+                elif state.reason is not None:
+                    say("measure", f"--resume: {csv_path} was produced by other inputs or is unfinished "
+                          f"({state.reason}); scoring {pairs.bias_type} again")
             if prev is not None:
                 if log_reuse:
                     say("measure", f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
                           "(same model and tokenizer files, data files, split and settings)")
                 b, c, notes = prev
             else:
-                if out is not None and state.pop(pairs.bias_type, None) is not None:
-                    _write_state(out, state)  # the CSV about to be replaced is no longer described by the state
+                if out is not None:
+                    state.drop(pairs.bias_type)  # the CSV about to be replaced is no longer described by the state
                 b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
             keep = np.array([not n for n in notes], dtype=bool)
             if not keep.all():
@@ -379,8 +377,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                      "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
                      "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
                     for i in range(len(pairs))])
-                state[pairs.bias_type] = canonical(key)
-                _write_state(out, state)
+                state.save(pairs.bias_type, key)
                 record_outputs([csv_path], key)
     except KeyboardInterrupt:
 

@@ -353,9 +353,16 @@ class PerplexityScorer:
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"param_dtype must be one of {tuple(PARAM_DTYPES)}, got {param_dtype!r}")
         self.param_dtype = param_dtype
-        if PARAM_DTYPES[param_dtype] != np.float32:  # cast on the host: no full-size copy on one device
-            params = jax.tree.map(lambda x: np.asarray(x).astype(PARAM_DTYPES[param_dtype])
-                                  if np.issubdtype(np.asarray(x).dtype, np.floating) else x, jax.device_get(params))
+        if PARAM_DTYPES[param_dtype] != np.float32:
+            # host arrays are cast on the host (no full-size copy on one device); arrays already split over a mesh
+            # (read slice by slice by the loader) are cast where they lie, each device its own slices
+            def cast(x):
+                if isinstance(x, jax.Array) and not x.is_fully_replicated:
+                    return x.astype(PARAM_DTYPES[param_dtype]) if jnp.issubdtype(x.dtype, jnp.floating) else x
+                x = np.asarray(x)
+                return x.astype(PARAM_DTYPES[param_dtype]) if np.issubdtype(x.dtype, np.floating) else x
+
+            params = jax.tree.map(cast, params)
         # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
         # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()

@@ -139,8 +139,10 @@ class ModelHandle:
         return self
 
     # -- loading -----------------------------------------------------------------------------------------------
-    def load(self):
-        """``(config, params, tokenizer)``, read on the first call (params: float32 numpy arrays).
+    def load(self, mesh=None):
+        """``(config, params, tokenizer)``, read on the first call (params: float32 numpy arrays; with a ``mesh``
+        that splits parameters, float32 ``jax.Array``s read slice by slice straight into its devices:
+        :func:`rbjax.model.hf.load_pretrained`). Later calls return what the first one read.
 
         Raises:
             FileNotFoundError: no tokenizer files (pass a tokenizer); whatever the weight loader raises.
@@ -148,7 +150,7 @@ class ModelHandle:
             SpecialTokenError: a bos/eos/pad id outside the model vocabulary.
         """
         if self._params is None:
-            self._config, self._params = load_pretrained(self.folder)
+            self._config, self._params = load_pretrained(self.folder, mesh=mesh)
             self._load_tokenizer()
             self._check()
         return self._config, self._params, self.tokenizer

@@ -12,6 +12,9 @@ reader refuses by name every field it does not implement, and its key map names 
 weights. :func:`save_pretrained` writes ``config.json`` + ``model.safetensors`` that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads. GPT-2's key map lives in :mod:`rbjax.model.gpt2_keys`
 (re-exported here as :func:`state_dict_to_params` / :func:`params_to_state_dict`).
+
+With a mesh that splits parameters, :func:`load_pretrained` reads safetensors weights slice by slice straight into
+the devices (:class:`LazyTensor`): no full copy of the model on the host or on one device.
 """
 from __future__ import annotations
 
@@ -22,14 +25,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import jax
+import ml_dtypes
 import numpy as np
 
 from rbjax.core.io import dir_mode, file_mode, to_json
 from rbjax.core.keys import files_key
+from rbjax.core.mesh import is_model_parallel, tree_shardings
 from rbjax.model import registry
 from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
+from rbjax.model.partition import logical_axes_for
 
-__all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "load_pretrained", "save_pretrained", "resolve_model_dir",
+__all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "LazyTensor", "load_pretrained", "save_pretrained", "resolve_model_dir",
            "model_files_key", "weight_files",
            "read_config_json", "state_dict_to_params", "params_to_state_dict"]
 
@@ -45,8 +52,6 @@ _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "
 def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
     """A safetensors file read directly (8-byte header length, JSON header, raw little-endian tensors): the
     dtypes numpy lacks (bfloat16) come from ``ml_dtypes`` (a JAX dependency), so bf16 checkpoints need no PyTorch."""
-    import ml_dtypes
-
     data = path.read_bytes()
     if len(data) < 8:
         raise ValueError("file shorter than its header")
@@ -54,8 +59,17 @@ def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
     if 8 + n > len(data):
         raise ValueError("header length beyond the end of the file")
     header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
+    return {k: np.frombuffer(data, dtype=dt, count=int(np.prod(shape, dtype=np.int64)), offset=off).reshape(shape)
+            for k, dt, shape, off in _tensor_table(header, 8 + n, len(data))}
+
+
+def _tensor_table(header: dict, base: int, size: int):
+    """``(name, numpy dtype, shape, byte offset)`` of each tensor a safetensors header lists (``base``: where the data
+    starts), checked against the file's ``size``. bfloat16 comes from ``ml_dtypes`` (a JAX dependency).
+
+    Raises:
+        ValueError: an unsupported dtype, or a tensor beyond the end of the file or of the wrong size.
+    """
     for k, info in header.items():
         if k == "__metadata__":
             continue
@@ -64,10 +78,103 @@ def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
             raise ValueError(f"tensor {k} has unsupported dtype {info['dtype']}")
         dt = np.dtype(ml_dtypes.bfloat16) if dt == "bfloat16" else np.dtype(dt).newbyteorder("<")
         a, b = info["data_offsets"]
-        if base + b > len(data) or b - a != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
+        if base + b > size or b - a != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
             raise ValueError(f"tensor {k} lies beyond the end of the file or has the wrong size")
-        out[k] = np.frombuffer(data, dtype=dt, count=(b - a) // dt.itemsize, offset=base + a).reshape(info["shape"])
+        yield k, dt, tuple(info["shape"]), base + a
+
+
+class LazyTensor:
+    """One tensor of a safetensors file, read only where it is needed: :meth:`read` maps the file and copies just the
+    slice asked for, converted to float32 (``bf16``/``f16`` included). ``.T`` is a transposed view (PyTorch's
+    ``(out, in)`` Linear weights become rbjax's ``(in, out)`` kernels) that reads the transposed slice. ``np.asarray``
+    reads it whole. Used by :func:`load_pretrained` with a mesh: each device's slice is read straight from the file
+    into that device (:func:`jax.make_array_from_callback`), so no full copy of the model is built on the host.
+    """
+
+    def __init__(self, path: Path, name: str, file_dtype: np.dtype, file_shape: tuple, offset: int,
+                 transposed: bool = False):
+        self.path, self.name, self.file_dtype, self.file_shape = path, name, file_dtype, tuple(file_shape)
+        self.offset, self.transposed = offset, transposed
+
+    @property
+    def shape(self) -> tuple:
+        return self.file_shape[::-1] if self.transposed else self.file_shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.file_shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """float32 for every floating file dtype (what :meth:`read` returns), else the file's."""
+        floating = self.file_dtype.kind == "V" or np.issubdtype(self.file_dtype, np.floating)
+        return np.dtype(np.float32) if floating else self.file_dtype
+
+    @property
+    def T(self) -> "LazyTensor":
+        if self.ndim != 2:
+            raise ValueError(f"{self.path}: {self.name}: only a 2-D tensor is transposed, shape {self.file_shape}")
+        return LazyTensor(self.path, self.name, self.file_dtype, self.file_shape, self.offset, not self.transposed)
+
+    def read(self, index: tuple = ()) -> np.ndarray:
+        """The float32 values at ``index`` (a tuple of slices over :attr:`shape`, as
+        :func:`jax.make_array_from_callback` passes it; ``()``: all)."""
+        index = tuple(index) + (slice(None),) * (self.ndim - len(tuple(index)))
+        if not self.file_shape or 0 in self.file_shape:
+            return np.zeros(self.shape, np.float32)[index]
+        mm = np.memmap(self.path, dtype=self.file_dtype, mode="r", offset=self.offset, shape=self.file_shape)
+        a = np.array(mm[index[::-1] if self.transposed else index], copy=True)
+        del mm
+        a = a.T if self.transposed else a
+        return a.astype(self.dtype, copy=False)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self.name!r}, {self.shape}{', transposed' if self.transposed else ''}, {self.path.name})"
+
+
+def _lazy_safetensors(path: Path) -> dict[str, LazyTensor]:
+    """The tensors of a safetensors file from its header alone (names, dtypes, shapes, offsets: nothing is read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("file shorter than its header")
+            n = int.from_bytes(head, "little")
+            header = json.loads(f.read(n))
+        out = {k: LazyTensor(path, k, dt, shape, off)
+               for k, dt, shape, off in _tensor_table(header, 8 + n, path.stat().st_size)}
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read safetensors file ({e}); truncated or corrupted download?") from None
     return out
+
+
+def _lazy_state(folder: Path) -> tuple[dict, str] | None:
+    """``(flat state of LazyTensors, source)`` of a folder's safetensors weights (one file or an index of shards);
+    ``None`` where the weights are in another format."""
+    if (folder / "model.safetensors").exists():
+        p = folder / "model.safetensors"
+        return _lazy_safetensors(p), str(p)
+    if (folder / "model.safetensors.index.json").exists():
+        p = folder / "model.safetensors.index.json"
+        return _read_sharded(p, _lazy_safetensors), str(p)
+    return None
+
+
+def _place(params: dict, config, mesh) -> dict:
+    """Parameters (numpy arrays or :class:`LazyTensor` leaves) on ``mesh``, laid out by the family's logical axes
+    (:func:`rbjax.core.mesh.tree_shardings`): each device's slice of a lazy tensor is read from the file straight
+    into that device."""
+
+    def one(x, sharding):
+        if isinstance(x, LazyTensor):
+            return jax.make_array_from_callback(x.shape, sharding, x.read)
+        return jax.device_put(np.asarray(x, np.float32), sharding)
+
+    return jax.tree_util.tree_map(one, params, tree_shardings(params, mesh, logical_axes_for(config)))
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -87,7 +194,8 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
                 else v) for k, v in state.items()}
 
 
-def _read_sharded(index: Path) -> dict[str, np.ndarray]:
+def _read_sharded(index: Path, read=None) -> dict:
+    """The flat state of the shards an index names, each read by ``read`` (default: :func:`_read_safetensors`)."""
     try:
         idx = json.loads(index.read_text())
         shards = sorted(set(idx["weight_map"].values()))
@@ -98,7 +206,7 @@ def _read_sharded(index: Path) -> dict[str, np.ndarray]:
         f = index.parent / shard
         if not f.exists():
             raise FileNotFoundError(f"{index}: shard {shard} is missing from {index.parent}")
-        state.update(_read_safetensors(f))
+        state.update((read or _read_safetensors)(f))
     missing = sorted(k for k in idx["weight_map"] if k not in state)
     if missing:
         raise ValueError(f"{index}: tensors {missing[:8]} are listed in weight_map but not in their shard")
@@ -264,15 +372,19 @@ def read_config_json(folder: Path) -> dict:
     return d
 
 
-def load_pretrained(name_or_path: str | os.PathLike) -> tuple:
+def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None) -> tuple:
     """Load a checkpoint of any registered family (local folder or hub id) as ``(config, params)``.
 
     Args:
         name_or_path: folder with ``config.json`` + weights, or a hub id such as ``microsoft/DialoGPT-small``.
+        mesh: a named mesh with ``fsdp`` or ``tensor`` axes (:func:`rbjax.core.mesh.make_mesh`): safetensors weights
+            (one file or sharded) are read slice by slice straight into the devices, laid out by the family's
+            logical axes — no full copy of the model on the host or on one device (other formats are read whole,
+            then placed). ``None``, or a mesh that splits no parameter: numpy arrays on the host, as before.
     Returns:
         ``(config, params)``: the family's frozen config (``GPT2Config``, ``LlamaConfig``, …; its family is
         :func:`rbjax.model.registry.family_of_config`) and a nested dict of float32 numpy arrays (layouts in the
-        family modules).
+        family modules), or of float32 ``jax.Array``s on ``mesh``.
     Raises:
         FileNotFoundError: no such folder, no ``config.json``, or no weights in it.
         ValueError: malformed config, a config field the family does not implement (named with its value), a
@@ -284,10 +396,12 @@ def load_pretrained(name_or_path: str | os.PathLike) -> tuple:
     source = str(folder / "config.json")
     family = registry.family_of(d, source)
     cfg = family.config_from_hf(d, source)
+    if mesh is not None and is_model_parallel(mesh):
+        lazy = _lazy_state(folder)
+        state, wsource = lazy if lazy is not None else _read_state(folder, family, cfg)
+        return cfg, _place(family.params_from_hf(state, cfg, wsource), cfg, mesh)
     state, wsource = _read_state(folder, family, cfg)
     params = family.params_from_hf(state, cfg, wsource)
-    import jax
-
     params = jax.tree_util.tree_map(lambda a: np.asarray(a, dtype=np.float32), params)
     return cfg, params
 

@@ -36,10 +36,13 @@ def from_hf(state: dict, entries: list[Entry], shapes: dict[tuple, tuple], sourc
     for hf, path, transpose in entries:
         if hf not in state:
             continue
-        a = np.asarray(state[hf])
+        a = state[hf]
+        lazy = hasattr(a, "read") and hasattr(a, "shape")  # rbjax.model.hf.LazyTensor: read slice by slice later
+        a = a if lazy else np.asarray(a)
         if not np.issubdtype(a.dtype, np.floating):
             raise ValueError(f"{source}: weight {hf} has dtype {a.dtype}, expected floating point")
-        params[path] = np.ascontiguousarray((a.T if transpose else a).astype(np.float32, copy=False))
+        params[path] = ((a.T if transpose else a) if lazy else
+                        np.ascontiguousarray((a.T if transpose else a).astype(np.float32, copy=False)))
         used.add(hf)
     unexpected = sorted(k for k in state if k not in used and not (ignore is not None and ignore.search(k)))
     if unexpected:

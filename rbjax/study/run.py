@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
+from rbjax.core.io import atomic_write_json, check_output_dir, versions
 from rbjax.core.keys import canonical, digest
 from rbjax.core.log import say
+from rbjax.core.reuse import KeyedEntries
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.sweep import grid_points, run_sweeps
 from rbjax.debias.train import train
@@ -364,11 +365,6 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
 
 
 # ---------------------------------------------------------------------------------------------------- running
-def _read_state(out: Path) -> dict:
-
-    return read_json(out / "stages.json", {}).get("stages", {})
-
-
 def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, progress: bool = True,
               report: bool = True) -> dict:
     """Run (or, with ``dry_run``, print the plan of) a study; finished stages with unchanged keys are skipped.
@@ -396,22 +392,21 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "study.json", {"file": str(cfg.path), "config": cfg.raw, "versions": versions(),
                                            "stages": [s.name for s in stages]})  # the report checks completeness
-    state = _read_state(out)
+    state = KeyedEntries(out / "stages.json", "stages")  # each finished stage's key (the one reuse rule)
     results: list[StageResult] = []
     for i, s in enumerate(stages):
         try:
             key = digest(s.key())
         except FileNotFoundError:
             key = None  # an upstream output is missing: run
-        prev = state.get(s.name)
-        if key is not None and prev and prev.get("key") == key and prev.get("status") == "done":
+        prev = None if key is None else state.stored(s.name, key)
+        if prev is not None:
             results.append(StageResult(s.name, "skipped", 0.0, prev.get("summary") or {}))
             _say(f"[{i + 1}/{len(stages)}] {s.name}: unchanged, skipped")
             continue
         _say(f"[{i + 1}/{len(stages)}] {s.name} ...")
         t0 = time.perf_counter()
-        state.pop(s.name, None)
-        atomic_write_json(out / "stages.json", {"stages": state})
+        state.drop(s.name)  # its outputs are about to change
         try:
             summary = s.run()
         except KeyboardInterrupt:
@@ -422,8 +417,7 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
             raise type(e)(f"stage {s.name}: {e}") from e
         dt = time.perf_counter() - t0
         key = digest(s.key())  # after the run, the outputs it read exist
-        state[s.name] = {"key": key, "status": "done", "seconds": dt, "summary": canonical(summary)}
-        atomic_write_json(out / "stages.json", {"stages": state})
+        state.save(s.name, key, {"seconds": dt, "summary": canonical(summary)})
         results.append(StageResult(s.name, "ran", dt, summary))
     rep = None
     if report:

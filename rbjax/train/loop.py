@@ -120,7 +120,8 @@ def load_start(cfg: TrainerConfig):
         FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
     """
     h = ModelHandle.open(cfg.model, cfg.tokenizer)
-    config, params, tokenizer = h.load()
+    mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh")) if cfg.mesh else None
+    config, params, tokenizer = h.load(mesh=mesh)  # on an fsdp/tensor mesh: read slice by slice into the devices
     return h.folder, config, params, tokenizer, h.digest
 
 

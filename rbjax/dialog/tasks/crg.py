@@ -159,7 +159,7 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     mesh = task_mesh(s)
     check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
-    config, params, tok = model.load()
+    config, params, tok = model.load(mesh=mesh)
     t_model = time.perf_counter() - t1
     timings = {"load_data_s": t_data, "load_model_s": t_model}
     training, train_dir = None, None

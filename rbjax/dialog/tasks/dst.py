@@ -191,7 +191,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     mesh = task_mesh(s)
     check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
-    config, params, tok = model.load()
+    config, params, tok = model.load(mesh=mesh)
     t_model = time.perf_counter() - t1
     if s.block_size > config.max_positions:
         raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")

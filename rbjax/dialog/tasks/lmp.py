@@ -69,7 +69,7 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     mesh = task_mesh(s)
     check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
-    config, params, tok = model.load()
+    config, params, tok = model.load(mesh=mesh)
     t_model = time.perf_counter() - t1
     lines = read_reference_lines(path, s.lmp_max_lines)
     t1 = time.perf_counter()
