@@ -419,3 +419,54 @@ def test_export_of_a_single_run_and_a_sweeps_other_rule(tiny_study, tmp_path, ca
         assert code == 1 and "was not retrained and exported" in capsys.readouterr().err
     assert main(["export", str(tiny_study / "baseline"), "--out", str(tmp_path / "no")]) == 1
     assert "not a debiasing run" in capsys.readouterr().err
+
+
+LLAMA_STUDY = """
+[study]
+name = "a Llama-architecture study (issue 17)"
+random_model = { model_type = "llama", vocab_size = 50257, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 128, tie_word_embeddings = false, bos_token_id = 50256, eos_token_id = 50256, seed = 0 }
+bias_types = ["religion1"]
+debias_types = ["religion1"]
+methods = ["hd"]
+seeds = [42]
+[training]
+epochs = 1
+max_steps = 1
+layout = "padded"
+lmp_max_lines = 16
+[sweep]
+methods = ["hd"]
+batch_size = [4]
+grad_accum = [1]
+lambda_lm = [0.01]
+lambda_d = [10.0, 100.0]
+n_bootstrap = 0
+dev_max_pairs = 16
+[measure]
+n_bootstrap = 0
+[dialog]
+tasks = ["crg"]
+crg = { max_examples = 2, max_new_tokens = 4, greedy = true, meteor = false }
+"""
+
+
+def test_a_study_of_a_llama_architecture_model(shared_dir, tmp_path):
+    """`rbjax run` on a study file naming a non-GPT-2 model (a random Llama: grouped-query attention, untied head):
+    the HD sweep's grid points, the retrained selection, the test-split LMB of both models and CRG generation with
+    the grouped-query KV cache all run, and the report names the model family."""
+    study = tmp_path / "llama.toml"
+    study.write_text(LLAMA_STUDY)
+    out = tmp_path / "run"
+    offline = [a for a in _offline(shared_dir) if "multiwoz" not in a and a != "--set"]
+    sets = [x for v in offline for x in ("--set", v)]
+    assert main(["run", str(study), "--out", str(out), "--no-progress", *sets]) == 0
+    stages = _stages(out)
+    assert all(v["status"] == "done" for v in stages.values())
+    assert {"baseline/lmb_test", "seed42/sweeps", "seed42/religion1/hd/lmb_test", "seed42/religion1/hd/dialog"} \
+        <= set(stages)
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_key_value_heads"] == 2
+    crg = json.loads((out / "seed42" / "religion1" / "hd" / "dialog" / "crg.json").read_text())
+    assert crg["generation"]["n_generated"] == 2
+    assert json.loads((out / "seed42" / "religion1" / "hd" / "lmb_test" / "lmb.json").read_text())[0]["n_pairs"] > 0
+    assert "the starting model is a random llama model" in (out / "report.md").read_text()

@@ -4,7 +4,8 @@
 
     [study]
     name = "RedditBias §5 on DialoGPT-small"
-    model = "microsoft/DialoGPT-small"      # HF folder or hub id, or a [study.random_model] table
+    model = "microsoft/DialoGPT-small"      # HF folder or hub id (any family), or a [study.random_model] table:
+                                            # a config.json (model_type picks the family, GPT-2 without) + seed
     tokenizer = ""                          # default: the model folder
     data_dir = ""                           # RedditBias data (default: $RBJAX_DATA_DIR or the verified download)
     bias_types = ["religion1", "religion2", "race", "gender", "queerness"]   # measured everywhere
@@ -44,7 +45,7 @@ from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
 from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
-from rbjax.model.gpt2 import GPT2Config
+from rbjax.model.registry import family_of
 
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
@@ -276,10 +277,12 @@ class StudyConfig:
             raise ValueError(f"{self.where('study', 'random_model')}: must be a table, e.g. {{ n_embd = 32, ... }}")
         if "seed" in rm and not _is_int(rm["seed"]):
             raise ValueError(f"{self.where('study', 'random_model')}: seed must be an integer, got {rm['seed']!r}")
-        try:
-            GPT2Config.from_dict({k: v for k, v in rm.items() if k != "seed"})
+        where = self.where("study", "random_model")
+        spec = {k: v for k, v in rm.items() if k != "seed"}
+        try:  # the family its model_type names (GPT-2 without one), as the model stage builds it
+            family_of(spec, where).config_from_hf(spec, where)
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{self.where('study', 'random_model')}: {e}") from None
+            raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
     def _validate_training(self) -> None:
         """[training] as the TrainConfig of every method of the study (types first, then TrainConfig's own checks)."""

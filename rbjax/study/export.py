@@ -29,7 +29,7 @@ from rbjax import __version__
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from rbjax.core.keys import file_digest
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
-from rbjax.study.report import DIALOG_COLUMNS, _dig
+from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["resolve_run", "export_model", "model_card"]
 
@@ -216,9 +216,11 @@ def model_card(n: dict, license: str) -> str:
     front += [f"license: {_yaml_str(license)}", "language:", "- en", "library_name: transformers",
               "pipeline_tag: text-generation", "tags:"] + [f"- {_yaml_str(t)}" for t in tags] + ["---", ""]
     base_text = base if _is_hub_id(base) else (
-        f"a local model folder ({base})" + (f": a random GPT-2 {json.dumps(n['random_base_model'])}"
-                                            if n["random_base_model"] else ""))
-    L = [f"# {base.split('/')[-1] if _is_hub_id(base) else 'GPT-2'} debiased for {bt} with "
+        f"a local model folder ({base})" + (f": a random {random_model_name(n['random_base_model'])} "
+                                            f"{json.dumps(n['random_base_model'])}" if n["random_base_model"] else ""))
+    title = (base.split("/")[-1] if _is_hub_id(base) else
+             random_model_name(n["random_base_model"]) if n["random_base_model"] else Path(base).name)
+    L = [f"# {title} debiased for {bt} with "
          f"{method.upper()} (rbjax)", ""]
     L += [f"- **Base model**: {base_text}", f"- **Method**: {METHOD_TEXT.get(method, method)}",
           f"- **Semantics**: `{n['semantics']}` (rbjax's `paper` follows the paper's equations; `reference` "
@@ -305,7 +307,8 @@ def model_card(n: dict, license: str) -> str:
     if n["selection"] and (n["selection"].get("dev") or {}).get("n_pairs") is not None:
         lim.append(f"the selection's dev t is on {n['selection']['dev']['n_pairs']} valid pairs")
     if n["random_base_model"]:
-        lim.append("the base model is a random GPT-2: this export is a pipeline test, not a usable model")
+        lim.append(f"the base model is a random {random_model_name(n['random_base_model'])}: this export is a "
+                   "pipeline test, not a usable model")
     for d in (da, db):
         for t, r in d.items():
             for x in r.get("notes") or []:

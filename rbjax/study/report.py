@@ -47,7 +47,14 @@ from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
 from rbjax.lmb.plot import figure_lmb
 from rbjax.specs import BIAS_TYPES
 
-__all__ = ["collect", "write_report", "DIALOG_COLUMNS"]
+__all__ = ["collect", "write_report", "random_model_name", "DIALOG_COLUMNS"]
+
+
+def random_model_name(random_model: dict) -> str:
+    """How a report or model card names a study's ``[study.random_model]``: ``GPT-2``, or its ``model_type``."""
+    t = random_model.get("model_type", "gpt2")
+    return "GPT-2" if t == "gpt2" else f"{t} model"
+
 
 #: dialog table columns: (header, task, path into the task's "metrics")
 DIALOG_COLUMNS = [
@@ -489,7 +496,8 @@ def _cutdowns(raw: dict) -> list[str]:
     study, training = raw.get("study") or {}, raw.get("training") or {}
     sweep, measure, dialog = raw.get("sweep") or {}, raw.get("measure") or {}, raw.get("dialog") or {}
     if study.get("random_model"):
-        out.append(f"the starting model is a random GPT-2 ({json.dumps(study['random_model'])}), not DialoGPT-small")
+        out.append(f"the starting model is a random {random_model_name(study['random_model'])} "
+                   f"({json.dumps(study['random_model'])}), not DialoGPT-small")
     deb = study.get("debias_types") or study.get("bias_types")
     if isinstance(deb, list) and set(deb) != set(BIAS_TYPES):
         out.append(f"debiased only for {', '.join(deb)} (the paper: all five bias types)")
