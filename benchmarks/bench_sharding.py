@@ -143,7 +143,8 @@ def main(argv=None) -> int:
         t_train = timed(train_once, a.repeats)
         pbytes = sum(s.data.nbytes for leaf in jax.tree.leaves(state[0]) for s in leaf.addressable_shards
                      if s.device == dev)
-        del state, p, o
+        state.clear()
+        del p, o
         sc = PerplexityScorer(params, cfg, batch_size=64, mesh=mesh, row_len=32)
         t_score = timed(lambda: sc.score_ids(phrases), a.repeats)
         rows.append({"mesh": mesh_label(mesh), "train_tokens_per_s": a.batch * a.seq / t_train,
