@@ -146,3 +146,15 @@ def test_a_plan_that_does_not_fit_is_refused_before_the_weights_are_loaded(tiny_
     assert not (tmp_path / "out" / "lmp.json").exists()
     with pytest.raises(SettingError, match="^device_memory_gb must be > 0, got 0"):
         LMPSettings(device_memory_gb=0)
+
+
+def test_a_plan_suggestion_names_the_evaluate_options(tiny_model_dir):
+    """The memory plan's suggestion names the options `rbjax evaluate` has (--eval-batch-size, --gen-batch-size),
+    never measure's --param-dtype, which evaluate does not take."""
+    from rbjax.dialog.evaluate import evaluate
+
+    lmp = evaluate("lmp", tiny_model_dir, None, dry_run=True, device_memory_gb=0.05)["lmp"][0]
+    assert not lmp.fits and "(--eval-batch-size " in lmp.suggestion and "--param-dtype" not in lmp.suggestion
+    crg = evaluate("crg", tiny_model_dir, None, dry_run=True, device_memory_gb=0.01)["crg"][-1]
+    assert not crg.fits and "kv_cache" in crg.parts and "--param-dtype" not in crg.suggestion
+    assert "(--gen-batch-size " in crg.suggestion or crg.suggestion.startswith("No mesh or batch")

@@ -189,7 +189,8 @@ def _per_device_elems(shapes, config, sizes: dict) -> tuple[int, int]:
 
 def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: int, grad_accum: int = 1,
                 n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32", kv_cache: tuple | None = None,
-                device_bytes: int | None = None, model_name: str = "model", suggest: bool = True) -> MemoryPlan:
+                device_bytes: int | None = None, model_name: str = "model", suggest: bool = True,
+                flags: dict | None = None) -> MemoryPlan:
     """The :class:`MemoryPlan` of ``config`` (module docstring for the formulas).
 
     Args:
@@ -199,6 +200,8 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
         grad_accum: micro-batches per update (> 1 adds a gradient accumulator). n_points: grid points of a stacked
             chunk (split over ``grid``). kv_cache: ``(rows, slots)`` of a generation cache.
         device_bytes: memory of one device (``None``: unknown).
+        flags: the command's options that the suggestion names, ``{"batch_size", "grad_accum", "param_dtype"}``
+            (default :data:`FLAGS`: ``rbjax measure`` / ``debias``'s; ``None`` for an option the command lacks).
     """
     sizes = mesh_sizes(mesh) if mesh is not None and not isinstance(mesh, dict) else {a: int((mesh or {}).get(a, 1))
                                                                                      for a in AXES}
@@ -232,11 +235,15 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     plan = MemoryPlan(parts={k: int(v) for k, v in parts.items()}, totals={k: int(v) for k, v in totals.items()},
                       mesh=sizes, device_bytes=device_bytes, settings=settings, n_params=total)
     if suggest and not plan.fits:
-        plan.suggestion = _suggest(config, plan, kv_cache)
+        plan.suggestion = _suggest(config, plan, kv_cache, {**FLAGS, **(flags or {})})
     return plan
 
 
-def _suggest(config, plan: MemoryPlan, kv_cache) -> str | None:
+#: the options a plan's suggestion names (those of ``rbjax measure`` and ``rbjax debias``)
+FLAGS = {"batch_size": "--batch-size", "grad_accum": "--grad-accum", "param_dtype": "--param-dtype"}
+
+
+def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict) -> str | None:
     """The first of: the same batch on another mesh of these devices (more fsdp, then tensor), then smaller
     micro-batches (with more accumulation: the same update) on each mesh."""
     n = math.prod(plan.mesh.values())
@@ -259,16 +266,18 @@ def _suggest(config, plan: MemoryPlan, kv_cache) -> str | None:
                 m_txt = ",".join(f"{k}={v}" for k, v in m.items() if v > 1 and k != "grid") or "one device"
                 what = f"--mesh {m_txt}"
                 if bs != s["batch_size"]:
-                    what += (f" with micro-batches of {bs} rows" + (f" (--batch-size {bs} --grad-accum "
-                             f"{s['grad_accum'] * (s['batch_size'] // bs)} keeps the update)" if s["training"] else
-                                                                  f" (--batch-size {bs})"))
+                    accum = s["grad_accum"] * (s["batch_size"] // bs)
+                    what += f" with micro-batches of {bs} rows" + (
+                        (f" ({flags['batch_size']} {bs} {flags['grad_accum']} {accum} keeps the update)"
+                         if flags.get("grad_accum") else f" ({flags['batch_size']} {bs})") if s["training"]
+                        else f" ({flags['batch_size']} {bs})")
                 return f"Would fit: {what} ({p.per_device / GB:.2f} GB per device)."
     state = sum(v for k, v in plan.totals.items() if k in ("parameters", "gradients", "optimizer"))
     need = math.ceil(state / plan.usable_bytes)
     return (f"No mesh or batch over these {n} devices fits: the parameters"
             f"{', gradients and optimizer state' if s['training'] else ''} alone are {state / GB:.1f} GB, "
             f"at least {need} devices of this size (e.g. --mesh fsdp={1 << (need - 1).bit_length()})"
-            f"{'' if s['training'] else ' or --param-dtype bf16'}.")
+            f"{'' if s['training'] or not flags.get('param_dtype') else ' or ' + flags['param_dtype'] + ' bf16'}.")
 
 
 def device_memory_bytes(device=None) -> int | None:
@@ -285,12 +294,13 @@ def device_memory_bytes(device=None) -> int | None:
 def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch_size: int, seq_len: int,
                    grad_accum: int = 1, n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32",
                    device_memory_gb: float | None = None, n_devices: int | None = None, kv_cache=None,
-                   flag_prefix: str = "--") -> MemoryPlan:
+                   flag_prefix: str = "--", flags: dict | None = None) -> MemoryPlan:
     """The plan of a model folder (or a ``config.json`` path) from its ``config.json`` only.
 
     ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default ``jax.device_count()``) or sizes; ``None``:
     the default layout (parameters replicated, rows over ``data``). ``device_memory_gb``: overrides what the device
     reports. Of a hub id only ``config.json`` is fetched (:func:`rbjax.model.hf.model_config`): no weights.
+    ``flags``: :func:`plan_memory`'s.
 
     Raises:
         FileNotFoundError: no ``config.json``. ValueError: a bad mesh or config. RuntimeError: a hub id whose
@@ -305,4 +315,4 @@ def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch
     dev_bytes = int(device_memory_gb * GB) if device_memory_gb else device_memory_bytes()
     return plan_memory(config, mesh=sizes, training=training, batch_size=batch_size, seq_len=seq_len,
                        grad_accum=grad_accum, n_points=n_points, precision=precision, param_dtype=param_dtype,
-                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model))
+                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model), flags=flags)

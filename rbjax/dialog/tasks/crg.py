@@ -96,7 +96,8 @@ def memory_plans(s: CRGSettings) -> list[dict]:
     ``gen_batch_size`` rows of the prompt width + the new tokens)."""
     max_new = _sampling(s).max_new_tokens
     gen = {"training": False, "batch_size": s.gen_batch_size, "seq_len": REFERENCE_PROMPT_WIDTH,
-           "kv_cache": (s.gen_batch_size, REFERENCE_PROMPT_WIDTH + max_new)}
+           "kv_cache": (s.gen_batch_size, REFERENCE_PROMPT_WIDTH + max_new),
+           "flags": {"batch_size": "--gen-batch-size", "param_dtype": None}}
     train = {"training": True, "batch_size": s.batch_size, "seq_len": s.block_size, "grad_accum": s.grad_accum}
     return ([train] if s.crg_train_file else []) + [gen]
 

@@ -130,7 +130,8 @@ def memory_plans(s: DSTSettings) -> list[dict]:
     """The memory plan's computations: fine-tuning (micro-batch ``batch_size`` × ``block_size``), then scoring the
     test pairs in batches of ``eval_batch_size``."""
     return [{"training": True, "batch_size": s.batch_size, "seq_len": s.block_size, "grad_accum": s.grad_accum},
-            {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.block_size}]
+            {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.block_size,
+             "flags": {"batch_size": "--eval-batch-size", "param_dtype": None}}]
 
 
 def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, overwrite: bool = False) -> dict:

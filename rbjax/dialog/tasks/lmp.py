@@ -44,7 +44,8 @@ class LMPSettings(TaskSettings):
 
 def memory_plans(s: LMPSettings) -> list[dict]:
     """The memory plan's computations: scoring batches of ``eval_batch_size`` lines (a BOS may come before each)."""
-    return [{"training": False, "batch_size": s.eval_batch_size, "seq_len": s.lmp_block_size + 1}]
+    return [{"training": False, "batch_size": s.eval_batch_size, "seq_len": s.lmp_block_size + 1,
+             "flags": {"batch_size": "--eval-batch-size", "param_dtype": None}}]
 
 
 def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, overwrite: bool = False) -> dict:
