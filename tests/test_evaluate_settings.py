@@ -128,7 +128,10 @@ def test_dry_run_plans_every_computation_from_config_json(capsys):
     out = capsys.readouterr().out
     assert out.startswith("crg: memory plan: ") and "kv_cache" in out and "training" not in out
     assert main(["evaluate", "--task", "crg-metrics", "--dry-run", "--hyp", "h", "--refs", "r", "--out", "o"]) == 1
-    assert "--dry-run plans the memory of a model task" in capsys.readouterr().err
+    assert "--dry-run concerns a model task" in capsys.readouterr().err
+    assert main(["evaluate", "--task", "crg-metrics", "--mesh", "fsdp=4", "--hyp", "h", "--refs", "r", "--out",
+                 "o"]) == 1
+    assert "--mesh concerns a model task" in capsys.readouterr().err
 
 
 def test_a_plan_that_does_not_fit_is_refused_before_the_weights_are_loaded(tiny_model_dir, redditbias_dir, tmp_path,

@@ -4,7 +4,8 @@ One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Tas
 model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are generated from the fields of the tasks'
 settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
 once, its default ``None`` = each task's own): :data:`OPTION_GROUPS` places each field in the help. Hand-written are
-only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp`` (crg-metrics) and the three
+only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp`` (crg-metrics) and
+the three
 training-file options (``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
@@ -43,8 +44,11 @@ class Task:
 
 
 def _run_crg_metrics(args) -> int:
-    if args.dry_run:
-        raise ValueError("--dry-run plans the memory of a model task (lmp, dst, crg, all), not of --task crg-metrics")
+    model_only = (("--dry-run", args.dry_run), ("--mesh", args.mesh), ("--device-memory-gb", args.device_memory_gb))
+    for opt, given in model_only:
+        if given:
+            raise ValueError(f"{opt} concerns a model task (lmp, dst, crg, all), not --task crg-metrics, which runs "
+                             "no model")
 
     result = evaluate_crg_metrics(args.hyp, args.refs, args.out, clean=bool(args.clean),
                                   compute_meteor=args.meteor is not False, meteor_norm=args.meteor_norm is not False,

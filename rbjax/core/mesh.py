@@ -118,7 +118,8 @@ def parse_mesh(text: str | None, n_devices: int, *, flag: str = "--mesh") -> dic
         sizes[free] = n_devices // prod
         prod = n_devices
     if prod != n_devices:
-        raise ValueError(f"{flag} {text!r}: the axis sizes multiply to {prod}, but there are {n_devices} devices "
+        raise ValueError(f"{flag} {text!r}: the axis sizes multiply to {prod}, but there "
+                         f"{'is 1 device' if n_devices == 1 else f'are {n_devices} devices'} "
                          f"(jax.devices()); the product must equal the device count")
     return {a: sizes.get(a, 1) for a in AXES}
 

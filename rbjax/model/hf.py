@@ -345,7 +345,8 @@ def model_config(name_or_path: str | os.PathLike):
 
         offline = _hub_unreachable()
         try:
-            folder = Path(hf_hub_download(str(name_or_path), "config.json", local_files_only=offline is not None)).parent
+            folder = Path(hf_hub_download(str(name_or_path), "config.json",
+                                          local_files_only=offline is not None)).parent
         except Exception as e:
             why = f"the hub is not reachable ({offline}) and it is not in the local cache" if offline else (
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

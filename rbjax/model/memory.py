@@ -45,7 +45,8 @@ from rbjax.model.hf import model_config
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
 
-__all__ = ["flops_per_token", "MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes", "HEADROOM"]
+__all__ = ["flops_per_token", "MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes",
+           "HEADROOM", "FLAGS"]
 
 #: fraction of a device's memory the plan leaves free (XLA temporaries, fragmentation, the runtime)
 HEADROOM = 0.10
@@ -118,10 +119,10 @@ class MemoryPlan:
         """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit."""
         if not self.fits:
             raise PlanError(
-                f"{self.settings['model']}: needs {self.per_device / GB:.2f} GB per device on mesh "
-                f"{mesh_label(self.mesh)}, more than the {self.usable_bytes / GB:.2f} GB usable of "
+                f"{self.settings['model']}: needs {self.per_device / GB:.3g} GB per device on mesh "
+                f"{mesh_label(self.mesh)}, more than the {self.usable_bytes / GB:.3g} GB usable of "
                 f"{self.device_bytes / GB:.3g} GB; the largest part is {self.largest} "
-                f"({self.parts[self.largest] / GB:.2f} GB). "
+                f"({self.parts[self.largest] / GB:.3g} GB). "
                 f"{self.suggestion or ''} "
                 "(--dry-run prints the plan)")
         return self
@@ -263,8 +264,8 @@ def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict) -> str | None:
                             precision=s["precision"], param_dtype=s["param_dtype"], kv_cache=kv_cache,
                             device_bytes=plan.device_bytes, suggest=False)
             if p.fits:
-                m_txt = ",".join(f"{k}={v}" for k, v in m.items() if v > 1 and k != "grid") or "one device"
-                what = f"--mesh {m_txt}"
+                m_txt = ",".join(f"{k}={v}" for k, v in m.items() if v > 1 and k != "grid")
+                what = f"--mesh {m_txt}" if m_txt else "one device"
                 if bs != s["batch_size"]:
                     accum = s["grad_accum"] * (s["batch_size"] // bs)
                     what += f" with micro-batches of {bs} rows" + (
@@ -272,10 +273,14 @@ def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict) -> str | None:
                          if flags.get("grad_accum") else f" ({flags['batch_size']} {bs})") if s["training"]
                         else f" ({flags['batch_size']} {bs})")
                 return f"Would fit: {what} ({p.per_device / GB:.2f} GB per device)."
+    devices = "this device" if n == 1 else f"these {n} devices"
     state = sum(v for k, v in plan.totals.items() if k in ("parameters", "gradients", "optimizer"))
     need = math.ceil(state / plan.usable_bytes)
-    return (f"No mesh or batch over these {n} devices fits: the parameters"
-            f"{', gradients and optimizer state' if s['training'] else ''} alone are {state / GB:.1f} GB, "
+    if need <= n:  # the state would fit split over these devices: what does not is a single row's activations
+        return (f"No mesh or batch over {devices} fits: even micro-batches of one row need more than the "
+                f"{plan.usable_bytes / GB:.3g} GB usable (activations; shorter rows or more memory per device).")
+    return (f"No mesh or batch over {devices} fits: the parameters"
+            f"{', gradients and optimizer state' if s['training'] else ''} alone are {state / GB:.4g} GB, "
             f"at least {need} devices of this size (e.g. --mesh fsdp={1 << (need - 1).bit_length()})"
             f"{'' if s['training'] or not flags.get('param_dtype') else ' or ' + flags['param_dtype'] + ' bf16'}.")
 

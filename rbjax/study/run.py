@@ -267,7 +267,8 @@ PHRASES = {"test": 2432, "valid": 2426}
 def model_size_ratio(cfg: StudyConfig) -> tuple[float, str]:
     """``(ratio, what)``: the study model's forward matmul FLOPs per token over DialoGPT-small's
     (:func:`rbjax.model.memory.flops_per_token`, from its ``config.json`` alone — of a hub id only that file is
-    fetched — or its ``random_model`` table), and a phrase saying so; ``(1.0, why)`` when the config cannot be read."""
+    fetched — or its ``random_model`` table), and a phrase saying so; ``(1.0, why)`` when the config cannot be
+    read."""
     try:
         if cfg.random_model:
             spec = {k: v for k, v in cfg.random_model.items() if k != "seed"}
@@ -353,13 +354,14 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
             extra = (f"  ({s.training_runs} training runs: {g} sweeps (method × bias type), each its grid points "
                      "+ 1 retraining of the selected point with export)")
         lines.append(f"    {s.name:<48} {s.kind}{extra}")
-    rate = (f"{cost['rates']['train_padded_slots_per_s']:g} padded slots/s" if cost["layout"] == "padded"
-            else f"{cost['rates']['train_tokens_per_s']:g} real tokens/s, packed")
+    at = "" if cost["size_ratio"] == 1.0 else " at DialoGPT-small's size"
+    rate = (f"{cost['rates']['train_padded_slots_per_s']:g} padded slots/s{at}" if cost["layout"] == "padded"
+            else f"{cost['rates']['train_tokens_per_s']:g} real tokens/s{at}, packed")
     lines.append(f"  training runs: {cost['training_runs']}, real training tokens: {cost['training_tokens']:,}; models "
                  f"evaluated: {cost['models_evaluated']}; phrases scored: {cost['phrases_scored']:,}")
     lines.append(f"  estimated cost {cost['size_note']} on {cost['rates']['machine']}: training "
                  f"{cost['train_hours']:.1f} h ({rate}), LMB scoring "
-                 f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s); "
+                 f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s{at}); "
                  f"{cost['dialog_note']}")
     return "\n".join(lines)
 

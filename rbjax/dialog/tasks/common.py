@@ -246,7 +246,8 @@ class TrainingSettings(TaskSettings):
 class Task:
     """One dialog-quality task: its name, settings class and runner ``run(model, out_dir, settings, *,
     overwrite=False) -> result``, a help line, the files it writes into ``OUT`` (the result first) and
-    ``plans(settings) -> [plan_for_model keywords, ...]``, its computations for the memory plan (:func:`memory_plans`)."""
+    ``plans(settings) -> [plan_for_model keywords, ...]``, its computations for the memory plan
+    (:func:`memory_plans`)."""
 
     name: str
     settings: type[TaskSettings]
