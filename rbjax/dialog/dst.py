@@ -431,6 +431,11 @@ def _probs(params, head, input_ids, attention_mask, config, pooling):
         return jax.nn.sigmoid(dst_logits(params, head, input_ids, attention_mask, config, pooling=pooling))
 
 
+def _on_mesh(params, head_params: dict, config, mesh) -> tuple:
+    """The classifier on ``mesh``: the body split by its family's logical axes, the head replicated."""
+    return shard_tree(params, mesh, logical_axes_for(config)), replicate(head_params, mesh)
+
+
 def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], config, *,
                   batch_size: int = 64, pooling: str = "last", bucket: int = 32, progress: bool = False,
                   desc: str = "DST", mesh=None) -> np.ndarray:
@@ -448,8 +453,7 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
     n = len(arrays["labels"])
     rows_sharding = None
     if mesh is not None:
-        params = shard_tree(params, mesh, logical_axes_for(config))
-        head_params = replicate(head_params, mesh)
+        params, head_params = _on_mesh(params, head_params, config, mesh)
         axes = batch_axes(mesh, batch_size)
         rows_sharding = NamedSharding(mesh, PartitionSpec(axes if axes else None))
     put = jnp.asarray if rows_sharding is None else (lambda x: jax.device_put(x, rows_sharding))
@@ -678,9 +682,8 @@ def score_joint_goal(params, head_params: dict, config, tokenizer, dialogues: Se
         ``{"jga", "n_turns", "n_correct", "n_pairs", "oracle_jga", "per_dialogue": [{dialogue_idx, correct}]}``.
     """
     domains = tuple(domains)
-    if mesh is not None:  # placed once, not per turn
-        params = shard_tree(params, mesh, logical_axes_for(config))
-        head_params = replicate(head_params, mesh)
+    if mesh is not None:  # placed once, not per turn (predict_proba then finds them in place)
+        params, head_params = _on_mesh(params, head_params, config, mesh)
     if truncation not in TRUNCATION:
         raise ValueError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
     pad = tokenizer.eos_id if pad_id is None else int(pad_id)

@@ -353,9 +353,15 @@ def model_config(name_or_path: str | os.PathLike):
             raise RuntimeError(f"cannot fetch config.json of hub model {name_or_path!r} ({why})") from None
     else:
         raise FileNotFoundError(f"model folder not found: {name_or_path}")
+    return _folder_config(folder)[1]
+
+
+def _folder_config(folder: Path) -> tuple:
+    """``(family, config)`` of a model folder's ``config.json`` (the family its ``model_type`` names)."""
     d = read_config_json(folder)
     source = str(folder / "config.json")
-    return registry.family_of(d, source).config_from_hf(d, source)
+    family = registry.family_of(d, source)
+    return family, family.config_from_hf(d, source)
 
 
 def read_config_json(folder: Path) -> dict:
@@ -393,10 +399,7 @@ def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None) -> tuple:
         RuntimeError: hub download failed, or a PyTorch-only checkpoint without PyTorch.
     """
     folder = resolve_model_dir(name_or_path)
-    d = read_config_json(folder)
-    source = str(folder / "config.json")
-    family = registry.family_of(d, source)
-    cfg = family.config_from_hf(d, source)
+    family, cfg = _folder_config(folder)
     if mesh is not None and is_model_parallel(mesh):
         lazy = _lazy_state(folder)
         state, wsource = lazy if lazy is not None else _read_state(folder, family, cfg)

@@ -121,6 +121,19 @@ class StudyConfig:
     def random_model(self) -> dict | None:
         return self.study.get("random_model")
 
+    def random_model_config(self):
+        """The family config of ``[study.random_model]`` (a ``config.json`` table: ``model_type`` picks the family,
+        GPT-2 without one; ``seed`` is not part of it), or ``None`` without one.
+
+        Raises:
+            ValueError, TypeError: a field the family refuses or cannot read (named, with where it was given).
+        """
+        if self.random_model is None:
+            return None
+        where = self.where("study", "random_model")
+        spec = {k: v for k, v in self.random_model.items() if k != "seed"}
+        return family_of(spec, where).config_from_hf(spec, where)
+
     @property
     def tokenizer(self) -> str | None:
         return self._resolve(self.study.get("tokenizer"))
@@ -278,9 +291,8 @@ class StudyConfig:
         if "seed" in rm and not _is_int(rm["seed"]):
             raise ValueError(f"{self.where('study', 'random_model')}: seed must be an integer, got {rm['seed']!r}")
         where = self.where("study", "random_model")
-        spec = {k: v for k, v in rm.items() if k != "seed"}
         try:  # the family its model_type names (GPT-2 without one), as the model stage builds it
-            family_of(spec, where).config_from_hf(spec, where)
+            self.random_model_config()
         except (ValueError, TypeError) as e:
             raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 

@@ -40,7 +40,7 @@ from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files
 from rbjax.model.gpt2 import GPT2Config
 from rbjax.model.hf import model_config, resolve_model_dir, save_pretrained
 from rbjax.model.memory import flops_per_token
-from rbjax.model.registry import family_of
+from rbjax.model.registry import family_of_config
 from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
 
@@ -95,11 +95,9 @@ class _Study:
     def _make_random_model(self) -> dict:
         """A seeded random model of any family: the table is a ``config.json`` (``model_type`` picks the family;
         GPT-2 without one) plus ``seed``."""
-        spec = dict(self.cfg.random_model)
-        seed = int(spec.pop("seed", 0))
-        where = f"{self.cfg.path}: [study.random_model]"
-        fam = family_of(spec, where)
-        config = fam.config_from_hf(spec, where)
+        seed = int(self.cfg.random_model.get("seed", 0))
+        config = self.cfg.random_model_config()
+        fam = family_of_config(config)
         if not self.cfg.tokenizer:
             raise ValueError(f"{self.cfg.path}: a random_model needs [study] tokenizer (e.g. the GPT-2 BPE files)")
         tok = resolve_model_dir(self.cfg.tokenizer)
@@ -270,12 +268,7 @@ def model_size_ratio(cfg: StudyConfig) -> tuple[float, str]:
     fetched — or its ``random_model`` table), and a phrase saying so; ``(1.0, why)`` when the config cannot be
     read."""
     try:
-        if cfg.random_model:
-            spec = {k: v for k, v in cfg.random_model.items() if k != "seed"}
-            where = f"{cfg.path}: [study.random_model]"
-            config = family_of(spec, where).config_from_hf(spec, where)
-        else:
-            config = model_config(cfg.model)
+        config = cfg.random_model_config() if cfg.random_model else model_config(cfg.model)
     except (OSError, ValueError, RuntimeError) as e:
         return 1.0, f"at the DialoGPT-small shape (the model's config.json could not be read: {str(e).splitlines()[0]})"
     r = flops_per_token(config) / flops_per_token(GPT2Config())
