@@ -304,6 +304,27 @@ def test_three_layouts_give_the_same_turns(tmp_path, normalizer, mapping_path):
     assert [f["path"].rsplit("/", 1)[-1] for f in d["files"]] == ["test.json.zip", "mapping.pair"]
 
 
+def test_a_split_read_again_is_its_files_current_content_and_the_callers_own(tmp_path, normalizer, mapping_path):
+    """load_multiwoz keeps the splits it parsed in memory: a second load of unchanged files is equal, a changed file
+    (same path) is parsed again, a sidecar list file beside data.json counts, and changing a returned split changes
+    no later load."""
+    folder, z, convlab, trade = _write_layouts(tmp_path, normalizer)
+    f = trade / "test_dials.json"
+    first = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    first.dialogues[0]["dialogue"].clear()
+    first.stand_in_for = "train"
+    again = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    assert again.stand_in_for is None and len(again.dialogues) == 2 and again.dialogues[0]["dialogue"]
+    assert again.files == mw.load_multiwoz(f, "test", mapping=mapping_path).files
+    f.write_text(json.dumps(again.dialogues[:1]))  # the same path, other content
+    changed = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    assert len(changed.dialogues) == 1 and changed.files[0][1] != again.files[0][1]
+    assert len(mw.load_multiwoz(folder, "test", mapping=mapping_path).dialogues) == 2
+    (folder / "testListFile.json").write_text("SNG0001.json\n")  # the official list beside data.json
+    assert [d["dialogue_idx"] for d in mw.load_multiwoz(folder, "test", mapping=mapping_path).dialogues] == [
+        "SNG0001.json"]
+
+
 def test_wrong_files_get_clear_errors(tmp_path, normalizer, mapping_path):
     folder, z, convlab, trade = _write_layouts(tmp_path, normalizer)
     with pytest.raises(ValueError, match=r"val\.json\.zip: this file holds the 'val' split, not 'test'"):

@@ -51,8 +51,10 @@ import dataclasses
 import io
 import json
 import os
+import pickle
 import re
 import zipfile
+from collections import OrderedDict
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
@@ -847,7 +849,8 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         download: allow downloading the default files.
 
     Returns:
-        :class:`MultiWOZSplit`.
+        :class:`MultiWOZSplit`, the caller's own copy. A split this process parsed before from files with the same
+        SHA-256 digests (and the same ``mapping``) is copied from memory instead of being parsed again.
     Raises:
         FileNotFoundError: missing source or files. ValueError: a file of another layout, split or a malformed
         record (named). RuntimeError: download failure. ``split="train"`` with no source: ValueError (the train
@@ -870,11 +873,34 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         if not path.exists():
             raise FileNotFoundError(f"{path}: MultiWOZ source not found")
         path = _resolve_source(path, split)
-    dials, dropped, n, layout = _load_file(path, split, norm, files)
-    if norm.path is not None:
-        files.append((str(norm.path), sha256_file(norm.path)))
-    return MultiWOZSplit(split=split, dialogues=dials, layout=layout, files=files, n_source_dialogues=n,
-                         dropped=dropped)
+    # a split parsed before in this process from files with the same content is not parsed again (a study's dialog
+    # stages read the same splits once per model)
+    key = (split, tuple((str(f), sha256_file(f)) for f in _with_sidecars(path)),
+           None if mapping is None else (str(mapping), sha256_file(mapping)))
+    if key not in _PARSED:
+        dials, dropped, n, layout = _load_file(path, split, norm, files)
+        if norm.path is not None:
+            files.append((str(norm.path), sha256_file(norm.path)))
+        _PARSED[key] = pickle.dumps(MultiWOZSplit(split=split, dialogues=dials, layout=layout, files=files,
+                                                  n_source_dialogues=n, dropped=dropped), protocol=5)
+        while len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    _PARSED.move_to_end(key)
+    return pickle.loads(_PARSED[key])  # the caller's own copy: changing it cannot change a later load
+
+
+#: splits parsed in this process (:func:`load_multiwoz`), pickled, by split and the digests of their files; the most
+#: recent :data:`_PARSED_MAX` are kept
+_PARSED: OrderedDict = OrderedDict()
+_PARSED_MAX = 4
+
+
+def _with_sidecars(path: Path) -> list[Path]:
+    """``path`` and, beside a ``data.json``, its list files and ``dialogue_acts.json`` when present."""
+    out = [path]
+    if path.name == "data.json":
+        out += [q for q in (path.parent / f for f in (*_LIST_FILES.values(), "dialogue_acts.json")) if q.exists()]
+    return out
 
 
 def split_files(source: str | os.PathLike | None = None, split: str = "test", *, download: bool = True
@@ -899,11 +925,7 @@ def split_files(source: str | os.PathLike | None = None, split: str = "test", *,
     path = Path(source).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{path}: MultiWOZ source not found")
-    path = _resolve_source(path, split)
-    out = [path]
-    if path.name == "data.json":
-        out += [q for q in (path.parent / f for f in (*_LIST_FILES.values(), "dialogue_acts.json")) if q.exists()]
-    return out
+    return _with_sidecars(_resolve_source(path, split))
 
 
 def load_training_split(train_source: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
