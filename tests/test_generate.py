@@ -95,6 +95,21 @@ def test_eos_stops_a_row_and_the_rest_go_on(params):
     assert forced.tokens == [[]] * len(PROMPTS) and forced.stopped_at_eos.all()
 
 
+def test_the_sampling_filter_compiles_to_a_top_k_not_a_sort_of_the_vocabulary():
+    """The filter is O(V) per row: its compiled program holds a top-k of the row and no sort of all V logits (XLA's
+    CPU compiler rewrote the top-k followed by slices into a full sort, ~100x slower per decode step)."""
+    import re
+
+    from rbjax.model.generate import _filter
+
+    V = 5000
+    f = jax.jit(lambda x: _filter(x, 50, jnp.float32(0.9), jnp.float32(1.0)))
+    hlo = f.lower(jax.ShapeDtypeStruct((4, V), jnp.float32)).compile().as_text()
+    sorts = [ln for ln in hlo.splitlines() if re.search(r"\bsort\(", ln) and f",{V}]" in ln]
+    assert not sorts, sorts[0][:200]
+    assert "TopK" in hlo or re.search(r"\btopk\(", hlo)
+
+
 def test_top_k_top_p_filtering_on_hand_made_logits():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]]))
     keep = lambda f: np.isfinite(np.asarray(f)).tolist()  # noqa: E731
