@@ -138,12 +138,18 @@ def religion1_train_file(redditbias_dir, folder, n: int) -> str:
 
 
 def small_train_config(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
-    """A short HD training run on religion1 (batch 4, 4 updates, no export/evaluation); ``kw`` overrides fields."""
+    """A short HD training run on religion1 (batch 4, 4 updates, no export/evaluation); ``kw`` overrides fields.
+
+    The token layout is ``padded`` unless ``layout`` is given: one compiled training program per run instead of up
+    to four packed shapes (compiling is most of a tiny run's time). The packed layout (the users' default) is
+    tests/test_packed.py's subject (packed = padded for every loss, the grid step and the dialog tasks) and the
+    layout of the kill-and-resume tests of tests/test_train.py, of the 8-device data-parallel run
+    (tests/mesh_checks.py) and of most CLI runs."""
     from rbjax.debias.config import TrainConfig
 
     base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
                 data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
-                export=False, evaluate=False, lmp=False, progress=False)
+                export=False, evaluate=False, lmp=False, progress=False, layout="padded")
     base.update(kw)
     return TrainConfig(**base)
 

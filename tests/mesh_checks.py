@@ -11,10 +11,10 @@ Usage::
 
 Checks (each prints ``{"check": NAME, ...figures}`` on one line):
 
-* ``data_parallel``: one run (a few updates, dropout on) trained on a 1 × 8 ``grid × data`` mesh (each micro-batch's
+* ``data_parallel``: one run (3 updates, dropout on, packed token layout with one packed shape) trained on a 1 × 8 ``grid × data`` mesh (each micro-batch's
   rows split over 8 devices, gradients all-reduced by XLA) and on one device; maximum absolute and relative
   parameter differences, and the losses of both.
-* ``grid_chunk``: a chunk of 6 grid points (batch 4) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
+* ``grid_chunk``: a chunk of 6 grid points (batch 4, padded token layout) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
   the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
   devices; the training programs compiled (:func:`rbjax.train.step.compiled_programs`), the batch plans, chunks
@@ -90,17 +90,23 @@ def check_data_parallel(args) -> dict:
 
     from rbjax.core.mesh import grid_mesh
     from rbjax.debias.loop import DebiasTrainer
+    from rbjax.train.batching import BatchPlan
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
     devs = jax.devices()
     t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
+    # the packed layout with one packed shape for the 3 updates: one compiled program per mesh instead of three
+    plan = BatchPlan(t8.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
+                     cfg.max_steps, layout=cfg.layout, max_shapes=1)
+    t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs), data=t8.data, plan=plan)
     ids = t8.device_batch(0)["input_ids"]
     # on a 4-wide data axis the dropout keys (A, 4) must stay whole: their axis 1 holds key words, not rows
     b4 = DebiasTrainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
     r8, m8, specs = _run(t8)
-    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]))
+    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]), data=t8.data, plan=plan)
     r1, m1, _ = _run(t1)
+    assert cfg.layout == "packed" and len(plan.shapes) == 1
     return {"mesh": dict(t8.mesh.shape), "batch_spec": str(ids.sharding.spec),
             "batch_devices": len(ids.sharding.device_set), "batch_shard_shape": list(ids.addressable_shards[0].data.shape),
             "batch_shape": list(ids.shape), "param_specs": specs, "rng_spec_data4": str(b4["rng"].sharding.spec),
@@ -116,7 +122,8 @@ def check_grid_chunk(args) -> dict:
     from rbjax.debias.loop import DebiasTrainer, RunHparams
 
     lr = 5e-4
-    cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3)
+    # the padded token layout: one compiled program per mesh (check_data_parallel runs the packed rows)
+    cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3, layout="padded")
     # six points of one batch plan; the learning rates differ too, so that the points end up far apart
     pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate(
         (lm, d) for lm in (0.001, 0.01) for d in (10.0, 50.0, 100.0))]
@@ -177,8 +184,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"expected 8 simulated CPU devices, got {n}: set "
                          "XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts")
     Path(args.work).mkdir(parents=True, exist_ok=True)
+    import time
+
     for c in args.checks:
-        print(json.dumps({"check": c, **CHECKS[c](args)}), flush=True)
+        t0 = time.perf_counter()
+        r = CHECKS[c](args)
+        print(json.dumps({"check": c, **r}), flush=True)
+        print(f"check {c}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return 0
 
 

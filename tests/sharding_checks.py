@@ -12,17 +12,17 @@ Each check prints ``{"check": NAME, ...figures}`` on one line:
 * ``families``: for Llama, GPT-NeoX and Gemma 2 (tiny 1-layer random models; GPT-2 is checked through the trainer
   and the scorer), 2 Adam updates of the mean next-token NLL with the parameters on a ``data=2,fsdp=2,tensor=2`` mesh (placed by the family's logical axes,
   rows over data × fsdp) and on one device: loss and parameter differences, the specs used, per-device bytes.
-* ``train``: one debiasing run (LMD, batch 8, accumulation 2, dropout on, 3 updates) on ``data=2,fsdp=4`` and on
-  one device; the specs of the parameters and of Adam's first moment.
-* ``grid``: a chunk of 4 grid points on ``grid=2,fsdp=2,tensor=2`` and on one device.
+* ``train``: one debiasing run (HD, batch 8, accumulation 2, dropout on, 3 updates, padded token layout) on
+  ``data=2,fsdp=4`` and on one device; the specs of the parameters and of Adam's first moment.
+* ``grid``: a chunk of 4 grid points (padded token layout) on ``grid=2,fsdp=2,tensor=2`` and on one device.
 * ``score``: LMB pair scoring (packed rows) on ``fsdp=4,tensor=2`` against one device; bf16
   parameter storage against fp32 (the effect of ``--param-dtype bf16``).
 * ``resume``: the ``train`` run on ``data=2,fsdp=4`` stopped after 2 updates (orbax checkpoint of the sharded
-  state), resumed on a 4-device ``data=2,fsdp=2`` mesh to its end; the restored parameters against the saved ones, the finished run
-  against one uninterrupted on one device.
+  state), resumed on a 4-device ``data=2,fsdp=2`` mesh to its end; the restored parameters against the saved ones,
+  the finished run against ``train``'s uninterrupted one-device run.
 * ``generate``: greedy generation with the KV cache split over ``data=2,fsdp=2,tensor=2`` against one device.
-* ``evaluate``: ``rbjax evaluate --task all`` (LMP; DST: 2 fine-tuning updates, then the test pairs; CRG: greedy
-  generation) with ``--mesh data=2,fsdp=2,tensor=2`` and with the default layout: the metrics, the training
+* ``evaluate``: ``rbjax evaluate --task all`` (LMP; DST: 2 fine-tuning updates in the padded token layout, then the
+  test pairs; CRG: greedy generation) with ``--mesh data=2,fsdp=2,tensor=2`` and with the default layout: the metrics, the training
   loss, the responses and the result keys of both.
 * ``load``: safetensors weights (one file, a sharded index, bf16) read slice by slice into ``fsdp=4,tensor=2``:
   the values against the host loader, the layout, and how much of each tensor every read took.
@@ -144,24 +144,42 @@ def check_families(args) -> dict:
     return out
 
 
+_ONE_DEVICE: dict = {}
+
+
+def _one_device(cfg):
+    """``_run`` of ``cfg`` on one device, computed once per training settings (the output folder and checkpoint
+    frequency aside: it runs without checkpoints), so that check_resume compares against check_train's run."""
+    import jax
+
+    from rbjax.core.mesh import grid_mesh
+    from rbjax.debias.loop import DebiasTrainer
+
+    key = repr(cfg.replace(out_dir="-", save_every=1))
+    if key not in _ONE_DEVICE:
+        t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+        _ONE_DEVICE[key] = (t1, *_run(t1))
+    return _ONE_DEVICE[key]
+
+
 def check_train(args) -> dict:
     import jax
 
-    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.core.mesh import make_mesh
     from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
     # HD: besides the embedding gathers every loss has, its bias subspace (SVD of the target embeddings) is computed
     # from fsdp-split embeddings (LMD, ADD and CDA run on data/grid meshes in tests/mesh_checks.py)
-    cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
+    # the padded token layout: one compiled program per mesh (packed rows split over devices: mesh_checks.py)
+    cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, layout="padded")
     t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     st = t8.initial_state()
     mu_specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(st.opt_state) if x.ndim >= 2})
     ids = t8.device_batch(0)["input_ids"]
     del st
     r8, m8, specs = _run(t8)
-    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
-    r1, m1, _ = _run(t1)
+    t1, r1, m1, _ = _one_device(cfg)
     return {"param_specs": specs, "adam_specs": mu_specs, "batch_spec": str(ids.sharding.spec),
             "updates": len(m8), **_compare(r8.params, r1.params, t1.init_params, m8, m1, lr)}
 
@@ -174,7 +192,8 @@ def check_grid(args) -> dict:
     from rbjax.debias.loop import DebiasTrainer, RunHparams
 
     lr = 5e-4
-    cfg = _cfg(args, batch_size=4, grad_accum=1, max_steps=3)
+    # the padded layout: one compiled program per mesh (packed rows on a mesh: mesh_checks.py's data_parallel)
+    cfg = _cfg(args, batch_size=4, grad_accum=1, max_steps=3, layout="padded")
     pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate((0.01, d) for d in (10.0, 50.0, 100.0, 20.0))]
     t8 = DebiasTrainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
     r8, m8, specs = _run(t8)
@@ -239,14 +258,15 @@ def check_resume(args) -> dict:
     import jax
     import numpy as np
 
-    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.core.mesh import make_mesh
     from rbjax.train.checkpoint import Checkpointer
     from rbjax.debias.loop import DebiasTrainer
 
     lr = 5e-4
     out_dir = Path(args.work) / "resume"
-    # the settings and the 8-device mesh of check_train: its compiled programs serve here too
-    cfg = _cfg(args, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, out_dir=str(out_dir), save_every=1)
+    # the settings and the 8-device mesh of check_train: its compiled programs and its one-device run serve here too
+    cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, out_dir=str(out_dir),
+               save_every=1, layout="padded")
     t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     r8 = t8.run(stop_after=2)
     saved = jax.device_get(r8.state.params)
@@ -263,8 +283,7 @@ def check_resume(args) -> dict:
     specs4 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(restored.params)})
     del restored, like
     r4 = t4.run()
-    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
-    r1 = t1.run(checkpoints=False)
+    t1, r1, _, _ = _one_device(cfg)
     return {"restored_max_abs": rmax, "resumed_from": r4.resumed_from, "updates": r4.updates_done,
             "specs8": specs8, "specs4": specs4, "restored_devices": restored_devices,
             **_param_diff(jax.device_get(r4.params), jax.device_get(r1.params), t1.init_params), "lr": lr}
@@ -290,7 +309,8 @@ def check_evaluate(args) -> dict:
 
     settings = dict(data_dir=args.data_dir, multiwoz=args.multiwoz, max_examples=8, max_steps=2, batch_size=4,
                     grad_accum=1, lmp_max_lines=16, eval_batch_size=8, gen_batch_size=8, greedy=True,
-                    max_new_tokens=6, meteor=False, progress=False)
+                    max_new_tokens=6, meteor=False, progress=False,
+                    layout="padded")  # one compiled fine-tuning program per mesh
     res = {label: evaluate("all", args.model, Path(args.work) / f"evaluate_{label}", tokenizer=args.tokenizer,
                            mesh=mesh, **settings)
            for label, mesh in (("default", None), ("sharded", "data=2,fsdp=2,tensor=2"))}
@@ -425,8 +445,13 @@ def main(argv=None) -> int:
     if jax.device_count() != 8:
         raise SystemExit(f"expected 8 simulated CPU devices, got {jax.device_count()}")
     Path(args.work).mkdir(parents=True, exist_ok=True)
+    import time
+
     for c in args.checks:
-        print(json.dumps({"check": c, **CHECKS[c](args)}), flush=True)
+        t0 = time.perf_counter()
+        r = CHECKS[c](args)
+        print(json.dumps({"check": c, **r}), flush=True)
+        print(f"check {c}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return 0
 
 

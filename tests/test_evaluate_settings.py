@@ -127,6 +127,7 @@ def test_dry_run_plans_every_computation_from_config_json(capsys):
                  "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("crg: memory plan: ") and "kv_cache" in out and "training" not in out
+    assert "parameters), generation, mesh fsdp=8" in out.replace("grid=1,data=1,", "").replace(",tensor=1", "")
     assert main(["evaluate", "--task", "crg-metrics", "--dry-run", "--hyp", "h", "--refs", "r", "--out", "o"]) == 1
     assert "--dry-run concerns a model task" in capsys.readouterr().err
     assert main(["evaluate", "--task", "crg-metrics", "--mesh", "fsdp=4", "--hyp", "h", "--refs", "r", "--out",

@@ -103,7 +103,7 @@ def test_cli_study_takes_each_methods_grid_from_its_file(tiny_model_dir, tokeniz
     argv = ["sweep", "--method", "lmd,cda", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
             str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--train-file",
             religion1_train_file(redditbias_dir, tmp_path, 12), "--grid-config", str(g), "--max-steps", "2",
-            "--n-bootstrap", "0", "--dev-max-pairs", "4", "--no-lmp", "--no-progress"]
+            "--n-bootstrap", "0", "--dev-max-pairs", "4", "--no-lmp", "--no-progress", "--layout", "padded"]
     assert main(argv) == 0
     lmd = [json.loads(x) for x in (out / "religion1" / "lmd" / "sweep.jsonl").read_text().splitlines()]
     cda = [json.loads(x) for x in (out / "religion1" / "cda" / "sweep.jsonl").read_text().splitlines()]

@@ -119,7 +119,7 @@ def test_killed_study_resumes_without_redoing_finished_work(shared_dir, tmp_path
     from rbjax.debias import sweep
 
     out = tmp_path / "k"
-    args = ["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir),
+    args = ["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED,
             "--set", "study.seeds=[42]", "--set", "study.methods=[\"hd\"]", "--set", "dialog.tasks=[]",
             "--set", "sweep.grid_chunk=1", "--no-report"]
     real = sweep.run_chunk

@@ -28,6 +28,7 @@ epochs = 1
 max_steps = 1
 eval_batch_size = 64
 lmp_max_lines = 8
+layout = "padded"   # one compiled program per run (the token layout is not this file's subject)
 
 [sweep]
 methods = ["lmd"]

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not us
 
 
 def _base(model_dir, tokenizer_dir, redditbias_dir, tmp_path, **kw):
+    # the padded token layout: one compiled program per batch plan (packed sweeps: tests/mesh_checks.py, the CLI)
     d = dict(method="lmd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
              data_dir=str(redditbias_dir), out_dir=str(tmp_path / "unused"), train_file=religion1_train_file(
-                 redditbias_dir, tmp_path, 16), epochs=1, lmp=False, progress=False, eval_batch_size=32)
+                 redditbias_dir, tmp_path, 16), epochs=1, lmp=False, progress=False, eval_batch_size=32,
+             layout="padded")
     d.update(kw)
     return TrainConfig(**d)
 

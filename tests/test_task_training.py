@@ -81,7 +81,8 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
         vocab_size, eos_id, source = 64, 63, "test"
 
     cfg = TrainerConfig(model="unused", out_dir=str(tmp_path / "dst"), batch_size=4, grad_accum=1, epochs=6,
-                        learning_rate=2e-2, dropout=False, progress=False, block_size=12, save_every=3)
+                        learning_rate=2e-2, dropout=False, progress=False, block_size=12, save_every=3,
+                        layout="padded")  # one compiled program (DST's packed rows: tests/test_packed.py)
     tr = Trainer(cfg, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data)
     res = tr.run()
     after, _ = batch_losses(res.params, {"input_ids": ids, "attention_mask": mask, "labels": labels}, jnp.ones(2),

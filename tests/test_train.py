@@ -86,7 +86,7 @@ def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, re
         p_before = before[u]
         g = jax.tree.map(lambda *x: np.mean(np.stack([np.asarray(y, np.float64) for y in x]), axis=0),
                          *[tr.grads(jax.device_put(p_before), tr.make_batch(r, tr.plan.update_shape(u - 1)))
-                           for r in rows[u]])  # the update's packed shape: the same computation as the trainer's
+                           for r in rows[u]])  # the update's shape: the same computation as the trainer's
         norm = np.sqrt(sum(float(np.sum(x * x)) for x in jax.tree.leaves(g)))
         if norm > 1.0:
             g = jax.tree.map(lambda x: x / norm, g)
@@ -219,7 +219,9 @@ def _read_metrics(out):
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
-    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, out, grad_accum=2, max_steps=5, save_every=2)
+    # the packed layout (the users' default): resuming in the middle of a packed batch plan
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, out, grad_accum=2, max_steps=5, save_every=2,
+               layout="packed")
     tr = DebiasTrainer(cfg)
     return cfg, tr, tr.run()
 
@@ -245,7 +247,7 @@ def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, 
                                                                  tmp_path):
     f = religion1_train_file(redditbias_dir, tmp_path, 22)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", method="lmd", semantics="reference",
-               train_file=f, grad_accum=4, epochs=3, max_steps=None, save_every=1)
+               train_file=f, grad_accum=4, epochs=3, max_steps=None, save_every=1, layout="packed")
     tr = DebiasTrainer(cfg)
     assert tr.n_batches == 6 and tr.t_total == 3 and cfg.resolved_leftover == "carry"
     assert len(tr.plan.plan[1]) == 6  # 2 leftovers of epoch 0 + 4 micro-batches of epoch 1

@@ -100,7 +100,8 @@ class MemoryPlan:
     def format(self) -> str:
         s = self.settings
         lines = [f"memory plan: {s['model']} ({self.n_params / 1e9:.3g}B parameters), "
-                 f"{'training' if s['training'] else 'scoring'}, mesh {mesh_label(self.mesh)}, "
+                 f"{'training' if s['training'] else 'generation' if s.get('kv_cache') else 'scoring'}, "
+                 f"mesh {mesh_label(self.mesh)}, "
                  f"batch {s['batch_size']} × {s['seq_len']} tokens, precision {s['precision']}, "
                  f"parameters stored in {s['param_dtype']}"]
         for k, v in self.parts.items():
@@ -232,7 +233,8 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
         parts["kv_cache"] = int(kv / rows_split / (t if dm["kv"] % t == 0 else 1))
         totals["kv_cache"] = int(kv)
     settings = {"model": model_name, "training": training, "batch_size": batch_size, "seq_len": seq_len,
-                "grad_accum": grad_accum, "n_points": n_points, "precision": precision, "param_dtype": param_dtype}
+                "grad_accum": grad_accum, "n_points": n_points, "precision": precision, "param_dtype": param_dtype,
+                "kv_cache": None if kv_cache is None else [int(x) for x in kv_cache]}
     plan = MemoryPlan(parts={k: int(v) for k, v in parts.items()}, totals={k: int(v) for k, v in totals.items()},
                       mesh=sizes, device_bytes=device_bytes, settings=settings, n_params=total)
     if suggest and not plan.fits:
