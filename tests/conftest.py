@@ -28,7 +28,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _XLA_CACHE = tempfile.mkdtemp(prefix="rbjax-tests-xla-")
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))

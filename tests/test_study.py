@@ -31,13 +31,19 @@ def _stages(out):
     return json.loads((Path(out) / "stages.json").read_text())["stages"]
 
 
+#: the tiny study's bias types here: two of the five (a Table 3 of several columns, a cross-type table with an
+#: off-diagonal effect), each measuring stage scores 2/5 of the pairs of the file's five
+TYPES = ["--set", 'study.bias_types=["religion1", "race"]']
+
+
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory, shared_dir):
-    """experiments/tiny.toml as it is (2 seeds, 4 methods, every dialog check), with local data paths — and the
-    padded token layout: one compiled training program per method instead of up to four packed shapes, which
-    halves the fixture's time (packed = padded is tests/test_packed.py's subject, not this orchestration test's)."""
+    """experiments/tiny.toml (2 seeds, 4 methods, every dialog check) with local data paths, two bias types
+    (:data:`TYPES`) — and the padded token layout: one compiled training program per method instead of up to four
+    packed shapes, which halves the fixture's time (packed = padded is tests/test_packed.py's subject, not this
+    orchestration test's)."""
     out = tmp_path_factory.mktemp("study") / "tiny"
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED]) == 0
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED, *TYPES]) == 0
     return out
 
 
@@ -103,9 +109,9 @@ def test_rerun_skips_and_a_changed_setting_reruns_only_its_stages(tiny_study, sh
     shutil.copytree(tiny_study, out)
     before = _stages(out)
     capsys.readouterr()
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED]) == 0
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED, *TYPES]) == 0
     assert f"0 stage(s) ran, {len(before)} unchanged" in capsys.readouterr().out
-    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED,
+    assert main(["run", str(TINY), "--out", str(out), "--no-progress", *_offline(shared_dir), *PADDED, *TYPES,
                  "--set", "dialog.lmp.lmp_max_lines=32"]) == 0
     text = capsys.readouterr()
     ran = set(re.findall(r"\[\d+/\d+\] (\S+) \.\.\.", text.err))
