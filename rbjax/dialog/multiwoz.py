@@ -777,11 +777,13 @@ def _find_in_folder(folder: Path, names: Iterable[str], depth: int = 4) -> Path 
     return None
 
 
-def _load_file(p: Path, split: str, norm: Normalizer, files: list):
+def _load_file(p: Path, split: str, norm: Normalizer, files: list, digests: dict[str, str]):
+    """Parse ``p``; each file read is appended to ``files`` with its digest from ``digests`` (those of
+    :func:`_with_sidecars`, computed once by :func:`load_multiwoz`)."""
     named = _split_named(p.name)
     if named is not None and named != split:
         raise ValueError(f"{p}: this file holds the {named!r} split, not {split!r}")
-    files.append((str(p), sha256_file(p)))
+    files.append((str(p), digests[str(p)]))
     if zipfile.is_zipfile(p):
         return _load_from_zip(p, split, norm, files)
     obj = _read_json_bytes(p.read_bytes(), str(p))
@@ -794,12 +796,12 @@ def _load_file(p: Path, split: str, norm: Normalizer, files: list):
             lp = p.parent / fname
             if not lp.exists():
                 raise FileNotFoundError(f"{lp}: the official split list is missing (needed beside {p})")
-            files.append((str(lp), sha256_file(lp)))
+            files.append((str(lp), digests[str(lp)]))
             lists[s] = _read_list_file(lp.read_bytes(), str(lp))
         ap = p.parent / "dialogue_acts.json"
         acts = None
         if ap.exists():
-            files.append((str(ap), sha256_file(ap)))
+            files.append((str(ap), digests[str(ap)]))
             acts = _read_json_bytes(ap.read_bytes(), str(ap))
         dials, dropped, n = _from_official(obj, lists, acts, split, norm, str(p))
         return dials, dropped, n, "official"
@@ -875,10 +877,10 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         path = _resolve_source(path, split)
     # a split parsed before in this process from files with the same content is not parsed again (a study's dialog
     # stages read the same splits once per model)
-    key = (split, tuple((str(f), sha256_file(f)) for f in _with_sidecars(path)),
-           None if mapping is None else (str(mapping), sha256_file(mapping)))
+    digests = {str(f): sha256_file(f) for f in _with_sidecars(path)}
+    key = (split, tuple(digests.items()), None if mapping is None else (str(mapping), sha256_file(mapping)))
     if key not in _PARSED:
-        dials, dropped, n, layout = _load_file(path, split, norm, files)
+        dials, dropped, n, layout = _load_file(path, split, norm, files, digests)
         if norm.path is not None:
             files.append((str(norm.path), sha256_file(norm.path)))
         _PARSED[key] = pickle.dumps(MultiWOZSplit(split=split, dialogues=dials, layout=layout, files=files,
