@@ -97,8 +97,7 @@ def check_data_parallel(args) -> dict:
     devs = jax.devices()
     t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
     # the packed layout with one packed shape for the 3 updates: one compiled program per mesh instead of three
-    plan = BatchPlan(t8.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
-                     cfg.max_steps, layout=cfg.layout, max_shapes=1)
+    plan = BatchPlan.of_run(t8.data, cfg, max_shapes=1)
     t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs), data=t8.data, plan=plan)
     ids = t8.device_batch(0)["input_ids"]
     # on a 4-wide data axis the dropout keys (A, 4) must stay whole: their axis 1 holds key words, not rows

@@ -76,8 +76,7 @@ def start(tiny_model_dir, tokenizer_dir):
 def _run(cfg, start, data, layout, points=None, max_shapes=1):
     config, params, tok = start
     cfg = cfg.replace(layout=layout)
-    plan = BatchPlan(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
-                     cfg.max_steps, layout=cfg.layout, max_shapes=max_shapes)  # 1: one compile per test
+    plan = BatchPlan.of_run(data, cfg, max_shapes=max_shapes)  # 1: one compile per test
     tr = DebiasTrainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok,
                        data=data, plan=plan)
     metrics = []

@@ -34,9 +34,7 @@ def _run(cfg):
 
     tr = DebiasTrainer(cfg)
     if cfg.layout == "packed":  # one packed shape for the 4 updates: one compiled program instead of up to four
-        tr = DebiasTrainer(cfg, data=tr.data, plan=BatchPlan(tr.data, cfg.batch_size, cfg.grad_accum, cfg.epochs,
-                                                             cfg.seed, cfg.resolved_leftover, cfg.max_steps,
-                                                             layout=cfg.layout, max_shapes=1))
+        tr = DebiasTrainer(cfg, data=tr.data, plan=BatchPlan.of_run(tr.data, cfg, max_shapes=1))
     return tr, tr.run(checkpoints=False, callback=cb), np.asarray(rows, np.float64)
 
 

@@ -327,6 +327,13 @@ class BatchPlan:
         ValueError: unknown layout; fewer micro-batches than ``grad_accum``.
     """
 
+    @classmethod
+    def of_run(cls, data, cfg, **kw) -> "BatchPlan":
+        """The plan of a run's settings ``cfg`` (:class:`rbjax.train.config.TrainerConfig`: batch size,
+        accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``row_slots``, ``max_shapes``."""
+        return cls(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover, cfg.max_steps,
+                   layout=cfg.layout, **kw)
+
     def __init__(self, data, batch_size: int, grad_accum: int, epochs: int, seed: int,
                  leftover: str = "drop", max_steps: int | None = None, *, layout: str = "padded",
                  row_slots: int | None = None, max_shapes: int = PACKED_SHAPES):

@@ -176,8 +176,7 @@ class Trainer:
             raise ValueError(f"block_size {cfg.block_size} exceeds the model's maximum positions {self.config.max_positions}")
         self.tokenizer = tokenizer
         self.data = data if data is not None else self.make_data(tokenizer, self.config.vocab_size)
-        self.plan = plan or BatchPlan(self.data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed,
-                                      cfg.resolved_leftover, cfg.max_steps, layout=cfg.layout)
+        self.plan = plan or BatchPlan.of_run(self.data, cfg)
         if self.plan.layout != cfg.layout:
             raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
         self.stacked = points is not None
