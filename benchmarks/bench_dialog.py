@@ -42,15 +42,15 @@ SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 def dst_arrays(n: int, tokenizer):
     """The first ``n`` binary DST examples of the offline MultiWOZ 2.0 test split, encoded at block 128."""
-    from rbjax.dialog import dst
+    from rbjax.dialog import state_tracking
     from rbjax.dialog import multiwoz as mw
 
     base = SHARED / "dialog-data" / "multiwoz"
     mapping = base / "budzianowski-multiwoz" / "utils" / "mapping.pair"
     test = mw.load_multiwoz(base / "ConvLab-ConvLab" / "data" / "multiwoz" / "test.json.zip", "test", mapping=mapping)
     onto = mw.SlotOntology(mw.load_ontology(base / "thu-coai-tatk"), mw.Normalizer(mw.load_mapping_pairs(mapping)))
-    ex = dst.build_examples(test.dialogues, onto, semantics="paper", seed=42)[:n]
-    return dst.encode_examples(ex, tokenizer, block_size=128)
+    ex = state_tracking.build_examples(test.dialogues, onto, semantics="paper", seed=42)[:n]
+    return state_tracking.encode_examples(ex, tokenizer, block_size=128)
 
 
 class Variant:
@@ -60,7 +60,7 @@ class Variant:
         import numpy as np
 
         from rbjax.debias.objective import DebiasObjective
-        from rbjax.dialog.dst import DSTObjective, init_head
+        from rbjax.dialog.state_tracking import DSTObjective, init_head
         from rbjax.dialog.tasks.dst import trim_columns
         from rbjax.train.batching import ArrayData
         from rbjax.train.config import TrainerConfig

@@ -2,7 +2,7 @@
 PyTorch ``generate``, on the same machine, in one interleaved run.
 
 Prompts are DSTC-7 test contexts (``../shared/redditbias/data/dstc7/response_hyp.txt``) tokenised, cut to their last
-63 tokens and followed by ``<|endoftext|>`` (:func:`rbjax.dialog.generate.build_prompt`). Both sides sample with
+63 tokens and followed by ``<|endoftext|>`` (:func:`rbjax.dialog.crg_generation.build_prompt`). Both sides sample with
 top-k 50 for ``--new-tokens`` new tokens, left-padded batches of ``--batch`` prompts, their own KV cache
 (PyTorch: ``GPT2LMHeadModel.generate(do_sample=True, top_k=50, attention_mask=...)``). Random weights almost never
 produce EOS, so every row generates the full budget; tokens/s counts the tokens actually generated (EOS included,
@@ -41,7 +41,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from rbjax.dialog.generate import build_prompt
+    from rbjax.dialog.crg_generation import build_prompt
     from rbjax.model.generate import SamplingSettings, generate
     from rbjax.model.hf import load_pretrained
     from rbjax.model.tokenizer import load_tokenizer

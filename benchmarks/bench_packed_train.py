@@ -110,7 +110,7 @@ def rbjax_worker(args) -> dict:
     import jax
 
     from rbjax.debias.objective import DebiasObjective
-    from rbjax.dialog.dst import DSTObjective, init_head
+    from rbjax.dialog.state_tracking import DSTObjective, init_head
     from rbjax.model.gpt2 import init_params
     from rbjax.model.tokenizer import load_tokenizer
     from rbjax.train.step import compiled_programs

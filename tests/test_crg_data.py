@@ -1,11 +1,11 @@
-"""DSTC-7 CRG data (rbjax.dialog.crg): the TSV reader and its errors, the offline test contexts of RedditBias's
+"""DSTC-7 CRG data (rbjax.dialog.crg_data): the TSV reader and its errors, the offline test contexts of RedditBias's
 response_hyp.txt, and the fine-tuning examples (exact ids and loss mask, the reference's truncation rule)."""
 import json
 
 import numpy as np
 import pytest
 
-from rbjax.dialog import crg
+from rbjax.dialog import crg_data
 from rbjax.model.tokenizer import load_tokenizer
 
 EOS = 50256
@@ -25,9 +25,9 @@ def test_read_tsv_fields_markers_and_placeholders(tmp_path):
     p = tmp_path / "convos.txt"
     p.write_text(_row() + "\n\n" + _row("b2", "START EOS what ? EOS nothing", "__UNDISCLOSED__", "-1", "3") + "\n"
                  + _row("c3", resp="") + "\r\n", encoding="utf-8")
-    rows = crg.read_dstc7_tsv(p)
+    rows = crg_data.read_dstc7_tsv(p)
     assert [r.hash for r in rows] == ["a1", "b2", "c3"] and [r.line for r in rows] == [1, 3, 4]
-    assert rows[0] == crg.DSTC7Row("a1", "AskReddit", "c1", 3, 2, "START EOS hello there", "hi !", 1)
+    assert rows[0] == crg_data.DSTC7Row("a1", "AskReddit", "c1", 3, 2, "START EOS hello there", "hi !", 1)
     assert rows[1].context == "START EOS what ? EOS nothing"  # markers kept as text, as the reference feeds them
     assert rows[1].score == -1 and rows[1].response is None and rows[2].response is None
 
@@ -43,7 +43,7 @@ def test_malformed_rows_name_file_and_line(tmp_path, line, problem):
     p = tmp_path / "bad.txt"
     p.write_text(_row() + "\n" + line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="bad.txt") as e:
-        crg.read_dstc7_tsv(p)
+        crg_data.read_dstc7_tsv(p)
     assert problem in str(e.value)
 
 
@@ -51,15 +51,15 @@ def test_tsv_training_rows_need_a_response_and_other_errors(tmp_path):
     p = tmp_path / "train.txt"
     p.write_text(_row() + "\n" + _row("b2", resp="__UNDISCLOSED__") + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"--train-file .*train.txt line 2: no response"):
-        crg.read_dstc7_tsv(p, need_response=True, what="--train-file")
+        crg_data.read_dstc7_tsv(p, need_response=True, what="--train-file")
     (tmp_path / "latin1.txt").write_bytes(_row().encode() + b"\n" + _row(ctx="caf\xe9").encode("latin-1") + b"\n")
     with pytest.raises(ValueError, match="not UTF-8 text \\(line 2"):
-        crg.read_dstc7_tsv(tmp_path / "latin1.txt")
+        crg_data.read_dstc7_tsv(tmp_path / "latin1.txt")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="no row"):
-        crg.read_dstc7_tsv(tmp_path / "empty.txt")
+        crg_data.read_dstc7_tsv(tmp_path / "empty.txt")
     with pytest.raises(FileNotFoundError, match="no such file"):
-        crg.read_dstc7_tsv(tmp_path / "missing.txt")
+        crg_data.read_dstc7_tsv(tmp_path / "missing.txt")
 
 
 # ------------------------------------------------------------------------------------------------ offline contexts
@@ -67,9 +67,9 @@ def test_response_hyp_contexts(redditbias_dir):
     from rbjax.core.io import sha256_file
     from rbjax.data.redditbias import manifest
 
-    path = redditbias_dir / crg.RESPONSE_HYP
-    assert manifest()["files"][crg.RESPONSE_HYP]["sha256"] == sha256_file(path)  # downloadable, verified, for users
-    ex = crg.read_response_hyp(path)
+    path = redditbias_dir / crg_data.RESPONSE_HYP
+    assert manifest()["files"][crg_data.RESPONSE_HYP]["sha256"] == sha256_file(path)  # downloadable, verified, for users
+    ex = crg_data.read_response_hyp(path)
     raw = json.loads(path.read_text(encoding="utf-8"))
     assert len(ex) == 1472 and [k for k, _ in ex] == list(raw)
     assert ex[0] == ("6b1784c492ebd87f3b3369e19a67028858f9a2e2fe71026a4f97ae92",
@@ -77,42 +77,42 @@ def test_response_hyp_contexts(redditbias_dir):
                      "a contestant on the dating game in 1978.")
     # the text after the marker (a generated hypothesis in 733 records) is not part of the context
     assert ex[3][1].endswith("than * sideshow bob *.") and raw[ex[3][0]].endswith("__UNDISCLOSED__dude...")
-    assert sum(1 for v in raw.values() if not v.endswith(crg.UNDISCLOSED)) == 733
-    assert all(crg.UNDISCLOSED not in c and c.strip() for _, c in ex)
+    assert sum(1 for v in raw.values() if not v.endswith(crg_data.UNDISCLOSED)) == 733
+    assert all(crg_data.UNDISCLOSED not in c and c.strip() for _, c in ex)
 
 
 def test_response_hyp_errors(tmp_path):
     p = tmp_path / "r.txt"
     p.write_text(json.dumps({"k1": "ctx__UNDISCLOSED__", "k2": "no marker"}))
     with pytest.raises(ValueError, match="record 'k2' is not a string with the __UNDISCLOSED__ marker"):
-        crg.read_response_hyp(p)
+        crg_data.read_response_hyp(p)
     p.write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected a JSON object"):
-        crg.read_response_hyp(p)
+        crg_data.read_response_hyp(p)
 
 
 # ------------------------------------------------------------------------------------------------ examples
 def test_example_ids_by_hand():
     # fits: ctx + eos + resp + eos, the loss starts after the separator
-    assert crg.crg_example([1, 2, 3], [70, 80], 99, block_size=10) == ([1, 2, 3, 99, 70, 80, 99], 3)
+    assert crg_data.crg_example([1, 2, 3], [70, 80], 99, block_size=10) == ([1, 2, 3, 99, 70, 80, 99], 3)
     # exactly block_size tokens: nothing is cut
-    assert crg.crg_example([1, 2, 3, 4, 5, 6], [70, 80], 99, block_size=10) == ([1, 2, 3, 4, 5, 6, 99, 70, 80, 99], 6)
+    assert crg_data.crg_example([1, 2, 3, 4, 5, 6], [70, 80], 99, block_size=10) == ([1, 2, 3, 4, 5, 6, 99, 70, 80, 99], 6)
     # too long, short response: the context is cut from the left (its end, next to the response, is kept)
-    ids, n = crg.crg_example(list(range(1, 11)), [70, 80], 99, block_size=10)
+    ids, n = crg_data.crg_example(list(range(1, 11)), [70, 80], 99, block_size=10)
     assert ids == [5, 6, 7, 8, 9, 10, 99, 70, 80, 99] and n == 6
     # a response of block_size - 2 or more keeps the whole context and is cut (the reference's rule)
-    ids, n = crg.crg_example([1, 2], list(range(70, 80)), 99, block_size=10)
+    ids, n = crg_data.crg_example([1, 2], list(range(70, 80)), 99, block_size=10)
     assert ids == [1, 2, 99, 70, 71, 72, 73, 74, 75, 99] and n == 2
     # ... and a context that alone overflows then drops the example
-    assert crg.crg_example(list(range(1, 10)), list(range(70, 78)), 99, block_size=10) is None
+    assert crg_data.crg_example(list(range(1, 10)), list(range(70, 78)), 99, block_size=10) is None
     with pytest.raises(ValueError, match="block_size must be >= 3"):
-        crg.crg_example([1], [2], 99, block_size=2)
+        crg_data.crg_example([1], [2], 99, block_size=2)
 
 
 def test_build_arrays_exact_ids_and_loss_mask(tok):
-    rows = [crg.DSTC7Row("a", "s", "c", 1, 2, "START EOS is it raining ?", "yes , all day .", 1),
-            crg.DSTC7Row("b", "s", "c", 1, 2, " ".join(f"word{i}" for i in range(40)), "sure", 2)]
-    arrays, stats = crg.build_crg_arrays(rows, tok, block_size=32)
+    rows = [crg_data.DSTC7Row("a", "s", "c", 1, 2, "START EOS is it raining ?", "yes , all day .", 1),
+            crg_data.DSTC7Row("b", "s", "c", 1, 2, " ".join(f"word{i}" for i in range(40)), "sure", 2)]
+    arrays, stats = crg_data.build_crg_arrays(rows, tok, block_size=32)
     ctx0, resp0 = tok.encode(rows[0].context), tok.encode(rows[0].response)
     ids0 = ctx0 + [EOS] + resp0 + [EOS]
     n0 = len(ids0)
@@ -130,13 +130,13 @@ def test_build_arrays_exact_ids_and_loss_mask(tok):
     assert stats == {"n_rows": 2, "n_examples": 2, "n_dropped_too_long": 0, "n_context_cut": 1, "n_response_cut": 0,
                      "n_tokens": n0 + 32, "n_loss_tokens": len(resp0) + 1 + len(resp1) + 1}
     with pytest.raises(ValueError, match="line 7 \\(hash z\\): no response"):
-        crg.build_crg_arrays([crg.DSTC7Row("z", "s", "c", 1, 2, "ctx", None, 7)], tok)
+        crg_data.build_crg_arrays([crg_data.DSTC7Row("z", "s", "c", 1, 2, "ctx", None, 7)], tok)
 
 
 def test_reference_sets_are_line_aligned(tmp_path):
     a, b = tmp_path / "ref0.txt", tmp_path / "ref1.txt"
     a.write_text("one\ntwo\nthree\n")
     b.write_text("uno\ndos\n")
-    assert crg.read_reference_sets([a], 3) == [["one", "two", "three"]]
+    assert crg_data.read_reference_sets([a], 3) == [["one", "two", "three"]]
     with pytest.raises(ValueError, match="ref1.txt has 2 lines but there are 3 test examples"):
-        crg.read_reference_sets([a, b], 3)
+        crg_data.read_reference_sets([a, b], 3)

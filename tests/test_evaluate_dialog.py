@@ -8,7 +8,7 @@ import pytest
 
 from rbjax.cli import main
 from rbjax.core.io import sha256_file
-from rbjax.dialog import crg
+from rbjax.dialog import crg_data
 from rbjax.dialog.crg_metrics import crg_metrics
 from rbjax.dialog.evaluate import evaluate
 
@@ -105,7 +105,7 @@ def test_model_argument_forms(tiny_model_dir, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ reuse
 def test_lmp_reuse_and_recompute(tiny_model_dir, tokenizer_dir, tmp_path, capsys):
-    from rbjax.dialog.lmp import model_perplexity
+    from rbjax.dialog.reddit_perplexity import model_perplexity
     from rbjax.model.gpt2 import init_params
     from rbjax.model.hf import load_pretrained, save_pretrained
 
@@ -117,7 +117,7 @@ def test_lmp_reuse_and_recompute(tiny_model_dir, tokenizer_dir, tmp_path, capsys
     out = tmp_path / "out"
     r1 = evaluate("lmp", model, out, lmp_file=lines, progress=False)
     assert r1["reused"] is False and r1["data"]["lmp_file"]["official"] is False
-    # the same figure as rbjax.dialog.lmp's own entry point
+    # the same figure as rbjax.dialog.reddit_perplexity's own entry point
     assert r1["metrics"]["perplexity"] == pytest.approx(model_perplexity(model, lines)["perplexity"], rel=1e-6)
     capsys.readouterr()
     r2 = evaluate("lmp", model, out, lmp_file=lines, progress=False)
@@ -173,7 +173,7 @@ def test_crg_fine_tune_generate_and_score_with_references(tiny_model_dir, tmp_pa
     hyps = (out / "crg_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     assert hyps == [" ".join(r["response"].split()) for r in recs]
     # the metrics are crg_metrics of the written hypotheses against the reference files (cleaned: the default)
-    want = crg_metrics(hyps, crg.read_reference_sets(refs, 5), clean=True, compute_meteor=False)
+    want = crg_metrics(hyps, crg_data.read_reference_sets(refs, 5), clean=True, compute_meteor=False)
     m = res["metrics"]
     for k in ("bleu", "nist", "entropy", "dist", "avg_len"):
         assert m[k] == pytest.approx(want[k])
@@ -195,7 +195,7 @@ def test_crg_fine_tune_generate_and_score_with_references(tiny_model_dir, tmp_pa
 def test_crg_offline_default_contexts(tiny_model_dir, redditbias_dir, tmp_path, capsys):
     out = tmp_path / "out"
     res = evaluate("crg", tiny_model_dir, out, data_dir=redditbias_dir, max_examples=8, progress=False)
-    first = crg.read_response_hyp(redditbias_dir / crg.RESPONSE_HYP)[:8]
+    first = crg_data.read_response_hyp(redditbias_dir / crg_data.RESPONSE_HYP)[:8]
     recs = _read_jsonl(out / "crg_responses.jsonl")
     assert [(r["key"], r["context"]) for r in recs] == first
     assert res["fine_tuned"] is False and res["training"] is None

@@ -69,7 +69,7 @@ def test_measure_llama_bos_policy_and_torch_parity(tiny_llama, redditbias_dir, t
 
 @pytest.mark.slow
 def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, tmp_path):
-    from rbjax.debias.train import train
+    from rbjax.debias.run import train
     from rbjax.lmb.measure import LoadedModel, measure_bias
     from rbjax.model.hf import load_pretrained
 
@@ -173,7 +173,7 @@ def test_other_families_measure_debias_export_evaluate(name, redditbias_dir, tmp
     PyTorch's one phrase at a time, BOS as the family's tokenizer adds it), ``debias`` with each method (the output
     embedding trained), ``measure`` of an exported run, ``evaluate --task lmp``, and every export loading back in
     ``transformers`` as the same architecture."""
-    from rbjax.debias.train import train
+    from rbjax.debias.run import train
     from rbjax.lmb.measure import measure_bias
     from rbjax.model.hf import load_pretrained, save_pretrained
     from rbjax.model.registry import FAMILIES

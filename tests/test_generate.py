@@ -147,7 +147,7 @@ def test_reference_semantics_count_the_prompt(params):
 
 
 def test_jsonl_writer_and_prompts(tmp_path, tokenizer_dir):
-    from rbjax.dialog.generate import build_prompt, generate_responses
+    from rbjax.dialog.crg_generation import build_prompt, generate_responses
     from rbjax.model.tokenizer import load_tokenizer
 
     assert build_prompt([1, 2, 3], 50256) == [1, 2, 3, 50256]

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from rbjax.dialog.lmp import lmp_from_counts, model_perplexity, read_reference_lines, reddit_perplexity
+from rbjax.dialog.reddit_perplexity import lmp_from_counts, model_perplexity, read_reference_lines, reddit_perplexity
 from rbjax.model import hf
 from rbjax.model.tokenizer import load_tokenizer
 

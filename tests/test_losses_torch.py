@@ -1,8 +1,8 @@
 """PyTorch parity of the debiasing losses and the trainer's LM loss (needs the test extra: torch, transformers).
 
 * Reference semantics (triggers + losses from token ids) against the official formulas written as PyTorch loops.
-* The trainer's causal LM loss (:func:`rbjax.debias.train.lm_loss`, and a real training micro-batch through
-  :func:`rbjax.debias.train.batch_losses`) against ``GPT2LMHeadModel(labels=…)`` with −100 on padding, on
+* The trainer's causal LM loss (:func:`rbjax.debias.run.lm_loss`, and a real training micro-batch through
+  :func:`rbjax.debias.run.batch_losses`) against ``GPT2LMHeadModel(labels=…)`` with −100 on padding, on
   right-padded batches of different lengths.
 """
 import jax

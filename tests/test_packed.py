@@ -17,8 +17,8 @@ from rbjax.train.batching import (
     packed_need,
 )
 from rbjax.debias.loop import DebiasTrainer, RunHparams
-from rbjax.dialog.crg import CRGObjective
-from rbjax.dialog.dst import DSTObjective
+from rbjax.dialog.crg_data import CRGObjective
+from rbjax.dialog.state_tracking import DSTObjective
 from rbjax.train.config import TrainerConfig
 from rbjax.train.loop import Trainer
 from rbjax.train.step import StepSpec, batch_losses, compiled_programs
@@ -174,7 +174,7 @@ def test_dialog_task_losses_packed_equal_padded(method):
     rng = np.random.default_rng(3)
     params = init_params(CFG, seed=2)
     if method == "dst":
-        from rbjax.dialog.dst import init_head
+        from rbjax.dialog.state_tracking import init_head
 
         params = {"gpt2": params, "head": init_head(CFG, seed=0)}
     spec = StepSpec(config=CFG, objective=DSTObjective() if method == "dst" else CRGObjective(), dropout=False)
@@ -195,7 +195,7 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
     rng = np.random.default_rng(4)
     params = init_params(CFG, seed=2)
     if method == "dst":
-        from rbjax.dialog.dst import init_head
+        from rbjax.dialog.state_tracking import init_head
 
         params = {"gpt2": params, "head": init_head(CFG, seed=0)}
     arrays = _dialog_batch(rng, rng.integers(2, 13, 20), with_loss_mask=method == "crg")

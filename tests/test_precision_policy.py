@@ -18,7 +18,7 @@ import pytest
 from rbjax.core.precision import POLICIES, get_policy
 from rbjax.debias.objective import DebiasObjective
 from rbjax.train.step import StepSpec, init_state, micro_batch_losses, train_step_jit
-from rbjax.dialog import dst
+from rbjax.dialog import state_tracking
 from rbjax.lmb.perplexity import PerplexityScorer, token_nll
 from rbjax.model import generate as gen
 from rbjax.model.gpt2 import GPT2Config, init_params
@@ -91,8 +91,8 @@ def test_fp32_scoring_sampling_and_dst_ignore_global_matmul_default(global_bf16_
     ids, mask = _batch(np.random.default_rng(1))
     precs = _dot_precisions(token_nll.lower(params, ids, mask, CFG, "fp32").as_text())
     assert precs and set(precs) == {"HIGHEST"}, precs
-    head = dst.init_head(CFG, 0)
-    precs = _dot_precisions(dst._probs.lower(params, head, ids, mask, CFG, "last").as_text())
+    head = state_tracking.init_head(CFG, 0)
+    precs = _dot_precisions(state_tracking._probs.lower(params, head, ids, mask, CFG, "last").as_text())
     assert precs and set(precs) == {"HIGHEST"}, precs
     P = 4
     args = (params, ids[:, :P], np.ones((3, P), np.int32), np.full(3, 2, np.int32), np.arange(3, dtype=np.int32),

@@ -87,7 +87,7 @@ def test_training_resume_refuses_checkpoints_of_a_changed_shard(sharded, tokeniz
     """debias: a checkpoint taken from the sharded model is not resumed once one shard changed (the starting model
     is another), and a finished run of it is not reused."""
     from rbjax.debias.loop import DebiasTrainer
-    from rbjax.debias.train import train
+    from rbjax.debias.run import train
 
     cfg = small_train_config(sharded, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=2, save_every=1,
                              dropout=False)

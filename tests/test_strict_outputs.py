@@ -49,7 +49,7 @@ def test_nan_loss_with_finite_gradient_is_skipped_and_every_file_is_strict_json(
     while the gradient (the LM term's; the masked debias term contributes exact zeros) is finite. The update used to be
     applied and not counted; now it is skipped and counted, the model is exported unchanged, and every JSON/JSONL
     file of the run (config, metrics, results, LMB, checkpoints' metadata) parses as strict JSON."""
-    from rbjax.debias.train import train
+    from rbjax.debias.run import train
     from rbjax.model.hf import load_pretrained
 
     # one phrase with a religion1 target term (the run is refused without any), 15 without: one epoch of 4 updates

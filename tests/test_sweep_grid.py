@@ -146,7 +146,7 @@ def test_dev_lmb_of_stacked_models_equals_each_alone(tiny_model_dir, tokenizer_d
     import numpy as np
 
     from rbjax.debias.sweep import dev_lmb
-    from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+    from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
     from rbjax.model.hf import load_pretrained
     from rbjax.model.tokenizer import load_tokenizer
 

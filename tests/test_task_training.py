@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rbjax.train.batching import ArrayData
-from rbjax.dialog.crg import CRGObjective
-from rbjax.dialog.dst import DSTObjective
+from rbjax.dialog.crg_data import CRGObjective
+from rbjax.dialog.state_tracking import DSTObjective
 from rbjax.train.config import TrainerConfig
 from rbjax.train.loop import Trainer
 from rbjax.train.step import StepSpec, batch_losses
@@ -55,7 +55,7 @@ def test_crg_loss_scores_the_response_only():
 
 
 def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
-    from rbjax.dialog.dst import dst_logits, dst_loss, init_head
+    from rbjax.dialog.state_tracking import dst_logits, dst_loss, init_head
 
     params = {"gpt2": init_params(CFG, seed=2), "head": init_head(CFG, seed=0)}
     rng = np.random.default_rng(0)

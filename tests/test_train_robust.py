@@ -326,7 +326,7 @@ def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_
 def test_whole_run_totals_sum_every_session(tmp_path):
     """Hand-made metric lines: a short first session (killed after update 2 at 1.5 s) and a resumed one whose first
     update already took 4 s (compilation): 3 + 2 + 5 + 7 = 17 tokens over 1.5 + 6.0 s in 2 sessions."""
-    from rbjax.debias.train import whole_run_totals
+    from rbjax.debias.run import whole_run_totals
 
     rows = [{"step": 1, "tokens": 3, "elapsed_s": 0.5, "session": 1.0},
             {"step": 2, "tokens": 2, "elapsed_s": 1.5, "session": 1.0},

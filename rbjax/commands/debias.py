@@ -12,7 +12,7 @@ from rbjax.commands.options import option_spec
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import TrainConfig
-from rbjax.debias.train import check_own_bias_type_data, train
+from rbjax.debias.run import check_own_bias_type_data, train
 from rbjax.model.memory import plan_for_model
 
 

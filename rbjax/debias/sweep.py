@@ -69,8 +69,8 @@ from rbjax.debias.config import LOSS_METHODS, TrainConfig
 from rbjax.debias.data import TrainingData
 from rbjax.debias.loop import DebiasTrainer, RunHparams
 from rbjax.debias.sweep_config import SweepConfig
-from rbjax.debias.train import lmp_reference_file, train
-from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.debias.run import lmp_reference_file, train
+from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle

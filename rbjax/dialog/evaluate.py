@@ -22,16 +22,16 @@ never relabelled. CRG also checks that ``crg_responses.jsonl`` is still the file
 Each task is a module of :mod:`rbjax.dialog.tasks` (its settings dataclass and its runner, behind a registry:
 :func:`rbjax.dialog.tasks.get_task`):
 
-* ``lmp`` (:mod:`rbjax.dialog.tasks.lmp`) — :func:`rbjax.dialog.lmp.reddit_perplexity` on RedditBias ``text_files/humanref6k.txt`` (from
+* ``lmp`` (:mod:`rbjax.dialog.tasks.lmp`) — :func:`rbjax.dialog.reddit_perplexity.reddit_perplexity` on RedditBias ``text_files/humanref6k.txt`` (from
   ``data_dir``, ``$RBJAX_DATA_DIR`` or the verified download cache) or ``lmp_file``; 36-token lines.
-* ``dst`` (:mod:`rbjax.dialog.tasks.dst`) — the binary slot-value classifier (:mod:`rbjax.dialog.dst`): train the GPT-2 body + ``Linear(d→1)`` on
+* ``dst`` (:mod:`rbjax.dialog.tasks.dst`) — the binary slot-value classifier (:mod:`rbjax.dialog.state_tracking`): train the GPT-2 body + ``Linear(d→1)`` on
   the MultiWOZ 2.0 train split (``train_file``) or, by default, on the ``val`` split standing in for it (the train
   split is not in the default download; the result says so), with the shared trainer (batch 12, accumulation 4,
   1 epoch, lr 5e-5, block 128, seed 42); evaluate on the ``test`` split: accuracy, F1 (class 1), macro-F1, the
   confusion matrix and counts, optionally joint goal accuracy (``joint_goal``) with its cost.
 * ``crg`` (:mod:`rbjax.dialog.tasks.crg`) — DSTC-7: optionally fine-tune on a DSTC-7 TSV (``train_file``; the loss on the response only; batch 16,
   accumulation 5, 1 epoch, lr 5e-5, block 128), generate a response per test context
-  (:func:`rbjax.dialog.generate.generate_responses`; top-k 50, 64 new tokens, or the reference's top-k 50 + top-p
+  (:func:`rbjax.dialog.crg_generation.generate_responses`; top-k 50, 64 new tokens, or the reference's top-k 50 + top-p
   0.95, 128 tokens with the prompt) into ``OUT/crg_responses.jsonl`` (and the hypotheses, one per line, into
   ``OUT/crg_hypotheses.txt``), and score them with the DSTC-7 metrics (:func:`rbjax.dialog.crg_metrics.crg_metrics`;
   without reference files only the reference-free ones). Test contexts: ``test_file`` (DSTC-7 TSV), else the 1,472

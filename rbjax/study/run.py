@@ -33,7 +33,7 @@ from rbjax.core.log import say
 from rbjax.core.reuse import KeyedEntries
 from rbjax.debias.config import TrainConfig
 from rbjax.debias.sweep import grid_points, run_sweeps
-from rbjax.debias.train import train
+from rbjax.debias.run import train
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
 from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key

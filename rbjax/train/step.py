@@ -3,8 +3,8 @@
 Importable without orbax, tqdm or any I/O: this is what people unit-test, ``vmap`` over a hyper-parameter grid and
 shard over a device mesh. The step knows no task: the loss comes from the run's *objective*
 (:class:`Objective`), a hashable callable that the debiasing methods (:class:`rbjax.debias.objective.DebiasObjective`:
-LM, LMD, ADD, HD, CDA) and the dialog fine-tuning tasks (:class:`rbjax.dialog.dst.DSTObjective`,
-:class:`rbjax.dialog.crg.CRGObjective`) each supply. One compiled program per (objective, batch shape): the per-run
+LM, LMD, ADD, HD, CDA) and the dialog fine-tuning tasks (:class:`rbjax.dialog.state_tracking.DSTObjective`,
+:class:`rbjax.dialog.crg_data.CRGObjective`) each supply. One compiled program per (objective, batch shape): the per-run
 hyper-parameters (the objective's loss weights, e.g. λ_LM and λ_D of eq. 2, and the peak learning rate) live in the
 state as arrays, so the 6 λ combinations of the paper's grid at one (batch, accumulation) setting share a program,
 vmapped over a stacked state (:func:`grid_train_step`).

@@ -1,8 +1,8 @@
 """``crg``: response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
 ``OUT/crg_responses.jsonl`` and ``OUT/crg_hypotheses.txt``.
 
-Optionally fine-tunes on a DSTC-7 TSV (``crg_train_file``; the loss on the response only, :mod:`rbjax.dialog.crg`),
-generates a response per test context (:func:`rbjax.dialog.generate.generate_responses`) and scores them with the
+Optionally fine-tunes on a DSTC-7 TSV (``crg_train_file``; the loss on the response only, :mod:`rbjax.dialog.crg_data`),
+generates a response per test context (:func:`rbjax.dialog.crg_generation.generate_responses`) and scores them with the
 DSTC-7 metrics (:func:`rbjax.dialog.crg_metrics.crg_metrics`; without reference files only the reference-free
 ones).
 """
@@ -17,9 +17,9 @@ from rbjax.core.config import field
 from rbjax.core.io import atomic_write_text, versions
 from rbjax.core.keys import file_digest
 from rbjax.data.redditbias import RedditBiasData
-from rbjax.dialog import crg
+from rbjax.dialog import crg_data
 from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics
-from rbjax.dialog.generate import REFERENCE_PROMPT_WIDTH, generate_responses
+from rbjax.dialog.crg_generation import REFERENCE_PROMPT_WIDTH, generate_responses
 from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
@@ -120,25 +120,25 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     out_dir = Path(out_dir)
     notes = []
     if s.test_file:
-        rows = crg.read_dstc7_tsv(s.test_file, what="--test-file")
+        rows = crg_data.read_dstc7_tsv(s.test_file, what="--test-file")
         examples = [(r.hash, r.context) for r in rows]
         test_rec = {**file_record(Path(s.test_file)), "what": "DSTC-7 TSV given by the user", "n_rows": len(rows),
                     "official": None, "stand_in_for": None}
     else:
-        path = RedditBiasData(s.data_dir).path(crg.RESPONSE_HYP)
-        examples = crg.read_response_hyp(path)
+        path = RedditBiasData(s.data_dir).path(crg_data.RESPONSE_HYP)
+        examples = crg_data.read_response_hyp(path)
         test_rec = {**file_record(path), "what": "RedditBias data/dstc7/response_hyp.txt: the DSTC-7 test contexts "
                     "released with RedditBias", "n_rows": len(examples), "official": False,
                     "stand_in_for": "DSTC-7 test set (2,208 scored keys; its text is not distributed)"}
         notes.append(f"test contexts: the {len(examples)} DSTC-7 test contexts of RedditBias's response_hyp.txt "
                      "(the official test text is not distributed; pass --test-file for your own)")
     n_total = len(examples)
-    refs = crg.read_reference_sets(s.refs, n_total) if s.refs else None
+    refs = crg_data.read_reference_sets(s.refs, n_total) if s.refs else None
     if s.max_examples:
         examples = examples[:s.max_examples]
         refs = None if refs is None else [r[:s.max_examples] for r in refs]
         notes.append(f"--max-examples {s.max_examples}: only the first {len(examples)} of {n_total} test contexts")
-    train_rows = (crg.read_dstc7_tsv(s.crg_train_file, need_response=True, what="--train-file")
+    train_rows = (crg_data.read_dstc7_tsv(s.crg_train_file, need_response=True, what="--train-file")
                   if s.crg_train_file else None)
     data_key = {"test": test_rec["sha256"], "train": None if train_rows is None else file_digest(s.crg_train_file),
                 "refs": [file_digest(p) for p in (s.refs or [])]}
@@ -167,9 +167,9 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     if train_rows is not None:
         if s.block_size > config.max_positions:
             raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
-        arrays, stats = crg.build_crg_arrays(train_rows, tok, block_size=s.block_size)
+        arrays, stats = crg_data.build_crg_arrays(train_rows, tok, block_size=s.block_size)
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
-        params, training, train_dir = fine_tune("crg", crg.CRGObjective(), model, out_dir, s, params, data,
+        params, training, train_dir = fine_tune("crg", crg_data.CRGObjective(), model, out_dir, s, params, data,
                                                  what="CRG")
         training["examples"] = stats
         timings["train_s"] = training["seconds"]

@@ -1,6 +1,6 @@
 """``dst``: dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; reference-debias.md §10) → ``OUT/dst.json``.
 
-Trains the binary slot-value classifier (:mod:`rbjax.dialog.dst`: GPT-2 body + ``Linear(d→1)``) with the shared
+Trains the binary slot-value classifier (:mod:`rbjax.dialog.state_tracking`: GPT-2 body + ``Linear(d→1)``) with the shared
 trainer on the MultiWOZ 2.0 train split (``dst_train_file``) or, by default, on the ``val`` split standing in for it
 (the result says so), then scores the sampled binary pairs of the ``test`` split; optionally joint goal accuracy.
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rbjax.core.config import field
-from rbjax.dialog import dst
+from rbjax.dialog import state_tracking
 from rbjax.dialog import multiwoz as mw
 from rbjax.dialog.tasks.common import (
     EvalModel,
@@ -178,15 +178,15 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     # train first
     if reference:
         rng = random.Random(s.seed)
-        train_ex = dst.build_examples(train.dialogues, onto, semantics="reference", rng=rng)
-        test_ex = dst.build_examples(test.dialogues, onto, semantics="reference", rng=rng)
+        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="reference", rng=rng)
+        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="reference", rng=rng)
     else:
-        train_ex = dst.build_examples(train.dialogues, onto, semantics="paper", seed=s.seed)
-        test_ex = dst.build_examples(test.dialogues, onto, semantics="paper", seed=s.seed)
-    counts = {"train_all": dst.example_counts(train_ex), "test_all": dst.example_counts(test_ex)}
+        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="paper", seed=s.seed)
+        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="paper", seed=s.seed)
+    counts = {"train_all": state_tracking.example_counts(train_ex), "test_all": state_tracking.example_counts(test_ex)}
     if s.max_examples:
         train_ex, test_ex = train_ex[:s.max_examples], test_ex[:s.max_examples]
-    counts.update(train=dst.example_counts(train_ex), test=dst.example_counts(test_ex))
+    counts.update(train=state_tracking.example_counts(train_ex), test=state_tracking.example_counts(test_ex))
     if not train_ex or not test_ex:
         raise ValueError(f"no DST examples (train {len(train_ex)}, test {len(test_ex)}): no turn with a turn_label")
     mesh = task_mesh(s)
@@ -197,30 +197,30 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     if s.block_size > config.max_positions:
         raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
     trunc = "reference" if reference else "left"
-    train_arr = dst.encode_examples(train_ex, tok, block_size=s.block_size, truncation=trunc)
-    test_arr = dst.encode_examples(test_ex, tok, block_size=s.block_size, truncation=trunc)
+    train_arr = state_tracking.encode_examples(train_ex, tok, block_size=s.block_size, truncation=trunc)
+    test_arr = state_tracking.encode_examples(test_ex, tok, block_size=s.block_size, truncation=trunc)
     counts["train_truncated"] = int((train_arr["lengths"] > s.block_size).sum())
     counts["test_truncated"] = int((test_arr["lengths"] > s.block_size).sum())
     tr = trim_columns({k: train_arr[k] for k in ("input_ids", "attention_mask", "labels")})
     data = ArrayData(tr, pad_id=tok.eos_id, info={"task": "dst", "split": train.split,
                                                   "stand_in_for": train.stand_in_for,
                                                   "n_examples": len(train_ex), "semantics": s.semantics})
-    start = {"gpt2": params, "head": dst.init_head(config, s.seed)}
-    trained, training, train_dir = fine_tune("dst", dst.DSTObjective(pooling="reference" if s.semantics == "reference" else "last"),
+    start = {"gpt2": params, "head": state_tracking.init_head(config, s.seed)}
+    trained, training, train_dir = fine_tune("dst", state_tracking.DSTObjective(pooling="reference" if s.semantics == "reference" else "last"),
                                             model, out_dir, s, start, data, what="DST")
 
     t1 = time.perf_counter()
     pooling = "reference" if reference else "last"
-    probs = dst.predict_proba(trained["gpt2"], trained["head"], test_arr, config, batch_size=s.eval_batch_size,
+    probs = state_tracking.predict_proba(trained["gpt2"], trained["head"], test_arr, config, batch_size=s.eval_batch_size,
                               pooling=pooling, progress=s.progress, desc="DST test pairs", mesh=mesh)
-    metrics = dst.binary_metrics(probs, test_arr["labels"])
+    metrics = state_tracking.binary_metrics(probs, test_arr["labels"])
     t_eval = time.perf_counter() - t1
     metrics["mean_prob_positive"] = float(np.mean(probs[test_arr["labels"] > 0.5])) if metrics["n_positive"] else None
     timings = {"load_data_s": t_data, "load_model_s": t_model, "train_s": training["seconds"], "eval_s": t_eval}
     if s.joint_goal:
         dials = test.dialogues[:s.jga_max_dialogues] if s.jga_max_dialogues else test.dialogues
         t1 = time.perf_counter()
-        jr = dst.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
+        jr = state_tracking.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
                                   batch_size=s.eval_batch_size, block_size=s.block_size, truncation=trunc,
                                   pooling=pooling, progress=s.progress, mesh=mesh)
         secs = time.perf_counter() - t1
@@ -229,7 +229,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
             "oracle_jga": jr["oracle_jga"], "n_dialogues": len(dials), "dialogues_of_split": len(test.dialogues),
             "cost": {"pairs_scored": jr["n_pairs"], "seconds": secs,
                      "pairs_per_s": jr["n_pairs"] / secs if secs > 0 else None,
-                     "binary_pairs": metrics["n"], "full_split": dst.jga_cost(test.dialogues, onto)},
+                     "binary_pairs": metrics["n"], "full_split": state_tracking.jga_cost(test.dialogues, onto)},
             "per_dialogue": jr["per_dialogue"]}
         timings["joint_goal_s"] = secs
     notes = []

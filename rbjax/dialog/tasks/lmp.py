@@ -1,4 +1,4 @@
-"""``lmp``: Reddit-6K perplexity of the model (paper §3.2; :mod:`rbjax.dialog.lmp`) → ``OUT/lmp.json``."""
+"""``lmp``: Reddit-6K perplexity of the model (paper §3.2; :mod:`rbjax.dialog.reddit_perplexity`) → ``OUT/lmp.json``."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ from pathlib import Path
 from rbjax.core.config import field
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import RedditBiasData, manifest
-from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
@@ -49,7 +49,7 @@ def memory_plans(s: LMPSettings) -> list[dict]:
 
 
 def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, overwrite: bool = False) -> dict:
-    """Reddit-6K perplexity (paper §3.2; :mod:`rbjax.dialog.lmp`) → ``OUT/lmp.json``.
+    """Reddit-6K perplexity (paper §3.2; :mod:`rbjax.dialog.reddit_perplexity`) → ``OUT/lmp.json``.
 
     ``s``: ``lmp_file``/``data_dir``, ``lmp_max_lines``, ``lmp_block_size``, ``eval_batch_size``, ``progress``.
     Metrics: ``perplexity`` (corpus level), ``reference_grid``, ``reference_cda``, ``mean_nll`` and counts.

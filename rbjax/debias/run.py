@@ -46,7 +46,7 @@ from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_type
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.loop import DebiasTrainer, TrainResult
 from rbjax.train.checkpoint import Checkpointer
-from rbjax.dialog.lmp import read_reference_lines, reddit_perplexity
+from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
 from rbjax.model.handle import has_tokenizer_files
 from rbjax.model.hf import load_pretrained, model_files_key, resolve_model_dir, save_pretrained
