@@ -63,8 +63,11 @@ class Variant:
         from rbjax.dialog.state_tracking import DSTObjective, init_head
         from rbjax.dialog.tasks.dst import trim_columns
         from rbjax.train.batching import ArrayData
+        from rbjax.core.mesh import run_mesh
+        from rbjax.model.handle import ModelHandle
         from rbjax.train.config import TrainerConfig
-        from rbjax.train.loop import Trainer
+        from rbjax.train.loop import Trainer, TrainPoint
+        from rbjax.train.optim import make_optimizer
 
         self.name = name
         self.method = "lm" if name == "lm" else "dst"
@@ -74,11 +77,13 @@ class Variant:
         if self.method == "lm":
             a.pop("labels")
         start = {"gpt2": params, "head": init_head(config, 0)} if self.method == "dst" else params
-        cfg = TrainerConfig(model="random", out_dir="/nonexistent", batch_size=batch, grad_accum=1, epochs=1,
-                            max_steps=rounds + 1, block_size=128, progress=False)
+        cfg = TrainerConfig(batch_size=batch, grad_accum=1, epochs=1, max_steps=rounds + 1, block_size=128,
+                            progress=False)
         objective = DebiasObjective("lm") if self.method == "lm" else DSTObjective()
-        self.trainer = Trainer(cfg, objective, model_config=config, params=start, model_key=name,
-                               tokenizer=tokenizer, data=ArrayData(a, pad_id=pad_id, info={"bench": name}))
+        model = ModelHandle.from_params(params, config, tokenizer, name=name, key=name)
+        self.trainer = Trainer(cfg, model, objective, make_optimizer(), ArrayData(a, pad_id=pad_id,
+                                                                                  info={"bench": name}),
+                               mesh=run_mesh(None, batch_size=batch), points=TrainPoint({}, 5e-5), params=start)
         self.state = self.trainer.initial_state()
         self.u = 0
         self.batch, self.width = batch, int(a["input_ids"].shape[1])

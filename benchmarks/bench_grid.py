@@ -82,9 +82,9 @@ def machine() -> dict:
 
 
 def _base_cfg(out: Path, batch_size: int, updates: int, **kw):
-    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.config import DebiasRun
 
-    return TrainConfig(method="lmd", bias_type="religion1", model="(random weights)",
+    return DebiasRun.from_flat(method="lmd", bias_type="religion1", model="(random weights)",
                        tokenizer=str(SHARED / "tokenizers" / "gpt2"), data_dir=str(SHARED / "redditbias"),
                        out_dir=str(out), batch_size=batch_size, grad_accum=1, max_steps=updates, export=False,
                        evaluate=False, lmp=False, progress=False, **kw)
@@ -104,8 +104,9 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
 
     from rbjax.debias.data import TrainingData
     from rbjax.train.batching import BatchPlan
-    from rbjax.debias.loop import DebiasTrainer, RunHparams
+    from rbjax.debias.run import debias_trainer, lambda_point
     from rbjax.model.gpt2 import init_params
+    from rbjax.model.handle import ModelHandle
     from rbjax.model.tokenizer import load_tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_grid_"))
@@ -113,12 +114,12 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
     tok = load_tokenizer(cfg.tokenizer)
     params = init_params(config, 0)
     data = TrainingData(cfg, tok, config.vocab_size)
-    plan = BatchPlan(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover,
-                     cfg.max_steps)
-    pts = [RunHparams(lm, d, cfg.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
-    common = dict(model_config=config, params=params, model_key=f"bench-{name}", tokenizer=tok, data=data, plan=plan)
-    grid = DebiasTrainer(cfg, points=pts, **common)
-    singles = [DebiasTrainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d), **common) for p in pts]
+    plan = BatchPlan.of_run(data, cfg.trainer_config)
+    pts = [lambda_point(lm, d, cfg.optimizer.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
+    model = ModelHandle.from_params(params, config, tok, name=f"bench-{name}", key=f"bench-{name}")
+    common = dict(model=model, data=data, plan=plan)
+    grid = debias_trainer(cfg, points=pts, **common)
+    singles = [debias_trainer(cfg, points=p, **common) for p in pts]
     n_dev = len(jax.devices())
     rounds = {"vmapped": [], "one_at_a_time": []}
     first = {"vmapped": [], "one_at_a_time": []}

@@ -50,12 +50,12 @@ def model_config(args):
 
 
 def lm_data(tok, config):
-    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.config import DebiasRun
     from rbjax.debias.data import TrainingData
 
-    cfg = TrainConfig(method="lm", bias_type="religion1", model="random", data_dir=str(SHARED / "redditbias"),
-                      batch_size=LM_BATCH, export=False, evaluate=False, lmp=False, progress=False)
-    return cfg, TrainingData(cfg, tok, config.vocab_size)
+    cfg = DebiasRun.from_flat(method="lm", bias_type="religion1", model="random", data_dir=str(SHARED / "redditbias"),
+                              batch_size=LM_BATCH, export=False, evaluate=False, lmp=False, progress=False)
+    return cfg.trainer_config, TrainingData(cfg, tok, config.vocab_size)
 
 
 def dst_data(tok, n: int):
@@ -66,7 +66,7 @@ def dst_data(tok, n: int):
 
     a = dst_arrays(n, tok)
     a = trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
-    cfg = TrainerConfig(model="random", batch_size=DST_BATCH, block_size=128, progress=False)
+    cfg = TrainerConfig(batch_size=DST_BATCH, block_size=128, progress=False)
     return cfg, ArrayData(a, pad_id=tok.eos_id, info={"bench": "dst"})
 
 
@@ -89,8 +89,8 @@ class RbjaxVariant:
 
         self.name, self.plan, self.shared = name, plan, shared
         self.spec = StepSpec(config=config, objective=objective, dropout=True)
-        self.state = init_state(jax.tree.map(lambda x: x.copy(), params), self.spec, lambda_lm=1.0, lambda_d=0.0,
-                                lr=5e-5, t_total=10_000)
+        self.state = init_state(jax.tree.map(lambda x: x.copy(), params), self.spec, hparams={}, lr=5e-5,
+                                t_total=10_000)
         self.times, self.tokens = [], []
 
     def update(self, u: int) -> float:
@@ -122,7 +122,7 @@ def rbjax_worker(args) -> dict:
     for task in args.variants.split(","):
         if task == "lm":
             cfg, data = lm_data(tok, config)
-            start, objective = params, DebiasObjective(cfg.method, cfg.semantics)
+            start, objective = params, DebiasObjective("lm")
         else:
             cfg, data = dst_data(tok, DST_BATCH * (args.steps + 2))
             start, objective = {"gpt2": params, "head": init_head(config, 0)}, DSTObjective()

@@ -90,11 +90,13 @@ class RbjaxStep:
         from rbjax.debias.objective import DebiasObjective
         from rbjax.train.step import StepSpec, init_state, train_step_jit
 
-        spec = StepSpec(config=self.config, objective=DebiasObjective(method, semantics), dropout=True)
+        objective = DebiasObjective(method, semantics)
+        spec = StepSpec(config=self.config, objective=objective, dropout=True)
         key = (method, semantics)
         if key not in self.states:  # one state per method (each donates its own buffers)
-            self.states[key] = init_state(jax.tree.map(lambda x: x.copy(), self.params), spec,
-                                          lambda_lm=self.lambdas[0], lambda_d=self.lambdas[1], lr=5e-5, t_total=1000)
+            hp = dict(zip(("lambda_lm", "lambda_d"), self.lambdas)) if objective.hparam_names else {}
+            self.states[key] = init_state(jax.tree.map(lambda x: x.copy(), self.params), spec, hparams=hp, lr=5e-5,
+                                          t_total=1000)
         full = {k: np.asarray(v)[None] for k, v in batch.items()}
         full["rng"] = dropout_key(0, 0, self.i)[None]
         full.update(shared)
@@ -112,9 +114,11 @@ def rbjax_eval_losses(config, params, batch, shared, method, semantics, lambdas=
     from rbjax.debias.objective import DebiasObjective
     from rbjax.train.step import StepSpec, micro_batch_losses
 
-    spec = StepSpec(config=config, objective=DebiasObjective(method, semantics), dropout=False)
-    tot, (lm, deb) = micro_batch_losses(params, {**batch, **shared}, np.asarray(lambdas, np.float32), spec)
-    return [float(lm), float(deb), float(tot)]
+    objective = DebiasObjective(method, semantics)
+    spec = StepSpec(config=config, objective=objective, dropout=False)
+    hp = np.asarray(lambdas if objective.hparam_names else (), np.float32)
+    tot, aux = micro_batch_losses(params, {**batch, **shared}, hp, spec)
+    return [float(aux["lm_loss"]), float(aux["debias_loss"]), float(tot)]
 
 
 # ---------------------------------------------------------------------------------------------------- PyTorch

@@ -145,13 +145,13 @@ def small_train_config(model_dir, tokenizer_dir, redditbias_dir, out, **kw):
     tests/test_packed.py's subject (packed = padded for every loss, the grid step and the dialog tasks) and the
     layout of the kill-and-resume tests of tests/test_train.py, of the 8-device data-parallel run
     (tests/mesh_checks.py) and of most CLI runs."""
-    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.config import DebiasRun
 
     base = dict(method="hd", bias_type="religion1", model=str(model_dir), tokenizer=str(tokenizer_dir),
                 data_dir=str(redditbias_dir), out_dir=str(out), batch_size=4, grad_accum=1, max_steps=4,
                 export=False, evaluate=False, lmp=False, progress=False, layout="padded")
     base.update(kw)
-    return TrainConfig(**base)
+    return DebiasRun.from_flat(base)
 
 
 def make_tokenizer_json(folder: Path, *, kind: str = "bytelevel", add_bos: bool = True, vocab_size: int = 400,

@@ -39,13 +39,13 @@ def _train_file(data_dir: Path, work: Path, n: int) -> str:
 
 
 def _cfg(args, **kw):
-    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.config import DebiasRun
 
     d = dict(method="lmd", bias_type="religion1", model=args.model, tokenizer=args.tokenizer, data_dir=args.data_dir,
              out_dir=str(Path(args.work) / "unused"), train_file=_train_file(Path(args.data_dir), Path(args.work), 16),
              epochs=1, export=False, evaluate=False, lmp=False, progress=False)
     d.update(kw)
-    return TrainConfig(**d)
+    return DebiasRun.from_flat(d)
 
 
 def _run(trainer):
@@ -89,23 +89,23 @@ def check_data_parallel(args) -> dict:
     import jax
 
     from rbjax.core.mesh import grid_mesh
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
     from rbjax.train.batching import BatchPlan
 
     lr = 5e-4
     cfg = _cfg(args, method=args.method, batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr)
     devs = jax.devices()
-    t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs))
+    t8 = debias_trainer(cfg, mesh=grid_mesh(1, cfg.trainer.batch_size, devs))
     # the packed layout with one packed shape for the 3 updates: one compiled program per mesh instead of three
-    plan = BatchPlan.of_run(t8.data, cfg, max_shapes=1)
-    t8 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs), data=t8.data, plan=plan)
+    plan = BatchPlan.of_run(t8.data, cfg.trainer_config, max_shapes=1)
+    t8 = debias_trainer(cfg, mesh=grid_mesh(1, cfg.trainer.batch_size, devs), data=t8.data, plan=plan)
     ids = t8.device_batch(0)["input_ids"]
     # on a 4-wide data axis the dropout keys (A, 4) must stay whole: their axis 1 holds key words, not rows
-    b4 = DebiasTrainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
+    b4 = debias_trainer(cfg, mesh=grid_mesh(1, 4, devs[:4]), data=t8.data, plan=t8.plan).device_batch(0)
     r8, m8, specs = _run(t8)
-    t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, devs[:1]), data=t8.data, plan=plan)
+    t1 = debias_trainer(cfg, mesh=grid_mesh(1, cfg.trainer.batch_size, devs[:1]), data=t8.data, plan=plan)
     r1, m1, _ = _run(t1)
-    assert cfg.layout == "packed" and len(plan.shapes) == 1
+    assert cfg.trainer.layout == "packed" and len(plan.shapes) == 1
     return {"mesh": dict(t8.mesh.shape), "batch_spec": str(ids.sharding.spec),
             "batch_devices": len(ids.sharding.device_set), "batch_shard_shape": list(ids.addressable_shards[0].data.shape),
             "batch_shape": list(ids.shape), "param_specs": specs, "rng_spec_data4": str(b4["rng"].sharding.spec),
@@ -118,17 +118,17 @@ def check_grid_chunk(args) -> dict:
     import numpy as np
 
     from rbjax.core.mesh import grid_mesh
-    from rbjax.debias.loop import DebiasTrainer, RunHparams
+    from rbjax.debias.run import debias_trainer, lambda_point
 
     lr = 5e-4
     # the padded token layout: one compiled program per mesh (check_data_parallel runs the packed rows)
     cfg = _cfg(args, method=args.method, batch_size=4, grad_accum=1, max_steps=3, layout="padded")
     # six points of one batch plan; the learning rates differ too, so that the points end up far apart
-    pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate(
+    pts = [lambda_point(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate(
         (lm, d) for lm in (0.001, 0.01) for d in (10.0, 50.0, 100.0))]
-    t8 = DebiasTrainer(cfg, points=pts)  # the default mesh: grid_mesh over all 8 devices
+    t8 = debias_trainer(cfg, points=pts)  # the default mesh: grid_mesh over all 8 devices
     r8, m8, specs = _run(t8)
-    t1 = DebiasTrainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    t1 = debias_trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
     r1, m1, _ = _run(t1)
     init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
     p8 = jax.tree.map(lambda x: np.asarray(x)[:len(pts)], jax.device_get(r8.state.params))

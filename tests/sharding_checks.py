@@ -153,11 +153,11 @@ def _one_device(cfg):
     import jax
 
     from rbjax.core.mesh import grid_mesh
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
 
     key = repr(cfg.replace(out_dir="-", save_every=1))
     if key not in _ONE_DEVICE:
-        t1 = DebiasTrainer(cfg, mesh=grid_mesh(1, cfg.batch_size, jax.devices()[:1]))
+        t1 = debias_trainer(cfg, mesh=grid_mesh(1, cfg.trainer.batch_size, jax.devices()[:1]))
         _ONE_DEVICE[key] = (t1, *_run(t1))
     return _ONE_DEVICE[key]
 
@@ -166,14 +166,14 @@ def check_train(args) -> dict:
     import jax
 
     from rbjax.core.mesh import make_mesh
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
 
     lr = 5e-4
     # HD: besides the embedding gathers every loss has, its bias subspace (SVD of the target embeddings) is computed
     # from fsdp-split embeddings (LMD, ADD and CDA run on data/grid meshes in tests/mesh_checks.py)
     # the padded token layout: one compiled program per mesh (packed rows split over devices: mesh_checks.py)
     cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, layout="padded")
-    t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    t8 = debias_trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     st = t8.initial_state()
     mu_specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(st.opt_state) if x.ndim >= 2})
     ids = t8.device_batch(0)["input_ids"]
@@ -189,15 +189,15 @@ def check_grid(args) -> dict:
     import numpy as np
 
     from rbjax.core.mesh import grid_mesh, make_mesh
-    from rbjax.debias.loop import DebiasTrainer, RunHparams
+    from rbjax.debias.run import debias_trainer, lambda_point
 
     lr = 5e-4
     # the padded layout: one compiled program per mesh (packed rows on a mesh: mesh_checks.py's data_parallel)
     cfg = _cfg(args, batch_size=4, grad_accum=1, max_steps=3, layout="padded")
-    pts = [RunHparams(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate((0.01, d) for d in (10.0, 50.0, 100.0, 20.0))]
-    t8 = DebiasTrainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
+    pts = [lambda_point(lm, d, lr * (1 + k)) for k, (lm, d) in enumerate((0.01, d) for d in (10.0, 50.0, 100.0, 20.0))]
+    t8 = debias_trainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
     r8, m8, specs = _run(t8)
-    t1 = DebiasTrainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    t1 = debias_trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
     r1, m1, _ = _run(t1)
     init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)), t1.init_params)
     p8 = jax.tree.map(np.asarray, jax.device_get(r8.state.params))
@@ -260,19 +260,19 @@ def check_resume(args) -> dict:
 
     from rbjax.core.mesh import make_mesh
     from rbjax.train.checkpoint import Checkpointer
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
 
     lr = 5e-4
     out_dir = Path(args.work) / "resume"
     # the settings and the 8-device mesh of check_train: its compiled programs and its one-device run serve here too
     cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, learning_rate=lr, out_dir=str(out_dir),
                save_every=1, layout="padded")
-    t8 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
+    t8 = debias_trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 4}))
     r8 = t8.run(stop_after=2)
     saved = jax.device_get(r8.state.params)
     specs8 = sorted({str(x.sharding.spec) for x in jax.tree.leaves(r8.state.params)})
     del r8
-    t4 = DebiasTrainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]))
+    t4 = debias_trainer(cfg, mesh=make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]))
     ck = Checkpointer(out_dir / "checkpoints", 2)
     like = t4.initial_state()
     restored, meta = ck.restore(ck.latest_step(), like)
@@ -404,16 +404,16 @@ def check_memory(args) -> dict:
     import jax
 
     from rbjax.core.mesh import make_mesh
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
     from rbjax.model.memory import plan_memory
 
     cfg = _cfg(args, batch_size=8, grad_accum=1, max_steps=1)
     out = {}
     for label, sizes in (("data2_fsdp4", {"data": 2, "fsdp": 4}), ("fsdp4_tensor2", {"fsdp": 4, "tensor": 2})):
         mesh = make_mesh(sizes)
-        t = DebiasTrainer(cfg, mesh=mesh)
+        t = debias_trainer(cfg, mesh=mesh)
         st = t.initial_state()
-        plan = plan_memory(t.config, mesh=mesh, training=True, batch_size=8, seq_len=cfg.block_size)
+        plan = plan_memory(t.config, mesh=mesh, training=True, batch_size=8, seq_len=cfg.trainer.block_size)
         dev = jax.devices()[0]
         mu_nu = [x for x in jax.tree.leaves(st.opt_state) if x.ndim >= 1]
         out[label] = {"plan_params": plan.parts["parameters"], "actual_params": _per_device_bytes(st.params, dev),

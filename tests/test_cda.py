@@ -3,7 +3,7 @@ import pytest
 
 from rbjax.data.swap import reference_direction, swap_targets
 from rbjax.debias import cda
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 from rbjax.debias.data import load_training_texts
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, load_spec
 
@@ -32,7 +32,7 @@ def test_default_training_set_is_the_train_file_and_its_swaps(redditbias_dir, na
 
 @pytest.mark.parametrize("semantics", ["paper", "reference"])
 def test_trainer_loads_the_cda_set_without_a_train_file(redditbias_dir, tmp_path, semantics):
-    cfg = TrainConfig(method="cda", bias_type="religion1", data_dir=str(redditbias_dir), out_dir=str(tmp_path),
+    cfg = DebiasRun.from_flat(method="cda", bias_type="religion1", data_dir=str(redditbias_dir), out_dir=str(tmp_path),
                       semantics=semantics, train_file=None)
     texts, info = load_training_texts(cfg)
     assert texts == cda.augmented_training_set("religion1", redditbias_dir, mode=semantics)

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from rbjax.debias.loop import DebiasTrainer
+from rbjax.debias.run import debias_trainer
 
 from tests.conftest import small_train_config
 
@@ -31,8 +31,8 @@ def test_resume_skips_an_incomplete_step_folder(damage, tiny_model_dir, tokenize
                                                 capsys):
     cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=3,
                              save_every=1, keep_checkpoints=3, dropout=False)
-    full = DebiasTrainer(cfg.replace(out_dir=str(tmp_path / "full"))).run(checkpoints=False)
-    DebiasTrainer(cfg).run(stop_after=2)  # checkpoints of updates 1 and 2
+    full = debias_trainer(cfg.replace(out_dir=str(tmp_path / "full"))).run(checkpoints=False)
+    debias_trainer(cfg).run(stop_after=2)  # checkpoints of updates 1 and 2
     ck = tmp_path / "run" / "checkpoints"
     step2 = ck / "2"
     assert (step2 / "commit_success.txt").is_file()
@@ -41,7 +41,7 @@ def test_resume_skips_an_incomplete_step_folder(damage, tiny_model_dir, tokenize
         (step2 / "commit_success.txt").unlink()
         (step2 / "_CHECKPOINT_METADATA").unlink()
     capsys.readouterr()
-    res = DebiasTrainer(cfg).run()
+    res = debias_trainer(cfg).run()
     err = capsys.readouterr().err
     assert res.resumed_from == 1 and res.finished  # the newest complete step
     assert f"skipped the incomplete checkpoint {step2}" in err
@@ -57,7 +57,7 @@ def test_resume_skips_an_incomplete_step_folder(damage, tiny_model_dir, tokenize
 def test_a_checkpoint_of_another_run_is_still_refused(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=2,
                              save_every=1, dropout=False)
-    DebiasTrainer(cfg).run(stop_after=1)
+    debias_trainer(cfg).run(stop_after=1)
     with pytest.raises(ValueError, match="different run"):
-        DebiasTrainer(cfg.replace(lambda_d=50.0)).run()
+        debias_trainer(cfg.replace(lambda_d=50.0)).run()
     shutil.rmtree(tmp_path / "run")

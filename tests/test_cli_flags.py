@@ -4,7 +4,7 @@ wrote."""
 import pytest
 
 from rbjax.cli import main
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 
 RUN = ["debias", "--method", "hd", "--bias", "religion1"]
 
@@ -50,7 +50,7 @@ def test_one_validation_names_the_flag_on_the_cli_and_the_field_in_python(flags,
     err = capsys.readouterr().err.strip()
     assert err == f"rbjax debias: error: {cli_msg}"
     with pytest.raises(ValueError) as e:
-        TrainConfig(method="hd", bias_type="religion1", **field_kw)
+        DebiasRun.from_flat(method="hd", bias_type="religion1", **field_kw)
     assert str(e.value) == api_msg
     assert not (tmp_path / "o").exists()  # refused before anything was written
 

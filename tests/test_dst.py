@@ -318,7 +318,7 @@ def test_loss_fn_for_a_trainer(tiny, fixture_dialogues, small_onto, tok):
     arrays = state_tracking.encode_examples(state_tracking.build_examples(fixture_dialogues, small_onto), tok, block_size=16)
     batch = next(state_tracking.dst_batches(arrays, 4))
     p = {"gpt2": params, "head": head}
-    key = jax.random.key(0, impl="rbg")  # the trainer's dropout keys (rbjax.debias.run.dropout_key)
+    key = jax.random.key(0, impl="rbg")  # the trainer's dropout keys (raw rbg key data)
     (loss, aux), grads = jax.jit(jax.value_and_grad(state_tracking.make_loss_fn(cfg), has_aux=True))(p, batch, key)
     assert np.isfinite(float(loss)) and aux["logits"].shape == (4,)
     assert set(grads) == {"gpt2", "head"} and float(jnp.abs(grads["head"]["kernel"]).sum()) > 0

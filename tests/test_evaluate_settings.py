@@ -43,13 +43,13 @@ def test_key_settings_of_the_defaults(task):
 
 def test_settings_are_frozen_typed_and_named_by_field(tmp_path):
     s = DSTSettings.from_settings({"batch_size": 4, "seed": None, "gen_batch_size": 3})  # not dst's: ignored
-    assert (s.batch_size, s.seed) == (4, 42) and "gen_batch_size" not in s.to_dict()
+    assert (s.trainer.batch_size, s.seed) == (4, 42) and "gen_batch_size" not in s.to_dict()
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.seed = 1
     with pytest.raises(SettingError, match="^greedy must be true or false, got 'yes'$"):
         CRGSettings(greedy="yes")
     with pytest.raises(SettingError, match="^learning_rate must be > 0, got 'x'$"):
-        CRGSettings(learning_rate="x")
+        CRGSettings.from_settings({"learning_rate": "x"})
     ref = tmp_path / "r.txt"
     ref.write_text("a\n")
     assert CRGSettings(refs=ref).refs == (str(ref),) and CRGSettings(refs=[ref, ref]).refs == (str(ref),) * 2
@@ -62,7 +62,7 @@ def _parser():
 
 
 def test_every_setting_is_an_option_or_named_as_not_one():
-    names = {f.name for t in TASKS for f in dataclasses.fields(get_task(t).settings)}
+    names = {name for t in TASKS for name in get_task(t).settings.names()}
     assert set(cmd._option_fields()) | set(cmd.NOT_OPTIONS) == names
     args = _parser().parse_args(["evaluate", "--task", "dst"])
     given = {k: v for k, v in cmd._settings(args).items() if v is not None}

@@ -69,7 +69,7 @@ def test_measure_llama_bos_policy_and_torch_parity(tiny_llama, redditbias_dir, t
 
 @pytest.mark.slow
 def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, tmp_path):
-    from rbjax.debias.run import train
+    from rbjax.debias.run import debias
     from rbjax.lmb.measure import LoadedModel, measure_bias
     from rbjax.model.hf import load_pretrained
 
@@ -78,7 +78,7 @@ def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, 
     for method in ("lmd", "add", "hd", "cda"):
         cfg = small_train_config(tiny_llama, tiny_llama, redditbias_dir, tmp_path / method, method=method,
                                  batch_size=2, max_steps=2, export=True)
-        res = train(cfg)
+        res = debias(cfg)
         assert res["training"]["updates"] == 2, method
         runs[method] = tmp_path / method
         _, p = load_pretrained(runs[method] / "model")
@@ -120,12 +120,12 @@ def test_generate_llama_grouped_query_cache_greedy_equals_torch(tiny_llama):
 
 
 def test_reference_semantics_refused_for_another_tokenizer(tiny_llama, redditbias_dir, tmp_path):
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.run import debias_trainer
 
     cfg = small_train_config(tiny_llama, tiny_llama, redditbias_dir, tmp_path / "r", semantics="reference")
     with pytest.raises(ValueError, match="reference reproduces the official code's GPT-2 token-id lists.*not "
                                          "GPT-2's BPE"):
-        DebiasTrainer(cfg)
+        debias_trainer(cfg)
 
 
 @pytest.mark.parametrize("kind,mark", [("bytelevel", "Ġ"), ("metaspace", "▁")])
@@ -173,7 +173,7 @@ def test_other_families_measure_debias_export_evaluate(name, redditbias_dir, tmp
     PyTorch's one phrase at a time, BOS as the family's tokenizer adds it), ``debias`` with each method (the output
     embedding trained), ``measure`` of an exported run, ``evaluate --task lmp``, and every export loading back in
     ``transformers`` as the same architecture."""
-    from rbjax.debias.run import train
+    from rbjax.debias.run import debias
     from rbjax.lmb.measure import measure_bias
     from rbjax.model.hf import load_pretrained, save_pretrained
     from rbjax.model.registry import FAMILIES
@@ -197,7 +197,7 @@ def test_other_families_measure_debias_export_evaluate(name, redditbias_dir, tmp
     for method in ("lmd", "add", "hd", "cda"):
         tc = small_train_config(model, model, redditbias_dir, tmp_path / method, method=method, batch_size=2,
                                 max_steps=1, export=True, layout="padded")
-        assert train(tc)["training"]["updates"] == 1, method
+        assert debias(tc)["training"]["updates"] == 1, method
         runs[method] = tmp_path / method
         _, p = load_pretrained(runs[method] / "model")
         # LMD/ADD/HD read their target vectors from the output embedding, which is trained with the rest

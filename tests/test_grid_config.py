@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 from rbjax.debias.grid_config import config_for_method, load_grid_config, load_grid_configs, merge
 from rbjax.debias.sweep import PAPER_GRID, grid_points
 from tests.conftest import religion1_train_file
@@ -36,8 +36,8 @@ def test_paper_grid_files():
         assert (s["epochs"], s["learning_rate"], s["adam_b1"], s["adam_b2"], s["adam_eps"], s["max_grad_norm"],
                 s["block_size"], s["seed"], s["dropout"], s["precision"]) == (2, 5e-5, 0.9, 0.999, 1e-8, 1.0, 36, 42,
                                                                              True, "fp32")
-        d = TrainConfig(method=c.methods[0])
-        assert all(getattr(d, k) == v for k, v in s.items())
+        d = DebiasRun.from_flat(method=c.methods[0])
+        assert all(d.to_dict()[k] == v for k, v in s.items())
 
 
 def test_command_line_wins_over_the_file(tmp_path):

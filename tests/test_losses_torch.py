@@ -1,8 +1,8 @@
 """PyTorch parity of the debiasing losses and the trainer's LM loss (needs the test extra: torch, transformers).
 
 * Reference semantics (triggers + losses from token ids) against the official formulas written as PyTorch loops.
-* The trainer's causal LM loss (:func:`rbjax.debias.run.lm_loss`, and a real training micro-batch through
-  :func:`rbjax.debias.run.batch_losses`) against ``GPT2LMHeadModel(labels=…)`` with −100 on padding, on
+* The trainer's causal LM loss (:func:`rbjax.train.lm.lm_loss`, and a real training micro-batch through
+  :func:`rbjax.train.step.batch_losses`) against ``GPT2LMHeadModel(labels=…)`` with −100 on padding, on
   right-padded batches of different lengths.
 """
 import jax
@@ -212,20 +212,21 @@ def test_lm_loss_matches_pytorch_labels_on_a_right_padded_batch(torch_tiny_model
 
 def test_training_micro_batch_lm_loss_matches_pytorch(torch_tiny_model_dir, tokenizer_dir, tmp_path):
     from rbjax.train.step import batch_losses
-    from rbjax.debias.config import TrainConfig
-    from rbjax.debias.loop import DebiasTrainer
+    from rbjax.debias.config import DebiasRun
+    from rbjax.debias.run import debias_trainer
 
     texts = ["jews are greedy", "christians are generous people who like to give",
              "the jewish community is rich", "ok then"]
-    cfg = TrainConfig(method="lm", bias_type="religion1", model=str(torch_tiny_model_dir),
+    cfg = DebiasRun.from_flat(method="lm", bias_type="religion1", model=str(torch_tiny_model_dir),
                       tokenizer=str(tokenizer_dir), out_dir=str(tmp_path / "run"), batch_size=6, block_size=12,
                       dropout=False, export=False, evaluate=False, lmp=False, progress=False)
-    tr = DebiasTrainer(cfg, texts=texts)
+    tr = debias_trainer(cfg, texts=texts)
     batch = tr.make_batch(np.arange(len(texts)))  # 4 rows of different lengths + 2 empty filler rows
     lengths = batch["attention_mask"].sum(1)
     assert len(set(lengths[:4].tolist())) == 4 and lengths[4:].sum() == 0 and lengths.max() <= 12
-    total, (lm, deb) = batch_losses(tr.init_params, {k: jnp.asarray(v) for k, v in batch.items()},
-                                    jnp.asarray(tr.lambdas), None, tr.spec, dropout=False)
+    total, aux = batch_losses(tr.init_params, {k: jnp.asarray(v) for k, v in batch.items()},
+                              jnp.asarray(tr.hparams), None, tr.spec, dropout=False)
+    lm = aux["lm_loss"]
     ref = _torch_lm_loss(torch_tiny_model_dir, np.asarray(batch["input_ids"], np.int64),
                          np.asarray(batch["attention_mask"], np.int64))
     assert float(lm) == pytest.approx(ref, rel=2e-5) and float(total) == pytest.approx(ref, rel=2e-5)

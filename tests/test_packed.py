@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 from rbjax.debias.data import TrainingData
 from rbjax.train.batching import (
     ArrayData,
@@ -16,11 +16,14 @@ from rbjax.train.batching import (
     pack_micro_batch,
     packed_need,
 )
-from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.dialog.crg_data import CRGObjective
 from rbjax.dialog.state_tracking import DSTObjective
 from rbjax.train.config import TrainerConfig
-from rbjax.train.loop import Trainer
+from rbjax.core.mesh import run_mesh
+from rbjax.model.handle import ModelHandle
+from rbjax.train.loop import Trainer, TrainPoint
+from rbjax.train.optim import make_optimizer
 from rbjax.train.step import StepSpec, batch_losses, compiled_programs
 from rbjax.model.gpt2 import GPT2Config, init_params
 from tests.conftest import religion1_train_file
@@ -76,9 +79,9 @@ def start(tiny_model_dir, tokenizer_dir):
 def _run(cfg, start, data, layout, points=None, max_shapes=1):
     config, params, tok = start
     cfg = cfg.replace(layout=layout)
-    plan = BatchPlan.of_run(data, cfg, max_shapes=max_shapes)  # 1: one compile per test
-    tr = DebiasTrainer(cfg, points=points, model_config=config, params=params, model_key="tiny", tokenizer=tok,
-                       data=data, plan=plan)
+    plan = BatchPlan.of_run(data, cfg.trainer_config, max_shapes=max_shapes)  # 1: one compile per test
+    model = ModelHandle.from_params(params, config, tok, name="tiny", key="tiny")
+    tr = debias_trainer(cfg, points=points, model=model, data=data, plan=plan)
     metrics = []
     res = tr.run(checkpoints=False, callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
     return tr, res, metrics
@@ -112,7 +115,7 @@ def _compare(a, b, keys=("lm_loss", "debias_loss", "total")):
                          + [("cda", "paper"), ("cda", "reference")])
 def test_packed_update_equals_padded(start, tokenizer_dir, redditbias_dir, tmp_path, method, semantics):
     f = religion1_train_file(redditbias_dir, tmp_path, 14 if method == "cda" else 28)
-    cfg = TrainConfig(method=method, semantics=semantics, bias_type="religion1", model="unused",
+    cfg = DebiasRun.from_flat(method=method, semantics=semantics, bias_type="religion1", model="unused",
                       out_dir=str(tmp_path / "run"), train_file=f, batch_size=4, grad_accum=2, max_steps=3,
                       dropout=False, learning_rate=5e-5, export=False, evaluate=False, lmp=False, progress=False)
     data = TrainingData(cfg, start[2], start[0].vocab_size)
@@ -125,17 +128,17 @@ def test_packed_update_equals_padded(start, tokenizer_dir, redditbias_dir, tmp_p
 
 def test_packed_grid_step_equals_padded(start, redditbias_dir, tmp_path):
     f = religion1_train_file(redditbias_dir, tmp_path, 28)
-    cfg = TrainConfig(method="hd", semantics="reference", bias_type="religion1", model="unused",
+    cfg = DebiasRun.from_flat(method="hd", semantics="reference", bias_type="religion1", model="unused",
                       out_dir=str(tmp_path / "run"), train_file=f, batch_size=4, grad_accum=2, max_steps=3,
                       dropout=False, learning_rate=5e-5, export=False, evaluate=False, lmp=False, progress=False)
     data = TrainingData(cfg, start[2], start[0].vocab_size)
-    pts = [RunHparams(0.01, 10.0, 5e-5), RunHparams(0.001, 100.0, 2e-5)]
+    pts = [lambda_point(0.01, 10.0, 5e-5), lambda_point(0.001, 100.0, 2e-5)]
     _compare(_run(cfg, start, data, "padded", pts), _run(cfg, start, data, "packed", pts))
 
 
 def test_packed_plan_compiles_one_program_per_shape(start, redditbias_dir, tmp_path):
     f = religion1_train_file(redditbias_dir, tmp_path, 64)
-    cfg = TrainConfig(method="lm", bias_type="religion1", model="unused", out_dir=str(tmp_path / "run"),
+    cfg = DebiasRun.from_flat(method="lm", bias_type="religion1", model="unused", out_dir=str(tmp_path / "run"),
                       train_file=f, batch_size=4, grad_accum=1, epochs=1, dropout=True, export=False,
                       evaluate=False, lmp=False, progress=False)
     data = TrainingData(cfg, start[2], start[0].vocab_size)
@@ -206,18 +209,19 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
     class Tok:  # the trainer only asks a tokenizer for its size and source
         vocab_size, eos_id, source = 64, 63, "test"
 
-    cfg = TrainerConfig(model="unused", out_dir=str(tmp_path / "run"), batch_size=4, grad_accum=2, max_steps=3,
-                        learning_rate=1e-2, dropout=False, progress=False, block_size=12)
+    cfg = TrainerConfig(batch_size=4, grad_accum=2, max_steps=3, dropout=False, progress=False, block_size=12)
+    model = ModelHandle.from_params(params["gpt2"] if method == "dst" else params, CFG, Tok(), name="test", key="test")
     runs = []
     for layout in ("padded", "packed"):
-        tr = Trainer(cfg.replace(layout=layout), DSTObjective() if method == "dst" else CRGObjective(),
-                     model_config=CFG, params=params, tokenizer=Tok(), data=data)
+        tr = Trainer(cfg.replace(layout=layout), model, DSTObjective() if method == "dst" else CRGObjective(),
+                     make_optimizer(), data, mesh=run_mesh(None, batch_size=4), points=TrainPoint({}, 1e-2),
+                     params=params)
         metrics = []
         res = tr.run(checkpoints=False,
                      callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
         runs.append((tr, res, metrics))
     assert runs[1][0].plan.layout == "packed"
-    _compare(*runs, keys=("lm_loss", "total"))
+    _compare(*runs, keys=("bce_loss" if method == "dst" else "lm_loss", "total"))
 
 
 def test_reference_dst_stays_padded():
@@ -234,12 +238,12 @@ def test_layout_settings_are_checked_and_recorded():
     from rbjax.dialog.evaluate import task_settings
 
     with pytest.raises(ValueError, match="layout must be one of"):
-        TrainConfig(layout="diagonal")
+        DebiasRun.from_flat(layout="diagonal")
     with pytest.raises(ValueError, match="layout must be one of"):
         task_settings("dst", {"layout": "diagonal"})
     assert task_settings("crg", {})["layout"] == "packed" and task_settings("dst", {"layout": "padded"})["layout"] == \
         "padded"
-    assert TrainConfig().trajectory()["layout"] == "packed"  # enters checkpoint and result keys
+    assert DebiasRun.from_flat().trainer_config.trajectory()["layout"] == "packed"  # enters checkpoint and result keys
 
 
 def test_study_cost_estimate_uses_the_packed_rate():

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rbjax.debias.config import TrainConfig
-from rbjax.debias.loop import DebiasTrainer
+from rbjax.debias.config import DebiasRun
+from rbjax.debias.run import debias_trainer
 from rbjax.train.batching import BatchPlan
 from tests.conftest import religion1_train_file
 
@@ -32,16 +32,16 @@ def _run(cfg):
             m = ev["metrics"]
             rows.append([m["lm_loss"], m["debias_loss"], m["total"], m["grad_norm"]])
 
-    tr = DebiasTrainer(cfg)
-    if cfg.layout == "packed":  # one packed shape for the 4 updates: one compiled program instead of up to four
-        tr = DebiasTrainer(cfg, data=tr.data, plan=BatchPlan.of_run(tr.data, cfg, max_shapes=1))
+    tr = debias_trainer(cfg)
+    if cfg.trainer.layout == "packed":  # one packed shape for the 4 updates: one compiled program instead of up to four
+        tr = debias_trainer(cfg, data=tr.data, plan=BatchPlan.of_run(tr.data, cfg.trainer_config, max_shapes=1))
     return tr, tr.run(checkpoints=False, callback=cb), np.asarray(rows, np.float64)
 
 
 @pytest.mark.parametrize("method", ["lmd", "hd"])
 def test_bf16_training_runs_close_to_fp32(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, method):
     """A few bf16 updates run, give finite losses within 2 % of fp32's, and keep parameters and Adam state fp32."""
-    cfg = TrainConfig(method=method, bias_type="religion1", model=str(tiny_model_dir), tokenizer=str(tokenizer_dir),
+    cfg = DebiasRun.from_flat(method=method, bias_type="religion1", model=str(tiny_model_dir), tokenizer=str(tokenizer_dir),
                       data_dir=str(redditbias_dir), out_dir=str(tmp_path / "o"),
                       train_file=religion1_train_file(redditbias_dir, tmp_path, 16), batch_size=4, max_steps=4,
                       dropout=False, export=False, evaluate=False, lmp=False, progress=False,

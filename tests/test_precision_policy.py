@@ -73,7 +73,7 @@ def test_fp32_training_update_ignores_global_matmul_default(global_bf16_matmuls)
     assert precs and set(precs) == {"HIGHEST"}, precs
 
     def update():
-        st = init_state(jax.tree.map(jnp.array, params), spec, lambda_lm=1.0, lambda_d=0.0, lr=1e-3, t_total=10)
+        st = init_state(jax.tree.map(jnp.array, params), spec, hparams={}, lr=1e-3, t_total=10)
         micro = {"input_ids": ids[None], "attention_mask": mask[None], "rng": np.zeros((1, 4), np.uint32)}
         st, m = train_step_jit(st, micro, spec=spec)
         return jax.tree.map(np.asarray, st.params), {k: float(v) for k, v in m.items()}

@@ -86,21 +86,21 @@ def test_model_key_changes_with_any_one_shard(tiny_model_dir, tmp_path, names):
 def test_training_resume_refuses_checkpoints_of_a_changed_shard(sharded, tokenizer_dir, redditbias_dir, tmp_path):
     """debias: a checkpoint taken from the sharded model is not resumed once one shard changed (the starting model
     is another), and a finished run of it is not reused."""
-    from rbjax.debias.loop import DebiasTrainer
-    from rbjax.debias.run import train
+    from rbjax.debias.run import debias_trainer
+    from rbjax.debias.run import debias
 
     cfg = small_train_config(sharded, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=2, save_every=1,
                              dropout=False)
-    DebiasTrainer(cfg).run(stop_after=1)
+    debias_trainer(cfg).run(stop_after=1)
     change_shard(sharded, SHARDS[1])
     with pytest.raises(ValueError, match=r"different run .*model"):
-        DebiasTrainer(cfg).run()
+        debias_trainer(cfg).run()
     # a finished run: rerunning the same command refuses to reuse it for the changed model
     done = cfg.replace(out_dir=str(tmp_path / "done"))
-    train(done)
+    debias(done)
     change_shard(sharded, SHARDS[0])
     with pytest.raises(ValueError, match="finished run with other inputs"):
-        train(done)
+        debias(done)
 
 
 def test_evaluate_recomputes_after_a_shard_change(sharded, tmp_path, capsys):

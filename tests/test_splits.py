@@ -324,7 +324,7 @@ def test_worked_example_continues_through_debiasing(example_data_dir, tiny_model
     data and triggers of lmd/add/hd/cda, `rbjax debias --method hd` on the spec file and
     the data folder that `splits` wrote (issue 7, item 2). The CLI runs of the other methods and the sweep:
     test_worked_example_debias_every_method_and_sweep (slow)."""
-    from rbjax.debias.config import TrainConfig
+    from rbjax.debias.config import DebiasRun
     from rbjax.debias.data import TrainingData
     from rbjax.model.tokenizer import load_tokenizer
 
@@ -339,7 +339,7 @@ def test_worked_example_continues_through_debiasing(example_data_dir, tiny_model
     # each method's training set and triggers on the new type (no training needed to see them)
     tok = load_tokenizer(tiny_model_dir)
     for method in ("lmd", "add", "hd", "cda"):
-        td = TrainingData(TrainConfig(method=method, bias_type=spec, data_dir=str(data)), tok, 50257)
+        td = TrainingData(DebiasRun.from_flat(method=method, bias_type=spec, data_dir=str(data)), tok, 50257)
         assert td.n_examples == (2 * n_train if method == "cda" else n_train)
         if method == "lmd":
             assert td.trigger_stats["sentences_triggered"] == n_train  # every phrase names the Irish

@@ -49,7 +49,7 @@ def test_nan_loss_with_finite_gradient_is_skipped_and_every_file_is_strict_json(
     while the gradient (the LM term's; the masked debias term contributes exact zeros) is finite. The update used to be
     applied and not counted; now it is skipped and counted, the model is exported unchanged, and every JSON/JSONL
     file of the run (config, metrics, results, LMB, checkpoints' metadata) parses as strict JSON."""
-    from rbjax.debias.run import train
+    from rbjax.debias.run import debias
     from rbjax.model.hf import load_pretrained
 
     # one phrase with a religion1 target term (the run is refused without any), 15 without: one epoch of 4 updates
@@ -63,8 +63,8 @@ def test_nan_loss_with_finite_gradient_is_skipped_and_every_file_is_strict_json(
                              lmp_max_lines=4)
     with pytest.raises(ValueError, match="lambda_d must be a finite number, got nan"):
         cfg.replace(lambda_d=float("nan"))  # the config refuses it (the CLI: --lambda-d) ...
-    object.__setattr__(cfg, "lambda_d", float("nan"))  # ... so plant it past validation, to reach the step's guard
-    res = train(cfg)
+    object.__setattr__(cfg.debias, "lambda_d", float("nan"))  # ... so plant it past validation, to reach the step's guard
+    res = debias(cfg)
     lines = [_strict(ln, "metrics.jsonl") for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3, 4]
     for r in lines:

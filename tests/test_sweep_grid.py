@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -22,7 +22,7 @@ def _base(model_dir, tokenizer_dir, redditbias_dir, tmp_path, **kw):
                  redditbias_dir, tmp_path, 16), epochs=1, lmp=False, progress=False, eval_batch_size=32,
              layout="padded")
     d.update(kw)
-    return TrainConfig(**d)
+    return DebiasRun.from_flat(d)
 
 
 def _jsonl(path):
@@ -210,8 +210,8 @@ def test_a_chunk_with_its_records_is_not_trained_again(tiny_model_dir, tokenizer
     cache = ContextCache()
     first = run_chunk(task, contexts=cache)
     trained = []
-    real = sweep.DebiasTrainer
-    monkeypatch.setattr(sweep, "DebiasTrainer", lambda *a, **k: (trained.append(1), real(*a, **k))[1])
+    real = sweep.debias_trainer
+    monkeypatch.setattr(sweep, "debias_trainer", lambda *a, **k: (trained.append(1), real(*a, **k))[1])
     assert run_chunk(task, contexts=cache) == first and trained == []  # reused, nothing trained
     other = run_chunk({**task, "key": {"sweep": "other"}}, contexts=cache)
     assert trained == [1] and other[0]["key"] != first[0]["key"]

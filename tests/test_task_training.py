@@ -9,7 +9,10 @@ from rbjax.train.batching import ArrayData
 from rbjax.dialog.crg_data import CRGObjective
 from rbjax.dialog.state_tracking import DSTObjective
 from rbjax.train.config import TrainerConfig
-from rbjax.train.loop import Trainer
+from rbjax.core.mesh import run_mesh
+from rbjax.model.handle import ModelHandle
+from rbjax.train.loop import Trainer, TrainPoint
+from rbjax.train.optim import make_optimizer
 from rbjax.train.step import StepSpec, batch_losses
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
 
@@ -42,7 +45,8 @@ def test_crg_loss_scores_the_response_only():
     lm[len(ctx) + 1:len(ids)] = 1  # response + final eos
     batch = {"input_ids": row[None], "attention_mask": am[None], "loss_mask": lm[None]}
     spec = StepSpec(config=CFG, objective=CRGObjective(), dropout=False)
-    total, (loss, _) = batch_losses(params, batch, jnp.ones(2), None, spec)
+    total, aux = batch_losses(params, batch, jnp.ones(2), None, spec)
+    loss = aux["lm_loss"]
     s, n = _manual_nll(params, ids, len(ctx) + 1, len(ids) - 1)
     assert float(loss) == pytest.approx(s / n, rel=1e-5) and float(total) == float(loss)
     s_all, n_all = _manual_nll(params, ids, 1, len(ids) - 1)
@@ -50,7 +54,7 @@ def test_crg_loss_scores_the_response_only():
     # the context still conditions the response: another context, another loss
     row2 = row.copy()
     row2[0] = 40
-    _, (loss2, _) = batch_losses(params, {**batch, "input_ids": row2[None]}, jnp.ones(2), None, spec)
+    loss2 = batch_losses(params, {**batch, "input_ids": row2[None]}, jnp.ones(2), None, spec)[1]["lm_loss"]
     assert float(loss2) != float(loss)
 
 
@@ -80,17 +84,21 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
     class Tok:  # the trainer only asks a tokenizer for its size and source
         vocab_size, eos_id, source = 64, 63, "test"
 
-    cfg = TrainerConfig(model="unused", out_dir=str(tmp_path / "dst"), batch_size=4, grad_accum=1, epochs=6,
-                        learning_rate=2e-2, dropout=False, progress=False, block_size=12, save_every=3,
-                        layout="padded")  # one compiled program (DST's packed rows: tests/test_packed.py)
-    tr = Trainer(cfg, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data)
+    cfg = TrainerConfig(batch_size=4, grad_accum=1, epochs=6, dropout=False, progress=False, block_size=12,
+                        save_every=3, layout="padded")  # one compiled program (DST's packed rows: tests/test_packed.py)
+    model = ModelHandle.from_params(params["gpt2"], CFG, Tok(), name="test", key="test")
+
+    def trainer(out):
+        return Trainer(cfg, model, DSTObjective(), make_optimizer(), data, mesh=run_mesh(None, batch_size=4),
+                       points=TrainPoint({}, 2e-2), params=params, out_dir=out)
+
+    tr = trainer(tmp_path / "dst")
     res = tr.run()
     after, _ = batch_losses(res.params, {"input_ids": ids, "attention_mask": mask, "labels": labels}, jnp.ones(2),
                             None, spec)
     assert float(after) < 0.7 * float(full)
-    cfg_b = cfg.replace(out_dir=str(tmp_path / "dst_b"))
-    Trainer(cfg_b, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data).run(stop_after=5)
-    res_b = Trainer(cfg_b, DSTObjective(), model_config=CFG, params=params, tokenizer=Tok(), data=data).run()
+    trainer(tmp_path / "dst_b").run(stop_after=5)
+    res_b = trainer(tmp_path / "dst_b").run()
     assert res_b.resumed_from == 5
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(res_b.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -12,9 +12,9 @@ import pytest
 
 from rbjax.train.checkpoint import Checkpointer
 from rbjax.train.batching import update_plan
-from rbjax.train.optim import learning_rate, linear_schedule, make_optimizer
+from rbjax.train.optim import learning_rate, linear_schedule, make_optimizer, reference_optimizer
 from rbjax.train.step import TrainState
-from rbjax.debias.loop import DebiasTrainer
+from rbjax.debias.run import debias_trainer
 from tests.conftest import religion1_train_file
 from tests.conftest import small_train_config as _cfg
 
@@ -58,7 +58,7 @@ def test_failure_case_accumulation_vs_schedule(tiny_model_dir, tokenizer_dir, re
     f = religion1_train_file(redditbias_dir, tmp_path, 40)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method="lm", train_file=f,
                batch_size=1, grad_accum=4, epochs=1, max_steps=None, dropout=False, learning_rate=5e-5)
-    tr = DebiasTrainer(cfg)
+    tr = debias_trainer(cfg)
     assert tr.n_batches == 40 and tr.t_total == 10
 
     prints, before, rows = [], {}, {}
@@ -139,24 +139,29 @@ def _adam_states(state):
     return out
 
 
-@pytest.mark.parametrize("multisteps", [False, True], ids=["adam", "adam-in-MultiSteps"])
+@pytest.mark.parametrize("multisteps", [False, True], ids=["clip-adam", "optax-adam-in-MultiSteps"])
 def test_failure_case_restored_optimizer_state(tmp_path, multisteps):
     """Train 3 updates, save with orbax, restore, train 1 more: the restored state has the structure of a fresh
-    init (tuples and namedtuples), Adam's count is 3, and update 4 is bit-identical to an uninterrupted run."""
+    init (tuples and namedtuples), Adam's count is 3, and update 4 is bit-identical to an uninterrupted run. For the
+    trainer's own optimiser (:class:`ClipAdam`) and for optax's reference chain inside ``optax.MultiSteps``."""
     params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": {"c": jnp.ones(4)}}
-    base = make_optimizer()
+    opt = make_optimizer()
     k = 2 if multisteps else 1
-    tx = optax.MultiSteps(base, every_k_schedule=k) if multisteps else base
+    tx = optax.MultiSteps(reference_optimizer(opt), every_k_schedule=k) if multisteps else None
 
     def fresh_state():
-        return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),
-                          lambdas=jnp.ones(2), lr=jnp.float32(5e-5), t_total=jnp.float32(10))
+        return TrainState(params=params, opt_state=tx.init(params) if multisteps else opt.init(params),
+                          step=jnp.zeros((), jnp.int32), hparams=jnp.ones(2), lr=jnp.float32(5e-5),
+                          t_total=jnp.float32(10))
 
     @jax.jit
     def step(st, i):
         g = jax.tree.map(lambda x: jnp.sin(x * (i + 1.0)) + 0.1 * i, st.params)
-        d, s = tx.update(g, st.opt_state, st.params)
         lr = learning_rate(st.step, st.lr, st.t_total)
+        if not multisteps:
+            p, s, _, _ = opt.apply(st.params, g, st.opt_state, lr)
+            return st.replace(params=p, opt_state=s, step=st.step + 1)
+        d, s = tx.update(g, st.opt_state, st.params)
         return st.replace(params=jax.tree.map(lambda p, u: p - lr * u, st.params, d), opt_state=s, step=st.step + 1)
 
     st = fresh_state()
@@ -178,8 +183,8 @@ def test_failure_case_restored_optimizer_state(tmp_path, multisteps):
     assert meta["update"] == 3 and int(st2.step) == 3 * k
     assert jax.tree.structure(st2.opt_state) == jax.tree.structure(like.opt_state)
     _same_containers(like.opt_state, st2.opt_state)
-    (adam,) = _adam_states(st2.opt_state)
-    assert int(adam.count) == 3
+    counts = [a.count for a in _adam_states(st2.opt_state)] if multisteps else [st2.opt_state.count]
+    assert [int(c) for c in counts] == [3]
     for i in range(3 * k, 4 * k):
         st2 = step(st2, i)
     for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(st2.params)):
@@ -193,14 +198,14 @@ def test_few_steps_reduce_the_method_loss(tiny_model_dir, tokenizer_dir, redditb
     f = religion1_train_file(redditbias_dir, tmp_path, 8)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", method=method, semantics=semantics,
                train_file=f, max_steps=6, dropout=False, learning_rate=1e-4, lambda_lm=0.001, lambda_d=100.0)
-    tr = DebiasTrainer(cfg)
+    tr = debias_trainer(cfg)
     assert tr.n_examples == (16 if method == "cda" else 8)  # CDA: the phrases and their swapped copies
     batches = [tr.make_batch(tr.batch_rows(0, i)) for i in range(tr.n_batches)]
 
     def loss(p, key):
         return np.mean([tr.losses(p, b)[key] for b in batches])
 
-    key = "lm" if method == "cda" else "debias"
+    key = "lm_loss" if method == "cda" else "debias_loss"
     before = loss(tr.init_params, key)
     res = tr.run(checkpoints=False)
     after = loss(res.params, key)
@@ -222,16 +227,16 @@ def uninterrupted(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factor
     # the packed layout (the users' default): resuming in the middle of a packed batch plan
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, out, grad_accum=2, max_steps=5, save_every=2,
                layout="packed")
-    tr = DebiasTrainer(cfg)
+    tr = debias_trainer(cfg)
     return cfg, tr, tr.run()
 
 
 def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
     cfg_a, _, res_a = uninterrupted
     cfg = cfg_a.replace(out_dir=str(tmp_path / "killed"))
-    stopped = DebiasTrainer(cfg).run(stop_after=3)  # "killed" after update 3 (checkpoints at 2 and 3)
+    stopped = debias_trainer(cfg).run(stop_after=3)  # "killed" after update 3 (checkpoints at 2 and 3)
     assert stopped.updates_done == 3 and not stopped.finished
-    resumed = DebiasTrainer(cfg).run()  # a fresh process would do the same: restore update 3, go on
+    resumed = debias_trainer(cfg).run()  # a fresh process would do the same: restore update 3, go on
     assert resumed.resumed_from == 3 and resumed.finished
     for a, b in zip(jax.tree.leaves(res_a.params), jax.tree.leaves(resumed.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -240,7 +245,7 @@ def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
     assert _read_metrics(cfg.out_dir)[-1]["total"] == _read_metrics(cfg_a.out_dir)[-1]["total"]
     # a different run may not resume from these checkpoints
     with pytest.raises(ValueError, match="different run"):
-        DebiasTrainer(cfg.replace(lambda_d=50.0)).run()
+        debias_trainer(cfg.replace(lambda_d=50.0)).run()
 
 
 def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
@@ -248,13 +253,13 @@ def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, 
     f = religion1_train_file(redditbias_dir, tmp_path, 22)
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", method="lmd", semantics="reference",
                train_file=f, grad_accum=4, epochs=3, max_steps=None, save_every=1, layout="packed")
-    tr = DebiasTrainer(cfg)
-    assert tr.n_batches == 6 and tr.t_total == 3 and cfg.resolved_leftover == "carry"
+    tr = debias_trainer(cfg)
+    assert tr.n_batches == 6 and tr.t_total == 3 and cfg.trainer_config.resolved_leftover == "carry"
     assert len(tr.plan.plan[1]) == 6  # 2 leftovers of epoch 0 + 4 micro-batches of epoch 1
     full = tr.run()
     cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
-    DebiasTrainer(cfg_b).run(stop_after=1)
-    res = DebiasTrainer(cfg_b).run()
+    debias_trainer(cfg_b).run(stop_after=1)
+    res = debias_trainer(cfg_b).run()
     assert res.resumed_from == 1
     for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.train.optim import global_norm, make_optimizer
 from rbjax.train.step import TrainState
 from tests.conftest import religion1_train_file
@@ -22,10 +22,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not us
 
 # ------------------------------------------------------------------------------------- non-finite gradients
 def _one_update(params, grads, lr=5e-5):
-    tx = make_optimizer()
-    st = tx.init(params)
-    d, st = tx.update(grads, st, params)
-    return jax.tree.map(lambda p, u: p - lr * u, params, d), st
+    opt = make_optimizer()
+    new, st, _, _ = opt.apply(params, grads, opt.init(params), lr)
+    return new, st
 
 
 def test_failure_case_overflowing_gradient_norm():
@@ -54,9 +53,8 @@ def test_failure_case_non_finite_gradient_is_skipped():
         for k in params:
             assert np.array_equal(np.asarray(new[k]), np.asarray(params[k]))
         assert int(st.total_notfinite) == 1 and int(st.notfinite_count) == 1
-        adam = st.inner_state[1]
-        assert all(float(jnp.abs(x).sum()) == 0.0 for x in jax.tree.leaves((adam.mu, adam.nu)))
-        assert int(adam.count) == 0
+        assert all(float(jnp.abs(x).sum()) == 0.0 for x in jax.tree.leaves((st.mu, st.nu)))
+        assert int(st.count) == 0
 
 
 def test_non_finite_point_of_a_grid_does_not_touch_the_others(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
@@ -64,14 +62,14 @@ def test_non_finite_point_of_a_grid_does_not_touch_the_others(tiny_model_dir, to
     point trains exactly as it would alone."""
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method="add",
                train_file=religion1_train_file(redditbias_dir, tmp_path, 8), max_steps=2, dropout=False)
-    good, bad = RunHparams(0.01, 10.0, 1e-3), RunHparams(0.01, float("inf"), 1e-3)
-    tr = DebiasTrainer(cfg, points=[good, bad])
+    good, bad = lambda_point(0.01, 10.0, 1e-3), lambda_point(0.01, float("inf"), 1e-3)
+    tr = debias_trainer(cfg, points=[good, bad])
     res = tr.run(checkpoints=False)
     assert res.summary["skipped_updates"] == [0, 2]
     init = tr.init_params
     for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(res.point_params(1))):
         assert np.array_equal(np.asarray(a), np.asarray(b))  # the bad point never moved
-    alone = DebiasTrainer(cfg.replace(lambda_lm=0.01, lambda_d=10.0, learning_rate=1e-3)).run(checkpoints=False)
+    alone = debias_trainer(cfg.replace(lambda_lm=0.01, lambda_d=10.0, learning_rate=1e-3)).run(checkpoints=False)
     for a, b in zip(jax.tree.leaves(alone.params), jax.tree.leaves(res.point_params(0))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -80,7 +78,7 @@ def test_checkpoint_is_never_written_with_non_finite_parameters(tmp_path):
     from rbjax.train.checkpoint import Checkpointer, NonFiniteParameters
 
     p = {"w": jnp.array([1.0, np.nan])}
-    st = TrainState(params=p, opt_state=make_optimizer().init(p), step=jnp.int32(3), lambdas=jnp.ones(2),
+    st = TrainState(params=p, opt_state=make_optimizer().init(p), step=jnp.int32(3), hparams=jnp.ones(2),
                     lr=jnp.float32(1e-3), t_total=jnp.float32(5))
     ck = Checkpointer(tmp_path / "ck")
     with pytest.raises(NonFiniteParameters, match="update 3"):
@@ -97,10 +95,10 @@ def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokeniz
     dropout: every point sees the same data and dropout stream), to float32 tolerance."""
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "g", method=method, grad_accum=accum,
                train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3)
-    pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4), RunHparams(0.01, 50.0, 1e-4)]
-    grid = DebiasTrainer(cfg, points=pts).run(checkpoints=False)
+    pts = [lambda_point(0.001, 10.0, 5e-4), lambda_point(0.01, 100.0, 5e-4), lambda_point(0.01, 50.0, 1e-4)]
+    grid = debias_trainer(cfg, points=pts).run(checkpoints=False)
     for i, p in enumerate(pts):
-        alone = DebiasTrainer(cfg.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d, learning_rate=p.learning_rate))
+        alone = debias_trainer(cfg.replace(lambda_lm=p.hparams["lambda_lm"], lambda_d=p.hparams["lambda_d"], learning_rate=p.learning_rate))
         res = alone.run(checkpoints=False)
         for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(grid.point_params(i))):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
@@ -109,16 +107,16 @@ def test_vmapped_grid_points_equal_their_sequential_runs(tiny_model_dir, tokeniz
 def test_grid_chunk_checkpoint_resumes_bit_identically(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "full", method="lmd",
                train_file=religion1_train_file(redditbias_dir, tmp_path, 12), max_steps=3, save_every=1)
-    pts = [RunHparams(0.001, 10.0, 5e-4), RunHparams(0.01, 100.0, 5e-4)]
-    full = DebiasTrainer(cfg, points=pts).run()
+    pts = [lambda_point(0.001, 10.0, 5e-4), lambda_point(0.01, 100.0, 5e-4)]
+    full = debias_trainer(cfg, points=pts).run()
     cfg_b = cfg.replace(out_dir=str(tmp_path / "killed"))
-    assert not DebiasTrainer(cfg_b, points=pts).run(stop_after=2).finished
-    res = DebiasTrainer(cfg_b, points=pts).run()
+    assert not debias_trainer(cfg_b, points=pts).run(stop_after=2).finished
+    res = debias_trainer(cfg_b, points=pts).run()
     assert res.resumed_from == 2
     for a, b in zip(jax.tree.leaves(full.state.params), jax.tree.leaves(res.state.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="different run.*points"):
-        DebiasTrainer(cfg_b, points=pts[:1] + [RunHparams(0.01, 50.0, 5e-4)]).run()
+        debias_trainer(cfg_b, points=pts[:1] + [lambda_point(0.01, 50.0, 5e-4)]).run()
 
 
 # --------------------------------------------------------------------------------------------------- Ctrl-C
@@ -128,7 +126,7 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer
     from rbjax.core.interrupt import Interrupted
 
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=5, save_every=100)
-    full = DebiasTrainer(cfg).run(checkpoints=False)
+    full = debias_trainer(cfg).run(checkpoints=False)
 
     def ctrl_c(ev):
         if ev["kind"] == "update" and ev["update"] == 2:
@@ -136,10 +134,10 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer
 
     cfg_b = cfg.replace(out_dir=str(tmp_path / "b"))
     with pytest.raises(Interrupted) as ei:
-        DebiasTrainer(cfg_b).run(callback=ctrl_c)
+        debias_trainer(cfg_b).run(callback=ctrl_c)
     msg = str(ei.value)
     assert "SIGINT" in msg and "update 2/5" in msg and "run the same command again" in msg and "checkpoints" in msg
-    res = DebiasTrainer(cfg_b).run()
+    res = debias_trainer(cfg_b).run()
     assert res.resumed_from == 2 and res.finished
     for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(res.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -150,23 +148,23 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_model_dir, tokenizer
 def test_cli_ctrl_c_prints_the_resume_hint_without_traceback(tiny_model_dir, tokenizer_dir, redditbias_dir,
                                                              tmp_path, capsys, monkeypatch):
     from rbjax.cli import main
-    from rbjax.debias import loop
+    from rbjax.train.loop import Trainer
 
-    real = loop.DebiasTrainer.run
+    real = Trainer.run
 
-    def run_and_interrupt(self, **kw):
+    def run_and_interrupt(self, *a, **kw):
         kw["callback"] = lambda ev: ev["kind"] == "update" and ev["update"] == 1 and os.kill(os.getpid(),
                                                                                              signal.SIGTERM)
-        return real(self, **kw)
+        return real(self, *a, **kw)
 
-    monkeypatch.setattr(loop.DebiasTrainer, "run", run_and_interrupt)
+    monkeypatch.setattr(Trainer, "run", run_and_interrupt)
     argv = ["debias", "--method", "lm", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
             str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "r"), "--max-steps", "3",
             "--batch-size", "4", "--no-eval", "--no-lmp", "--no-progress"]
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "SIGTERM" in err and "update 1/3" in err and "Traceback" not in err
-    monkeypatch.setattr(loop.DebiasTrainer, "run", real)
+    monkeypatch.setattr(Trainer, "run", real)
     assert main(argv) == 0
     res = json.loads((tmp_path / "r" / "results.json").read_text())
     assert res["training"]["resumed_from"] == 1 and res["training"]["updates"] == 3
@@ -259,11 +257,11 @@ def test_checkpoint_of_another_starting_model_is_refused(tiny_model_dir, tokeniz
     model = tmp_path / "m"
     shutil.copytree(tiny_model_dir, model)
     cfg = _cfg(model, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=3)
-    DebiasTrainer(cfg).run(stop_after=1)
+    debias_trainer(cfg).run(stop_after=1)
     other = make_torch_gpt2_folder(tmp_path / "other", seed=9)
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     with pytest.raises(ValueError, match="different run.*model"):
-        DebiasTrainer(cfg).run()
+        debias_trainer(cfg).run()
 
 
 def test_out_that_is_a_file_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
@@ -307,7 +305,7 @@ def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_
 
     cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "r", method=method, semantics=semantics,
                batch_size=7, max_steps=None, epochs=1)  # 720 phrases: the last micro-batch is partial
-    tr = DebiasTrainer(cfg)
+    tr = debias_trainer(cfg)
     assert tr.n_examples % 7
     tb = TriggerBuilder(load_spec("religion1"), tr.tokenizer, semantics=semantics)
     for b in range(tr.n_batches):
@@ -318,7 +316,7 @@ def test_triggers_built_once_equal_per_batch_triggers(tiny_model_dir, tokenizer_
             np.testing.assert_array_equal(mb["lmd_mask"], t.mask)
             np.testing.assert_array_equal(mb["norm"], t.norm)
         else:
-            o = tb.attributes(ids, mask, max_occurrences=tr.n_occ)
+            o = tb.attributes(ids, mask, max_occurrences=tr.data.n_occ)
             np.testing.assert_array_equal(mb["occ_weights"], o.weights)
             np.testing.assert_array_equal(mb["occ_mask"], o.mask)
 

@@ -1,25 +1,27 @@
-"""``rbjax debias``: fine-tune a GPT-2/DialoGPT with LMD, ADD, HD or CDA (paper §4) and evaluate it.
+"""``rbjax debias``: fine-tune a model of any supported family with LMD, ADD, HD or CDA (paper §4) and evaluate it.
 
-The options are the fields of :class:`rbjax.debias.config.TrainConfig`, generated from the dataclass by
-:func:`add_training_arguments` (help, choices and defaults are written once, in the config).
+The options are the settings of :class:`rbjax.debias.config.DebiasRun` (every section's, by their flat names),
+generated from the dataclasses by :func:`add_training_arguments` (help, choices and defaults are written once, in
+the settings).
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from rbjax.commands.options import option_spec
+from rbjax.core.config import leaves
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
-from rbjax.debias.config import TrainConfig
-from rbjax.debias.run import check_own_bias_type_data, train
+from rbjax.debias.config import DebiasRun
+from rbjax.debias.grid_config import AXES as GRID_AXES
+from rbjax.debias.run import check_own_bias_type_data, debias
 from rbjax.model.memory import plan_for_model
 
 
 def add_training_arguments(p, *, grid: bool = False) -> None:
-    """Options of ``rbjax debias`` (``grid=False``) or ``rbjax sweep`` (``grid=True``), one per field of
-    :class:`TrainConfig` (help, choices, metavar and the option's spelling from the field's metadata; the destination
-    is the field's name, read back by :func:`training_settings`), plus ``--overwrite``.
+    """Options of ``rbjax debias`` (``grid=False``) or ``rbjax sweep`` (``grid=True``), one per setting of
+    :class:`DebiasRun` (help, choices, metavar and the option's spelling from the field's metadata; the destination
+    is the setting's flat name, read back by :func:`training_settings`), plus ``--overwrite``.
 
     Every option that takes a value requires one (``--max-steps`` alone is an error), a boolean is a switch
     (``--no-dropout``; ``--no-dropout false`` is an error). For the sweep, the grid's hyper-parameters (taken as
@@ -27,36 +29,38 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
     """
     g = p.add_argument_group("settings shared by every grid point" if grid else
                              "training settings (defaults: the paper's and the reference code's)")
-    for f in _cli_fields(grid):
-        names, kw = option_spec(TrainConfig, f)
+    for leaf in _cli_leaves(grid):
+        f = leaf.field
+        names, kw = option_spec(leaf.owner, f, default=leaf.default, help=leaf.help)
         if f.name in ("method", "bias_type"):  # no silent default for what to debias
             kw.update(required=True, default=None)
         if grid and f.name == "method":  # a study: several methods at once
             kw.pop("choices")
             kw.update(type=str, metavar="METHOD[,METHOD..]",
-                      help="method(s), a comma list of lmd, add, hd, cda, lm (" + f.metadata["help"] + ")")
+                      help="method(s), a comma list of lmd, add, hd, cda, lm (" + leaf.help + ")")
         if grid and f.name == "bias_type":
-            kw["help"] = "bias type(s): all, or a comma list of " + f.metadata["help"].removeprefix("bias type: ")
+            kw["help"] = "bias type(s): all, or a comma list of " + leaf.help.removeprefix("bias type: ")
         g.add_argument(*names, **kw)
     p.add_argument("--overwrite", action="store_true",
                    help="discard an existing run in --out instead of resuming (or reusing) it")
 
 
-def _cli_fields(grid: bool):
-    """The fields that are options, what to debias (method, bias type) first."""
-    fields = sorted(dataclasses.fields(TrainConfig), key=lambda f: f.name not in ("method", "bias_type"))
-    return [f for f in fields if not (grid and (f.metadata["grid"] or f.name in ("export", "evaluate", "eval_bias")))]
+def _cli_leaves(grid: bool):
+    """The settings that are options, what to debias (method, bias type) first."""
+    all_leaves = sorted(leaves(DebiasRun), key=lambda leaf: leaf.name not in ("method", "bias_type"))
+    return [leaf for leaf in all_leaves
+            if not (grid and (leaf.name in GRID_AXES or leaf.name in ("export", "evaluate", "eval_bias")))]
 
 
 def training_settings(args) -> dict:
-    """The :class:`TrainConfig` fields given on the command line (with their defaults), as a dict."""
-    return {f.name: getattr(args, f.name) for f in _cli_fields(False) if hasattr(args, f.name)}
+    """The :class:`DebiasRun` settings of the command line (with their defaults), by flat name."""
+    return {leaf.name: getattr(args, leaf.name) for leaf in _cli_leaves(False) if hasattr(args, leaf.name)}
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "debias", help="debias a model with LMD, ADD, HD or CDA, then export and evaluate it",
-        description="Fine-tune a GPT-2/DialoGPT on the training phrases of one bias type (a packaged one or a spec "
+        description="Fine-tune a model (GPT-2/DialoGPT, Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2) on the training phrases of one bias type (a packaged one or a spec "
                     "file of your own) with a debiasing loss (LMD, ADD, HD) or on the counterfactually augmented set "
                     "(CDA); Adam 5e-5, linear decay, clip 1.0, 2 epochs, block 36. Checkpoints in OUT/checkpoints "
                     "(Ctrl-C saves one; rerun the same command to resume), metrics in OUT/metrics.jsonl; afterwards "
@@ -82,8 +86,9 @@ def add_plan_arguments(p) -> None:
 def check_plan(args, cfg) -> bool:
     """The run's memory plan from the model's config.json: printed with ``--dry-run`` (then ``True``: stop), else
     checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is loaded)."""
-    plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=cfg.batch_size,
-                          seq_len=cfg.block_size, grad_accum=cfg.grad_accum, precision=cfg.precision,
+    t = cfg.trainer
+    plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
+                          seq_len=t.block_size, grad_accum=t.grad_accum, precision=t.precision,
                           device_memory_gb=args.device_memory_gb,
                           n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None)
     if args.dry_run:
@@ -93,14 +98,14 @@ def check_plan(args, cfg) -> bool:
     return False
 
 
-def config_from_args(args, **override):
-    """The :class:`TrainConfig` of parsed arguments (``--no-export`` implies no evaluation)."""
+def config_from_args(args, **override) -> DebiasRun:
+    """The :class:`DebiasRun` of parsed arguments (``--no-export`` implies no evaluation)."""
 
     kw = training_settings(args)
     if "export" in kw and not kw["export"]:
         kw["evaluate"] = False
     kw.update(override)
-    return TrainConfig(**kw)
+    return DebiasRun.from_flat(kw)
 
 
 def format_results(res: dict) -> str:
@@ -151,7 +156,7 @@ def run(args) -> int:
         check_output_dir(cfg.out_dir, "--out")  # a bad --out is named before the model is read
     if check_plan(args, cfg):
         return 0
-    res = train(cfg, overwrite=args.overwrite)
+    res = debias(cfg, overwrite=args.overwrite)
     print(format_results(res))
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")
     return 0

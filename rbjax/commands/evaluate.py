@@ -21,13 +21,13 @@ settings reuses the result file.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import option_spec
+from rbjax.core.config import Leaf, leaves
 from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
 from rbjax.dialog.evaluate import evaluate, format_result
@@ -126,13 +126,13 @@ OPTION_GROUPS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
 NOT_OPTIONS = ("dst_train_file", "crg_train_file", "block_size")
 
 
-def _fields() -> dict[str, list[tuple[str, type, dataclasses.Field]]]:
-    """``{setting: [(task, settings class, field), ...]}`` over the model tasks, in task order."""
+def _fields() -> dict[str, list[tuple[str, Leaf]]]:
+    """``{setting: [(task, setting), ...]}`` over the model tasks, in task order (a training task's trainer and
+    optimiser settings by their flat names, :func:`rbjax.core.config.leaves`)."""
     out: dict[str, list] = {}
     for name in MODEL_TASKS:
-        cls = get_task(name).settings
-        for f in dataclasses.fields(cls):
-            out.setdefault(f.name, []).append((name, cls, f))
+        for leaf in leaves(get_task(name).settings):
+            out.setdefault(leaf.name, []).append((name, leaf))
     return out
 
 
@@ -141,20 +141,20 @@ def _option_fields() -> tuple[str, ...]:
 
 
 def _add_setting(g, name: str, owners: list) -> None:
-    """One option for the setting ``name`` of the tasks ``owners`` (``[(task, class, field), ...]``): spelling, help,
+    """One option for the setting ``name`` of the tasks ``owners`` (``[(task, Leaf), ...]``): spelling, help,
     choices and metavar from the field (the same in every task that takes it), type from its annotation, default
     ``None`` (= each task's own, shown in the help when the help does not already say it)."""
-    _, cls, f = owners[0]
-    md = f.metadata
-    for task, _, other in owners[1:]:
-        if dict(other.metadata) != dict(md):
+    leaf = owners[0][1]
+    md = leaf.field.metadata
+    for task, other in owners[1:]:
+        if dict(other.field.metadata) != dict(md) or other.help != leaf.help:
             raise TypeError(f"setting {name}: {task}'s field differs from {owners[0][0]}'s in its help or spelling")
-    flags, kw = option_spec(cls, f, unset_default=True)
-    defaults = {task: other.default for task, _, other in owners}
-    if "action" not in kw and "default" not in md["help"].lower() and any(v is not None for v in defaults.values()):
+    flags, kw = option_spec(leaf.owner, leaf.field, unset_default=True, default=leaf.default, help=leaf.help)
+    defaults = {task: other.default for task, other in owners}
+    if "action" not in kw and "default" not in leaf.help.lower() and any(v is not None for v in defaults.values()):
         shown = ({str(v) for v in defaults.values()}.pop() if len(set(defaults.values())) == 1
                  else ", ".join(f"{task} {v}" for task, v in defaults.items()))
-        kw["help"] = f"{md['help']} (default: {shown})"
+        kw["help"] = f"{leaf.help} (default: {shown})"
     g.add_argument(*flags, **kw)
 
 
@@ -190,7 +190,7 @@ def register(sub) -> None:
     for title, names in OPTION_GROUPS:
         g = p if title is None else p.add_argument_group(title)
         if title == "training (dst, crg)":  # the training files: one option per task, named by the task that runs
-            dst_f, crg_f = fields["dst_train_file"][0][2], fields["crg_train_file"][0][2]
+            dst_f, crg_f = fields["dst_train_file"][0][1].field, fields["crg_train_file"][0][1].field
             g.add_argument("--train-file", metavar="PATH",
                            help=f"the task's training data: dst — {dst_f.metadata['help']}; crg — "
                                 f"{crg_f.metadata['help']}")

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from rbjax.core.config import option_name
 
-__all__ = ["add_config_arguments", "config_values"]
+__all__ = ["add_config_arguments", "config_values", "negated_help"]
 
 
 def _fields(config_class, names: Iterable[str] | None):
@@ -28,13 +28,21 @@ def _fields(config_class, names: Iterable[str] | None):
     return [fields[n] for n in names]
 
 
-def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = False) -> tuple[list[str], dict]:
+def negated_help(help_text: str) -> str:
+    """The help of a ``--no-...`` switch, from the help of the setting it turns off (which describes the setting
+    when on: "dropout 0.1 during training" → "turn off: dropout 0.1 during training (on by default)")."""
+    return f"turn off: {help_text} (on by default)"
+
+
+def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = False, default=dataclasses.MISSING,
+                help: str | None = None) -> tuple[list[str], dict]:  # noqa: A002
     """The option of the field ``f`` of ``config_class``: ``(names, add_argument keywords)`` — spelling, help,
     choices and metavar from the field's metadata, type from its annotation (a ``tuple[T, ...]`` takes one or more
     values), ``dest`` the field's name.
 
     ``unset_default``: the option's default is ``None`` ("not given": the caller fills in a default of its own, e.g.
-    each dialog task's), not the field's.
+    each dialog task's), not the field's. ``default``, ``help``: a nested setting's own (:class:`rbjax.core.config.Leaf`),
+    instead of the field's.
 
     Raises:
         TypeError: a ``--no-...`` field whose default is not ``True``.
@@ -44,14 +52,17 @@ def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = Fal
     args = typing.get_args(hint)
     base = next((a for a in args if a is not type(None)), hint)
     flag = option_name(config_class, f.name)
-    kw: dict = {"dest": f.name, "help": md["help"], "default": None if unset_default else f.default}
+    default = f.default if default is dataclasses.MISSING else default
+    text = md["help"] if help is None else help
+    kw: dict = {"dest": f.name, "help": text, "default": None if unset_default else default}
     if md["negate"]:
-        if f.default is not True:
+        if default is not True:
             raise TypeError(f"{config_class.__name__}.{f.name}: a --no-... switch needs the default True")
-        kw["action"] = "store_false"
+        # the field's help describes the setting (on); the switch turns it off, and its help says so
+        kw.update(action="store_false", help=negated_help(text))
     elif base is bool:
         # False by default: a switch; True or None (automatic) by default: --name/--no-name
-        kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+        kw["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
     else:
         if typing.get_origin(base) is tuple:
             kw.update(nargs="+", type=typing.get_args(base)[0])

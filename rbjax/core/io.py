@@ -13,6 +13,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
+#: the environment variable that moves rbjax's cache folder (downloads, file digests, compiled programs)
+ENV_CACHE_DIR = "RBJAX_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """rbjax's cache folder: ``$RBJAX_CACHE_DIR``, else ``~/.cache/rbjax`` (verified downloads, the digests of large
+    files, the persistent compilation cache; docs/scale.md "Caches" says what each holds and how to clear it)."""
+    return Path(os.environ.get(ENV_CACHE_DIR, Path.home() / ".cache" / "rbjax")).expanduser()
+
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs):

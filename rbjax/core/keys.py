@@ -7,49 +7,16 @@ digest of the model files' contents, the tokenizer files, the data files, the sp
 reuses the artefact only when its own key is identical; otherwise it recomputes and says why
 (:func:`describe_difference`).
 
-Files are identified by content (sha256), not by path or modification time: the same weights copied elsewhere are
-the same model, and weights rewritten in place are a different one. Digests of large files are cached per process
-by (path, size, mtime) so a file is read once.
+Files are identified by content (sha256, :mod:`rbjax.core.digests`), not by path or modification time: the same
+weights copied elsewhere are the same model, and weights rewritten in place are a different one.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from rbjax.core.io import sha256_file
-
-__all__ = ["file_digest", "files_key", "tree_digest", "canonical", "digest", "describe_difference"]
-
-_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """sha256 (hex) of a file's content, cached per process by (resolved path, size, mtime).
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    p = Path(path).resolve()
-    st = p.stat()
-    k = (str(p), st.st_size, st.st_mtime_ns)
-    d = _CACHE.get(k)
-    if d is None:
-        d = _CACHE[k] = sha256_file(p)
-    return d
-
-
-def files_key(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
-    """``{file name: sha256}`` of the files that exist among ``paths`` (names, not full paths: content decides)."""
-    out = {}
-    for p in paths:
-        p = Path(p)
-        if p.is_file():
-            out[p.name] = file_digest(p)
-    return out
-
+__all__ = ["tree_digest", "canonical", "digest", "describe_difference"]
 
 def tree_digest(tree) -> str:
     """sha256 of a pytree of arrays: structure, shapes, dtypes and bytes (e.g. in-memory parameters)."""

@@ -1,15 +1,16 @@
 """One way to print progress messages: the standard ``logging`` module, under the ``rbjax`` logger.
 
 Each command's messages go to stderr as ``rbjax <command>: <message>`` (what users have always seen), through a
-handler installed once; library users can silence, redirect or format them with ``logging`` as usual
-(``logging.getLogger("rbjax").setLevel(logging.WARNING)``).
+handler installed once. Each module that prints takes its command's logger once, at the top
+(``log = get_logger("debias")``), and calls ``log.info``. Library users can silence, redirect or format the
+messages with ``logging`` as usual (``logging.getLogger("rbjax").setLevel(logging.WARNING)``).
 """
 from __future__ import annotations
 
 import logging
 import sys
 
-__all__ = ["get_logger", "say"]
+__all__ = ["get_logger"]
 
 _ROOT = "rbjax"
 
@@ -55,8 +56,3 @@ class _Rename(logging.Filter):
     def filter(self, record):
         record.name = self.shown
         return True
-
-
-def say(command: str, msg: str) -> None:
-    """Print ``rbjax <command>: <msg>`` on stderr (an INFO record of the ``rbjax.<command>`` logger)."""
-    get_logger(command).info(msg)

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXES", "DEFAULT_RULES", "grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate", "to_host",
            "parse_mesh", "make_mesh", "mesh_sizes", "mesh_label", "logical_spec", "tree_shardings", "shard_tree",
-           "is_model_parallel", "batch_axes", "mesh_product"]
+           "is_model_parallel", "batch_axes", "mesh_product", "run_mesh"]
 
 #: the mesh axes, outermost first (``grid`` and ``data`` neighbours are the farthest apart; ``tensor`` neighbours,
 #: which talk on every layer, are adjacent devices)
@@ -122,6 +122,25 @@ def parse_mesh(text: str | None, n_devices: int, *, flag: str = "--mesh") -> dic
                          f"{'is 1 device' if n_devices == 1 else f'are {n_devices} devices'} "
                          f"(jax.devices()); the product must equal the device count")
     return {a: sizes.get(a, 1) for a in AXES}
+
+
+def run_mesh(text: str | None, *, n_points: int = 1, batch_size: int = 1, stacked: bool = False,
+             flag: str = "--mesh") -> Mesh:
+    """The device mesh of a run, built once by the run's composition root: ``text`` (a ``--mesh`` setting) over all
+    devices, or, without one, the ``grid`` × ``data`` mesh :func:`grid_mesh` picks for ``n_points`` points of
+    micro-batch ``batch_size``.
+
+    Raises:
+        ValueError: naming ``flag``: a mesh that does not fit the devices, or a ``grid`` axis for a single run
+        (``stacked`` false: it has no grid points to spread).
+    """
+    sizes = parse_mesh(text, jax.device_count(), flag=flag)
+    if sizes is None:
+        return grid_mesh(n_points if stacked else 1, batch_size)
+    if not stacked and sizes["grid"] > 1:
+        raise ValueError(f"{flag} {text}: a single run has no grid points to spread; use data, fsdp, tensor (grid is "
+                         "for rbjax sweep)")
+    return make_mesh(sizes)
 
 
 def mesh_product(text: str | None) -> int:

@@ -27,12 +27,11 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 
-from rbjax.core.io import atomic_file, sha256_file
+from rbjax.core.io import atomic_file, cache_dir, sha256_file
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, BiasSpec, canonical_bias_type, is_spec_path, layout_names, load_spec
 
 SPLITS = ("test", "valid", "valid+test")
 ENV_DATA_DIR = "RBJAX_DATA_DIR"
-ENV_CACHE_DIR = "RBJAX_CACHE_DIR"
 ENV_URL = "RBJAX_REDDITBIAS_URL"  # override the download base URL (mirrors, tests)
 
 
@@ -42,7 +41,8 @@ def manifest() -> dict:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get(ENV_CACHE_DIR, Path.home() / ".cache" / "rbjax")).expanduser()
+    """rbjax's cache folder (:func:`rbjax.core.io.cache_dir`)."""
+    return cache_dir()
 
 
 

@@ -1,35 +1,38 @@
-"""Configuration of a debiasing run (paper §4, §5.1; reference-debias.md §7).
+"""The settings of a debiasing run (paper §4, §5.1; docs/debiasing.md): :class:`DebiasRun`, nested as levanter's
+``TrainLmConfig(trainer=…, optimizer=…, model=…)``.
 
-:class:`TrainConfig` is a frozen, JSON-serialisable dataclass: everything that defines one run — the trainer's
-settings (:class:`rbjax.train.config.TrainerConfig`: optimiser, schedule, batches, precision, layout, mesh,
-checkpoints) and the debiasing ones (method, bias type, semantics, λ, evaluation after training). Its fields are also
-the command-line options of ``rbjax debias`` and ``rbjax sweep`` (built from the dataclass by
-:func:`rbjax.commands.debias.add_training_arguments`, so the help and the defaults live in the field metadata, and
-nowhere else).
+* :class:`DebiasRun` — what to start from (``model``, ``tokenizer``), where to write (``out_dir``), the device
+  ``mesh``, whether to ``export`` the model, and its sections:
+* ``debias`` — :class:`DebiasConfig`: the method, bias type, training data, semantics and λ of eq. 2;
+* ``trainer`` — :class:`rbjax.train.config.TrainerConfig`: batches, epochs, precision, layout, checkpoints;
+* ``optimizer`` — :class:`rbjax.train.config.OptimizerConfig`: learning rate, Adam, clip;
+* ``evaluation`` — :class:`EvalConfig`: LMB on the valid split and LMP after training.
+
+Every setting's name is unique across the sections (:func:`rbjax.core.config.leaves`), so the command-line options of
+``rbjax debias`` / ``rbjax sweep``, the study's ``[training]`` keys and the ``config`` that results record are flat:
+``--lr`` is ``optimizer.learning_rate``, ``--method`` is ``debias.method`` (:meth:`DebiasRun.from_flat`,
+:meth:`DebiasRun.to_dict`). Each field carries its default and help once.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
-from rbjax.core.config import field
+from rbjax.core.config import check_types, field, from_flat, replace_flat, section, to_flat
 from rbjax.core.errors import SettingError
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
-from rbjax.train.config import TrainerConfig
+from rbjax.train.config import OptimizerConfig, TrainerConfig
 
-__all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_bias_type",
+__all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "DebiasConfig", "EvalConfig", "DebiasRun", "resolve_bias_type",
            "bias_spec"]
 
 #: debiasing methods (``lm``: plain LM fine-tuning on the training phrases, a control / benchmark baseline)
 METHODS = ("lmd", "add", "hd", "cda", "lm")
 LOSS_METHODS = ("lmd", "add", "hd")
 SEMANTICS = ("paper", "reference")
-
-#: fields of :class:`TrainConfig` that determine the training trajectory; a resumed run must match them (together
-#: with the content of the model, tokenizer, data and bias specification: see :mod:`rbjax.train.loop`)
-TRAJECTORY_FIELDS = ("method", "bias_type", "train_file", "semantics", "lambda_lm", "lambda_d",
-                     *TrainerConfig.trajectory_fields)
 
 
 def resolve_bias_type(name: str) -> str:
@@ -52,10 +55,9 @@ def bias_spec(bias_type: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(TrainerConfig):
-    """Everything that defines one debiasing run (frozen, JSON-serialisable; stored in ``OUT/config.json``): the
-    trainer's settings (:class:`rbjax.train.config.TrainerConfig`) and the fields below. Each field's
-    ``metadata["help"]`` is its documentation (shown by ``rbjax debias --help``).
+class DebiasConfig:
+    """The debiasing method of a run and its training data (paper §4): the ``debias`` section of
+    :class:`DebiasRun`.
 
     Raises:
         rbjax.core.errors.SettingError (a ValueError) naming the field; ValueError: reference semantics for a bias
@@ -75,34 +77,14 @@ class TrainConfig(TrainerConfig):
                                          "training phrases", metavar="FILE")
     semantics: str = field("paper", "paper: the paper's losses, triggers and swapping; reference: reproduce the "
                                     "official PyTorch code (see docs/debiasing.md)", choices=SEMANTICS)
-    lambda_lm: float = field(0.01, "λ_LM of eq. 2 (the grid: 0.001, 0.01)", grid=True)
-    lambda_d: float = field(10.0, "λ_D of eq. 2 (the grid: 10, 50, 100)", grid=True)
-    export: bool = field(True, "write OUT/model (an HF folder)", negate="--no-export")
-    evaluate: bool = field(True, "LMB on the valid split after training", negate="--no-eval")
-    eval_bias: str = field("all", "bias types of the post-training LMB (comma list or all; the debiased type is "
-                                  "always included)")
-    lmp: bool = field(True, "the Reddit-6K perplexity (LMP, §3.2) after training", negate="--no-lmp")
-    lmp_file: str | None = field(None, "LMP reference file (default: RedditBias text_files/humanref6k.txt)",
-                                 metavar="FILE")
-    lmp_max_lines: int | None = field(None, "score only the first N LMP lines (smoke runs)", metavar="N")
-    eval_batch_size: int = field(64, "LMB and LMP after training: " + SCORING_BATCH_HELP)
-
-    trajectory_fields = TRAJECTORY_FIELDS
-
-    @property
-    def default_batch_size(self) -> int:
-        """The method's default micro-batch size (the reference's CDA run uses batch size 2)."""
-        return 2 if self.method == "cda" else 8
+    lambda_lm: float = field(0.01, "λ_LM of eq. 2 (the grid: 0.001, 0.01)")
+    lambda_d: float = field(10.0, "λ_D of eq. 2 (the grid: 10, 50, 100)")
 
     def __post_init__(self):
-        super().__post_init__()
+        check_types(self)
         for name, allowed in (("method", METHODS), ("semantics", SEMANTICS)):
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        for name in ("eval_batch_size", "lmp_max_lines"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise SettingError(name, f"must be >= 1, got {v!r}")
         for name in ("lambda_lm", "lambda_d"):
             if getattr(self, name) < 0:
                 raise SettingError(name, f"must be >= 0, got {getattr(self, name)}")
@@ -123,17 +105,113 @@ class TrainConfig(TrainerConfig):
                 "which exist only for the five packaged bias types; use --semantics paper for a bias type of your own")
 
     @property
-    def resolved_leftover(self) -> str:
-        """``drop`` or ``carry`` (the default follows the semantics: the reference Trainer carries)."""
-        if self.leftover is not None:
-            return self.leftover
-        return "carry" if self.semantics == "reference" else "drop"
+    def hparams(self) -> dict[str, float]:
+        """The objective's hyper-parameters (:class:`rbjax.debias.objective.DebiasObjective`): λ_LM and λ_D of eq. 2
+        for LMD, ADD and HD; none for CDA and LM (the LM loss alone)."""
+        return {"lambda_lm": self.lambda_lm, "lambda_d": self.lambda_d} if self.method in LOSS_METHODS else {}
 
     @property
-    def loss_weights(self) -> tuple[float, float]:
-        """``(λ_LM, λ_D)`` of eq. 2."""
-        return self.lambda_lm, self.lambda_d
+    def default_batch_size(self) -> int:
+        """The method's default micro-batch size (the reference's CDA run uses batch size 2)."""
+        return 2 if self.method == "cda" else 8
+
+    @property
+    def default_leftover(self) -> str:
+        """The reference Trainer carries an epoch's leftover micro-batches; the paper's default drops them."""
+        return "carry" if self.semantics == "reference" else "drop"
+
+    def name(self) -> str:
+        """A few words naming the run (its progress bar): ``"hd religion1"``."""
+        b = self.bias_type
+        return f"{self.method} {Path(b).stem if b.endswith('.json') else b}"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """What a finished run is evaluated on, in memory (the ``evaluation`` section of :class:`DebiasRun`): LMB on the
+    valid split (§3.1) and the Reddit-6K perplexity (LMP, §3.2)."""
+
+    evaluate: bool = field(True, "LMB on the valid split after training", negate="--no-eval")
+    eval_bias: str = field("all", "bias types of the post-training LMB (comma list or all; the debiased type is "
+                                  "always included)")
+    lmp: bool = field(True, "the Reddit-6K perplexity (LMP, §3.2) after training", negate="--no-lmp")
+    lmp_file: str | None = field(None, "LMP reference file (default: RedditBias text_files/humanref6k.txt)",
+                                 metavar="FILE")
+    lmp_max_lines: int | None = field(None, "score only the first N LMP lines (smoke runs)", metavar="N")
+    eval_batch_size: int = field(64, "LMB and LMP after training: " + SCORING_BATCH_HELP)
+
+    def __post_init__(self):
+        check_types(self)
+        for name in ("eval_batch_size", "lmp_max_lines"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise SettingError(name, f"must be >= 1, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DebiasRun:
+    """Everything that defines one debiasing run (frozen; recorded flat in ``OUT/config.json`` and
+    ``OUT/results.json``, module docstring). Build it from flat names with :meth:`from_flat`.
+
+    ``trainer.batch_size`` left unset takes the method's default (:attr:`DebiasConfig.default_batch_size`), and
+    ``trainer.leftover`` its semantics' (:attr:`DebiasConfig.default_leftover`) in :attr:`trainer_config`, the
+    trainer's settings as the run trains.
+
+    Raises:
+        rbjax.core.errors.SettingError naming the field: a bad value (from its section); ValueError: see
+        :class:`DebiasConfig`.
+    """
+
+    model: str = field("microsoft/DialoGPT-small", "HF model folder (any supported family), hub id or finished run "
+                                                   "folder to start from", metavar="MODEL")
+    tokenizer: str | None = field(None, "tokenizer folder or hub id (default: the model folder)", metavar="PATH")
+    out_dir: str = field("runs/debias", "run folder (an unfinished run there is resumed; a finished one is reused)",
+                         flag="--out", metavar="DIR")
+    mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or grid=2,fsdp=4 (axes grid, data, fsdp, "
+                                   "tensor; sizes multiply to the device count; fsdp/tensor split parameters, "
+                                   "gradients and Adam state; docs/scale.md). Default: grid × data chosen "
+                                   "automatically, parameters replicated", metavar="AXIS=N,...")
+    export: bool = field(True, "write OUT/model (an HF folder) after training", negate="--no-export")
+    debias: DebiasConfig = section(DebiasConfig)
+    trainer: TrainerConfig = section(TrainerConfig, helps={
+        "batch_size": "micro-batch size (default: 8; cda: 2, the reference's CDA run; the grid: 4, 8, 16)",
+        "grad_accum": "micro-batches per update (the grid: 1, 5, 8)"})
+    optimizer: OptimizerConfig = section(OptimizerConfig)
+    evaluation: EvalConfig = section(EvalConfig)
+
+    def __post_init__(self):
+        check_types(self)
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            try:
+                parse_mesh(self.mesh, mesh_product(self.mesh), flag="{name}")
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
+        if self.trainer.batch_size is None:
+            object.__setattr__(self, "trainer", self.trainer.replace(batch_size=self.debias.default_batch_size))
+
+    @property
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's settings as the run trains: ``leftover`` unset means the semantics' default."""
+        t = self.trainer
+        return t if t.leftover is not None else t.replace(leftover=self.debias.default_leftover)
+
+    @classmethod
+    def from_flat(cls, values: dict | None = None, /, **kw) -> "DebiasRun":
+        """A run from flat setting names (``method="hd", learning_rate=1e-4, batch_size=4``); the others default.
+
+        Raises:
+            TypeError: a name that is not a setting. SettingError, ValueError: a bad value.
+        """
+        return from_flat(cls, values, **kw)
+
+    def replace(self, **changes) -> "DebiasRun":
+        """A copy with settings changed by flat name (``cfg.replace(batch_size=4, evaluate=False)``)."""
+        return replace_flat(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings by flat name (what ``config.json`` and ``results.json`` record)."""
+        return to_flat(self)
 
     def describe(self) -> str:
-        name = self.bias_type
-        return f"{self.method} {Path(name).stem if name.endswith('.json') else name}"
+        """A few words naming the run on its progress bar."""
+        return self.debias.name()

@@ -18,7 +18,7 @@ import numpy as np
 from rbjax.core.keys import digest
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.debias import cda
-from rbjax.debias.config import LOSS_METHODS, TrainConfig, bias_spec
+from rbjax.debias.config import LOSS_METHODS, DebiasRun, bias_spec
 from rbjax.debias.triggers import TriggerBuilder, is_gpt2_bpe, pad_occurrences
 from rbjax.train.batching import sha256_arrays, tokenize_lines
 
@@ -26,7 +26,7 @@ __all__ = ["load_training_texts", "TrainingData"]
 
 
 # ----------------------------------------------------------------------------------------------------- texts
-def load_training_texts(cfg: TrainConfig, data=None) -> tuple[list[str], dict]:
+def load_training_texts(cfg: DebiasRun, data=None) -> tuple[list[str], dict]:
     """The training phrases of a run and a description of where they came from.
 
     * ``train_file`` set: its non-empty lines (for ``cda``, followed by their swapped copies).
@@ -44,35 +44,35 @@ def load_training_texts(cfg: TrainConfig, data=None) -> tuple[list[str], dict]:
         FileNotFoundError, ValueError, RuntimeError: missing or empty data.
     """
 
-    if cfg.train_file is not None:
-        p = Path(cfg.train_file)
+    if cfg.debias.train_file is not None:
+        p = Path(cfg.debias.train_file)
         if not p.is_file():
             raise FileNotFoundError(f"{p}: training file not found" if not p.exists() else f"{p}: not a file")
         texts = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln and not ln.isspace()]
         if not texts:
             raise ValueError(f"{p}: no non-empty line to train on")
         info = {"files": [str(p)], "source": "train_file"}
-        if cfg.method == "cda":
-            texts = cda.augment(texts, bias_spec(cfg.bias_type), mode=cfg.semantics)
-            info["source"] = f"train_file, CDA augmented ({cfg.semantics} swapping)"
+        if cfg.debias.method == "cda":
+            texts = cda.augment(texts, bias_spec(cfg.debias.bias_type), mode=cfg.debias.semantics)
+            info["source"] = f"train_file, CDA augmented ({cfg.debias.semantics} swapping)"
         info["n_lines"] = len(texts)
         return texts, info
     if data is None or not isinstance(data, RedditBiasData):
-        data = RedditBiasData(data if data is not None else cfg.data_dir)
-    rel = RedditBiasData.train_file(cfg.bias_type)
-    if cfg.method == "cda":
-        texts = cda.augmented_training_set(cfg.bias_type, data, mode=cfg.semantics)
-        info = {"files": [str(data.path(rel))], "source": f"CDA augmented ({cfg.semantics} swapping)",
+        data = RedditBiasData(data if data is not None else cfg.debias.data_dir)
+    rel = RedditBiasData.train_file(cfg.debias.bias_type)
+    if cfg.debias.method == "cda":
+        texts = cda.augmented_training_set(cfg.debias.bias_type, data, mode=cfg.debias.semantics)
+        info = {"files": [str(data.path(rel))], "source": f"CDA augmented ({cfg.debias.semantics} swapping)",
                 "n_original": len(texts) // 2}
         try:
-            cc = cda.cross_check(cfg.bias_type, data, cfg.semantics)
-            info["released_cross_check"] = {"file": RedditBiasData.swapped_targets_train_file(cfg.bias_type),
+            cc = cda.cross_check(cfg.debias.bias_type, data, cfg.debias.semantics)
+            info["released_cross_check"] = {"file": RedditBiasData.swapped_targets_train_file(cfg.debias.bias_type),
                                             "n_identical": cc.n_identical, "n_released": cc.n_released,
                                             "agreement": cc.agreement}
         except (FileNotFoundError, RuntimeError, ValueError) as e:  # the released file is only a cross-check
             info["released_cross_check"] = {"error": str(e)}
     else:
-        texts = cda.read_train_phrases(cfg.bias_type, data, strip_bos=cfg.semantics == "paper")
+        texts = cda.read_train_phrases(cfg.debias.bias_type, data, strip_bos=cfg.debias.semantics == "paper")
         info = {"files": [str(data.path(rel))], "source": "training phrases of the bias type"}
     info["n_lines"] = len(texts)
     return texts, info
@@ -97,7 +97,7 @@ class TrainingData:
         FileNotFoundError, ValueError, RuntimeError: missing or bad data.
     """
 
-    def __init__(self, cfg: TrainConfig, tokenizer, vocab_size: int, texts: list[str] | None = None):
+    def __init__(self, cfg: DebiasRun, tokenizer, vocab_size: int, texts: list[str] | None = None):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
@@ -105,17 +105,17 @@ class TrainingData:
             texts, self.info = load_training_texts(cfg)
         else:
             self.info = {"source": "given texts", "n_lines": len(texts)}
-        self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.block_size, self.pad_id)
+        self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.trainer.block_size, self.pad_id)
         self.info.update(tstats)
         self.info["sha256_tokens"] = sha256_arrays(self.ids, self.mask)
         self.n_examples = len(self.ids)
-        self.spec = bias_spec(cfg.bias_type)
+        self.spec = bias_spec(cfg.debias.bias_type)
         self.shared: dict[str, np.ndarray] = {}
         self.trigger_stats: dict[str, Any] = {}
         self.n_occ = 0
         self.tb = None
         self._per_example: dict[str, np.ndarray] | None = None
-        if cfg.method in LOSS_METHODS:
+        if cfg.debias.method in LOSS_METHODS:
             self._setup_triggers(vocab_size)
 
         self.key = digest({"tokens": self.info["sha256_tokens"], "spec": dataclasses.asdict(self.spec),
@@ -126,24 +126,24 @@ class TrainingData:
     def _setup_triggers(self, vocab_size: int) -> None:
 
         cfg = self.cfg
-        if cfg.semantics == "reference" and not is_gpt2_bpe(self.tokenizer):
+        if cfg.debias.semantics == "reference" and not is_gpt2_bpe(self.tokenizer):
             raise ValueError(f"--semantics reference reproduces the official code's GPT-2 token-id lists; the "
                              f"tokenizer {getattr(self.tokenizer, 'source', self.tokenizer)} is not GPT-2's BPE. "
                              "Use --semantics paper (terms matched on text, any tokenizer)")
-        self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.semantics)
-        ids, mask = self.tb.pair_ids("lmd" if cfg.method == "lmd" else "add_hd")
+        self.tb = TriggerBuilder(self.spec, self.tokenizer, semantics=cfg.debias.semantics)
+        ids, mask = self.tb.pair_ids("lmd" if cfg.debias.method == "lmd" else "add_hd")
         if ids.max(initial=0) >= vocab_size:
             raise ValueError(f"a target-pair token id ({int(ids.max())}) is outside the model vocabulary")
         self.shared = {"pair_ids": ids.astype(np.int32), "pair_mask": mask.astype(bool)}
         # one pass over the whole training set: trigger coverage, the occurrence-axis size and (paper semantics,
         # where a phrase's triggers do not depend on its batch) the per-example trigger arrays themselves
-        if cfg.method == "lmd":
+        if cfg.debias.method == "lmd":
             t = self.tb.lmd(self.ids, self.mask)
             fired = t.mask.sum(axis=(1, 2)) > 0
             self.trigger_stats = {"sentences_triggered": int(fired.sum()), "n_sentences": self.n_examples,
                                   "triggered_positions": int((t.mask.sum(-1) > 0).sum()),
                                   "unpredicted_term_occurrences": int(t.unpredicted.sum())}
-            if cfg.semantics == "paper":
+            if cfg.debias.semantics == "paper":
                 self._per_example = {"lmd_mask": t.mask, "norm": t.norm}
         else:
             o = self.tb.attributes(self.ids, self.mask, max_occurrences=None)
@@ -152,17 +152,17 @@ class TrainingData:
             self.trigger_stats = {"sentences_triggered": int((per > 0).sum()), "n_sentences": self.n_examples,
                                   "occurrences": int(per.sum()), "max_per_sentence": int(per.max(initial=0)),
                                   "zero_vector_occurrences": int(((o.weights.sum(-1) == 0) & (o.mask > 0)).sum())}
-            if cfg.semantics == "paper":
+            if cfg.debias.semantics == "paper":
                 w = np.zeros((self.n_examples, self.n_occ, o.weights.shape[-1]), np.float32)
                 m = np.zeros((self.n_examples, self.n_occ), np.float32)
                 w[:, :o.weights.shape[1]], m[:, :o.mask.shape[1]] = o.weights, o.mask
                 self._per_example = {"occ_weights": w, "occ_mask": m}
 
         if self.trigger_stats["sentences_triggered"] == 0:
-            what = "a term of the target pairs" if cfg.method == "lmd" else "an A1 attribute"
+            what = "a term of the target pairs" if cfg.debias.method == "lmd" else "an A1 attribute"
             raise ValueError(
-                f"no training phrase triggers the {cfg.method} loss (0 of {self.n_examples} phrases contain {what} of "
-                f"{cfg.bias_type}): the run would be plain LM fine-tuning; check the training file and the bias "
+                f"no training phrase triggers the {cfg.debias.method} loss (0 of {self.n_examples} phrases contain {what} of "
+                f"{cfg.debias.bias_type}): the run would be plain LM fine-tuning; check the training file and the bias "
                 "specification")
 
     def triggers(self, ids: np.ndarray, mask: np.ndarray, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -181,7 +181,7 @@ class TrainingData:
                 a[:len(rows)] = v[rows]
                 out[k] = a
             return out
-        if self.cfg.method == "lmd":
+        if self.cfg.debias.method == "lmd":
             t = self.tb.lmd(ids, mask)
             return {"lmd_mask": t.mask, "norm": t.norm}
         o = self.tb.attributes(ids, mask, max_occurrences=self.n_occ)

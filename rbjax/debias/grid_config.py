@@ -11,7 +11,7 @@ A file names the grid's axes and the settings shared by every point::
     lambda_lm = [0.001, 0.01]
     lambda_d = [10, 50, 100]
 
-    [settings]                                        # any TrainConfig field but method, bias_type, out_dir and
+    [settings]                                        # any DebiasRun setting but method, bias_type, out_dir and
     epochs = 2                                        # the grid's own (batch_size, grad_accum, lambda_lm, lambda_d)
     learning_rate = 5e-5
 
@@ -27,21 +27,22 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.io import read_toml
-from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.core.config import leaves
 from rbjax.core.errors import SettingError
+from rbjax.core.io import read_toml
+from rbjax.debias.config import METHODS, DebiasRun
 
 __all__ = ["GridConfig", "load_grid_config", "load_grid_configs", "config_for_method", "merge"]
 
 AXES = ("batch_size", "grad_accum", "lambda_lm", "lambda_d")
-#: TrainConfig fields a file may not set: the command chooses them, or the grid does
+#: DebiasRun settings a file may not set: the command chooses them, or the grid does
 NOT_SETTINGS = ("method", "bias_type", "out_dir") + AXES
 
 
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
     """A parsed grid file. ``methods``: the methods it applies to (empty: all). ``grid``: axis → values.
-    ``settings``: TrainConfig field → value."""
+    ``settings``: DebiasRun setting → value."""
 
     path: str
     methods: tuple[str, ...]
@@ -99,7 +100,7 @@ def load_grid_config(path: str | Path) -> GridConfig:
     settings = doc.get("settings", {})
     if not isinstance(settings, dict):
         raise ValueError(f"{path}: settings must be a table ([settings])")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = {leaf.name for leaf in leaves(DebiasRun)}
     for k in settings:
         if k in AXES:
             raise ValueError(f"{path}: [settings] {k} is a grid axis: list its values under [grid]")
@@ -109,7 +110,7 @@ def load_grid_config(path: str | Path) -> GridConfig:
         if k not in fields:
             raise ValueError(f"{path}: [settings] {k} is not a training setting (see `rbjax sweep --help`)")
     try:  # the types and ranges, checked now rather than after the first chunk
-        TrainConfig(**{"method": methods[0] if methods else "hd", **settings})
+        DebiasRun.from_flat({"method": methods[0] if methods else "hd", **settings})
     except SettingError as e:  # names the key as written in the file
         raise ValueError(f"{path}: [settings] {e}") from None
     except (TypeError, ValueError) as e:
@@ -160,7 +161,7 @@ def merge(gc: GridConfig | None, cli_grid: dict[str, tuple], default_grid: dict[
 
     Args:
         gc: the method's file (or None). cli_grid: the axes as parsed from the command line; default_grid: their
-        defaults. cli_settings: the parsed settings (TrainConfig field → value).
+        defaults. cli_settings: the parsed settings (DebiasRun setting → value).
 
     Returns:
         the grid's axes, and the file's settings that the command line leaves at their defaults.
@@ -169,6 +170,6 @@ def merge(gc: GridConfig | None, cli_grid: dict[str, tuple], default_grid: dict[
         return dict(cli_grid), {}
     grid = {k: (cli_grid[k] if tuple(cli_grid[k]) != tuple(default_grid[k]) else gc.grid.get(k, cli_grid[k]))
             for k in AXES}
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {leaf.name: leaf.default for leaf in leaves(DebiasRun)}
     settings = {k: v for k, v in gc.settings.items() if cli_settings.get(k, defaults.get(k)) == defaults.get(k)}
     return grid, settings

@@ -30,8 +30,9 @@ class DebiasObjective:
 
     The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays (``lmd_mask``
     ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask`` ``(B, N)``) and the target
-    pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``, shared by the micro-batches of an update. The loss weights are
-    ``[λ_LM, λ_D]``.
+    pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``, shared by the micro-batches of an update. The hyper-parameters
+    are ``(λ_LM, λ_D)`` for LMD, ADD and HD (:attr:`hparam_names`), none for CDA and LM; the metrics are
+    ``lm_loss`` and ``debias_loss`` (0 for CDA and LM).
 
     Raises:
         ValueError: unknown method or semantics.
@@ -40,6 +41,15 @@ class DebiasObjective:
     method: str
     semantics: str = "paper"
     shared_keys = ("pair_ids", "pair_mask")
+    metric_names = ("lm_loss", "debias_loss")
+
+    @property
+    def hparam_names(self) -> tuple[str, ...]:
+        return ("lambda_lm", "lambda_d") if self.method in LOSS_METHODS else ()
+
+    def describe(self) -> dict:
+        """The objective's static settings (for the run's key)."""
+        return {"method": self.method, "semantics": self.semantics}
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -47,12 +57,12 @@ class DebiasObjective:
         if self.semantics not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
 
-    def __call__(self, params, batch: dict, weights, key, spec):
+    def __call__(self, params, batch: dict, hparams, key, spec):
         hidden, lm = forward_and_nll(params, batch, key, spec, batch["attention_mask"])
         if self.method not in LOSS_METHODS:
-            return lm, (lm, jnp.zeros((), jnp.float32))
+            return lm, {"lm_loss": lm, "debias_loss": jnp.zeros((), jnp.float32)}
         deb = self.debias_loss(spec.config, params, hidden, batch)
-        return L.total_loss(lm, deb, weights[0], weights[1], self.semantics), (lm, deb)
+        return L.total_loss(lm, deb, hparams[0], hparams[1], self.semantics), {"lm_loss": lm, "debias_loss": deb}
 
     def debias_loss(self, config, params, hidden, batch):
         """The method's loss L_D on the final hidden states ``(B, L, d)`` (§4.1–§4.3)."""

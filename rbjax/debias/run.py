@@ -2,15 +2,15 @@
 
 ::
 
-    cfg = TrainConfig(method="hd", bias_type="religion1", model="microsoft/DialoGPT-small", out_dir="runs/hd")
-    result = train(cfg)          # OUT/model (HF folder), OUT/lmb_valid/, OUT/results.json, OUT/metrics.jsonl
+    cfg = DebiasRun.from_flat(method="hd", bias_type="religion1", model="microsoft/DialoGPT-small", out_dir="runs/hd")
+    result = debias(cfg)          # OUT/model (HF folder), OUT/lmb_valid/, OUT/results.json, OUT/metrics.jsonl
 
-The pieces live in their own modules: :mod:`rbjax.debias.config` (settings), :mod:`rbjax.debias.data` (phrases →
-tokens → triggers), :mod:`rbjax.debias.objective` (the methods' losses), and the task-agnostic trainer in
-:mod:`rbjax.train` (:mod:`~rbjax.train.batching` batches and updates, :mod:`~rbjax.train.optim` clip + Adam and
-learning rate, :mod:`~rbjax.train.step` the pure train state and step, :mod:`~rbjax.train.checkpoint` orbax,
-:mod:`~rbjax.train.loop` the loop, resume, interrupts), driven by :class:`rbjax.debias.loop.DebiasTrainer`. This
-module chains them and decides what a rerun may reuse:
+This module is the run's **composition root** (:func:`debias_trainer`): it opens the model once
+(:class:`rbjax.model.handle.ModelHandle`), builds the device mesh once (:func:`rbjax.core.mesh.run_mesh`), the
+optimiser (:func:`rbjax.train.optim.make_optimizer`), the method's objective
+(:class:`rbjax.debias.objective.DebiasObjective`) and the training data (:class:`rbjax.debias.data.TrainingData`:
+phrases → tokens → triggers), and hands them to the task-agnostic :class:`rbjax.train.loop.Trainer`. :func:`debias`
+chains training, export and evaluation and decides what a rerun may reuse:
 
 * an unfinished run in ``OUT`` is resumed from its checkpoint (same key, see :mod:`rbjax.train.loop`);
 * a finished run is not trained again: its training record is kept, and only evaluations that are missing or whose
@@ -36,23 +36,29 @@ from typing import Any
 
 import jax
 
+from rbjax.core.digests import file_digest
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, digest, file_digest, tree_digest
-from rbjax.core.log import say
-from rbjax.core.mesh import is_model_parallel, to_host
+from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
+from rbjax.core.log import get_logger
+from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types
-from rbjax.debias.config import METHODS, TrainConfig
-from rbjax.debias.loop import DebiasTrainer, TrainResult
-from rbjax.train.checkpoint import Checkpointer
+from rbjax.debias.config import METHODS, DebiasRun
+from rbjax.debias.data import TrainingData
+from rbjax.debias.objective import DebiasObjective
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
-from rbjax.model.handle import has_tokenizer_files
-from rbjax.model.hf import load_pretrained, model_files_key, resolve_model_dir, save_pretrained
+from rbjax.model.handle import ModelHandle
+from rbjax.model.hf import model_files_key, save_pretrained
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
+from rbjax.train.checkpoint import Checkpointer
+from rbjax.train.loop import Trainer, TrainPoint
+from rbjax.train.optim import make_optimizer
 
-__all__ = ["TrainConfig", "DebiasTrainer", "TrainResult", "train", "evaluate_run", "METHODS"]
+__all__ = ["DebiasRun", "debias_trainer", "lambda_point", "debias", "evaluate_run", "METHODS"]
+
+log = get_logger("debias")
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "lmb_valid", "config.json")
 
@@ -65,13 +71,45 @@ def _check_out_dir(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot create the run folder ({e.strerror or e})") from None
 
 
-def _tokenizer_folder(cfg: TrainConfig, trainer: DebiasTrainer) -> Path | None:
-    src = cfg.tokenizer if cfg.tokenizer is not None else (trainer.model_dir or cfg.model)
-    try:
-        folder = resolve_model_dir(src)
-    except (FileNotFoundError, RuntimeError):
-        return None
-    return folder if has_tokenizer_files(folder) else None
+def lambda_point(lambda_lm: float, lambda_d: float, learning_rate: float) -> TrainPoint:
+    """The per-run hyper-parameters of an LMD, ADD or HD run (or grid point): λ_LM, λ_D of eq. 2 and the peak
+    learning rate (:class:`rbjax.train.loop.TrainPoint`)."""
+    return TrainPoint({"lambda_lm": float(lambda_lm), "lambda_d": float(lambda_d)}, float(learning_rate))
+
+
+def debias_trainer(cfg: DebiasRun, *, model: ModelHandle | None = None, mesh=None,
+                   points: TrainPoint | list[TrainPoint] | None = None, data: TrainingData | None = None,
+                   plan=None, texts: list[str] | None = None) -> Trainer:
+    """The composition root of a debiasing run (or of a sweep's chunk): each part built once and handed to the
+    :class:`rbjax.train.loop.Trainer`.
+
+    Args:
+        cfg: the run's settings.
+        model: the starting model (default: :meth:`ModelHandle.open` of ``cfg.model`` / ``cfg.tokenizer``; its
+            content key is hashed once, :func:`rbjax.core.keys.file_digest`). Loaded here if it is not yet (on an
+            fsdp/tensor mesh slice by slice into the devices).
+        mesh: the device mesh (default: ``cfg.mesh`` built once, :func:`rbjax.core.mesh.run_mesh`).
+        points: a :class:`TrainPoint` (default: ``cfg``'s λ and learning rate) or a chunk's list of them.
+        data, plan, texts: the training data (default: built from the tokenizer; ``texts`` instead of the bias
+            type's phrases), a prepared batch plan.
+
+    Raises:
+        FileNotFoundError, ValueError, RuntimeError: a missing model, tokenizer or data file; a bad mesh.
+    """
+    tcfg = cfg.trainer_config
+    model = model or ModelHandle.open(cfg.model, cfg.tokenizer)
+    n = len(points) if isinstance(points, (list, tuple)) else 1
+    mesh = mesh or run_mesh(cfg.mesh, n_points=n, batch_size=tcfg.batch_size,
+                            stacked=isinstance(points, (list, tuple)))
+    model.load(mesh=mesh if is_model_parallel(mesh) else None)
+    objective = DebiasObjective(cfg.debias.method, cfg.debias.semantics)
+    if data is None:
+        data = TrainingData(cfg, model.tokenizer, model.config.vocab_size, texts)
+    if points is None:
+        points = TrainPoint(cfg.debias.hparams, cfg.optimizer.learning_rate)
+    return Trainer(tcfg, model, objective, make_optimizer(cfg.optimizer), data, mesh=mesh, points=points,
+                   plan=plan, key_extra={"bias_type": cfg.debias.bias_type, "train_file": cfg.debias.train_file},
+                   out_dir=cfg.out_dir)
 
 
 def _lmb_summary(rec: dict) -> dict:
@@ -88,66 +126,66 @@ def _type_name(bias_type: str) -> str:
     return load_spec(bias_type).name if is_spec_path(bias_type) else bias_type
 
 
-def _eval_types(cfg: TrainConfig) -> list[str]:
+def _eval_types(cfg: DebiasRun) -> list[str]:
     """The bias types of the post-training LMB: ``eval_bias`` plus the debiased type. For a bias type of one's own
     (a spec file) whose data folder holds no files of a packaged type, ``all`` skips those types (and says so)."""
 
-    types = expand_bias_types(cfg.eval_bias)
-    if is_spec_path(cfg.bias_type) and cfg.eval_bias.strip().lower() == "all":
-        data = RedditBiasData(cfg.data_dir)
+    types = expand_bias_types(cfg.evaluation.eval_bias)
+    if is_spec_path(cfg.debias.bias_type) and cfg.evaluation.eval_bias.strip().lower() == "all":
+        data = RedditBiasData(cfg.debias.data_dir)
         missing = [t for t in types if t in BIAS_TYPES and not data.is_cache
                    and not (data.root / "data" / UPSTREAM_NAME[t]).is_dir()]
         if missing:
-            _say(f"{data.root} holds no RedditBias files of {', '.join(missing)}: LMB of the debiased type only "
+            log.info(f"{data.root} holds no RedditBias files of {', '.join(missing)}: LMB of the debiased type only "
                  "(--eval-bias names other types explicitly)")
             types = [t for t in types if t not in missing]
     # compared by name: a spec file may be named by another path in --eval-bias
-    return types if _type_name(cfg.bias_type) in map(_type_name, types) else [cfg.bias_type] + types
+    return types if _type_name(cfg.debias.bias_type) in map(_type_name, types) else [cfg.debias.bias_type] + types
 
 
-def check_own_bias_type_data(cfg: TrainConfig) -> None:
+def check_own_bias_type_data(cfg: DebiasRun) -> None:
     """A bias type of one's own (a spec file) trains on the phrases of its data folder, which the RedditBias release
     does not hold: without --data-dir (or $RBJAX_DATA_DIR) and --train-file, say so (not that a download failed).
 
     Raises:
         FileNotFoundError: naming the spec file and the file it needs.
     """
-    if is_spec_path(cfg.bias_type) and cfg.train_file is None and cfg.data_dir is None \
+    if is_spec_path(cfg.debias.bias_type) and cfg.debias.train_file is None and cfg.debias.data_dir is None \
             and not os.environ.get(ENV_DATA_DIR):
         raise FileNotFoundError(
-            f"--bias {cfg.bias_type}: a bias type of your own trains on its phrases in "
-            f"DATA_DIR/{RedditBiasData.train_file(cfg.bias_type)}, which the RedditBias release does not hold; pass "
+            f"--bias {cfg.debias.bias_type}: a bias type of your own trains on its phrases in "
+            f"DATA_DIR/{RedditBiasData.train_file(cfg.debias.bias_type)}, which the RedditBias release does not hold; pass "
             "--data-dir (the folder `rbjax splits` wrote) or --train-file")
 
 
-def lmp_reference_file(cfg: TrainConfig) -> Path:
+def lmp_reference_file(cfg: DebiasRun) -> Path:
     """The LMP reference file: ``lmp_file``, else ``text_files/humanref6k.txt`` of the data folder, else (a bias type
     of one's own whose data folder lacks it) of the RedditBias release (``$RBJAX_DATA_DIR`` or the verified cache)."""
 
-    if cfg.lmp_file:
-        return Path(cfg.lmp_file)
+    if cfg.evaluation.lmp_file:
+        return Path(cfg.evaluation.lmp_file)
     try:
-        return RedditBiasData(cfg.data_dir).reddit_reference_file()
+        return RedditBiasData(cfg.debias.data_dir).reddit_reference_file()
     except FileNotFoundError:
-        if cfg.data_dir is None:
+        if cfg.debias.data_dir is None:
             raise
         try:
             return RedditBiasData(None).reddit_reference_file()
         except (FileNotFoundError, RuntimeError) as e:
             raise FileNotFoundError(
-                f"the LMP reference text_files/humanref6k.txt is not in --data-dir {cfg.data_dir} and the RedditBias "
+                f"the LMP reference text_files/humanref6k.txt is not in --data-dir {cfg.debias.data_dir} and the RedditBias "
                 f"release could not be read ({e}); give --lmp-file FILE (e.g. a local RedditBias copy's "
                 "text_files/humanref6k.txt) or --no-lmp") from None
 
 
-def _lmp_key(cfg: TrainConfig, model_key: str) -> dict:
+def _lmp_key(cfg: DebiasRun, model_key: str) -> dict:
 
     path = lmp_reference_file(cfg)
-    return {"model": model_key, "file": str(path), "sha256": file_digest(path), "max_lines": cfg.lmp_max_lines,
-            "block_size": cfg.block_size}
+    return {"model": model_key, "file": str(path), "sha256": file_digest(path), "max_lines": cfg.evaluation.lmp_max_lines,
+            "block_size": cfg.trainer.block_size}
 
 
-def evaluate_run(cfg: TrainConfig, trainer: DebiasTrainer, params, model_dir: Path | None, *, model_key: str,
+def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | None, *, model_key: str,
                  previous: dict | None = None) -> dict:
     """Post-training evaluation of the trained ``params`` in memory: LMB on the valid split and the Reddit LMP.
 
@@ -159,7 +197,7 @@ def evaluate_run(cfg: TrainConfig, trainer: DebiasTrainer, params, model_dir: Pa
         ``{"lmb_valid": ..., "lmp": ...}`` (keys present for the evaluations switched on) and ``"reused"``.
     """
     res: dict[str, Any] = {"reused": {}}
-    if cfg.evaluate:
+    if cfg.evaluation.evaluate:
 
         types = _eval_types(cfg)
         t0 = time.perf_counter()
@@ -169,18 +207,18 @@ def evaluate_run(cfg: TrainConfig, trainer: DebiasTrainer, params, model_dir: Pa
         mp = is_model_parallel(trainer.mesh) and jax.process_count() == 1
         loaded = measure.LoadedModel.from_params(params if mp else to_host(params), trainer.config,
                                          trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), key=model_key,
-                                         batch_size=cfg.eval_batch_size, mesh=trainer.mesh if mp else None)
-        recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.data_dir,
-                            out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.seed, progress=cfg.progress,
+                                         batch_size=cfg.evaluation.eval_batch_size, mesh=trainer.mesh if mp else None)
+        recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.debias.data_dir,
+                            out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.trainer.seed, progress=cfg.trainer.progress,
                             resume=True, overwrite=True)  # the run owns lmb_valid (its key guards the folder)
         res["lmb_valid"] = {
-            "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.bias_type)),
+            "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.debias.bias_type)),
             "all": [_lmb_summary(r) for r in recs],
             "folder": str(Path(cfg.out_dir) / "lmb_valid"),
             "seconds": time.perf_counter() - t0,
         }
         res["reused"]["lmb_types"] = [r["bias_type"] for r in recs if r.get("reused_perplexities")]
-    if cfg.lmp:
+    if cfg.evaluation.lmp:
 
         key = _lmp_key(cfg, model_key)
         prev = (previous or {}).get("lmp")
@@ -189,30 +227,31 @@ def evaluate_run(cfg: TrainConfig, trainer: DebiasTrainer, params, model_dir: Pa
             res["reused"]["lmp"] = True
         else:
             path = Path(key["file"])
-            lines = read_reference_lines(path, cfg.lmp_max_lines)
+            lines = read_reference_lines(path, cfg.evaluation.lmp_max_lines)
             t0 = time.perf_counter()
-            with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=cfg.progress) as bar:
+            with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=cfg.trainer.progress) as bar:
                 lmp = reddit_perplexity(to_host(params), trainer.config, trainer.tokenizer, lines,
-                                        block_size=cfg.block_size, batch_size=cfg.eval_batch_size,
+                                        block_size=cfg.trainer.block_size, batch_size=cfg.evaluation.eval_batch_size,
                                         progress=bar.update, bos_id=trainer.tokenizer.default_bos_id)
-            lmp.update(file=str(path), max_lines=cfg.lmp_max_lines, seconds=time.perf_counter() - t0, key=key)
+            lmp.update(file=str(path), max_lines=cfg.evaluation.lmp_max_lines, seconds=time.perf_counter() - t0, key=key)
             res["lmp"] = lmp
             res["reused"]["lmp"] = False
     return res
 
 
-def write_config(cfg: TrainConfig, trainer: DebiasTrainer) -> None:
+def write_config(cfg: DebiasRun, trainer: Trainer) -> None:
 
+    data = trainer.data
     atomic_write_json(Path(cfg.out_dir) / "config.json", {
-        "config": cfg.to_dict(), "resolved": {"leftover": cfg.resolved_leftover},
+        "config": cfg.to_dict(), "resolved": {"leftover": trainer.cfg.resolved_leftover},
         "derived": {"n_examples": trainer.n_examples, "n_batches_per_epoch": trainer.n_batches,
                     "t_total": trainer.t_total, "micro_batches_planned": sum(len(p) for p in trainer.plan.plan),
-                    "occurrence_axis": trainer.n_occ},
-        "model": {"source": cfg.model, "folder": None if trainer.model_dir is None else str(trainer.model_dir),
+                    "occurrence_axis": data.n_occ},
+        "model": {"source": cfg.model, "folder": None if trainer.model.folder is None else str(trainer.model.folder),
                   "config": dataclasses.asdict(trainer.config)},
         "tokenizer": getattr(trainer.tokenizer, "source", None),
-        "data": trainer.data_info, "triggers": trainer.trigger_stats,
-        "target_pairs": {k: v.tolist() for k, v in trainer.shared.items()},
+        "data": data.info, "triggers": data.trigger_stats,
+        "target_pairs": {k: v.tolist() for k, v in data.shared.items()},
         "key": trainer.key(), "versions": versions()})
 
 
@@ -270,10 +309,6 @@ def _last_metrics(metrics_path: Path) -> dict | None:
     return last
 
 
-def _say(msg: str) -> None:
-    say("debias", msg)
-
-
 def _other_inputs(out: Path, key: dict) -> str | None:
     """Why ``out`` holds a run of other inputs than ``key`` (a finished run's ``results.json`` or the newest
     checkpoint), or None when it holds nothing or a run of these inputs."""
@@ -301,15 +336,15 @@ def _clear_run(out: Path) -> None:
             p.unlink()
 
 
-def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = False,
-          trainer: DebiasTrainer | None = None, replace_other_inputs: bool = False) -> dict:
+def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = False,
+           trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
 
     Args:
         cfg: the run configuration.
         stop_after: stop after this many updates (checkpointed), without export or evaluation (simulated kill).
         overwrite: delete an existing run folder's checkpoints, metrics and results first.
-        trainer: a prepared :class:`DebiasTrainer` for ``cfg`` (reuses loaded weights).
+        trainer: a prepared trainer of ``cfg`` (:func:`debias_trainer`; reuses loaded weights).
         replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
             ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
             inputs is still reused or resumed. For callers that own the folder (the study runner, whose stages
@@ -328,15 +363,15 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
     if overwrite:
         _clear_run(out)
     check_own_bias_type_data(cfg)  # before the LMP file: the training phrases are what is missing
-    if cfg.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
-        raise FileNotFoundError(f"--lmp-file {cfg.lmp_file}: LMP reference file not found")
+    if cfg.evaluation.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
+        raise FileNotFoundError(f"--lmp-file {cfg.evaluation.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
-    trainer = trainer or DebiasTrainer(cfg)
+    trainer = trainer or debias_trainer(cfg)
     key = canonical(trainer.key())
     if replace_other_inputs and not overwrite:
         why = _other_inputs(out, key)
         if why is not None:
-            _say(f"{out}: held a run of other inputs ({why}); training again")
+            log.info(f"{out}: held a run of other inputs ({why}); training again")
             _clear_run(out)
     prev = read_json(out / "results.json")
     if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
@@ -344,18 +379,21 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
                          "; use another --out or --overwrite")
     prev_done = prev is not None and prev.get("status") == "done"
     model_out = out / "model"
-    exported_ok = (prev_done and model_out.is_dir() and prev.get("model_files")
-                   and digest(model_files_key(model_out)) == prev["model_files"])
+    exported = None
+    if prev_done and (model_out / "config.json").is_file() and prev.get("model_files"):
+        exported = ModelHandle.open(model_out, tokenizer=trainer.tokenizer.source)
+        if exported.digest != prev["model_files"]:
+            exported = None
+    exported_ok = exported is not None
     if exported_ok and stop_after is None:
         # a finished run whose exported weights are intact: its training is not repeated
-        _, params = load_pretrained(model_out)
-        params = jax.device_put(params)
+        params = jax.device_put(exported.params)
         training = prev["training"]
         reused_training = True
-        _say(f"{out}: training finished earlier ({training['updates']} updates); reusing {model_out}")
+        log.info(f"{out}: training finished earlier ({training['updates']} updates); reusing {model_out}")
     else:
         write_config(cfg, trainer)
-        result = trainer.run(stop_after=stop_after)
+        result = trainer.run(out, stop_after=stop_after, description=cfg.describe())
         if not result.finished:
             return {"status": "stopped", "updates_done": result.updates_done, "t_total": result.t_total,
                     "out_dir": str(out)}
@@ -365,7 +403,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
             training = prev["training"]  # restored the final checkpoint: keep the record of the real training
         else:
             training = {"updates": result.updates_done, "t_total": result.t_total, "resumed_from": result.resumed_from,
-                        "n_examples": trainer.n_examples, "triggers": trainer.trigger_stats, **result.summary}
+                        "n_examples": trainer.n_examples, "triggers": trainer.data.trigger_stats, **result.summary}
             training["skipped_updates"] = int(sum(result.summary.get("skipped_updates") or [0]))  # one run: a count
             if result.resumed_from is not None:
                 # the summary covers this session only: the run's totals come from its metric lines
@@ -383,12 +421,12 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
                     training["totals_note"] = ("metrics.jsonl does not cover every update: tokens and train_s are "
                                                "those of the last session only")
         if reused_training:
-            _say(f"{out}: training finished earlier; reusing its final checkpoint")
+            log.info(f"{out}: training finished earlier; reusing its final checkpoint")
     model_dir = None
     if cfg.export:
         if not exported_ok:
             model_dir = save_pretrained(to_host(params), trainer.config, model_out,
-                                        tokenizer_dir=_tokenizer_folder(cfg, trainer))
+                                        tokenizer_dir=trainer.model.tokenizer_folder())
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))
@@ -408,19 +446,19 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, overwrite: bool = 
         old_types = [r["bias_type"] for r in (prev.get("lmb_valid") or {}).get("all", [])]
         new_types = [r["bias_type"] for r in (evals.get("lmb_valid") or {}).get("all", [])]
         if reused_training and old_types == new_types and set(reused.get("lmb_types", [])) == set(new_types) \
-                and reused.get("lmp", True) and bool(prev.get("lmp")) == bool(cfg.lmp) \
+                and reused.get("lmp", True) and bool(prev.get("lmp")) == bool(cfg.evaluation.lmp) \
                 and prev.get("config") == canonical(cfg.to_dict()):
-            _say(f"{out / 'results.json'}: this run is complete (training, LMB of {', '.join(new_types) or 'none'}"
-                 f"{', LMP' if cfg.lmp else ''}); nothing to do (--overwrite starts again)")
+            log.info(f"{out / 'results.json'}: this run is complete (training, LMB of {', '.join(new_types) or 'none'}"
+                 f"{', LMP' if cfg.evaluation.lmp else ''}); nothing to do (--overwrite starts again)")
             return prev
         added = [t for t in new_types if t not in old_types]
         if added:
-            _say(f"added the LMB of {', '.join(added)} to the finished run")
+            log.info(f"added the LMB of {', '.join(added)} to the finished run")
         if reused_training and evals.get("lmb_valid") and prev.get("lmb_valid"):
             # the same weights: keep the earlier evaluations of the types not measured this time
             kept = [r for r in prev["lmb_valid"]["all"] if r["bias_type"] not in new_types]
             evals["lmb_valid"]["all"] += kept
-    res = {"status": "done", "method": cfg.method, "bias_type": cfg.bias_type, "semantics": cfg.semantics,
+    res = {"status": "done", "method": cfg.debias.method, "bias_type": cfg.debias.bias_type, "semantics": cfg.debias.semantics,
            "config": cfg.to_dict(), "key": key, "model_dir": None if model_dir is None else str(model_dir),
            "model_files": None if model_dir is None else model_key,
            "training": training, **evals, "reused": reused, "wall_s": time.perf_counter() - t0, "versions": versions()}

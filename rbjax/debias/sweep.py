@@ -51,7 +51,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -59,25 +59,26 @@ import numpy as np
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, to_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest
-from rbjax.core.log import say
+from rbjax.core.log import get_logger
 from rbjax.core.mesh import to_host
 from rbjax.core.parallel import as_completed, available_memory
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedResult
 from rbjax.data.redditbias import RedditBiasData, load_pairs
-from rbjax.debias.config import LOSS_METHODS, TrainConfig
+from rbjax.debias.config import LOSS_METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
-from rbjax.debias.loop import DebiasTrainer, RunHparams
+from rbjax.debias.run import debias, debias_trainer, lmp_reference_file
 from rbjax.debias.sweep_config import SweepConfig
-from rbjax.debias.run import lmp_reference_file, train
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle
-from rbjax.train.loop import CHECKPOINT_FORMAT, load_start, tokenizer_digest
+from rbjax.train.loop import CHECKPOINT_FORMAT, TrainPoint
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
            "run_chunk", "auto_grid_chunk", "format_selection"]
+
+log = get_logger("sweep")
 
 PAPER_GRID: dict[str, tuple] = {
     "batch_size": (4, 8, 16),
@@ -278,43 +279,48 @@ def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: in
 # ------------------------------------------------------------------------------------------------ chunk tasks
 @dataclasses.dataclass(frozen=True)
 class SweepContext:
-    """What every chunk of one sweep starts from: the start model, its tokenizer, the training data and the
+    """What every chunk of one sweep starts from: the start model (a loaded
+    :class:`rbjax.model.handle.ModelHandle`: config, parameters, tokenizer, content key), the training data and the
     evaluation data (dev pairs, the Reddit-6K lines when LMP is on). Built by :meth:`load`; :class:`ContextCache`
     holds one at a time."""
 
     key: str  #: :meth:`key_of` of the settings it was loaded for
-    model_dir: Path
-    config: Any  #: the model's config (:mod:`rbjax.model.registry`)
-    params: Any  #: the start parameters (host arrays)
-    tokenizer: Any
-    model_key: dict
+    model: ModelHandle
     data: TrainingData
     lmp_lines: list[str] | None
     lmp_path: Path | None
     redditbias: RedditBiasData
 
+    config = property(lambda self: self.model.config)
+    params = property(lambda self: self.model.params)
+    tokenizer = property(lambda self: self.model.tokenizer)
+
     @staticmethod
-    def key_of(base: TrainConfig) -> str:
+    def key_of(base: DebiasRun) -> str:
         """The settings a context depends on, hashed; keyed on the model files' content too (weights replaced at
-        the same path are another model)."""
-        return digest({"model_files": ModelHandle.open(base.model).files_key(),
-                       **{f: getattr(base, f) for f in ("model", "tokenizer", "data_dir", "train_file", "bias_type",
-                                                         "method", "semantics", "block_size", "lmp", "lmp_file",
-                                                         "lmp_max_lines")}})
+        the same path are another model; :func:`rbjax.core.digests.file_digest` reads each large file once)."""
+        d, e = base.debias, base.evaluation
+        return digest({"model_files": ModelHandle.open(base.model).files_key(), "model": base.model,
+                       "tokenizer": base.tokenizer, "data_dir": d.data_dir, "train_file": d.train_file,
+                       "bias_type": d.bias_type, "method": d.method, "semantics": d.semantics,
+                       "block_size": base.trainer.block_size, "lmp": e.lmp, "lmp_file": e.lmp_file,
+                       "lmp_max_lines": e.lmp_max_lines})
 
     @classmethod
-    def load(cls, base: TrainConfig, key: str | None = None) -> SweepContext:
+    def load(cls, base: DebiasRun, key: str | None = None) -> SweepContext:
         """Load the start model, tokenizer and data of the sweep ``base`` describes.
 
         Raises:
             FileNotFoundError, ValueError: a missing or malformed model, tokenizer or data file (named).
         """
-        model_dir, config, params, tokenizer, model_key = load_start(base)
-        lmp_path = lmp_reference_file(base) if base.lmp else None
-        return cls(key=key or cls.key_of(base), model_dir=model_dir, config=config, params=params,
-                   tokenizer=tokenizer, model_key=model_key, data=TrainingData(base, tokenizer, config.vocab_size),
-                   lmp_lines=None if lmp_path is None else read_reference_lines(lmp_path, base.lmp_max_lines),
-                   lmp_path=lmp_path, redditbias=RedditBiasData(base.data_dir))
+        model = ModelHandle.open(base.model, base.tokenizer)
+        model.load()
+        lmp_path = lmp_reference_file(base) if base.evaluation.lmp else None
+        return cls(key=key or cls.key_of(base), model=model,
+                   data=TrainingData(base, model.tokenizer, model.config.vocab_size),
+                   lmp_lines=None if lmp_path is None else read_reference_lines(lmp_path,
+                                                                                base.evaluation.lmp_max_lines),
+                   lmp_path=lmp_path, redditbias=RedditBiasData(base.debias.data_dir))
 
 
 class ContextCache:
@@ -326,7 +332,7 @@ class ContextCache:
     def __init__(self) -> None:
         self._held: SweepContext | None = None
 
-    def get(self, base: TrainConfig) -> SweepContext:
+    def get(self, base: DebiasRun) -> SweepContext:
         """The context of ``base``: the one held when its key matches, else a fresh load (dropping the old)."""
         k = SweepContext.key_of(base)
         if self._held is None or self._held.key != k:
@@ -335,19 +341,19 @@ class ContextCache:
         return self._held
 
 
-def _evaluate(ctx: SweepContext, base: TrainConfig, params, *, n_bootstrap: int, dev_max_pairs: int | None,
+def _evaluate(ctx: SweepContext, base: DebiasRun, params, *, n_bootstrap: int, dev_max_pairs: int | None,
               stacked: bool = False):
     """Dev LMB and LMP of one model, or (``stacked``) of every model of a stacked parameter tree in one vmapped
     pass each: ``(dev, lmp)``, or lists of them."""
     params = jax.device_get(params)
-    dev = dev_lmb(params, ctx.config, ctx.tokenizer, base.bias_type, ctx.redditbias,
-                  batch_size=base.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.seed, max_pairs=dev_max_pairs,
+    dev = dev_lmb(params, ctx.config, ctx.tokenizer, base.debias.bias_type, ctx.redditbias,
+                  batch_size=base.evaluation.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.trainer.seed, max_pairs=dev_max_pairs,
                   stacked=stacked)
     lmp = [None] * len(dev) if stacked else None
     if ctx.lmp_lines is not None:
 
         full = reddit_perplexity(params, ctx.config, ctx.tokenizer, ctx.lmp_lines,
-                                 block_size=base.block_size, batch_size=base.eval_batch_size, stacked=stacked,
+                                 block_size=base.trainer.block_size, batch_size=base.evaluation.eval_batch_size, stacked=stacked,
                                  bos_id=ctx.tokenizer.default_bos_id)
         pick = lambda f: {k: f[k] for k in ("perplexity", "reference_grid", "reference_cda")}  # noqa: E731
         lmp = [pick(f) for f in full] if stacked else pick(full)
@@ -359,7 +365,7 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     runs as a task of :mod:`rbjax.core.parallel` (this process, or a Ray worker reading the same paths).
 
     Args:
-        task: ``{"base": TrainConfig fields, "plan": [batch_size, grad_accum], "points": [GridPoint fields],
+        task: ``{"base": DebiasRun fields, "plan": [batch_size, grad_accum], "points": [GridPoint fields],
             "chunk_id", "out" (the sweep folder), "key" (the sweep key), "n_bootstrap", "dev_max_pairs",
             "keep_checkpoints", "n_devices" (the driver's device count)}``.
         contexts: the caller's :class:`ContextCache` (chunks run in the calling process share its loaded model);
@@ -371,7 +377,7 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
         :class:`rbjax.core.reuse.KeyedResult`, keyed on the points' keys). A chunk whose records file has
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
-    base = TrainConfig(**task["base"])
+    base = DebiasRun.from_flat(task["base"])
     B, A = task["plan"]
     pts = [GridPoint(**p) for p in task["points"]]
     cdir = Path(task["out"]) / "chunks" / task["chunk_id"]
@@ -384,10 +390,10 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     atomic_write_json(cdir / "running.json", {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
     cfg = base.replace(batch_size=B, grad_accum=A, out_dir=str(cdir), export=False, evaluate=False, lmp=False)
     t0 = time.perf_counter()
-    tr = DebiasTrainer(cfg, points=[RunHparams(p.lambda_lm, p.lambda_d, base.learning_rate) for p in pts],
-                       model_config=ctx.config, params=ctx.params, model_key=ctx.model_key,
-                       tokenizer=ctx.tokenizer, data=ctx.data)
-    res = tr.run(out_dir=cdir)
+    points = [TrainPoint(base.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d).debias.hparams,
+                         base.optimizer.learning_rate) for p in pts]
+    tr = debias_trainer(cfg, model=ctx.model, points=points, data=ctx.data)
+    res = tr.run(cdir, description=f"{cfg.describe()} ×{len(pts)}")
     train_s = time.perf_counter() - t0
     recs = []
     last = res.summary.get("last") or []
@@ -415,21 +421,25 @@ def _point_key(sweep_key: dict, p: GridPoint) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ sweeps
-def _sweep_key(base: TrainConfig, ctx: SweepContext, dev_max_pairs, n_bootstrap) -> dict:
+def _sweep_key(base: DebiasRun, ctx: SweepContext, dev_max_pairs, n_bootstrap) -> dict:
 
-    traj = base.trajectory()
-    for k in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"):
-        traj.pop(k)
-    return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx.model_key,
-            "tokenizer": tokenizer_digest(ctx.tokenizer), "data": ctx.data.key,
-            "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.lmp,
+    grid_axes = ("batch_size", "grad_accum", "lambda_lm", "lambda_d")
+    traj = {**base.trainer_config.trajectory(), **base.optimizer.to_dict(), **base.debias.hparams,
+            "method": base.debias.method, "semantics": base.debias.semantics, "bias_type": base.debias.bias_type,
+            "train_file": base.debias.train_file}
+    for k in grid_axes:
+        traj.pop(k, None)
+    return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx.model.digest,
+            "tokenizer": ctx.model.tokenizer_digest, "data": ctx.data.key,
+            "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.evaluation.lmp,
                            "lmp_file": None if ctx.lmp_path is None else str(ctx.lmp_path),
-                           "lmp_max_lines": base.lmp_max_lines, "eval_batch_size": base.eval_batch_size}}
+                           "lmp_max_lines": base.evaluation.lmp_max_lines,
+                           "eval_batch_size": base.evaluation.eval_batch_size}}
 
 
 @dataclasses.dataclass
 class _Sweep:
-    base: TrainConfig
+    base: DebiasRun
     out: Path
     points: list[GridPoint]
     key: dict
@@ -454,21 +464,21 @@ def clear_sweep(folder: str | Path) -> None:
             q.unlink(missing_ok=True)
 
 
-def _prepare(base: TrainConfig, out: Path, contexts: ContextCache, *, grid, max_points, n_bootstrap, dev_max_pairs,
+def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_points, n_bootstrap, dev_max_pairs,
              grid_chunk, keep_checkpoints, replace_other_inputs: bool = False) -> _Sweep:
 
     check_output_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
-    pts = grid_points(base.method, grid)
+    pts = grid_points(base.debias.method, grid)
     if max_points is not None:
         pts = pts[:max_points]
     ctx = contexts.get(base)
     key = canonical(_sweep_key(base, ctx, dev_max_pairs, n_bootstrap))
-    settings = {"method": base.method, "bias_type": base.bias_type, "semantics": base.semantics, "model": base.model,
-                "seed": base.seed, "epochs": base.epochs, "max_steps": base.max_steps,
+    settings = {"method": base.debias.method, "bias_type": base.debias.bias_type, "semantics": base.debias.semantics, "model": base.model,
+                "seed": base.trainer.seed, "epochs": base.trainer.epochs, "max_steps": base.trainer.max_steps,
                 "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()},
                 "lmp_file": None if ctx.lmp_path is None else str(ctx.lmp_path),
-                "lmp_max_lines": base.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
+                "lmp_max_lines": base.evaluation.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
     spath = out / "sweep_settings.json"
     if spath.exists():
         prev = json.loads(spath.read_text())
@@ -476,7 +486,7 @@ def _prepare(base: TrainConfig, out: Path, contexts: ContextCache, *, grid, max_
             why = describe_difference(prev.get("key"), key)
             if not replace_other_inputs:
                 raise ValueError(f"{out}: holds a sweep of other inputs ({why}); use another --out or --overwrite")
-            say("sweep", f"{out}: held a sweep of other inputs ({why}); running it again")
+            log.info(f"{out}: held a sweep of other inputs ({why}); running it again")
             clear_sweep(out)
     atomic_write_json(spath, {"key": key, "settings": settings})
     bpath = out / "baseline.json"
@@ -529,13 +539,13 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
         cfg = sw.base.replace(out_dir=str(sw.out / f"selected_{rule}"), **p)
         if not final_evaluate:  # the caller measures the selected model itself (e.g. the study's test stages)
             cfg = cfg.replace(evaluate=False, lmp=False)
-        res = train(cfg, replace_other_inputs=replace_other_inputs)  # (another selected point: trained again)
+        res = debias(cfg, replace_other_inputs=replace_other_inputs)  # (another selected point: trained again)
         sel[rule]["final"] = {"out_dir": cfg.out_dir, "lmb_valid": res.get("lmb_valid"), "lmp": res.get("lmp")}
     atomic_write_json(sw.out / "selection.json", sel)
     return sel
 
 
-def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], config: SweepConfig | None = None, *,
+def run_sweeps(bases: Sequence[tuple[DebiasRun, str | Path]], config: SweepConfig | None = None, *,
                grid: dict[str, Sequence] | None = None, method_grids: dict[str, dict[str, Sequence]] | None = None,
                resources: dict | None = None, progress: bool = True, final_evaluate: bool = True,
                replace_other_inputs: bool = False, **settings) -> list[dict]:
@@ -576,7 +586,7 @@ def run_sweeps(bases: Sequence[tuple[TrainConfig, str | Path]], config: SweepCon
         check_output_dir(o, "--out")
     contexts = ContextCache()  # one loaded start model at a time, shared by the chunks run in this process
     sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o), contexts,
-                       grid=(method_grids or {}).get(b.method, grid),
+                       grid=(method_grids or {}).get(b.debias.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,
                        grid_chunk=grid_chunk, keep_checkpoints=keep_checkpoints,
                        replace_other_inputs=replace_other_inputs) for b, o in bases]
@@ -616,8 +626,8 @@ def _ray_task_resources(task: dict) -> dict:
     return {"num_gpus": 1} if gpus else {"num_cpus": 1}
 
 
-def run_sweep(base: TrainConfig, out_dir: str | Path, **kw) -> dict:
-    """The grid for ``base.method`` / ``base.bias_type`` into ``out_dir`` (:func:`run_sweeps` with one sweep).
+def run_sweep(base: DebiasRun, out_dir: str | Path, **kw) -> dict:
+    """The grid for ``base.debias.method`` / ``base.debias.bias_type`` into ``out_dir`` (:func:`run_sweeps` with one sweep).
 
     Returns:
         the ``selection.json`` content.

@@ -34,7 +34,6 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from rbjax.dialog.crg_metrics import read_lines
@@ -265,6 +264,9 @@ class CRGObjective:
     (:func:`rbjax.train.lm.forward_and_nll`). No settings: one value, one compiled program per batch shape.
     """
 
-    def __call__(self, params, batch: dict, weights, key, spec):
+    hparam_names = ()
+    metric_names = ("lm_loss",)
+
+    def __call__(self, params, batch: dict, hparams, key, spec):
         _, lm = forward_and_nll(params, batch, key, spec, batch["attention_mask"] * batch["loss_mask"])
-        return lm, (lm, jnp.zeros((), jnp.float32))
+        return lm, {"lm_loss": lm}

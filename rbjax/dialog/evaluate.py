@@ -50,16 +50,16 @@ import os
 from pathlib import Path
 
 from rbjax.core.io import check_output_dir
-from rbjax.core.log import say
+from rbjax.core.log import get_logger
 from rbjax.dialog.crg_metrics import format_crg_table
 from rbjax.dialog.tasks import TASKS, get_task
 from rbjax.dialog.tasks.common import memory_plans, resolve_model, training_layout
 
 __all__ = ["TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
 
+log = get_logger("evaluate")
 
-def _say(msg: str) -> None:
-    say("evaluate", msg)
+
 
 
 def task_settings(task: str, settings: dict) -> dict:
@@ -130,7 +130,7 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
     results = {}
     for t in tasks:
         if len(tasks) > 1:
-            _say(f"task {t}")
+            log.info(f"task {t}")
         results[t] = get_task(t).run(m, out, resolved[t], overwrite=overwrite)
     return results if task == "all" else results[task]
 

@@ -396,6 +396,12 @@ class DSTObjective:
     """
 
     pooling: str = "last"
+    hparam_names = ()
+    metric_names = ("bce_loss",)
+
+    def describe(self) -> dict:
+        """The objective's static settings (for the run's key)."""
+        return {"objective": "dst", "pooling": self.pooling}
 
     def __post_init__(self):
         if self.pooling not in POOLING:
@@ -407,7 +413,7 @@ class DSTObjective:
             return (None,) * len(shape)
         return model_axes(path, shape)
 
-    def __call__(self, params, batch: dict, weights, key, spec):
+    def __call__(self, params, batch: dict, hparams, key, spec):
         if "pack" in batch:
             if self.pooling != "last":
                 raise ValueError("the reference DST pooling attends padding: use the padded layout")
@@ -422,7 +428,7 @@ class DSTObjective:
         if w is None:  # the filler rows of a short last batch (no token) do not count
             w = (jnp.sum(batch["attention_mask"], axis=-1) > 0).astype(jnp.float32)
         loss = dst_loss(logits, batch["labels"], w)
-        return loss, (loss, jnp.zeros((), jnp.float32))
+        return loss, {"bce_loss": loss}
 
 
 @partial(jax.jit, static_argnames=("config", "pooling"))

@@ -11,10 +11,11 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from rbjax.core.digests import files_key
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
-from rbjax.core.keys import digest, files_key
-from rbjax.core.log import say
+from rbjax.core.keys import digest
+from rbjax.core.log import get_logger
 from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedEntries, claim_outputs, record_outputs
@@ -24,6 +25,8 @@ from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
 from rbjax.model.handle import ModelHandle
+
+log = get_logger("measure")
 
 #: columns of ``<bias_type>_perplexities.csv``; ``outlier`` is ``true``/``false``, or ``excluded`` for a pair
 #: that was not tested (reason in ``note``, e.g. an unscorable phrase)
@@ -344,13 +347,13 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 if state.stored(pairs.bias_type, key) is not None:
                     prev = _reuse_csv(out, pairs)
                     if prev is None:
-                        say("measure", f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
+                        log.info(f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
                 elif state.reason is not None:
-                    say("measure", f"--resume: {csv_path} was produced by other inputs or is unfinished "
+                    log.info(f"--resume: {csv_path} was produced by other inputs or is unfinished "
                           f"({state.reason}); scoring {pairs.bias_type} again")
             if prev is not None:
                 if log_reuse:
-                    say("measure", f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
+                    log.info(f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
                           "(same model and tokenizer files, data files, split and settings)")
                 b, c, notes = prev
             else:
@@ -359,7 +362,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
             keep = np.array([not n for n in notes], dtype=bool)
             if not keep.all():
-                say("measure", f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
+                log.info(f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
                       f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV")
             st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
                                        seed=seed, remove_outliers=outlier_removal)
@@ -402,7 +405,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
         others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
         if others:
-            say("measure", f"note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
+            log.info(f"note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
                   "--resume reuses such a file only when it was produced by the same inputs)")
     return records
 

@@ -28,7 +28,8 @@ import json
 import os
 from pathlib import Path
 
-from rbjax.core.keys import digest, files_key, tree_digest
+from rbjax.core.digests import files_key
+from rbjax.core.keys import digest, tree_digest
 from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
@@ -185,6 +186,12 @@ class ModelHandle:
         if self._tokenizer is None:
             self._load_tokenizer()
         return self._tokenizer
+
+    def tokenizer_folder(self) -> Path | None:
+        """The folder the tokenizer was read from when it holds tokenizer files (what an export copies), else
+        ``None`` (a tokenizer held in memory)."""
+        src = Path(str(getattr(self.tokenizer, "source", "")))
+        return src if src.is_dir() and has_tokenizer_files(src) else None
 
     @property
     def family(self):

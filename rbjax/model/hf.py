@@ -29,8 +29,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from rbjax.core.digests import files_key
 from rbjax.core.io import dir_mode, file_mode, to_json
-from rbjax.core.keys import files_key
 from rbjax.core.mesh import is_model_parallel, tree_shardings
 from rbjax.model import registry
 from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params

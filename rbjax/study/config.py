@@ -14,7 +14,7 @@
     seeds = [42]                            # training seeds (`rbjax run --seeds N` → 42, 43, …)
     semantics = "paper"
 
-    [training]      # TrainConfig fields shared by every run (epochs, block_size, max_steps, learning_rate, …)
+    [training]      # DebiasRun fields shared by every run (epochs, block_size, max_steps, learning_rate, …)
     [sweep]         # the grid and the selection on the valid split
     methods = ["lmd", "add", "hd"]           # methods with a grid; the others train once with their defaults
     batch_size = [4, 8, 16]  …  selection = "default" | "reference"; lmp_tolerance; dev_max_pairs; n_bootstrap;
@@ -35,11 +35,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from rbjax.core.config import leaves
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import expand_bias_types
-from rbjax.debias.config import METHODS, TrainConfig
+from rbjax.debias.config import METHODS, DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
@@ -58,7 +59,7 @@ SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclass
 #: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
 MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
-#: the fields each section takes ([training] takes TrainConfig's fields, checked against the dataclass)
+#: the fields each section takes ([training] takes DebiasRun's fields, checked against the dataclass)
 SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
 
 
@@ -297,12 +298,12 @@ class StudyConfig:
             raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
     def _validate_training(self) -> None:
-        """[training] as the TrainConfig of every method of the study (types first, then TrainConfig's own checks)."""
+        """[training] as the DebiasRun of every method of the study (types first, then DebiasRun's own checks)."""
 
-        fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+        fields = {leaf.name: leaf for leaf in leaves(DebiasRun)}
         extra = set(self.training) - set(fields)
         if extra:
-            raise ValueError(f"{self.path}: unknown field(s) {sorted(extra)} in [training] (TrainConfig fields)")
+            raise ValueError(f"{self.path}: unknown field(s) {sorted(extra)} in [training] (DebiasRun fields)")
         for k, v in self.training.items():
             why = _type_problem(v, fields[k].default)
             if why:
@@ -312,7 +313,7 @@ class StudyConfig:
                   "precision": self.precision, **self.training}
             kw.update(method=m, bias_type=self.debias_types[0], seed=self.seeds[0])
             try:
-                TrainConfig(**kw)
+                DebiasRun.from_flat(kw)
             except SettingError as e:  # names the field: the key as written (study-level ones in [study])
                 sec = "training" if e.field in self.training else "study"
                 raise ValueError(f"{self.where(sec, e.field)}: {e}") from None
@@ -414,7 +415,7 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
         raise ValueError(f"--set {text!r}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
     if len(keys) < 2:
         raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
-    train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    train_defaults = {leaf.name: leaf.default for leaf in leaves(DebiasRun)}
     defaults = {"training": train_defaults,
                 "measure": {f.name: f.default for f in dataclasses.fields(MeasureConfig)},
                 "sweep": {f.name: f.default for f in dataclasses.fields(SweepConfig)}}.get(sec, {})

@@ -26,8 +26,8 @@ import shutil
 from pathlib import Path
 
 from rbjax import __version__
+from rbjax.core.digests import file_digest
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.core.keys import file_digest
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 

@@ -29,7 +29,6 @@ same stage in two folders — a copied run — is counted once). Methods appear 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import html
 import io
 import json
@@ -38,16 +37,19 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rbjax.core.config import leaves
 from rbjax.core.io import atomic_file, atomic_write_json, atomic_write_text, check_output_dir, read_json
-from rbjax.core.log import say
+from rbjax.core.log import get_logger
 from rbjax.core.reuse import claim_outputs, record_outputs
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
 from rbjax.lmb.plot import figure_lmb
 from rbjax.specs import BIAS_TYPES
 
 __all__ = ["collect", "write_report", "random_model_name", "DIALOG_COLUMNS"]
+
+log = get_logger("report")
 
 
 def random_model_name(random_model: dict) -> str:
@@ -504,7 +506,7 @@ def _cutdowns(raw: dict) -> list[str]:
     methods = study.get("methods")
     if isinstance(methods, list) and set(methods) != {"lmd", "add", "hd", "cda"}:
         out.append(f"methods: {', '.join(METHOD_NAMES.get(m, m) for m in methods)} (the paper: LMD, ADD, HD, CDA)")
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {leaf.name: leaf.default for leaf in leaves(DebiasRun)}
     if training.get("max_steps") is not None:
         out.append(f"training: every debiasing run stopped after max_steps = {training['max_steps']} update(s) (the "
                    f"paper: {defaults['epochs']} epochs over the training phrases)")
@@ -592,7 +594,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
     key = {"command": "report", "folders": [str(f.resolve()) for f in folders]}
     claim_outputs(targets, key, overwrite=overwrite)
     for msg in data["duplicates"]:
-        say("report", msg)
+        log.info(msg)
     fig = _figure1(data)
     png = _png(fig)
     with atomic_file(out / "figure1.png", "wb") as f:

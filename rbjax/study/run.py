@@ -29,15 +29,15 @@ from typing import Callable
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, versions
 from rbjax.core.keys import canonical, digest
-from rbjax.core.log import say
+from rbjax.core.log import get_logger
 from rbjax.core.reuse import KeyedEntries
-from rbjax.debias.config import TrainConfig
+from rbjax.debias.config import DebiasRun
+from rbjax.debias.run import debias
 from rbjax.debias.sweep import grid_points, run_sweeps
-from rbjax.debias.run import train
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
-from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
 from rbjax.model.gpt2 import GPT2Config
+from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
 from rbjax.model.hf import model_config, resolve_model_dir, save_pretrained
 from rbjax.model.memory import flops_per_token
 from rbjax.model.registry import family_of_config
@@ -45,6 +45,8 @@ from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
 
 __all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "format_plan", "StageResult"]
+
+log = get_logger("run")
 
 
 @dataclasses.dataclass
@@ -69,8 +71,6 @@ class StageResult:
     summary: dict
 
 
-def _say(msg: str) -> None:
-    say("run", msg)
 
 
 def _model_digest(folder: str | Path) -> str:
@@ -116,7 +116,7 @@ class _Study:
               "mesh": self.cfg.mesh, **self.cfg.training}
         kw.update(method=method, bias_type=bias_type, seed=seed, out_dir=str(out_dir),
                   eval_bias=",".join(self.cfg.bias_types))
-        return TrainConfig(**kw)
+        return DebiasRun.from_flat(kw)
 
     def _grid_methods(self) -> list[str]:
         return [m for m in self.cfg.methods if m in self.cfg.sweep["methods"]]
@@ -176,7 +176,7 @@ class _Study:
     def _train(self, seed: int, bias_type: str, method: str) -> dict:
 
         cfg = self._train_base(method, bias_type, seed, self.run_folder(seed, bias_type, method) / "run")
-        res = train(cfg.replace(evaluate=False, lmp=False),  # measured by the test/dialog stages
+        res = debias(cfg.replace(evaluate=False, lmp=False),  # measured by the test/dialog stages
                     replace_other_inputs=True)  # the study owns its folders: a changed setting trains again
         return {"updates": res["training"]["updates"], "model_dir": res.get("model_dir")}
 
@@ -397,9 +397,9 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
         prev = None if key is None else state.stored(s.name, key)
         if prev is not None:
             results.append(StageResult(s.name, "skipped", 0.0, prev.get("summary") or {}))
-            _say(f"[{i + 1}/{len(stages)}] {s.name}: unchanged, skipped")
+            log.info(f"[{i + 1}/{len(stages)}] {s.name}: unchanged, skipped")
             continue
-        _say(f"[{i + 1}/{len(stages)}] {s.name} ...")
+        log.info(f"[{i + 1}/{len(stages)}] {s.name} ...")
         t0 = time.perf_counter()
         state.drop(s.name)  # its outputs are about to change
         try:
@@ -418,5 +418,5 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     if report:
 
         rep = write_report([out], out, overwrite=True)  # the study owns its folder
-        _say(f"wrote {rep['md']} and {rep['html']}")
+        log.info(f"wrote {rep['md']} and {rep['html']}")
     return {"stages": results, "report": rep}

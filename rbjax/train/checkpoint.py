@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["Checkpointer", "NonFiniteParameters"]
 
@@ -35,8 +36,10 @@ def _all_finite(tree) -> jax.Array:
 
 
 def _state_dict(state) -> dict:
-    return {"params": state.params, "opt_state": state.opt_state,
-            "scalars": {"step": state.step, "lambdas": state.lambdas, "lr": state.lr, "t_total": state.t_total}}
+    scalars = {"step": state.step, "lr": state.lr, "t_total": state.t_total}
+    if np.size(state.hparams):  # orbax saves no empty array (an objective without hyper-parameters: CDA, DST)
+        scalars["hparams"] = state.hparams
+    return {"params": state.params, "opt_state": state.opt_state, "scalars": scalars}
 
 
 class Checkpointer:
@@ -133,7 +136,7 @@ class Checkpointer:
         if jax.tree.structure(d["opt_state"]) != jax.tree.structure(like.opt_state):
             raise ValueError(f"{self.directory}/{step}: restored optimizer state has another pytree structure")
         s = d["scalars"]
-        state = like.replace(params=d["params"], opt_state=d["opt_state"], step=s["step"], lambdas=s["lambdas"],
+        state = like.replace(params=d["params"], opt_state=d["opt_state"], step=s["step"], hparams=s.get("hparams", like.hparams),
                              lr=s["lr"], t_total=s["t_total"])
         return state, dict(r["meta"])
 

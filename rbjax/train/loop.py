@@ -16,8 +16,9 @@
   used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
   difference named.
-* **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, lm_loss,
-  debias_loss, total, lr, grad_norm, skipped, tokens, tokens_per_s, elapsed_s. Strict JSON: a non-finite value
+* **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, the objective's
+  metrics (``metric_names``: a debiasing run's lm_loss and debias_loss), total, lr, grad_norm, skipped, tokens,
+  tokens_per_s, elapsed_s, session. Strict JSON: a non-finite value
   (the losses of a skipped update) is ``null``. ``tokens`` counts the real (non-pad) tokens of the update in either
   layout, so ``tokens_per_s`` compares packed and padded runs.
 * **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.train.batching.BatchPlan`); the run's summary
@@ -39,44 +40,41 @@ import numpy as np
 
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
-from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
-from rbjax.core.log import say
-from rbjax.core.mesh import (grid_mesh, is_model_parallel, make_mesh, padded_points, parse_mesh, shard_batch,
-                             shard_state, shard_tree, to_host, tree_shardings)
+from rbjax.core.keys import canonical, describe_difference
+from rbjax.core.log import get_logger
+from rbjax.core.mesh import (is_model_parallel, padded_points, shard_batch, shard_state, shard_tree, to_host,
+    tree_shardings)
 from rbjax.core.progress import progress_bar
-from rbjax.model.handle import ModelHandle, tokenizer_key
+from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
 from rbjax.train.batching import BatchPlan
 from rbjax.train.checkpoint import Checkpointer
 from rbjax.train.config import TrainerConfig
-from rbjax.train.step import (
-    StepSpec,
-    TrainState,
-    init_state,
-    micro_batch_grads,
-    micro_batch_losses,
-    shared_keys,
-    step_on_mesh,
-    unstack_state,
-)
+from rbjax.train.optim import ClipAdam, learning_rate
+from rbjax.train.step import (StepSpec, TrainState, hparams_array, init_state, micro_batch_grads, micro_batch_losses,
+    shared_keys, step_on_mesh, unstack_state)
 
-__all__ = ["Trainer", "TrainResult", "RunHparams", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT", "load_start",
-           "tokenizer_digest"]
+__all__ = ["Trainer", "TrainResult", "TrainPoint", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT"]
+
+log = get_logger("train")
 
 #: a run stops when a point skipped this many updates in a row for non-finite gradients
 MAX_CONSECUTIVE_SKIPS = 25
 #: bumped when the checkpoint content changes incompatibly (older checkpoints are then not resumed)
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class RunHparams:
-    """The per-run hyper-parameters of one point of a chunk (the ones a chunk's points may differ in): the
-    objective's two loss weights (the debiasing objective's λ_LM and λ_D) and the peak learning rate."""
+class TrainPoint:
+    """The per-run hyper-parameters of one run, or of one point of a chunk (what a chunk's points may differ in):
+    the objective's (``hparams``, by ``objective.hparam_names``, e.g. λ_LM and λ_D of eq. 2) and the peak learning
+    rate."""
 
-    lambda_lm: float
-    lambda_d: float
+    hparams: dict
     learning_rate: float
+
+    def as_dict(self) -> dict:
+        return {**self.hparams, "learning_rate": self.learning_rate}
 
 
 @dataclasses.dataclass
@@ -111,101 +109,68 @@ def _stacked(state) -> bool:
     return np.ndim(state.step) == 1
 
 
-def load_start(cfg: TrainerConfig):
-    """``(model_dir, config, params, tokenizer, model_key)`` of a run's starting model (folder, hub id or finished
-    run folder), through the model handle (:class:`rbjax.model.handle.ModelHandle`: vocabulary and special-token
-    checks included).
-
-    Raises:
-        FileNotFoundError, ValueError, RuntimeError: missing model or tokenizer files.
-    """
-    h = ModelHandle.open(cfg.model, cfg.tokenizer)
-    mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh")) if cfg.mesh else None
-    config, params, tokenizer = h.load(mesh=mesh)  # on an fsdp/tensor mesh: read slice by slice into the devices
-    return h.folder, config, params, tokenizer, h.digest
-
-
-def tokenizer_digest(tokenizer) -> str:
-    """Content digest of a loaded tokenizer (:func:`rbjax.model.handle.tokenizer_key`), as checkpoint keys hold it."""
-    return digest(tokenizer_key(tokenizer))
-
-
 class Trainer:
-    """A training run (or a chunk of grid points sharing one batch plan): data, model, loop (module docstring).
-
-    The trainer knows no task: the loss is ``objective`` and the examples are ``data``. A task that builds its data
-    from the loaded model's tokenizer overrides :meth:`make_data` (:class:`rbjax.debias.loop.DebiasTrainer`).
+    """A training run (or a chunk of grid points sharing one batch plan), handed its parts: the loop (module
+    docstring). It loads nothing and parses nothing: the run's composition root opens the model, builds the mesh and
+    the optimiser, and prepares the data (:func:`rbjax.debias.run.debias_trainer`,
+    :func:`rbjax.dialog.tasks.common.fine_tune`, the sweep's chunks).
 
     Args:
-        cfg: the run's settings, a :class:`rbjax.train.config.TrainerConfig` or a task's extension of it (for a
-            chunk: the shared settings; batch size, accumulation, epochs, seed and leftover rule define the batch
-            plan).
+        cfg: the trainer's settings (:class:`rbjax.train.config.TrainerConfig`; for a chunk the shared ones: batch
+            size, accumulation, epochs, seed and leftover rule define the batch plan).
+        model: the starting model, loaded (:class:`rbjax.model.handle.ModelHandle`: its config, parameters,
+            tokenizer and content key; in-memory parameters through ``ModelHandle.from_params``).
         objective: the loss (:class:`rbjax.train.step.Objective`).
-        points: the chunk's per-point hyper-parameters (``None``: one run with ``cfg``'s λ and learning rate, trained
-            with the unvmapped step).
-        model_config, params, model_key: the starting model (default: loaded from ``cfg.model``); ``model_key`` is
-            a content digest (default: of the model files, or of ``params`` when given).
-        tokenizer: a loaded tokenizer (default: ``cfg.tokenizer`` or the model folder).
-        data, plan: the examples (:class:`rbjax.train.batching.ArrayData` or a task's data object, default
-            :meth:`make_data`) / a prepared :class:`BatchPlan` (shared by the chunks of a sweep).
-        mesh: device mesh (default: :func:`rbjax.core.mesh.grid_mesh` over all devices).
+        optimizer: clip + Adam (:func:`rbjax.train.optim.make_optimizer`).
+        data: the examples (:class:`rbjax.train.batching.ArrayData` or a task's data object with ``ids``, ``mask``,
+            ``shared``, ``key``, ``n_examples``, ``rows``).
+        mesh: the device mesh (:func:`rbjax.core.mesh.run_mesh`).
+        points: one :class:`TrainPoint` (a single run, the unvmapped step) or a list of them (a chunk of grid
+            points, vmapped over a stacked state).
+        params: the trained parameters at the start (default: the model's; e.g. DST trains ``{"gpt2": …, "head":
+            …}``).
+        plan: a prepared :class:`BatchPlan` of ``data`` (shared by the chunks of a sweep; default: built here).
+        key_extra: what else defines the run's inputs for its checkpoint key (e.g. the bias type and training file
+            of a debiasing run).
+        out_dir: the run's folder (checkpoints, ``metrics.jsonl``), used when :meth:`run` is given none.
 
     Raises:
-        FileNotFoundError, ValueError, RuntimeError: missing model/data, bad settings.
+        ValueError: ``batch_size`` not set, a ``block_size`` beyond the model's positions, a plan of another layout.
     """
 
-    def __init__(self, cfg: TrainerConfig, objective, *, points: list[RunHparams] | None = None, model_config=None,
-                 params=None, model_key: str | None = None, tokenizer=None, data=None, plan: BatchPlan | None = None,
-                 mesh=None):
+    def __init__(self, cfg: TrainerConfig, model: ModelHandle, objective, optimizer: ClipAdam, data, *, mesh,
+                 points: TrainPoint | list[TrainPoint], params=None, plan: BatchPlan | None = None,
+                 key_extra: dict | None = None, out_dir: str | Path | None = None):
+        if cfg.batch_size is None:
+            raise ValueError("TrainerConfig.batch_size is not set (the task's settings fill in its default)")
         self.cfg = cfg
-        self.model_dir = None
-        if params is None:
-            self.model_dir, model_config, params, tok, key = load_start(cfg)
-            tokenizer = tokenizer or tok
-            model_key = model_key or key
-        elif model_config is None:
-            raise ValueError("params given without model_config")
-        if tokenizer is None:
-            tokenizer = ModelHandle.open(cfg.model, cfg.tokenizer).tokenizer
-        # the vocabulary and special-token checks of the handle, for parameters given in memory too
-        ModelHandle.from_params(params, model_config, tokenizer, name=str(cfg.model), key=model_key or "")
-        self.config = model_config
-        self.init_params = params
-        self.model_key = model_key or tree_digest(params)
+        self.model = model
+        self.config = model.config
+        self.tokenizer = model.tokenizer
+        self.init_params = model.params if params is None else params
         if cfg.block_size > self.config.max_positions:
             raise ValueError(f"block_size {cfg.block_size} exceeds the model's maximum positions {self.config.max_positions}")
-        self.tokenizer = tokenizer
-        self.data = data if data is not None else self.make_data(tokenizer, self.config.vocab_size)
+        self.objective = objective
+        self.optimizer = optimizer
+        self.data = data
         self.plan = plan or BatchPlan.of_run(self.data, cfg)
         if self.plan.layout != cfg.layout:
             raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
-        self.stacked = points is not None
-        self.points = list(points) if points is not None else [RunHparams(*cfg.loss_weights, cfg.learning_rate)]
-        self.spec = StepSpec(config=self.config, objective=objective, dropout=cfg.dropout,
-                             grad_accum=cfg.grad_accum, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                             max_grad_norm=cfg.max_grad_norm, precision=cfg.precision)
-
-        if mesh is None and cfg.mesh:
-            mesh = make_mesh(parse_mesh(cfg.mesh, jax.device_count(), flag="--mesh"))
-            if not self.stacked and mesh.shape["grid"] > 1:
-                raise ValueError(f"--mesh {cfg.mesh}: a single run has no grid points to spread; use data, fsdp, "
-                                 "tensor (grid is for rbjax sweep)")
-        self.mesh = mesh if mesh is not None else grid_mesh(len(self.points) if self.stacked else 1,
-                                                            cfg.batch_size)
+        self.stacked = isinstance(points, (list, tuple))
+        self.points = list(points) if self.stacked else [points]
+        for p in self.points:
+            hparams_array(objective, p.hparams)  # every point names exactly the objective's hyper-parameters
+        self.key_extra = dict(key_extra or {})
+        self.out_dir = out_dir
+        self.spec = StepSpec(config=self.config, objective=objective, optimizer=optimizer, dropout=cfg.dropout,
+                             grad_accum=cfg.grad_accum, precision=cfg.precision)
+        self.mesh = mesh
         self.n_padded = padded_points(len(self.points), self.mesh) if self.stacked else 1
         # parameters, gradients and Adam moments split by the family's logical axes on an fsdp/tensor mesh
         # (a task's own parameters, e.g. DST's classifier head, by the objective's rule: Objective.logical_axes)
         model_axes = logical_axes_for(self.config)
         own = getattr(objective, "logical_axes", None)
         self.logical_axes = model_axes if own is None else partial(own, model_axes=model_axes)
-
-    def make_data(self, tokenizer, vocab_size: int):
-        """The run's examples when none were given (a task's trainer builds them from the tokenizer).
-
-        Raises:
-            ValueError: this trainer has no way to build them.
-        """
-        raise ValueError("no training data given (data=...)")
 
     n_examples = property(lambda self: self.data.n_examples)
     n_batches = property(lambda self: self.plan.n_batches)
@@ -215,30 +180,31 @@ class Trainer:
         return self.plan.batch_rows(epoch, index)
 
     def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-        """Host micro-batch of examples ``rows`` with the target pairs (``(B, L)`` arrays + triggers; packed layout:
-        packed in ``shape``, default its own need; ``plan.update_shape(u)`` gives update ``u``'s)."""
+        """Host micro-batch of examples ``rows`` with the shared arrays (``(B, L)`` arrays + the task's per-example
+        arrays; packed layout: packed in ``shape``, default its own need; ``plan.update_shape(u)`` gives update
+        ``u``'s)."""
         return {**self.plan.make_batch(rows, shape), **self.data.shared}
 
     def device_batch(self, u: int) -> dict:
-        """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the target pairs and the
+        """Update ``u``'s batch on the mesh: micro-batch rows (axis 1) split over ``data``; the shared arrays and the
         dropout keys (``rng`` ``(A, 4)``: key words, not rows) replicated."""
 
         return shard_batch({**self.plan.update_batch(u), **self.data.shared}, self.mesh, row_axis=1,
                            shared_keys=shared_keys(self.spec) + ("rng",))
 
     @property
-    def lambdas(self) -> np.ndarray:
-        """The run's loss weights (``cfg.loss_weights``) as the state holds them."""
-        return np.asarray(self.cfg.loss_weights, np.float32)
+    def hparams(self) -> np.ndarray:
+        """The objective's hyper-parameters of the run (of point 0 of a chunk), as the state holds them."""
+        return np.asarray(hparams_array(self.objective, self.points[0].hparams))
 
     def losses(self, params, batch: dict) -> dict:
-        """``{lm, debias, total}`` of a host micro-batch (:meth:`make_batch`) without dropout."""
-        tot, (lm, deb) = micro_batch_losses(params, batch, self.lambdas, self.spec)
-        return {"lm": float(lm), "debias": float(deb), "total": float(tot)}
+        """``{total, <the objective's metrics>}`` of a host micro-batch (:meth:`make_batch`) without dropout."""
+        tot, aux = micro_batch_losses(params, batch, self.hparams, self.spec)
+        return {"total": float(tot), **{k: float(v) for k, v in aux.items()}}
 
     def grads(self, params, batch: dict, rng=None):
         """Unscaled gradient of one micro-batch's total loss (dropout as configured when ``rng`` is given)."""
-        return micro_batch_grads(params, batch, self.lambdas, rng, self.spec)
+        return micro_batch_grads(params, batch, self.hparams, rng, self.spec)
 
     def layout_info(self) -> dict:
         """The token layout of the run's micro-batches: ``layout``, the packed ``(rows, slots)`` shapes of the plan
@@ -248,15 +214,21 @@ class Trainer:
 
     # -- state ------------------------------------------------------------------------------------------------
     def key(self) -> dict:
-        """Everything that determines the trajectory (a checkpoint is resumed only when this matches)."""
-        traj = self.cfg.trajectory()
-        if self.stacked:
-            for k in ("lambda_lm", "lambda_d", "learning_rate"):
-                traj.pop(k, None)
-        return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": self.model_key,
-                "tokenizer": tokenizer_digest(self.tokenizer), "data": self.data.key, "t_total": self.t_total,
+        """Everything that determines the trajectory (a checkpoint is resumed only when this matches): the
+        trainer's trajectory settings, the optimiser's, the objective's and the root's ``key_extra``, with (for a
+        single run) its hyper-parameters and learning rate; the content of the model, tokenizer and data."""
+        traj = {**self.cfg.trajectory(), **self.optimizer.describe(), **self._objective_settings(),
+                **self.key_extra}
+        if not self.stacked:
+            traj.update(self.points[0].as_dict())
+        return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": self.model.digest,
+                "tokenizer": self.model.tokenizer_digest, "data": self.data.key, "t_total": self.t_total,
                 "n_examples": self.n_examples,
-                "points": [dataclasses.asdict(p) for p in self.points] if self.stacked else None}
+                "points": [p.as_dict() for p in self.points] if self.stacked else None}
+
+    def _objective_settings(self) -> dict:
+        describe = getattr(self.objective, "describe", None)
+        return dict(describe()) if describe is not None else {"objective": type(self.objective).__name__}
 
     def initial_state(self) -> TrainState:
         """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
@@ -265,17 +237,17 @@ class Trainer:
         if is_model_parallel(self.mesh) and not self.stacked:
             # built on the mesh, each device holding only its slices (no full copy of the moments on one device)
             params = shard_tree(self.init_params, self.mesh, self.logical_axes)
-            make = lambda p: init_state(p, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,  # noqa: E731
-                                        lr=p0.learning_rate, t_total=self.t_total)
+            make = lambda p: init_state(p, self.spec, hparams=p0.hparams, lr=p0.learning_rate,  # noqa: E731
+                                        t_total=self.t_total)
             return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make, params)))(params)
-        one = jax.device_get(init_state(self.init_params, self.spec, lambda_lm=p0.lambda_lm, lambda_d=p0.lambda_d,
-                                        lr=p0.learning_rate, t_total=self.t_total))
+        one = jax.device_get(init_state(self.init_params, self.spec, hparams=p0.hparams, lr=p0.learning_rate,
+                                        t_total=self.t_total))
         if not self.stacked:
             return shard_state(one, self.mesh, False, self.logical_axes)
         pts = self.points + [self.points[-1]] * (self.n_padded - len(self.points))
         M = len(pts)
         state = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (M,) + np.shape(x)), one)
-        state = state.replace(lambdas=np.asarray([[p.lambda_lm, p.lambda_d] for p in pts], np.float32),
+        state = state.replace(hparams=np.stack([np.asarray(hparams_array(self.objective, p.hparams)) for p in pts]),
                               lr=np.asarray([p.learning_rate for p in pts], np.float32))
         return shard_state(state, self.mesh, True, self.logical_axes)
 
@@ -287,12 +259,14 @@ class Trainer:
         return tree_shardings(state, self.mesh, self.logical_axes, self.stacked)
 
     def lr_at(self, u: int, point: int = 0) -> float:
-        """Learning rate of update ``u`` (0-based count of updates already applied) of a point."""
-        return float(self.points[point].learning_rate * max(0.0, 1.0 - u / max(self.t_total, 1)))
+        """Learning rate of update ``u`` (0-based count of updates already applied) of a point
+        (:func:`rbjax.train.optim.learning_rate`)."""
+        return float(learning_rate(u, self.points[point].learning_rate, self.t_total))
 
     # -- loop -------------------------------------------------------------------------------------------------
-    def run(self, *, stop_after: int | None = None, callback: Callable[[dict], None] | None = None,
-            checkpoints: bool = True, out_dir: str | Path | None = None) -> TrainResult:
+    def run(self, out_dir: str | Path | None = None, *, stop_after: int | None = None,
+            callback: Callable[[dict], None] | None = None, checkpoints: bool = True,
+            description: str = "training") -> TrainResult:
         """Train (resuming from ``OUT/checkpoints`` when there is a checkpoint of the same run).
 
         Args:
@@ -302,7 +276,8 @@ class Trainer:
                 "batch_index", "rows", "params"}`` (``params``: the parameters the gradient is taken at) and after
                 every update with ``{"kind": "update", "update", "params", "lr", "grad_norm", "metrics"}``.
             checkpoints: use orbax checkpoints under ``OUT/checkpoints`` (off: no resume, nothing written).
-            out_dir: folder for checkpoints and metrics (default: ``cfg.out_dir``).
+            out_dir: the run's folder: checkpoints and metrics (default: the trainer's ``out_dir``; none with
+                ``checkpoints`` off: nothing is written).
 
         Returns:
             :class:`TrainResult`.
@@ -314,7 +289,10 @@ class Trainer:
         """
 
         cfg = self.cfg
-        out = Path(out_dir if out_dir is not None else cfg.out_dir)
+        out_dir = self.out_dir if out_dir is None else out_dir
+        if out_dir is None and checkpoints:
+            raise ValueError("Trainer.run: out_dir is needed for checkpoints and metrics")
+        out = Path(out_dir) if out_dir is not None else None
         state = self.initial_state()
         start, resumed = 0, None
         ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
@@ -341,9 +319,9 @@ class Trainer:
                     why = f"its arrays cannot be read: {e}"
             moved = ckpt.set_aside(step) if jax.process_index() == 0 else ckpt.directory / str(step)
             set_aside.append({"folder": str(ckpt.directory / str(step)), "moved_to": str(moved), "reason": why})
-            say("train", f"skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
-                          f"{moved.name}, resuming from the newest complete one")
-        metrics_path = out / "metrics.jsonl"
+            log.info(f"skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
+                     f"{moved.name}, resuming from the newest complete one")
+        metrics_path = out / "metrics.jsonl" if out is not None else None
         primary = jax.process_index() == 0  # across hosts, one process writes the metrics
         if checkpoints:
             out.mkdir(parents=True, exist_ok=True)
@@ -360,7 +338,7 @@ class Trainer:
         summary["session"] = session
         last: list[dict] = []
         mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
-        desc = cfg.describe()
+        desc = description
         if self.stacked:
             desc += f" ×{n_pts}"
         bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
@@ -391,10 +369,11 @@ class Trainer:
                     e_last, b_last = self.plan.plan[u][-1]
                     epoch = round(e_last + (b_last + 1) / self.n_batches, 4)
                     last = []
+                    names = tuple(self.objective.metric_names)
                     for i in range(n_pts):
                         g = (lambda k: float(m[k][i])) if self.stacked else (lambda k: float(m[k]))
-                        rec = {"step": u + 1, "epoch": epoch, "lm_loss": g("lm"), "debias_loss": g("debias"),
-                               "total": g("total"), "lr": g("lr"), "grad_norm": g("grad_norm"),
+                        rec = {"step": u + 1, "epoch": epoch, **{k: g(k) for k in names}, "total": g("total"),
+                               "lr": g("lr"), "grad_norm": g("grad_norm"),
                                "skipped": bool(g("skipped")), "tokens": tokens,
                                "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run,
                                "session": session}
@@ -410,8 +389,9 @@ class Trainer:
                         mf.write("".join(to_json(r) + "\n" for r in last))
                         mf.flush()
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last[0]['total']:.4g}", lm=f"{last[0]['lm_loss']:.3f}",
-                                    deb=f"{last[0]['debias_loss']:.3g}", tok_s=f"{last[0]['tokens_per_s']:.0f}")
+                    bar.set_postfix(loss=f"{last[0]['total']:.4g}",
+                                    **{k.removesuffix("_loss"): f"{last[0][k]:.3g}" for k in names},
+                                    tok_s=f"{last[0]['tokens_per_s']:.0f}")
                     if callback is not None:
                         callback({"kind": "update", "update": u + 1, "params": state.params, "lr": last[0]["lr"],
                                   "grad_norm": last[0]["grad_norm"], "metrics": last[0] if not self.stacked else last})
@@ -420,8 +400,10 @@ class Trainer:
                         i = int(consecutive.argmax())
                         raise RuntimeError(
                             f"update {done}: {MAX_CONSECUTIVE_SKIPS} updates in a row had non-finite gradients"
-                            f"{f' (grid point {i})' if self.stacked else ''} and were skipped; the last good "
-                            f"checkpoint is kept in {out / 'checkpoints'} — lower the learning rate or the loss weights (λ_D)")
+                            f"{f' (grid point {i})' if self.stacked else ''} and were skipped"
+                            + (f"; the last good checkpoint is kept in {out / 'checkpoints'}" if ckpt is not None
+                               else "")
+                            + " — lower the learning rate or the objective's loss weights (e.g. λ_D)")
                     if flag:
                         save(done)
                         where = (f"a checkpoint of update {done}/{self.t_total} is saved in {out / 'checkpoints'}; "

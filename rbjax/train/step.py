@@ -1,21 +1,23 @@
 """The pure training step of every training run: a train state and ``train_step(state, batch) -> (state, metrics)``.
 
 Importable without orbax, tqdm or any I/O: this is what people unit-test, ``vmap`` over a hyper-parameter grid and
-shard over a device mesh. The step knows no task: the loss comes from the run's *objective*
-(:class:`Objective`), a hashable callable that the debiasing methods (:class:`rbjax.debias.objective.DebiasObjective`:
-LM, LMD, ADD, HD, CDA) and the dialog fine-tuning tasks (:class:`rbjax.dialog.state_tracking.DSTObjective`,
-:class:`rbjax.dialog.crg_data.CRGObjective`) each supply. One compiled program per (objective, batch shape): the per-run
-hyper-parameters (the objective's loss weights, e.g. λ_LM and λ_D of eq. 2, and the peak learning rate) live in the
-state as arrays, so the 6 λ combinations of the paper's grid at one (batch, accumulation) setting share a program,
-vmapped over a stacked state (:func:`grid_train_step`).
+shard over a device mesh. The step knows no task: the loss comes from the run's *objective* (:class:`Objective`), a
+hashable callable that the debiasing methods (:class:`rbjax.debias.objective.DebiasObjective`: LM, LMD, ADD, HD,
+CDA) and the dialog fine-tuning tasks (:class:`rbjax.dialog.state_tracking.DSTObjective`,
+:class:`rbjax.dialog.crg_data.CRGObjective`) each supply, and the update from the run's optimiser
+(:class:`rbjax.train.optim.ClipAdam`). One compiled program per (spec, batch shape): the per-run hyper-parameters
+(the objective's, named by ``objective.hparam_names`` — e.g. λ_LM and λ_D of eq. 2 — and the peak learning rate)
+live in the state as arrays, so the points of a grid that share a batch plan share a program, vmapped over a
+stacked state (:func:`grid_train_step`).
 
-One update (paper §5.1; reference-debias.md §1.7-§1.8, §7)::
+One update (paper §5.1)::
 
     for each of the update's A micro-batches:       (lax.scan; A = grad_accum, more for a carried-over update)
-        total = objective(params, micro-batch)       (debiasing: λ_LM·L_LM + λ_D·L_D, eq. 2)
+        total, metrics = objective(params, micro-batch, hparams)
         grad += ∇ total / grad_accum               (the reference Trainer's scaling)
-    direction = Adam(clip_1.0(grad))                (optim.make_optimizer: skipped if grad or total is not finite)
-    params -= learning_rate(step, lr, t_total) · direction
+    params, opt_state = optimizer.apply(params, grad, opt_state, learning_rate(step, lr, t_total))
+                                                    (clip + Adam, one fused pass; skipped if grad or total is not
+                                                     finite)
 """
 from __future__ import annotations
 
@@ -26,37 +28,44 @@ from typing import Any, Protocol
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rbjax.core.precision import get_policy
-from rbjax.train.optim import global_norm, learning_rate, make_optimizer
+from rbjax.train.optim import ClipAdam, learning_rate
 
 __all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state",
            "batch_losses", "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
-           "micro_batch_losses", "micro_batch_grads"]
+           "micro_batch_losses", "micro_batch_grads", "hparams_array"]
 
 
 class Objective(Protocol):
     """What a task gives the trainer: its loss on one micro-batch (hashable, so that it can be a static argument of
     the compiled step; a frozen dataclass of the task's settings is the usual form).
 
-    ``objective(params, batch, weights, key, spec) -> (total, (lm, aux))``: ``params`` the trained parameters,
+    ``objective(params, batch, hparams, key, spec) -> (total, metrics)``: ``params`` the trained parameters,
     ``batch`` one micro-batch (``input_ids``/``attention_mask`` ``(B, L)``, the task's per-example arrays, the
-    shared arrays, and ``pack``/``unpack`` in the packed layout: :mod:`rbjax.train.lm`), ``weights`` float32 ``(2,)``
-    the run's loss weights from the state, ``key`` the dropout PRNG key (``None``: no dropout), ``spec`` the
-    :class:`StepSpec`. ``total`` is differentiated; ``lm`` (the language-modelling term, or the task's loss) and
-    ``aux`` (a second term, e.g. the debiasing loss; 0 where there is none) are reported as metrics.
+    shared arrays, and ``pack``/``unpack`` in the packed layout: :mod:`rbjax.train.lm`), ``hparams`` float32
+    ``(H,)`` the run's values of ``hparam_names`` (in that order; from the state, so a grid vmaps them), ``key`` the
+    dropout PRNG key (``None``: no dropout), ``spec`` the :class:`StepSpec`. ``total`` is differentiated;
+    ``metrics`` maps each of ``metric_names`` to a float32 scalar (written to ``metrics.jsonl`` beside ``total``).
 
-    Attribute ``shared_keys`` (optional): names of batch arrays shared by every micro-batch of an update (not stacked
-    on the micro-batch axis), e.g. the debiasing target pairs.
+    Attributes:
+        hparam_names: the objective's run hyper-parameters (e.g. ``("lambda_lm", "lambda_d")``; may be empty).
+        metric_names: the names of ``metrics`` (e.g. ``("lm_loss", "debias_loss")``).
+        shared_keys (optional): names of batch arrays shared by every micro-batch of an update (not stacked on the
+            micro-batch axis), e.g. the debiasing target pairs.
 
-    Method ``logical_axes(path, shape, model_axes)`` (optional; for trained parameters that are not the model's, e.g.
-    a classifier head): the logical axis names of the parameter at dict ``path`` (:mod:`rbjax.model.partition`;
+    Method ``describe() -> dict`` (optional): the objective's static settings, for the run's key. Method
+    ``logical_axes(path, shape, model_axes)`` (optional; for trained parameters that are not the model's, e.g. a
+    classifier head): the logical axis names of the parameter at dict ``path`` (:mod:`rbjax.model.partition`;
     ``None`` entries are replicated), ``model_axes(path, shape)`` being the family's own rule for the model's
     parameters. Without it every trained parameter must be the model's.
     """
 
-    def __call__(self, params, batch: dict, weights: jax.Array, key, spec: "StepSpec"):
+    hparam_names: tuple[str, ...]
+    metric_names: tuple[str, ...]
+
+    def __call__(self, params, batch: dict, hparams: jax.Array, key, spec: "StepSpec"):
         ...
 
 
@@ -65,30 +74,39 @@ def shared_keys(spec: "StepSpec") -> tuple[str, ...]:
     return tuple(getattr(spec.objective, "shared_keys", ()))
 
 
+def hparams_array(objective, values) -> jax.Array:
+    """The objective's hyper-parameters ``values`` (a mapping by name) as the float32 ``(H,)`` array the state
+    holds, in ``objective.hparam_names`` order.
+
+    Raises:
+        ValueError: a name missing from ``values``, or a name the objective does not take.
+    """
+    names = tuple(objective.hparam_names)
+    unknown = sorted(set(values) - set(names))
+    missing = [n for n in names if n not in values]
+    if unknown or missing:
+        raise ValueError(f"{type(objective).__name__} takes the hyper-parameters {list(names)}; "
+                         f"got {sorted(values)}")
+    return jnp.asarray([float(values[n]) for n in names], jnp.float32).reshape(len(names))
+
+
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
     """Static settings of a step (hashable; one compiled program per distinct value and batch shape).
 
     Attributes:
         config: the model's config (any family of :mod:`rbjax.model.registry`). objective: the task's loss
-        (:class:`Objective`). dropout: dropout active. grad_accum: micro-batches per update (each micro-batch loss is
-        scaled by ``1/grad_accum``). b1, b2, eps, max_grad_norm: Adam and clip settings. precision: ``fp32`` or
-        ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
+        (:class:`Objective`). optimizer: clip + Adam (:class:`rbjax.train.optim.ClipAdam`). dropout: dropout active.
+        grad_accum: micro-batches per update (each micro-batch loss is scaled by ``1/grad_accum``). precision:
+        ``fp32`` or ``bf16`` (bf16 activations/matmuls; parameters, optimiser and losses in fp32).
     """
 
     config: Any
     objective: Any
+    optimizer: ClipAdam = ClipAdam()
     dropout: bool = True
     grad_accum: int = 1
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
     precision: str = "fp32"
-
-    @property
-    def optimizer(self) -> optax.GradientTransformation:
-        return make_optimizer(b1=self.b1, b2=self.b2, eps=self.eps, max_grad_norm=self.max_grad_norm)
 
     @property
     def policy(self):
@@ -103,7 +121,7 @@ class StepSpec:
     def nll_dtype(self):
         """The matmul dtype of the next-token NLL (:func:`rbjax.train.lm.mean_next_token_nll`): ``None`` (float32)
         under fp32."""
-        return None if self.precision == "fp32" else self.compute_dtype
+        return None if self.policy.is_full_precision else self.compute_dtype
 
 
 @flax.struct.dataclass
@@ -111,9 +129,9 @@ class TrainState:
     """Everything that changes during a run, as arrays (a pytree; stack it on a leading axis for a grid).
 
     Attributes:
-        params: the model's parameters. opt_state: the optimiser state (:func:`rbjax.train.optim.make_optimizer`).
+        params: the trained parameters. opt_state: the optimiser state (:class:`rbjax.train.optim.OptState`).
         step: int32, updates done (the next update's learning rate is ``learning_rate(step, lr, t_total)``).
-        lambdas: float32 ``(2,)``, the objective's loss weights (debiasing: ``[λ_LM, λ_D]`` of eq. 2).
+        hparams: float32 ``(H,)``, the objective's hyper-parameters (``objective.hparam_names``).
         lr: float32 peak learning rate.
         t_total: float32, schedule length in updates.
     """
@@ -121,16 +139,17 @@ class TrainState:
     params: Any
     opt_state: Any
     step: jax.Array
-    lambdas: jax.Array
+    hparams: jax.Array
     lr: jax.Array
     t_total: jax.Array
 
 
-def init_state(params, spec: StepSpec, *, lambda_lm: float, lambda_d: float, lr: float, t_total: int) -> TrainState:
-    """A fresh state for one run (step 0, a new optimiser state)."""
+def init_state(params, spec: StepSpec, *, hparams, lr: float, t_total: int) -> TrainState:
+    """A fresh state for one run (step 0, a new optimiser state); ``hparams``: the objective's hyper-parameters as
+    a mapping by name or as the ``(H,)`` array (:func:`hparams_array`)."""
+    h = hparams_array(spec.objective, hparams) if isinstance(hparams, dict) else jnp.asarray(hparams, jnp.float32)
     return TrainState(params=params, opt_state=spec.optimizer.init(params), step=jnp.zeros((), jnp.int32),
-                      lambdas=jnp.asarray([lambda_lm, lambda_d], jnp.float32), lr=jnp.asarray(lr, jnp.float32),
-                      t_total=jnp.asarray(t_total, jnp.float32))
+                      hparams=h, lr=jnp.asarray(lr, jnp.float32), t_total=jnp.asarray(t_total, jnp.float32))
 
 
 def stack_states(states: list[TrainState]) -> TrainState:
@@ -144,19 +163,19 @@ def unstack_state(state: TrainState, i: int) -> TrainState:
 
 
 # ------------------------------------------------------------------------------------------------------ losses
-def batch_losses(params, batch: dict, lambdas, rng, spec: StepSpec, *, dropout: bool | None = None):
-    """``(total, (lm, aux))`` of one micro-batch (differentiable in ``params``): the objective's loss, computed under
+def batch_losses(params, batch: dict, hparams, rng, spec: StepSpec, *, dropout: bool | None = None):
+    """``(total, metrics)`` of one micro-batch (differentiable in ``params``): the objective's loss, computed under
     the precision policy's matmul context (fp32 = full fp32 matmuls on every backend, whatever the global default).
 
     Args:
-        params: the model's params. batch: one micro-batch with the shared arrays (:class:`Objective`).
-        lambdas: ``(2,)`` loss weights. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no dropout).
-        spec: static settings. dropout: override ``spec.dropout``.
+        params: the trained params. batch: one micro-batch with the shared arrays (:class:`Objective`).
+        hparams: ``(H,)`` the objective's hyper-parameters. rng: raw ``rbg`` key data (``(4,)`` uint32) or None (no
+        dropout). spec: static settings. dropout: override ``spec.dropout``.
     """
     drop = spec.dropout if dropout is None else dropout
     key = jax.random.wrap_key_data(rng, impl="rbg") if drop and rng is not None else None
     with spec.policy.matmul_context():
-        return spec.objective(params, batch, lambdas, key, spec)
+        return spec.objective(params, batch, hparams, key, spec)
 
 
 # ------------------------------------------------------------------------------------------------------- step
@@ -171,21 +190,21 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
         spec: static settings.
 
     Returns:
-        ``(state, metrics)`` with float32 metrics ``lm``, ``debias`` (the objective's second term), ``total`` (means
-        over the micro-batches),
-        ``grad_norm`` (global norm of the accumulated gradient before clipping, overflow-free), ``lr`` (the learning
-        rate this update used) and ``skipped`` (1.0 when the gradient or the total loss was not finite and the
-        update was skipped).
+        ``(state, metrics)`` with float32 metrics: the objective's ``metric_names`` and ``total`` (means over the
+        micro-batches), ``grad_norm`` (global norm of the accumulated gradient before clipping, overflow-free),
+        ``lr`` (the learning rate this update used) and ``skipped`` (1.0 when the gradient or the total loss was not
+        finite and the update was skipped).
     """
     keys = shared_keys(spec)
     shared = {k: batch[k] for k in keys if k in batch}
     micro = {k: v for k, v in batch.items() if k not in keys}
     scale = jnp.float32(1.0 / spec.grad_accum)
+    names = tuple(spec.objective.metric_names)
 
     def one(mb):
-        fn = lambda p: batch_losses(p, {**mb, **shared}, state.lambdas, mb["rng"], spec)  # noqa: E731
-        (tot, (lm, deb)), g = jax.value_and_grad(fn, has_aux=True)(state.params)
-        return jax.tree.map(lambda x: x * scale, g), jnp.stack([lm, deb, tot])
+        fn = lambda p: batch_losses(p, {**mb, **shared}, state.hparams, mb["rng"], spec)  # noqa: E731
+        (tot, aux), g = jax.value_and_grad(fn, has_aux=True)(state.params)
+        return jax.tree.map(lambda x: x * scale, g), jnp.stack([tot] + [aux[n] for n in names])
 
     n_micro = micro["input_ids"].shape[0]
     if n_micro == 1:
@@ -198,18 +217,16 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         grads, ms = jax.lax.scan(body, zeros, micro)
         m = ms.mean(axis=0)
-    gnorm = global_norm(grads)
     # A non-finite loss skips the update even when its gradient is finite (e.g. λ_D = NaN on a batch with no
-    # debiasing term: total NaN, gradient of the LM term only): the optimiser sees a NaN gradient, so it leaves
-    # the parameters and moments alone and counts the skip (optim.make_optimizer).
-    finite_loss = jnp.isfinite(m[2])
-    grads = jax.tree.map(lambda g: jnp.where(finite_loss, g, jnp.nan).astype(g.dtype), grads)
-    direction, opt_state = spec.optimizer.update(grads, state.opt_state, state.params)
+    # debiasing term: total NaN, gradient of the LM term only): the optimiser leaves the parameters and moments
+    # alone and counts the skip.
     lr = learning_rate(state.step, state.lr, state.t_total)
-    params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), state.params, direction)
-    skipped = jnp.logical_not(jnp.isfinite(gnorm) & finite_loss).astype(jnp.float32)
+    params, opt_state, gnorm, skipped = spec.optimizer.apply(state.params, grads, state.opt_state, lr,
+                                                             finite_loss=jnp.isfinite(m[0]))
     new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
-    return new, {"lm": m[0], "debias": m[1], "total": m[2], "grad_norm": gnorm, "lr": lr, "skipped": skipped}
+    metrics = {n: m[i + 1] for i, n in enumerate(names)}
+    metrics.update(total=m[0], grad_norm=gnorm, lr=lr, skipped=skipped)
+    return new, metrics
 
 
 #: :func:`train_step` compiled (``spec`` static, the state donated): one program per (spec, batch shape)
@@ -233,8 +250,6 @@ def step_on_mesh(mesh, stacked: bool, state_shardings=None):
     (:func:`rbjax.core.mesh.tree_shardings`: parameters, gradients' updates and Adam moments split by the family's
     logical axes) — whatever layout the compiler would pick for the outputs, so every update reuses the first
     update's program. One jitted function per (mesh, stacked, layout), shared by every trainer on that mesh."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     layout = None if state_shardings is None else (jax.tree.structure(state_shardings),
                                                     tuple(jax.tree.leaves(state_shardings)))
     f = _ON_MESH.get((mesh, stacked, layout))
@@ -254,12 +269,12 @@ def compiled_programs() -> int:
 
 # ------------------------------------------------------------------------------------ for tests and evaluation
 @partial(jax.jit, static_argnames=("spec",))
-def micro_batch_losses(params, batch: dict, lambdas, spec: StepSpec):
-    """``(total, (lm, debias))`` of one micro-batch without dropout."""
-    return batch_losses(params, batch, lambdas, None, spec, dropout=False)
+def micro_batch_losses(params, batch: dict, hparams, spec: StepSpec):
+    """``(total, metrics)`` of one micro-batch without dropout."""
+    return batch_losses(params, batch, hparams, None, spec, dropout=False)
 
 
 @partial(jax.jit, static_argnames=("spec",))
-def micro_batch_grads(params, batch: dict, lambdas, rng, spec: StepSpec):
+def micro_batch_grads(params, batch: dict, hparams, rng, spec: StepSpec):
     """Unscaled gradient of one micro-batch's total loss (with dropout when ``rng`` is given and the spec has it)."""
-    return jax.grad(lambda p: batch_losses(p, batch, lambdas, rng, spec)[0])(params)
+    return jax.grad(lambda p: batch_losses(p, batch, hparams, rng, spec)[0])(params)

@@ -12,7 +12,7 @@ from pathlib import Path
 from rbjax import __version__
 from rbjax.core import parallel
 from rbjax.core.io import atomic_write_json, check_output_dir, check_output_file
-from rbjax.core.log import say
+from rbjax.core.log import get_logger
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.dumps import (
@@ -236,7 +236,7 @@ def retrieve(
             every file again.
         on_file: called with each file's entry (see :attr:`RetrievalResult.files`) right
             after its part is written.
-        log: where notes go (the jobs bound); default: the ``rbjax retrieve`` logger (:func:`rbjax.core.log.say`).
+        log: where notes go (the jobs bound); default: the ``rbjax retrieve`` logger (:func:`rbjax.core.log.get_logger`).
         overwrite: replace candidate CSVs / ``summary.json`` that are not this retrieval's own unchanged output of
             the same specification(s) and settings (a rerun over added or changed dumps updates them in place);
             without it they are refused before any file is read
@@ -259,7 +259,7 @@ def retrieve(
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
     """
 
-    log = log or (lambda msg: say("retrieve", msg))
+    log = log or get_logger("retrieve").info
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     if clean_mode not in ("paper", "reference"):

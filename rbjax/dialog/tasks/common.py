@@ -26,18 +26,19 @@ from typing import Any
 
 import jax
 
-from rbjax.core.config import check_types, field, option_name
+from rbjax.core.config import check_types, field, from_flat, leaves, option_name, section, to_flat
+from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, file_digest
-from rbjax.core.log import say
-from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh
+from rbjax.core.keys import canonical, describe_difference
+from rbjax.core.log import get_logger
+from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh, run_mesh
 from rbjax.core.reuse import KeyedResult
 from rbjax.model.handle import ModelHandle
 from rbjax.model.memory import plan_for_model
-from rbjax.train.batching import LAYOUTS
-from rbjax.train.config import TrainerConfig
-from rbjax.train.loop import Trainer
+from rbjax.train.config import OptimizerConfig, TrainerConfig
+from rbjax.train.loop import Trainer, TrainPoint
+from rbjax.train.optim import make_optimizer
 
 __all__ = [
     "RESULT_FORMAT",
@@ -65,8 +66,7 @@ RESULT_FORMAT = 1
 SEMANTICS = ("paper", "reference")
 
 
-def _say(msg: str) -> None:
-    say("evaluate", msg)
+log = get_logger("evaluate")
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -79,8 +79,8 @@ class TaskSettings:
     download — and its *content* enters the key, not the path); ``no_key_fields``, the fields that do not change a
     result; ``signed_fields``, the integer fields that may take any value (every other integer field is a count,
     >= 1); ``path_options``, ``(field, option)`` pairs: the option named when a given path does not exist, where it
-    is not the field's own. The help of a field switched off by ``--no-...`` (``negate``) describes the switch, as
-    ``rbjax evaluate --help`` shows it.
+    is not the field's own. The help of a field switched off by ``--no-...`` (``negate``) describes the setting when
+    on; the switch's help is generated from it (:func:`rbjax.commands.options.negated_help`).
 
     Raises:
         rbjax.core.errors.SettingError (a ValueError) naming the field: a value of the wrong type or out of range (the
@@ -88,7 +88,7 @@ class TaskSettings:
         given does not exist (named by its option).
     """
 
-    progress: bool = field(True, "no progress bars", negate="--no-progress")
+    progress: bool = field(True, "progress bars on stderr", negate="--no-progress")
     keep_checkpoints: bool = field(False, "keep the fine-tuned model's checkpoints in OUT/<task>_train/checkpoints "
                                           "after the result is written (default: deleted then); with them a rerun "
                                           "that changes only evaluation settings (e.g. adds --joint-goal) restores "
@@ -110,8 +110,9 @@ class TaskSettings:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """The task's setting names, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """The task's setting names, in declaration order (a training task's trainer and optimiser settings by their
+        flat names, :func:`rbjax.core.config.leaves`)."""
+        return tuple(leaf.name for leaf in leaves(cls))
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]):
@@ -122,10 +123,11 @@ class TaskSettings:
             SettingError, FileNotFoundError: see the class.
         """
         names = set(cls.names())
-        return cls(**{k: v for k, v in settings.items() if k in names and v is not None})
+        return from_flat(cls, {k: v for k, v in settings.items() if k in names and v is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings by flat name (what results record)."""
+        return to_flat(self)
 
     def key_settings(self) -> dict[str, Any]:
         """The settings that shape the numbers (enter the result's key)."""
@@ -196,22 +198,35 @@ def eval_batch_size_field():
     return field(64, "rows per scoring batch of LMP lines and DST pairs")
 
 
-def batch_size_field(default: int):
-    """``batch_size``: the training micro-batch (a default per task)."""
-    return field(default, "training micro-batch")
+#: the trainer's settings a fine-tuning task takes (options of ``rbjax evaluate``, keys of a study's ``[dialog]``
+#: tables); the task sets the others (seed, progress, mesh, checkpoints) from its own
+TRAINER_SETTINGS = ("epochs", "batch_size", "grad_accum", "block_size", "max_steps", "dropout", "layout")
 
 
-def grad_accum_field(default: int):
-    """``grad_accum``: micro-batches per update (a default per task)."""
-    return field(default, "micro-batches per update")
+def trainer_section(**defaults):
+    """The ``trainer`` section of a fine-tuning task: :class:`rbjax.train.config.TrainerConfig` with the task's
+    defaults (the reference's: 1 epoch, block 128, and the task's batch size and accumulation), its
+    :data:`TRAINER_SETTINGS` exposed."""
+    return section(TrainerConfig, expose=TRAINER_SETTINGS, helps=TRAINER_HELPS,
+                   **{"epochs": 1, "block_size": 128, "keep_checkpoints": 1, **defaults})
+
+
+#: the trainer settings' help in the dialog tasks (what they mean there)
+TRAINER_HELPS = {"epochs": "training epochs", "batch_size": "training micro-batch", "block_size":
+                 "tokens kept per training example", "max_steps": "stop training after N updates (quick runs)",
+                 "dropout": "dropout 0.1 during fine-tuning, as the reference",
+                 "layout": "token layout of the training micro-batches: packed (default: examples side by side in a "
+                           "few rows, no compute on padding, the same loss) or padded (one block_size row per "
+                           "example, for comparison); DST in reference semantics is always padded"}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSettings(TaskSettings):
-    """The settings of a task that fine-tunes the model with the shared trainer (DST, CRG); the task adds
-    ``batch_size`` and ``grad_accum`` with its own defaults."""
+    """The settings of a task that fine-tunes the model with the shared trainer (DST, CRG): its own (examples,
+    seed, semantics) and two sections, ``trainer`` (:class:`rbjax.train.config.TrainerConfig`, declared by each task
+    with its defaults through :func:`trainer_section`) and ``optimizer`` (:class:`rbjax.train.config.OptimizerConfig`:
+    the learning rate)."""
 
-    max_steps: int | None = field(None, "stop training after N updates (quick runs)", metavar="N")
     max_examples: int | None = field(None, "use only the first N examples: dst — of the train and of the test pairs; "
                                            "crg — of the test contexts (quick runs; recorded in the result)",
                                      metavar="N")
@@ -221,24 +236,13 @@ class TrainingSettings(TaskSettings):
                                     "scripts (DST negatives with the slot-remap bug, pooling the last padded column, "
                                     "start-of-text truncation; CRG prompts and top-k 50 + top-p 0.95 sampling, 128 "
                                     "tokens with the prompt)", choices=SEMANTICS)
-    epochs: int = field(1, "training epochs")
-    learning_rate: float = field(5e-5, "peak learning rate, linear decay", flag="--lr")
-    block_size: int = field(128, "tokens kept per training example")
-    dropout: bool = field(True, "train without GPT-2's dropout (the reference uses it)", negate="--no-dropout")
-    layout: str = field("packed", "token layout of the training micro-batches: packed (default: examples side by side "
-                                  "in a few rows, no compute on padding, the same loss) or padded (one block_size row "
-                                  "per example, for comparison); DST in reference semantics is always padded",
-                        choices=LAYOUTS)
+    optimizer: OptimizerConfig = section(OptimizerConfig, expose=("learning_rate",),
+                                         helps={"learning_rate": "peak learning rate, linear decay"})
 
     def _check(self) -> None:
         if self.semantics not in SEMANTICS:
             raise SettingError("semantics", f"must be one of {SEMANTICS}, got {self.semantics!r}")
-        if self.layout not in LAYOUTS:
-            raise SettingError("layout", f"must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         super()._check()
-        v = self.learning_rate
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-            raise SettingError("learning_rate", f"must be > 0, got {v!r}")
 
 
 # ------------------------------------------------------------------------------------------------ the task record
@@ -328,7 +332,7 @@ def existing_result(path: Path, key: dict, task: str, overwrite: bool, check=Non
         rbjax.core.reuse.OutputExists: ``path`` holds the result of other inputs (or its outputs were changed) and
             not ``overwrite``: it is never replaced silently (nothing was computed).
     """
-    return KeyedResult(path, key, task, _say, check, refuse_other=not overwrite).stored()
+    return KeyedResult(path, key, task, log.info, check, refuse_other=not overwrite).stored()
 
 
 def result_key(task: str, model: EvalModel, data: dict, s: TaskSettings) -> dict:
@@ -356,12 +360,13 @@ def training_layout(method: str, s: TrainingSettings | Mapping[str, Any]) -> str
     reference semantics, whose pooling (the batch's longest row's last column, padding attended:
     ``lm_dst_binary.py``) depends on the padding. ``s``: the task's settings (or a mapping with ``semantics`` and
     ``layout``)."""
-    semantics, layout = (s["semantics"], s["layout"]) if isinstance(s, Mapping) else (s.semantics, s.layout)
+    semantics, layout = (s["semantics"], s["layout"]) if isinstance(s, Mapping) else (s.semantics, s.trainer.layout)
     return "padded" if (method == "dst" and semantics == "reference") else layout
 
 
 def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
-    """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves).
+    """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves): the task's
+    composition root — the model handle it was given, the task's mesh built once, the optimiser of its settings.
 
     A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
     the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
@@ -370,16 +375,14 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
         ``(params, record, train_dir)``.
     """
 
-    config, _, tok = model.load()
     train_dir = out_dir / f"{method}_train"
-    cfg = TrainerConfig(model=str(model.folder), out_dir=str(train_dir), seed=s.seed, epochs=s.epochs,
-                        batch_size=s.batch_size, grad_accum=s.grad_accum, learning_rate=s.learning_rate,
-                        block_size=s.block_size, max_steps=s.max_steps, dropout=s.dropout,
-                        layout=training_layout(method, s), progress=s.progress, keep_checkpoints=1, mesh=s.mesh,
-                        leftover="carry" if s.semantics == "reference" else "drop")
+    cfg = s.trainer.replace(seed=s.seed, layout=training_layout(method, s), progress=s.progress,
+                            leftover="carry" if s.semantics == "reference" else "drop")
+    mesh = run_mesh(s.mesh, batch_size=cfg.batch_size)
+    point = TrainPoint({}, s.optimizer.learning_rate)
     try:
-        trainer = Trainer(cfg, objective, model_config=config, params=params, model_key=model.digest, tokenizer=tok,
-                          data=data)
+        trainer = Trainer(cfg, model, objective, make_optimizer(s.optimizer), data, mesh=mesh, points=point,
+                          params=params, key_extra={"task": method})
     except ValueError as e:
         if "fewer than grad_accum" in str(e):
             raise ValueError(f"{what}: {data.n_examples} training examples make {-(-data.n_examples // cfg.batch_size)}"
@@ -392,16 +395,16 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
         old = read_json(kpath)
         if old != tkey:
             if (train_dir / "checkpoints").exists():
-                _say(f"{train_dir}: training state of other inputs "
-                     f"({describe_difference(old or {}, tkey) if old else 'no key.json'}); starting afresh")
+                log.info(f"{train_dir}: training state of other inputs "
+                         f"({describe_difference(old or {}, tkey) if old else 'no key.json'}); starting afresh")
             shutil.rmtree(train_dir)
     atomic_write_json(kpath, tkey)
     t0 = time.perf_counter()
-    res = trainer.run()
+    res = trainer.run(train_dir, description=f"{method} fine-tuning")
     summary = {k: v for k, v in res.summary.items() if k != "last"}
     record = {"updates": res.updates_done, "t_total": res.t_total, "resumed_from": res.resumed_from,
               "n_examples": data.n_examples, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
-              "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "max_steps": cfg.max_steps,
+              "epochs": cfg.epochs, "learning_rate": s.optimizer.learning_rate, "max_steps": cfg.max_steps,
               "final_loss": (res.summary.get("last") or {}).get("total"), "last": res.summary.get("last"),
               "seconds": time.perf_counter() - t0, "folder": str(train_dir),
               "data_sha256": data.info.get("sha256_arrays"), **summary}

@@ -14,31 +14,18 @@ import time
 from pathlib import Path
 
 from rbjax.core.config import field
+from rbjax.core.digests import file_digest
 from rbjax.core.io import atomic_write_text, versions
-from rbjax.core.keys import file_digest
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.dialog import crg_data
-from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics
 from rbjax.dialog.crg_generation import REFERENCE_PROMPT_WIDTH, generate_responses
-from rbjax.dialog.tasks.common import (
-    EvalModel,
-    Task,
-    TrainingSettings,
-    batch_size_field,
-    check_memory,
-    data_dir_field,
-    drop_checkpoints,
-    existing_result,
-    file_record,
-    fine_tune,
-    finish,
-    grad_accum_field,
-    result_key,
-    result_path,
-    task_mesh,
-)
+from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics
+from rbjax.dialog.tasks.common import (EvalModel, Task, TrainingSettings, check_memory, data_dir_field,
+    drop_checkpoints, existing_result, file_record, fine_tune, finish, result_key, result_path, task_mesh,
+    trainer_section)
 from rbjax.model.generate import sampling_settings
 from rbjax.train.batching import ArrayData
+from rbjax.train.config import TrainerConfig
 
 __all__ = ["TASK", "CRGSettings", "memory_plans", "run_crg"]
 
@@ -57,21 +44,21 @@ class CRGSettings(TrainingSettings):
                                                "examples (crg) or with --hyp (crg-metrics); without them only the "
                                                "reference-free metrics (entropy, dist, avg_len) are computed and "
                                                "BLEU/NIST/METEOR are null with the reason", metavar="FILE")
-    batch_size: int = batch_size_field(16)
-    grad_accum: int = grad_accum_field(5)
     gen_batch_size: int = field(16, "crg: contexts per generation batch")
     greedy: bool = field(False, "crg: greedy decoding instead of sampling")
     max_new_tokens: int | None = field(None, "crg: at most N new tokens per response (default: 64)", metavar="N")
     clean: bool = field(True, "DSTC-7's -c cleaning of hypotheses and references (lower-case, URLs to __url__, tweet "
                               "tokenisation, contractions split), as the official scores use it (default: on for "
                               "crg, off for crg-metrics)")
-    meteor: bool = field(True, "skip METEOR (it starts Java and loads 60 MB of paraphrases)", negate="--no-meteor")
-    meteor_norm: bool = field(True, "run METEOR without -norm (the official command uses -norm; the official "
-                                    "README's demo value was computed without it)", negate="--meteor-no-norm")
+    meteor: bool = field(True, "METEOR (it starts Java and loads 60 MB of paraphrases)", negate="--no-meteor")
+    meteor_norm: bool = field(True, "METEOR's -norm, as the official command uses it (the official README's demo "
+                                    "value was computed without it)", negate="--meteor-no-norm")
     meteor_jar: str | None = field(None, "meteor-1.5.jar with data/paraphrase-en.gz beside it (default: "
                                          "$RBJAX_METEOR_JAR, else the copy bundled in the pycocoevalcap package)",
                                    metavar="JAR")
     java: str | None = field(None, "Java executable for METEOR (default: java on PATH)", metavar="JAVA")
+
+    trainer: TrainerConfig = trainer_section(batch_size=16, grad_accum=5)
 
     path_fields = ("data_dir", "crg_train_file", "test_file", "refs")
     path_options = (("crg_train_file", "--train-file"),)
@@ -98,7 +85,7 @@ def memory_plans(s: CRGSettings) -> list[dict]:
     gen = {"training": False, "batch_size": s.gen_batch_size, "seq_len": REFERENCE_PROMPT_WIDTH,
            "kv_cache": (s.gen_batch_size, REFERENCE_PROMPT_WIDTH + max_new),
            "flags": {"batch_size": "--gen-batch-size", "param_dtype": None}}
-    train = {"training": True, "batch_size": s.batch_size, "seq_len": s.block_size, "grad_accum": s.grad_accum}
+    train = {"training": True, "batch_size": s.trainer.batch_size, "seq_len": s.trainer.block_size, "grad_accum": s.trainer.grad_accum}
     return ([train] if s.crg_train_file else []) + [gen]
 
 
@@ -165,9 +152,9 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     timings = {"load_data_s": t_data, "load_model_s": t_model}
     training, train_dir = None, None
     if train_rows is not None:
-        if s.block_size > config.max_positions:
-            raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
-        arrays, stats = crg_data.build_crg_arrays(train_rows, tok, block_size=s.block_size)
+        if s.trainer.block_size > config.max_positions:
+            raise ValueError(f"block_size {s.trainer.block_size} exceeds the model's maximum positions {config.max_positions}")
+        arrays, stats = crg_data.build_crg_arrays(train_rows, tok, block_size=s.trainer.block_size)
         data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
         params, training, train_dir = fine_tune("crg", crg_data.CRGObjective(), model, out_dir, s, params, data,
                                                  what="CRG")

@@ -13,26 +13,13 @@ import time
 from pathlib import Path
 
 from rbjax.core.config import field
-from rbjax.dialog import state_tracking
 from rbjax.dialog import multiwoz as mw
-from rbjax.dialog.tasks.common import (
-    EvalModel,
-    Task,
-    TrainingSettings,
-    batch_size_field,
-    check_memory,
-    drop_checkpoints,
-    eval_batch_size_field,
-    existing_result,
-    file_record,
-    fine_tune,
-    finish,
-    grad_accum_field,
-    result_key,
-    result_path,
-    task_mesh,
-)
+from rbjax.dialog import state_tracking
+from rbjax.dialog.tasks.common import (EvalModel, Task, TrainingSettings, check_memory, drop_checkpoints,
+    eval_batch_size_field, existing_result, file_record, fine_tune, finish, result_key, result_path, task_mesh,
+    trainer_section)
 from rbjax.train.batching import ArrayData
+from rbjax.train.config import TrainerConfig
 
 __all__ = ["TASK", "DSTSettings", "memory_plans", "run_dst"]
 
@@ -56,9 +43,9 @@ class DSTSettings(TrainingSettings):
     joint_goal: bool = field(False, "also joint goal accuracy: every candidate value of every slot at every turn "
                                     "(about 300 times the pairs of the binary metrics); the cost is reported")
     jga_max_dialogues: int | None = field(None, "joint goal accuracy on the first N test dialogues only", metavar="N")
-    batch_size: int = batch_size_field(12)
-    grad_accum: int = grad_accum_field(4)
     eval_batch_size: int = eval_batch_size_field()
+
+    trainer: TrainerConfig = trainer_section(batch_size=12, grad_accum=4)
 
     path_fields = ("multiwoz", "dst_train_file", "ontology", "mapping")
     path_options = (("dst_train_file", "--train-file"),)
@@ -129,8 +116,8 @@ def trim_columns(arrays: dict, multiple: int = 8) -> dict:
 def memory_plans(s: DSTSettings) -> list[dict]:
     """The memory plan's computations: fine-tuning (micro-batch ``batch_size`` × ``block_size``), then scoring the
     test pairs in batches of ``eval_batch_size``."""
-    return [{"training": True, "batch_size": s.batch_size, "seq_len": s.block_size, "grad_accum": s.grad_accum},
-            {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.block_size,
+    return [{"training": True, "batch_size": s.trainer.batch_size, "seq_len": s.trainer.block_size, "grad_accum": s.trainer.grad_accum},
+            {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.trainer.block_size,
              "flags": {"batch_size": "--eval-batch-size", "param_dtype": None}}]
 
 
@@ -194,13 +181,13 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     t1 = time.perf_counter()
     config, params, tok = model.load(mesh=mesh)
     t_model = time.perf_counter() - t1
-    if s.block_size > config.max_positions:
-        raise ValueError(f"block_size {s.block_size} exceeds the model's maximum positions {config.max_positions}")
+    if s.trainer.block_size > config.max_positions:
+        raise ValueError(f"block_size {s.trainer.block_size} exceeds the model's maximum positions {config.max_positions}")
     trunc = "reference" if reference else "left"
-    train_arr = state_tracking.encode_examples(train_ex, tok, block_size=s.block_size, truncation=trunc)
-    test_arr = state_tracking.encode_examples(test_ex, tok, block_size=s.block_size, truncation=trunc)
-    counts["train_truncated"] = int((train_arr["lengths"] > s.block_size).sum())
-    counts["test_truncated"] = int((test_arr["lengths"] > s.block_size).sum())
+    train_arr = state_tracking.encode_examples(train_ex, tok, block_size=s.trainer.block_size, truncation=trunc)
+    test_arr = state_tracking.encode_examples(test_ex, tok, block_size=s.trainer.block_size, truncation=trunc)
+    counts["train_truncated"] = int((train_arr["lengths"] > s.trainer.block_size).sum())
+    counts["test_truncated"] = int((test_arr["lengths"] > s.trainer.block_size).sum())
     tr = trim_columns({k: train_arr[k] for k in ("input_ids", "attention_mask", "labels")})
     data = ArrayData(tr, pad_id=tok.eos_id, info={"task": "dst", "split": train.split,
                                                   "stand_in_for": train.stand_in_for,
@@ -221,7 +208,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
         dials = test.dialogues[:s.jga_max_dialogues] if s.jga_max_dialogues else test.dialogues
         t1 = time.perf_counter()
         jr = state_tracking.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
-                                  batch_size=s.eval_batch_size, block_size=s.block_size, truncation=trunc,
+                                  batch_size=s.eval_batch_size, block_size=s.trainer.block_size, truncation=trunc,
                                   pooling=pooling, progress=s.progress, mesh=mesh)
         secs = time.perf_counter() - t1
         metrics["joint_goal"] = {
@@ -240,8 +227,8 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     if s.max_examples:
         notes.append(f"--max-examples {s.max_examples}: only the first {s.max_examples} train and test "
                      "examples were used")
-    if s.max_steps:
-        notes.append(f"--max-steps {s.max_steps}: training stopped after {s.max_steps} update(s), not one epoch")
+    if s.trainer.max_steps:
+        notes.append(f"--max-steps {s.trainer.max_steps}: training stopped after {s.trainer.max_steps} update(s), not one epoch")
     data_rec = {"train": {**train.describe(), "official": train.stand_in_for is None},
                 "test": {**test.describe(), "official": True,
                          "note": "the MultiWOZ 2.0 test split" + (" (ConvLab's re-tokenised copy: transcripts differ "
