@@ -7,7 +7,8 @@ declared with ``negate``, defaulting to ``True``), ``--name/--no-name`` (a ``boo
 automatic choice), ``--name A B`` (a ``tuple[T, ...]`` field) or ``--name A --name B`` (one declared with
 ``repeat``). :func:`config_values` reads them back.
 
-Every subcommand parser is an :class:`OptionParser`, which records the options written on the command line:
+The options record whether the user wrote them (those added by :func:`add_config_arguments` or passed to
+:func:`record_given`, and every option of an :class:`OptionParser`, the class of every ``rbjax`` subcommand's parser):
 :func:`given_options` names them and ``config_values(..., given_only=True)`` returns only their values — "given"
 means written, also when the value written is the default. That is what the one precedence rule,
 :func:`rbjax.core.config.precedence` (command line > file > default), is fed with.
@@ -22,7 +23,7 @@ from typing import Iterable
 
 from rbjax.core.config import option_name
 
-__all__ = ["OptionParser", "add_config_arguments", "config_values", "given_options", "option_spec"]
+__all__ = ["OptionParser", "add_config_arguments", "config_values", "given_options", "option_spec", "record_given"]
 
 #: the attribute of a parsed namespace that holds the destinations of the options written on the command line
 GIVEN = "_given_options"
@@ -90,7 +91,7 @@ def add_config_arguments(group, config_class, names: Iterable[str] | None = None
     """
     for f in _fields(config_class, names):
         flags, kw = option_spec(config_class, f)
-        group.add_argument(*flags, **kw)
+        record_given(group.add_argument(*flags, **kw))
 
 
 def config_values(args, config_class, names: Iterable[str] | None = None, *, given_only: bool = False) -> dict:
@@ -111,17 +112,10 @@ def config_values(args, config_class, names: Iterable[str] | None = None, *, giv
 
 
 def given_options(args) -> frozenset[str]:
-    """The destinations (field names) of the options written on the command line that ``args`` was parsed from —
-    written, whatever the value (``--lr 5e-5`` is given although 5e-5 is the default).
-
-    Raises:
-        TypeError: ``args`` was not parsed by an :class:`OptionParser` (what was written is then unknown).
-    """
-    given = getattr(args, GIVEN, None)
-    if given is None:
-        raise TypeError("these arguments were not parsed by rbjax.commands.options.OptionParser: which options were "
-                        "given on the command line is unknown")
-    return given
+    """The destinations (field names) of the recording options (see the module docstring) written on the command
+    line that ``args`` was parsed from — written, whatever the value (``--lr 5e-5`` is given although 5e-5 is the
+    default)."""
+    return getattr(args, GIVEN, frozenset())
 
 
 @functools.cache
@@ -135,17 +129,20 @@ def _recording(action_class: type) -> type:
     return type(action_class.__name__, (action_class,), {"__call__": __call__, "_records_given": True})
 
 
+def record_given(action: argparse.Action) -> argparse.Action:
+    """Make the option ``action`` (what ``add_argument`` returned) record, when the user writes it, that it was
+    given (:func:`given_options`); returns it."""
+    if not getattr(action, "_records_given", False) and not isinstance(
+            action, (argparse._SubParsersAction, argparse._HelpAction, argparse._VersionAction)):
+        action.__class__ = _recording(type(action))
+    return action
+
+
 class OptionParser(argparse.ArgumentParser):
-    """An argument parser that records which options the user wrote (:func:`given_options`), whoever added them
-    (:func:`add_config_arguments` or by hand)."""
+    """An argument parser all of whose options record whether the user wrote them (:func:`given_options`), whoever
+    added them (:func:`add_config_arguments` or by hand)."""
 
     def parse_known_args(self, args=None, namespace=None):
         for action in self._actions:
-            if not getattr(action, "_records_given", False) and not isinstance(
-                    action, (argparse._SubParsersAction, argparse._HelpAction, argparse._VersionAction)):
-                action.__class__ = _recording(type(action))
-        if namespace is None:
-            namespace = argparse.Namespace()
-        if not hasattr(namespace, GIVEN):
-            setattr(namespace, GIVEN, frozenset())
+            record_given(action)
         return super().parse_known_args(args, namespace)
