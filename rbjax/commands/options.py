@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import types
 import typing
 from typing import Iterable
 
@@ -52,8 +53,8 @@ def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = Fal
     """
     md = f.metadata
     hint = typing.get_type_hints(config_class)[f.name]
-    args = typing.get_args(hint)
-    base = next((a for a in args if a is not type(None)), hint)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if union else hint  # (T | None: T)
     flag = option_name(config_class, f.name)
     kw: dict = {"dest": f.name, "help": md["help"], "default": None if unset_default else f.default}
     if md["negate"]:
