@@ -12,8 +12,14 @@ from pathlib import Path
 from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.io import check_output_file, sha256_file
 from rbjax.core.reuse import claim_outputs, record_outputs
-from rbjax.data.annotation import (AnnotationExportConfig, AnnotationImportConfig, aggregate, export_for_annotation,
-                                   read_annotations, write_aggregated)
+from rbjax.data.annotation import (
+    AnnotationExportConfig,
+    AnnotationImportConfig,
+    aggregate,
+    export_for_annotation,
+    read_annotations,
+    write_aggregated,
+)
 
 
 def register(subparsers) -> None:

@@ -37,6 +37,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    config = PlotConfig(**config_values(args, PlotConfig))
     check_output_file(args.out, "--out")  # before reading anything
     results = {}
     for f in args.folders:
@@ -47,7 +48,6 @@ def run(args) -> int:
         if label in results:
             raise ValueError(f"two series are labelled {label!r}; name them with LABEL=FOLDER")
         results[label] = load_results(path)
-    config = PlotConfig(**config_values(args, PlotConfig))
     key = {"command": "plot", "series": {k: digest(v) for k, v in results.items()}, **dataclasses.asdict(config)}
     claim_outputs([args.out], key, overwrite=args.overwrite)
     out = plot_lmb(results, args.out, config)

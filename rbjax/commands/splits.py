@@ -11,7 +11,6 @@ from rbjax.data.splits import SplitsConfig, make_splits
 from rbjax.lmb import SCORING_BATCH_HELP, measure
 from rbjax.specs import load_spec
 
-
 #: the SplitsConfig fields that are options (swap_direction is a setting of the Python API only)
 SPLITS_OPTIONS = ("train_size", "seed", "n_std", "ddof", "unknown", "swap_mode")
 
