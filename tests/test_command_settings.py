@@ -193,7 +193,8 @@ def test_check_value_types():
     assert check_value("x", str | tuple[str, ...], "all") == "all"
     assert check_value("x", float, 3) == 3 and check_value("x", dict | None, {"a": 1}) == {"a": 1}
     for hint, v, words in ((int, True, "an integer"), (float, math.inf, "a finite number"),
-                           (tuple[str, ...], ["a", 1], "a list of strings"), (tuple[str, str], ["a"], "a list of 2 strings"),
+                           (tuple[str, ...], ["a", 1], "a list of strings"),
+                           (tuple[str, str], ["a"], "a list of 2 strings"),
                            (dict, [], "a table"), (bool | None, 0, "true or false")):
         with pytest.raises(SettingError, match=f"^x must be {words}, got "):
             check_value("x", hint, v)

@@ -1,8 +1,8 @@
 """``rbjax annotate``: export candidates for annotators, import their labels (α, majority) — paper §2.3.
 
 The options besides the files and folders and ``--overwrite`` are the fields of
-:class:`rbjax.data.annotation.AnnotationExportConfig` (export) and :class:`~rbjax.data.annotation.AnnotationImportConfig`
-(import)."""
+:class:`rbjax.data.annotation.AnnotationExportConfig` (export) and
+:class:`~rbjax.data.annotation.AnnotationImportConfig` (import)."""
 from __future__ import annotations
 
 import argparse

@@ -4,10 +4,10 @@ One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Tas
 model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are generated from the fields of the tasks'
 settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
 once; an option not written on the command line leaves each task's own default — command line > default, the one
-precedence rule :func:`rbjax.core.config.precedence`): :data:`OPTION_GROUPS` places each field in the help. Hand-written are
-only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp`` (crg-metrics) and
-the three
-training-file options (``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
+precedence rule :func:`rbjax.core.config.precedence`): :data:`OPTION_GROUPS` places each field in the help.
+Hand-written are only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp``
+(crg-metrics) and the three training-file options (``--train-file`` is the field ``dst_train_file`` or
+``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
 * ``dst`` — MultiWOZ 2.0 dialog state tracking (train the classifier, score the test split) → ``OUT/dst.json``.

@@ -79,7 +79,8 @@ def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = Fal
             kw["choices"] = list(md["choices"])
         elif md["metavar"]:
             kw["metavar"] = md["metavar"]
-    names = [flag] if not md["flag"] or md["negate"] else [flag, "--" + f.name.replace("_", "-")]
+    alias = md["flag"] and not md["negate"] and md.get("alias", True)
+    names = [flag, "--" + f.name.replace("_", "-")] if alias else [flag]
     return names, kw
 
 

@@ -25,11 +25,12 @@ __all__ = ["field", "option_name", "check_types", "check_value", "replace_settin
 
 def field(default, help: str, *, flag: str | None = None, negate: str | None = None,  # noqa: A002
           choices: tuple | None = None, metavar: str | None = None, grid: bool = False, repeat: bool = False,
-          parse: Callable[[str], Any] | None = None):
+          parse: Callable[[str], Any] | None = None, alias: bool = True):
     """A config field whose help, choices and command-line spelling live with it (the CLI is generated from these
     fields by :func:`rbjax.commands.options.add_config_arguments` and :func:`rbjax.commands.debias.add_training_arguments`).
 
-    ``flag``: the option's name when it is not ``--<field-name>``; ``negate``: a boolean switched off by
+    ``flag``: the option's name when it is not ``--<field-name>`` (``--<field-name>`` is then accepted too, unless
+    ``alias`` is False: ``--lr`` and ``--learning-rate``); ``negate``: a boolean switched off by
     ``--no-<name>`` (e.g. ``--no-dropout``), or by the switch it names (``--keep-duplicates``); ``grid``: a
     hyper-parameter of the paper's grid (``rbjax sweep`` takes lists of values instead); ``repeat``: a
     ``tuple[T, ...]`` field whose option is written once per value (``--subreddit a --subreddit b``) rather than
@@ -40,7 +41,7 @@ def field(default, help: str, *, flag: str | None = None, negate: str | None = N
         metavar = {int: "N", float: "X", str: "TEXT"}.get(type(default), "VALUE")
     return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "negate": negate,
                                                         "choices": choices, "metavar": metavar, "grid": grid,
-                                                        "repeat": repeat, "parse": parse})
+                                                        "repeat": repeat, "parse": parse, "alias": alias})
 
 
 def option_name(config_class, field_name: str) -> str:

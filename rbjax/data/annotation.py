@@ -117,7 +117,7 @@ class AnnotationImportConfig:
     """
 
     unknown: str = field("error", "a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no "
-                                  "label", flag="--unknown-labels", choices=UNKNOWN_LABELS)
+                                  "label", flag="--unknown-labels", alias=False, choices=UNKNOWN_LABELS)
 
     def __post_init__(self):
         check_types(self)

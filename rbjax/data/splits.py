@@ -88,7 +88,7 @@ class SplitsConfig:
     ddof: int = field(0, "std convention: 0 population (reference), 1 sample", choices=(0, 1))
     unknown: str = field("error", "a bias_phrase value other than 1/0/biased/unbiased/skip/empty: fail (default) or "
                                   "drop the row (upstream kept only rows equal to 1; the released gender file has 24 "
-                                  "rows labelled 2)", flag="--unknown-labels", choices=UNKNOWN_LABELS)
+                                  "rows labelled 2)", flag="--unknown-labels", alias=False, choices=UNKNOWN_LABELS)
     swap_mode: str = field("paper", "counterfactuals: word-level pairs (paper) or the official substring rules "
                                     "(reference)", choices=MODES)
     swap_direction: str | None = field(None, "paper-mode swap direction (Python API and not an option); None = the "

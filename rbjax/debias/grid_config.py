@@ -17,8 +17,8 @@ A file names the grid's axes and the settings shared by every point::
 
 Precedence (:func:`merge`): rbjax's one rule, :func:`rbjax.core.config.precedence` — an option given on the command
 line wins over the file (given: written, even with its default value, e.g. ``--lr 5e-5``), the file wins over the
-defaults; an axis missing from the file comes from the command line (default: the paper's). With several files (or a folder of them), each method takes the file that names it in ``methods``, else
-the one file without ``methods``.
+defaults; an axis missing from the file comes from the command line (default: the paper's). With several files (or a
+folder of them), each method takes the file that names it in ``methods``, else the one file without ``methods``.
 """
 from __future__ import annotations
 

@@ -39,13 +39,14 @@ class RetrieveConfig:
                                                   "UTC)", metavar="DATE")
     end: str | int | float | None = field(None, "keep comments created before this (exclusive)", metavar="DATE")
     subreddits: tuple[str, ...] | None = field(None, "keep only this subreddit (repeatable)", flag="--subreddit",
-                                               metavar="NAME", repeat=True)
+                                               alias=False, metavar="NAME", repeat=True)
     window: int = field(WINDOW, "tokens each side of the target term (default 7)")
     max_chars: int = field(MAX_CHARS, "keep cleaned comments shorter than this (default 150)")
     clean_mode: str = field("paper", "cleaning: 'paper' (default) or 'reference' (also keep only a-z0-9 .!?- like "
-                                     "the released files)", flag="--clean", choices=CLEAN_MODES)
+                                     "the released files)", flag="--clean", alias=False, choices=CLEAN_MODES)
     require_attribute_in_window: bool = field(False, "drop windows without an A1 attribute (upstream did this for "
-                                                     "all types but religion1)", flag="--attribute-in-window-only")
+                                                     "all types but religion1)", flag="--attribute-in-window-only",
+                                              alias=False)
     dedupe: bool = field(True, "do not drop repeated phrases / comment ids", negate="--keep-duplicates")
     prefilter: bool = field(True, "parse every line (slower; counts every corrupt line)", negate="--no-prefilter")
 

@@ -246,8 +246,9 @@ def retrieve(
     Raises:
         FileNotFoundError: a dump file is missing, or a pattern matches nothing.
         ValueError: a setting of the wrong type or out of range (:class:`rbjax.core.errors.SettingError`, naming
-            it), a bad date bound, ``jobs``, executor, or a spec without queries/attributes; an output path that is a folder or lies under a file; a file
-            that changes while it is read; or not one record could be read from any dump
+            it), a bad date bound, ``jobs``, executor, or a spec without queries/attributes; an output
+            path that is a folder or lies under a file; a file that changes while it is read; or not one
+            record could be read from any dump
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
