@@ -55,7 +55,7 @@ def test_options_are_the_settings_class(words, required, cls, names):
     actions = {a.dest: a for a in _subparser(words)._actions}
     for f in fields:
         assert f.name in actions, f"{' '.join(words)}: no option for {cls.__name__}.{f.name}"
-        assert option_name(cls, f.name) in actions[f.name].option_strings
+        assert actions[f.name].option_strings == [option_name(cls, f.name)]  # the spelling of before, no other
         assert actions[f.name].help == f.metadata["help"]
     args = build_parser().parse_args([*words, *required])
     assert cls(**config_values(args, cls, names)) == cls()
