@@ -79,8 +79,8 @@ class AnnotationExportConfig:
             its flag).
     """
 
-    annotators: tuple[str, ...] = field(("annotator1", "annotator2", "annotator3"), "annotator names (file names)",
-                                        metavar="NAME")
+    annotators: tuple[str, ...] = field(("annotator1", "annotator2", "annotator3"), "annotator names (file names; "
+                                        "default: annotator1 annotator2 annotator3)", metavar="NAME")
     sample: int | None = field(None, "annotate a random sample of N rows (paper: 3000)", metavar="N")
     seed: int = field(0, "seed of the sample / overlap draw")
     overlap: int | None = field(None, "divide items among annotators and give K shared items to all (agreement "

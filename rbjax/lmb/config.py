@@ -112,7 +112,7 @@ class CompareConfig:
     n_bootstrap: int | None = field(None, "bootstrap resamples of the CI (default: the runs' own n_bootstrap; 0: no "
                                           "CI)", metavar="N")
     seed: int = field(0, "bootstrap seed")
-    labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output", metavar="LABEL_A,LABEL_B",
+    labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output (default: A,B)", metavar="LABEL_A,LABEL_B",
                                     parse=_names)
 
     def __post_init__(self):
