@@ -13,6 +13,7 @@ import sys
 
 from rbjax import __version__
 from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
+from rbjax.commands.options import OptionParser
 from rbjax.core.distributed import initialize, requested
 from rbjax.core.errors import SettingError
 
@@ -21,9 +22,12 @@ COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate
             "splits")
 
 
-class SubParser(argparse.ArgumentParser):
-    """Subcommand parser: plain argparse with :class:`HelpFormatter` (debias and sweep generate their options from
-    :class:`rbjax.debias.config.TrainConfig`'s fields, :func:`rbjax.commands.debias.add_training_arguments`)."""
+class SubParser(OptionParser):
+    """Subcommand parser: argparse with :class:`HelpFormatter` that records which options the user wrote
+    (:func:`rbjax.commands.options.given_options`, for the precedence command line > file > default); the options of
+    most commands are generated from their settings dataclass (:func:`rbjax.commands.options.add_config_arguments`;
+    debias and sweep from :class:`rbjax.debias.config.DebiasRun`'s settings,
+    :func:`rbjax.commands.debias.add_training_arguments`)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["formatter_class"] = HelpFormatter

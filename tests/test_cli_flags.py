@@ -73,7 +73,7 @@ def test_study_values_name_file_section_and_key(tmp_path):
         load_study(f, ["sweep.batch_size=[0]"])  # the value came from --set: named, not the file
     assert str(e.value).startswith("--set 'sweep.batch_size=[0]': sweep.batch_size must be")
     assert "GridPoint" not in str(e.value)
-    # a range TrainConfig checks (SettingError): the key named, from the file or from --set
+    # a range DebiasRun checks (SettingError): the key named, from the file or from --set
     f.write_text('[study]\nmodel = "m"\n\n[training]\nadam_b2 = 1.0\n', encoding="utf-8")
     with pytest.raises(ValueError) as e:
         load_study(f)

@@ -26,11 +26,11 @@ def test_paper_grid_files():
     for m in ("lmd", "add", "hd"):
         c = config_for_method(cfgs, m)
         assert Path(c.path).name == f"{m}.toml" and c.grid == paper
-        grid, _ = merge(c, paper, paper, {})
+        grid, _ = merge(c, paper, set())
         assert len(grid_points(m, grid)) == 54
     cda = config_for_method(cfgs, "cda")
     assert cda.grid == {"batch_size": (2,), "grad_accum": (1,)}  # the reference's single CTDA run
-    assert len(grid_points("cda", merge(cda, paper, paper, {})[0])) == 1
+    assert len(grid_points("cda", merge(cda, paper, set())[0])) == 1
     for c in cfgs:  # §5.1 / reference-debias.md §7, and rbjax's defaults agree with them
         s = c.settings
         assert (s["epochs"], s["learning_rate"], s["adam_b1"], s["adam_b2"], s["adam_eps"], s["max_grad_norm"],
@@ -46,11 +46,50 @@ def test_command_line_wins_over_the_file(tmp_path):
     c = load_grid_config(f)
     paper = {k: tuple(v) for k, v in PAPER_GRID.items()}
     cli = {**paper, "lambda_d": (1.0,)}  # --lambda-ds 1 given
-    grid, settings = merge(c, cli, paper, {"epochs": 2, "seed": 9})  # --seed 9 given, --epochs left at default
+    grid, settings = merge(c, cli, {"lambda_d", "seed"})  # --lambda-ds and --seed 9 given, --epochs not written
     assert grid == {"batch_size": (2,), "grad_accum": paper["grad_accum"], "lambda_lm": paper["lambda_lm"],
                     "lambda_d": (1.0,)}
     assert settings == {"epochs": 1}
-    assert merge(None, cli, paper, {}) == (cli, {})
+    assert merge(None, cli, {"lambda_d"}) == (cli, {})
+
+
+def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch):
+    """The one precedence rule (command line > file > default; given = written): ``--lr 5e-5``, the default value,
+    written on the command line beats the grid file's learning_rate, as ``--lambda-ds 10,50,100`` (the paper's axis)
+    beats the file's axis; an option not written (--epochs, --batch-sizes) leaves the file's value. Checked on what
+    ``rbjax sweep`` hands to the sweeps (run_sweeps is stopped before any training)."""
+    from rbjax.cli import main
+    from rbjax.commands import sweep as sweep_command
+
+    f = tmp_path / "g.toml"
+    f.write_text("[grid]\nbatch_size = [2]\nlambda_d = [5]\n[settings]\nlearning_rate = 1e-4\nepochs = 3\n")
+    assert DebiasRun.from_flat().optimizer.learning_rate == 5e-5 and PAPER_GRID["lambda_d"] == (10.0, 50.0, 100.0)
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def run_sweeps(bases, sweep_cfg, *, method_grids, **kw):
+        seen.update(cfg=bases[0][0], grid=method_grids["lmd"])
+        raise Stop
+
+    monkeypatch.setattr(sweep_command, "run_sweeps", run_sweeps)
+    argv = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path / "o"), "--grid-config", str(f)]
+    with pytest.raises(Stop):
+        main(argv + ["--lr", "5e-5", "--lambda-ds", "10,50,100"])
+    assert seen["cfg"].learning_rate == 5e-5 and seen["cfg"].epochs == 3
+    assert seen["grid"]["lambda_d"] == (10.0, 50.0, 100.0) and seen["grid"]["batch_size"] == (2,)
+    with pytest.raises(Stop):
+        main(argv)
+    assert seen["cfg"].learning_rate == 1e-4 and seen["cfg"].epochs == 3
+    assert seen["grid"]["lambda_d"] == (5.0,) and seen["grid"]["batch_size"] == (2,)
+    # the same in Python: merge(file, parsed axes, the names written)
+    c = load_grid_config(f)
+    paper = {k: tuple(v) for k, v in PAPER_GRID.items()}
+    assert merge(c, paper, {"learning_rate", "lambda_d"}) == ({**paper, "batch_size": (2,)}, {"epochs": 3})
+    assert merge(c, paper, set()) == ({**paper, "batch_size": (2,), "lambda_d": (5.0,)},
+                                      {"learning_rate": 1e-4, "epochs": 3})
 
 
 @pytest.mark.parametrize("text,match", [

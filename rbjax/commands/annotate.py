@@ -1,13 +1,25 @@
-"""``rbjax annotate``: export candidates for annotators, import their labels (α, majority) — paper §2.3."""
+"""``rbjax annotate``: export candidates for annotators, import their labels (α, majority) — paper §2.3.
+
+The options besides the files and folders and ``--overwrite`` are the fields of
+:class:`rbjax.data.annotation.AnnotationExportConfig` (export) and
+:class:`~rbjax.data.annotation.AnnotationImportConfig` (import)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.io import check_output_file, sha256_file
 from rbjax.core.reuse import claim_outputs, record_outputs
-from rbjax.data.annotation import aggregate, export_for_annotation, read_annotations, write_aggregated
+from rbjax.data.annotation import (
+    AnnotationExportConfig,
+    AnnotationImportConfig,
+    aggregate,
+    export_for_annotation,
+    read_annotations,
+    write_aggregated,
+)
 
 
 def register(subparsers) -> None:
@@ -23,13 +35,7 @@ def register(subparsers) -> None:
     e = sub.add_parser("export", help="write annotation files from a candidates CSV")
     e.add_argument("--candidates", required=True, help="CSV written by 'rbjax retrieve'")
     e.add_argument("--out-dir", required=True, help="folder for items.csv, <annotator>.csv, GUIDELINES.txt")
-    e.add_argument("--annotators", nargs="+", default=["annotator1", "annotator2", "annotator3"],
-                   help="annotator names (file names)")
-    e.add_argument("--sample", type=int, default=None, help="annotate a random sample of N rows (paper: 3000)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the sample / overlap draw")
-    e.add_argument("--overlap", type=int, default=None,
-                   help="divide items among annotators and give K shared items to all (agreement study); "
-                        "default: everyone labels everything")
+    add_config_arguments(e, AnnotationExportConfig)
     e.add_argument("--overwrite", action="store_true",
                    help="replace files in --out-dir that this export did not write (e.g. annotators' filled files); "
                         "without it they are refused and nothing is written")
@@ -39,8 +45,7 @@ def register(subparsers) -> None:
                    help="items.csv of the export (carries every candidate column; every annotator row must name "
                         "one of its items)")
     i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
-    i.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
-                   help="a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no label")
+    add_config_arguments(i, AnnotationImportConfig)
     i.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file that this import did not write")
     p.set_defaults(func=run, _annotate_parser=p)
@@ -48,8 +53,9 @@ def register(subparsers) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
 
-    paths = export_for_annotation(args.candidates, args.out_dir, args.annotators, sample=args.sample,
-                                  seed=args.seed, overlap=args.overlap, overwrite=args.overwrite)
+    paths = export_for_annotation(args.candidates, args.out_dir,
+                                  config=AnnotationExportConfig(**config_values(args, AnnotationExportConfig)),
+                                  overwrite=args.overwrite)
     for k, v in paths.items():
         print(f"{k}: {v}")
     print("fill comment_label and phrase_label with: biased / unbiased / skip")
@@ -57,15 +63,16 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    config = AnnotationImportConfig(**config_values(args, AnnotationImportConfig))
     key = None
     if args.out:
         check_output_file(args.out, "--out")
         inputs = [f for f in [*args.files, args.items] if f is not None and Path(f).is_file()]
         key = {"command": "annotate import", "files": [sha256_file(f) for f in inputs],
-               "unknown_labels": args.unknown_labels}
+               "unknown_labels": config.unknown}
         claim_outputs([args.out], key, overwrite=args.overwrite)
     # every file is checked (columns, labels, items) before anything is computed
-    ann = read_annotations(args.files, unknown=args.unknown_labels, items=args.items)
+    ann = read_annotations(args.files, config, items=args.items)
     for w in ann.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"{len(ann.items)} items, {len(ann.annotators)} annotators")

@@ -1,10 +1,14 @@
-"""``rbjax compare A B --out DIR``: did the bias change? A paired comparison of two measured models on the same pairs."""
+"""``rbjax compare A B --out DIR``: did the bias change? A paired comparison of two measured models on the same pairs.
+
+The options besides the folders, ``--out`` and ``--bias`` are the fields of :class:`rbjax.lmb.config.CompareConfig`."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from rbjax.commands import CLIError, HelpFormatter
+from rbjax.commands import HelpFormatter
+from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.lmb.compare import compare_models, format_comparison
+from rbjax.lmb.config import CompareConfig
 
 
 def register(sub) -> None:
@@ -24,25 +28,15 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--bias", action="append", metavar="BIAS",
                    help="bias type(s) to compare, comma-separated or repeated (default: every type both measured)")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="significance level (default: the runs' own alpha); the CI level is 1 - alpha")
-    p.add_argument("--n-bootstrap", type=int, default=None,
-                   help="bootstrap resamples of the CI (default: the runs' own n_bootstrap; 0: no CI)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--labels", default="A,B", metavar="LABEL_A,LABEL_B", help="names of A and B in the output")
+    add_config_arguments(p, CompareConfig)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    labels = tuple(x.strip() for x in args.labels.split(","))
-    if len(labels) != 2 or not all(labels):
-        raise CLIError(f"--labels {args.labels!r}: expected two names, LABEL_A,LABEL_B")
-    if args.n_bootstrap is not None and args.n_bootstrap < 0:
-        raise CLIError(f"--n-bootstrap must be >= 0, got {args.n_bootstrap}")
+    config = CompareConfig(**config_values(args, CompareConfig))
     sides = [[f for f in x.split(",") if f] for x in (args.a, args.b)]
     bias = None if not args.bias else [t.strip() for x in args.bias for t in x.split(",") if t.strip()]
-    res = compare_models(sides[0], sides[1], out_dir=args.out, bias_types=bias, alpha=args.alpha,
-                         n_bootstrap=args.n_bootstrap, seed=args.seed, labels=labels)
+    res = compare_models(sides[0], sides[1], out_dir=args.out, config=config, bias_types=bias)
     print(format_comparison(res))
     out = Path(args.out)
     print(f"\nwrote {out / 'compare.json'}, {out / 'compare.csv'}, {out / 'compare.png'} and the per-pair "

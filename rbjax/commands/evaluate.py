@@ -3,10 +3,11 @@
 One ``--task`` per check. Each task is a handler in :data:`TASKS` (``name -> Task``) with the options it needs. The
 model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are generated from the fields of the tasks'
 settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
-once, its default ``None`` = each task's own): :data:`OPTION_GROUPS` places each field in the help. Hand-written are
-only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp`` (crg-metrics) and
-the three
-training-file options (``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
+once; an option not written on the command line leaves each task's own default — command line > default, the one
+precedence rule :func:`rbjax.core.config.precedence`): :data:`OPTION_GROUPS` places each field in the help.
+Hand-written are only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp``
+(crg-metrics) and the three training-file options (``--train-file`` is the field ``dst_train_file`` or
+``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
 * ``dst`` — MultiWOZ 2.0 dialog state tracking (train the classifier, score the test split) → ``OUT/dst.json``.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
-from rbjax.commands.options import option_spec
+from rbjax.commands.options import given_options, option_spec, record_given
 from rbjax.core.config import Leaf, leaves
 from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
@@ -62,10 +63,12 @@ def _run_crg_metrics(args) -> int:
 
 
 def _settings(args) -> dict:
-    """The :func:`rbjax.dialog.evaluate.evaluate` settings of the command-line options (``None`` = the task's
-    default)."""
-    return {"train_file": args.train_file, "dst_train_file": args.dst_train_file,
-            "crg_train_file": args.crg_train_file, **{name: getattr(args, name) for name in _option_fields()}}
+    """The :func:`rbjax.dialog.evaluate.evaluate` settings written on the command line
+    (:func:`rbjax.commands.options.given_options`; a setting not written is the task's default: command line >
+    default, :func:`rbjax.core.config.precedence`)."""
+    given = given_options(args)
+    return {name: getattr(args, name) for name in ("train_file", "dst_train_file", "crg_train_file", *_option_fields())
+            if name in given}
 
 
 def _run_model_task(args) -> int:
@@ -155,7 +158,7 @@ def _add_setting(g, name: str, owners: list) -> None:
         shown = ({str(v) for v in defaults.values()}.pop() if len(set(defaults.values())) == 1
                  else ", ".join(f"{task} {v}" for task, v in defaults.items()))
         kw["help"] = f"{leaf.help} (default: {shown})"
-    g.add_argument(*flags, **kw)
+    record_given(g.add_argument(*flags, **kw))
 
 
 def register(sub) -> None:
@@ -191,13 +194,13 @@ def register(sub) -> None:
         g = p if title is None else p.add_argument_group(title)
         if title == "training (dst, crg)":  # the training files: one option per task, named by the task that runs
             dst_f, crg_f = fields["dst_train_file"][0][1].field, fields["crg_train_file"][0][1].field
-            g.add_argument("--train-file", metavar="PATH",
-                           help=f"the task's training data: dst — {dst_f.metadata['help']}; crg — "
-                                f"{crg_f.metadata['help']}")
-            g.add_argument("--dst-train-file", dest="dst_train_file", metavar=dst_f.metadata["metavar"],
-                           help="--train-file of dst, for --task all")
-            g.add_argument("--crg-train-file", dest="crg_train_file", metavar=crg_f.metadata["metavar"],
-                           help="--train-file of crg, for --task all")
+            record_given(g.add_argument("--train-file", metavar="PATH",
+                                        help=f"the task's training data: dst — {dst_f.metadata['help']}; crg — "
+                                             f"{crg_f.metadata['help']}"))
+            record_given(g.add_argument("--dst-train-file", dest="dst_train_file", metavar=dst_f.metadata["metavar"],
+                                        help="--train-file of dst, for --task all"))
+            record_given(g.add_argument("--crg-train-file", dest="crg_train_file", metavar=crg_f.metadata["metavar"],
+                                        help="--train-file of crg, for --task all"))
         for name in names:
             _add_setting(g, name, fields[name])
             if name == "test_file":

@@ -1,8 +1,10 @@
-"""``rbjax export RUN --out DIR``: a finished debiased model as a release-ready HF folder with its model card."""
+"""``rbjax export RUN --out DIR``: a finished debiased model as a release-ready HF folder with its model card (the
+options besides the folders and ``--overwrite`` are the fields of :class:`rbjax.study.export.ExportConfig`)."""
 from __future__ import annotations
 
 from rbjax.commands import HelpFormatter
-from rbjax.study.export import export_model
+from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.study.export import ExportConfig, export_model
 
 
 def register(sub) -> None:
@@ -17,23 +19,20 @@ def register(sub) -> None:
         formatter_class=HelpFormatter)
     p.add_argument("run", metavar="RUN", help="finished run, sweep or study method folder")
     p.add_argument("--out", required=True, help="folder to write (new or empty)")
-    p.add_argument("--rule", choices=["default", "reference"],
-                   help="the sweep's selection rule whose point is exported (default: default)")
     p.add_argument("--baseline", metavar="DIR",
                    help="'rbjax measure' folder of the base model, for LMB before and the paired comparison "
                         "(default: the study's baseline/lmb_test when RUN is inside a study)")
     p.add_argument("--after", metavar="DIR",
                    help="'rbjax measure' folder of the exported model (default: the study's lmb_test of the method, "
                         "else the run's lmb_valid)")
-    p.add_argument("--license", default="other",
-                   help="license id for the card's metadata (default: other — the base model's license applies)")
+    add_config_arguments(p, ExportConfig)
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out folder")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    res = export_model(args.run, args.out, rule=args.rule, baseline=args.baseline, after=args.after,
-                       license=args.license, overwrite=args.overwrite)
+    res = export_model(args.run, args.out, ExportConfig(**config_values(args, ExportConfig)), baseline=args.baseline,
+                       after=args.after, overwrite=args.overwrite)
     n = res["numbers"]
     comp = n["comparison"]
     print(f"exported {n['source_run']} ({n['method']}, {n['bias_type']}) to {res['out']}")

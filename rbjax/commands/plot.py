@@ -1,12 +1,16 @@
-"""``rbjax plot``: Figure-1-style t-value plot from one or more ``rbjax measure`` result folders."""
+"""``rbjax plot``: Figure-1-style t-value plot from one or more ``rbjax measure`` result folders (the options besides
+the folders, ``--out`` and ``--overwrite`` are the fields of :class:`rbjax.lmb.config.PlotConfig`)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
+from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.io import check_output_file
 from rbjax.core.keys import digest
 from rbjax.core.reuse import claim_outputs, record_outputs
+from rbjax.lmb.config import PlotConfig
 from rbjax.lmb.plot import load_results, plot_lmb
 
 
@@ -25,12 +29,7 @@ def register(sub) -> None:
                         "LABEL=FOLDER names the series (default: the folder's name)")
     p.add_argument("--out", required=True,
                    help="file to write: .png, .pdf or .svg (required: the plot is never written to an implicit place)")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="significance level of the marks and threshold lines (default: the records' own alpha)")
-    p.add_argument("--title", help="plot title (default: a description of the test)")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="plot folders with different splits (test/valid) or outlier handling (3σ rule on a model's "
-                        "perplexities vs. the already reduced stored perplexities) together; each series is labelled")
+    add_config_arguments(p, PlotConfig)
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file that is not this plot of the same folders and options "
                         "(without it such a file is refused)")
@@ -38,6 +37,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    config = PlotConfig(**config_values(args, PlotConfig))
     check_output_file(args.out, "--out")  # before reading anything
     results = {}
     for f in args.folders:
@@ -48,10 +48,9 @@ def run(args) -> int:
         if label in results:
             raise ValueError(f"two series are labelled {label!r}; name them with LABEL=FOLDER")
         results[label] = load_results(path)
-    key = {"command": "plot", "series": {k: digest(v) for k, v in results.items()}, "alpha": args.alpha,
-           "title": args.title, "allow_mixed": args.allow_mixed}
+    key = {"command": "plot", "series": {k: digest(v) for k, v in results.items()}, **dataclasses.asdict(config)}
     claim_outputs([args.out], key, overwrite=args.overwrite)
-    out = plot_lmb(results, args.out, alpha=args.alpha, title=args.title, allow_mixed=args.allow_mixed)
+    out = plot_lmb(results, args.out, config)
     record_outputs([out], key)
     print(f"wrote {out.resolve()}")
     return 0

@@ -1,4 +1,7 @@
-"""``rbjax report DIR [DIR ...]``: rebuild the study report from finished study folders."""
+"""``rbjax report DIR [DIR ...]``: rebuild the study report from finished study folders.
+
+The report has no settings of its own (it reports the stages' own): its options are the folders, ``--out`` and
+``--overwrite``, the arguments of :func:`rbjax.study.report.write_report`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +26,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    out = Path(args.out or args.folders[0])
-    rep = write_report([Path(f) for f in args.folders], out, overwrite=args.overwrite)
+    rep = write_report([Path(f) for f in args.folders], args.out or None, overwrite=args.overwrite)
     if rep["incomplete"]:
         print("rbjax report: the study is incomplete (stages missing; listed at the top of the report)")
     print(f"wrote {rep['md']}, {rep['html']}, {rep['figure']}, {rep['comparisons']}")

@@ -1,11 +1,17 @@
-"""``rbjax retrieve``: candidate comments and ±7-token windows from Reddit dumps (paper §2.2)."""
+"""``rbjax retrieve``: candidate comments and ±7-token windows from Reddit dumps (paper §2.2).
+
+What is kept and how the windows are cut are the fields of :class:`rbjax.data.retrieval.config.RetrieveConfig`, the
+options generated from them; written here are the inputs and output (``--bias``, ``--dump``, ``--out``) and how the
+files are read (``--jobs``, ``--executor``, ``--ray-address``, ``--fresh``, ``--no-progress``: the result is the same
+whatever they are), and ``--overwrite``."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from rbjax.commands import HelpFormatter
-from rbjax.data.retrieval import retrieve
+from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.data.retrieval import RetrieveConfig, retrieve
 from rbjax.specs import load_spec
 
 
@@ -34,18 +40,7 @@ def register(subparsers) -> None:
                    help="output folder (candidates_<bias>.csv, summary.json and per-file parts/ go there), or an "
                         "output CSV (parts and summary.json then go to <out>.parts/); with several --bias and a CSV, "
                         "use {bias} in the name")
-    p.add_argument("--start", default=None, help="keep comments created at or after this (YYYY-MM-DD or epoch s, UTC)")
-    p.add_argument("--end", default=None, help="keep comments created before this (exclusive)")
-    p.add_argument("--subreddit", action="append", default=None, metavar="NAME",
-                   help="keep only this subreddit (repeatable)")
-    p.add_argument("--window", type=int, default=7, help="tokens each side of the target term (default 7)")
-    p.add_argument("--max-chars", type=int, default=150, help="keep cleaned comments shorter than this (default 150)")
-    p.add_argument("--clean", choices=("paper", "reference"), default="paper",
-                   help="cleaning: 'paper' (default) or 'reference' (also keep only a-z0-9 .!?- like the released files)")
-    p.add_argument("--attribute-in-window-only", action="store_true",
-                   help="drop windows without an A1 attribute (upstream did this for all types but religion1)")
-    p.add_argument("--keep-duplicates", action="store_true", help="do not drop repeated phrases / comment ids")
-    p.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; counts every corrupt line)")
+    add_config_arguments(p, RetrieveConfig)
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="files read at once. Local: worker processes (default: the cores available, bounded by "
                         "memory: a worker needs its file's zstd window, up to 2 GiB; 1 = this process). Ray: files in "
@@ -69,26 +64,15 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    config = RetrieveConfig(**config_values(args, RetrieveConfig))
     specs = [load_spec(b) for b in args.bias]
-    if args.window < 1:
-        raise ValueError(f"--window must be at least 1, got {args.window}")
-    if args.max_chars < 1:
-        raise ValueError(f"--max-chars must be at least 1, got {args.max_chars}")
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     res = retrieve(
         specs,
         args.dump,
         args.out,
-        start=args.start,
-        end=args.end,
-        subreddits=args.subreddit,
-        window=args.window,
-        max_chars=args.max_chars,
-        clean_mode=args.clean,
-        require_attribute_in_window=args.attribute_in_window_only,
-        dedupe=not args.keep_duplicates,
-        prefilter=not args.no_prefilter,
+        config,
         progress=False if args.no_progress else None,
         jobs=args.jobs,
         executor=args.executor,

@@ -1,11 +1,18 @@
-"""``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3, ``reference-data.md`` §4)."""
+"""``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3, ``reference-data.md`` §4).
+
+The options besides the inputs, the scoring model (``--model``, ``--tokenizer``, ``--batch-size``), ``--out-dir`` and
+``--overwrite`` are the fields of :class:`rbjax.data.splits.SplitsConfig`."""
 from __future__ import annotations
 
 import argparse
 
-from rbjax.data.splits import make_splits
+from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.data.splits import SplitsConfig, make_splits
 from rbjax.lmb import SCORING_BATCH_HELP, measure
 from rbjax.specs import load_spec
+
+#: the SplitsConfig fields that are options (swap_direction is a setting of the Python API only)
+SPLITS_OPTIONS = ("train_size", "seed", "n_std", "ddof", "unknown", "swap_mode")
 
 
 def register(subparsers) -> None:
@@ -23,15 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="model for the outlier reduction: HF model folder or hub id (any supported family)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP + " (--model's scoring)")
-    p.add_argument("--train-size", type=float, default=None, help="train fraction (default 0.6, gender 0.75)")
-    p.add_argument("--seed", type=int, default=1, help="random_state of both splits (paper: 1)")
-    p.add_argument("--n-std", type=float, default=3.0, help="outlier interval in standard deviations")
-    p.add_argument("--ddof", type=int, default=0, choices=(0, 1), help="std convention: 0 population (reference), 1 sample")
-    p.add_argument("--unknown-labels", choices=("error", "skip"), default="error",
-                   help="a bias_phrase value other than 1/0/biased/unbiased/skip/empty: fail (default) or drop the "
-                        "row (upstream kept only rows equal to 1; the released gender file has 24 rows labelled 2)")
-    p.add_argument("--swap-mode", choices=("paper", "reference"), default="paper",
-                   help="counterfactuals: word-level pairs (paper) or the official substring rules (reference)")
+    add_config_arguments(p, SplitsConfig, SPLITS_OPTIONS)
     p.add_argument("--overwrite", action="store_true",
                    help="replace files of this bias type under --out-dir that this command did not write (e.g. the "
                         "released RedditBias files); without it they are refused before anything is scored")
@@ -49,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return measure.score_phrases(loaded[0], phrases)
 
     # make_splits checks the annotated file and --out-dir before the model is loaded
-    res = make_splits(args.annotated, spec, args.out_dir, score_fn, train_size=args.train_size, seed=args.seed,
-                      n_std=args.n_std, ddof=args.ddof, swap_mode=args.swap_mode, unknown=args.unknown_labels,
+    res = make_splits(args.annotated, spec, args.out_dir, score_fn,
+                      SplitsConfig(**config_values(args, SplitsConfig, SPLITS_OPTIONS)),
                       model=args.model if args.tokenizer is None else f"{args.model} (tokenizer {args.tokenizer})",
                       overwrite=args.overwrite)
     print(res.summary())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rbjax.commands.debias import add_training_arguments, config_from_args, training_settings
-from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.debias import add_training_arguments, config_from_args
+from rbjax.commands.options import add_config_arguments, config_values, given_options
 from rbjax.core.distributed import initialize, requested
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
@@ -32,6 +32,11 @@ def _ints(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v)
 
 
+#: the grid's axes and the options that give them
+AXIS_OPTIONS = {"batch_size": "batch_sizes", "grad_accum": "grad_accums", "lambda_lm": "lambda_lms",
+                "lambda_d": "lambda_ds"}
+
+
 def register(sub) -> None:
 
     p = sub.add_parser(
@@ -51,7 +56,7 @@ def register(sub) -> None:
     g.add_argument("--grid-config", action="append", metavar="FILE", default=None,
                    help="TOML grid file(s): axes under [grid], shared settings under [settings], optional `methods` "
                         "it is for; repeat it, or give a folder of them (the paper's: experiments/grids/). Options "
-                        "given here with non-default values win over the file (see docs/scale.md)")
+                        "given here win over the file (see docs/scale.md)")
     g.add_argument("--batch-sizes", type=_ints, default=PAPER_GRID["batch_size"], metavar="N,N,..",
                    help="grid axis: batch sizes")
     g.add_argument("--grad-accums", type=_ints, default=PAPER_GRID["grad_accum"], metavar="N,N,..",
@@ -92,12 +97,12 @@ def run(args) -> int:
     out = Path(args.out_dir)
     many = len(combos) > 1
     files = gcfg.load_grid_configs(args.grid_config)
-    cli_grid = {"batch_size": args.batch_sizes, "grad_accum": args.grad_accums, "lambda_lm": args.lambda_lms,
-                "lambda_d": args.lambda_ds}
-    cli_settings = training_settings(args)
+    cli_grid = {axis: getattr(args, dest) for axis, dest in AXIS_OPTIONS.items()}
+    axis_of = {dest: axis for axis, dest in AXIS_OPTIONS.items()}
+    given = {axis_of.get(d, d) for d in given_options(args)}  # an axis by its name, a setting by its field
     grids, settings = {}, {}
     for m in {m for _, m in combos}:
-        grids[m], settings[m] = gcfg.merge(gcfg.config_for_method(files, m), cli_grid, PAPER_GRID, cli_settings)
+        grids[m], settings[m] = gcfg.merge(gcfg.config_for_method(files, m), cli_grid, given)
     bases = []
     for b, m in combos:
         folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out

@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from rbjax.core.config import check_types, field, replace_settings
+from rbjax.core.errors import SettingError
 from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file,
                            to_json)
 from rbjax.core.reuse import claim_outputs, record_outputs
@@ -61,6 +63,74 @@ Label the phrase on its own: a phrase can be biased when the whole comment is no
 other way round. Use the note column for anything worth telling the coordinator.
 Do not change the item, id, comment or phrase columns.
 """
+
+
+#: what to do with a label outside the guideline: fail, or treat it as no label (``parse_label``'s ``unknown``)
+UNKNOWN_LABELS = ("error", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnotationExportConfig:
+    """Who annotates what (:func:`export_for_annotation`, ``rbjax annotate export``; frozen). Each field's
+    ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
+            its flag).
+    """
+
+    annotators: tuple[str, ...] = field(("annotator1", "annotator2", "annotator3"), "annotator names (file names; "
+                                        "default: annotator1 annotator2 annotator3)", metavar="NAME")
+    sample: int | None = field(None, "annotate a random sample of N rows (paper: 3000)", metavar="N")
+    seed: int = field(0, "seed of the sample / overlap draw")
+    overlap: int | None = field(None, "divide items among annotators and give K shared items to all (agreement "
+                                      "study); default: everyone labels everything", metavar="K")
+
+    def __post_init__(self):
+        check_types(self)
+        names = [a.strip() for a in self.annotators]
+        if (not names or any(not a or "/" in a or "\\" in a or a in ("items", "GUIDELINES", "assignment")
+                             for a in names) or len(set(names)) != len(names)):
+            raise SettingError("annotators", "must be distinct, non-empty names, without '/', not 'items', "
+                                             f"'GUIDELINES' or 'assignment', got {self.annotators!r}")
+        if self.sample is not None and self.sample < 1:
+            raise SettingError("sample", f"must be >= 1, got {self.sample}")
+        if self.overlap is not None and self.overlap < 0:
+            raise SettingError("overlap", f"must be >= 0, got {self.overlap}")
+
+    def replace(self, **changes) -> AnnotationExportConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the annotation export.
+        """
+        return replace_settings(self, "annotation export", **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnotationImportConfig:
+    """How annotators' files are read (:func:`read_annotations`, ``rbjax annotate import``; frozen). Each field's
+    ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or not a choice (names the field).
+    """
+
+    unknown: str = field("error", "a label other than biased/unbiased/skip/1/0/empty: fail (default) or treat as no "
+                                  "label", flag="--unknown-labels", alias=False, choices=UNKNOWN_LABELS)
+
+    def __post_init__(self):
+        check_types(self)
+        if self.unknown not in UNKNOWN_LABELS:
+            raise SettingError("unknown", f"must be error or skip, got {self.unknown!r}")
+
+    def replace(self, **changes) -> AnnotationImportConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the annotation import.
+        """
+        return replace_settings(self, "annotation import", **changes)
 
 
 def parse_label(value: str | None, *, where: str = "", unknown: str = "error") -> int | None:
@@ -252,8 +322,8 @@ def _label_columns(path: Path, header: list[str]) -> tuple[str, str]:
                      f"its header is {', '.join(header)})")
 
 
-def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error",
-                     items: str | Path | None = None) -> Annotations:
+def read_annotations(paths: Sequence[str | Path], config: AnnotationImportConfig | None = None, *,
+                     items: str | Path | None = None, **settings) -> Annotations:
     """Read several annotators' files, check them, and align them on items.
 
     Each file needs ``phrase`` and labels in both ``comment_label`` and ``phrase_label`` (our
@@ -269,7 +339,9 @@ def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error",
 
     Args:
         paths: one file per annotator.
-        unknown: ``"error"`` or ``"skip"`` for labels outside the guideline (see :func:`parse_label`).
+        config: :class:`AnnotationImportConfig`: ``unknown``, ``"error"`` or ``"skip"`` for labels outside the
+            guideline (see :func:`parse_label`).
+        **settings: its fields, overriding ``config`` (``unknown="skip"``); any other name is a ``TypeError``.
         items: the export's ``items.csv``; every item of every file must be in it, with the
             same phrase.
 
@@ -282,6 +354,7 @@ def read_annotations(paths: Sequence[str | Path], *, unknown: str = "error",
             duplicated item, an item not in ``items``, or the same item with a different
             phrase in two files (message names file, row and problem).
     """
+    unknown = (config or AnnotationImportConfig()).replace(**settings).unknown
     if not paths:
         raise ValueError("no annotation files given")
     paths = [Path(p) for p in paths]
@@ -461,12 +534,11 @@ def write_aggregated(ann: Annotations, agg: Aggregated, out: str | Path, items: 
 def export_for_annotation(
     candidates: str | Path,
     out_dir: str | Path,
-    annotators: Sequence[str] = ("annotator1", "annotator2", "annotator3"),
+    annotators: Sequence[str] | None = None,
+    config: AnnotationExportConfig | None = None,
     *,
-    sample: int | None = None,
-    seed: int = 0,
-    overlap: int | None = None,
     overwrite: bool = False,
+    **settings,
 ) -> dict[str, Path]:
     """Write annotation files for a candidates CSV (paper §2.3).
 
@@ -474,12 +546,17 @@ def export_for_annotation(
         candidates: a CSV from ``rbjax retrieve`` (or any CSV with ``comment`` and ``phrase``).
         out_dir: folder for ``items.csv`` (every candidate column plus ``item``),
             ``<annotator>.csv`` (one per annotator) and ``GUIDELINES.txt``.
-        annotators: names (used as file names).
-        sample: annotate a random sample of this many rows (the paper sampled 3000); ``None`` = all.
-        seed: seed of the sample and of the overlap draw.
-        overlap: ``None``: every annotator gets every item. An integer k: the items are
-            divided among the annotators (round-robin) and k randomly drawn items go to
-            everyone, for the agreement study (the paper used 100 double-annotated items).
+        annotators: names (used as file names); ``None``: ``config``'s (annotator1, annotator2, annotator3).
+        config: :class:`AnnotationExportConfig`:
+
+            * ``annotators``: as above (the argument, when given, overrides it).
+            * ``sample``: annotate a random sample of this many rows (the paper sampled 3000); ``None`` = all.
+            * ``seed``: seed of the sample and of the overlap draw.
+            * ``overlap``: ``None``: every annotator gets every item. An integer k: the items are
+              divided among the annotators (round-robin) and k randomly drawn items go to
+              everyone, for the agreement study (the paper used 100 double-annotated items).
+        **settings: :class:`AnnotationExportConfig` fields that override ``config`` (``sample=10``); any other name
+            is a ``TypeError``.
         overwrite: replace files in ``out_dir`` that this export did not write (annotators' filled files, an
             export of other candidates or settings); without it they are refused before anything is written
             (:func:`rbjax.core.reuse.claim_outputs`).
@@ -491,10 +568,16 @@ def export_for_annotation(
 
     Raises:
         FileNotFoundError: ``candidates`` is missing.
-        ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range,
-            ``out_dir`` is a file or lies under one or is not writable.
+        ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range (a setting wrong in
+            itself: :class:`rbjax.core.errors.SettingError` naming it), ``out_dir`` is a file or lies under one or is
+            not writable.
+        TypeError: a keyword that is not a setting.
         rbjax.core.reuse.OutputExists: ``out_dir`` holds files this export would replace (e.g. filled labels).
     """
+    if annotators is not None:
+        settings["annotators"] = annotators
+    cfg = (config or AnnotationExportConfig()).replace(**settings)
+    sample, seed, overlap = cfg.sample, cfg.seed, cfg.overlap
     candidates = Path(candidates)
     if not candidates.is_file():
         raise FileNotFoundError(f"candidates file not found: {candidates}")
@@ -502,11 +585,7 @@ def export_for_annotation(
     for col in ("comment", "phrase"):
         if col not in header:
             raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")
-    names = [a.strip() for a in annotators]
-    if (not names or any(not a or "/" in a or "\\" in a or a in ("items", "GUIDELINES", "assignment") for a in names)
-            or len(set(names)) != len(names)):
-        raise ValueError(f"annotator names must be distinct, non-empty, without '/', not 'items', 'GUIDELINES' "
-                         f"or 'assignment': {annotators!r}")
+    names = [a.strip() for a in cfg.annotators]
     check_output_dir(out_dir, "--out-dir")
     out_dir = Path(out_dir)
     targets = [out_dir / "items.csv", out_dir / "GUIDELINES.txt", out_dir / ASSIGNMENT_FILE,

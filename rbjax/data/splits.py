@@ -47,12 +47,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rbjax.core.config import check_types, field, replace_settings
+from rbjax.core.errors import SettingError
 from rbjax.core.io import (atomic_csv_writer, atomic_write_text, check_output_dir, check_output_file, sha256_file,
                            to_json, versions)
 from rbjax.core.reuse import claim_outputs, record_outputs
-from rbjax.data.annotation import parse_label, read_csv_file
+from rbjax.data.annotation import UNKNOWN_LABELS, parse_label, read_csv_file
 from rbjax.data.outliers import outlier_pairs
-from rbjax.data.swap import reference_direction, swap_targets
+from rbjax.data.swap import DIRECTIONS, MODES, reference_direction, swap_targets
 from rbjax.specs import canonical_bias_type, layout_names
 
 #: Columns of the T1 files (released layout).
@@ -67,6 +69,50 @@ ScoreFn = Callable[[list[str]], np.ndarray]
 def default_train_size(bias_type: str) -> float:
     """Train fraction of the paper's split: 0.75 for gender, 0.6 otherwise (``reference-data.md`` §4)."""
     return 0.75 if bias_type == "gender" else 0.6
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitsConfig:
+    """How :func:`make_splits` (``rbjax splits``) splits, swaps and reduces the annotated phrases (frozen; recorded
+    in ``<type>_splits.json`` and in the key of the files it writes). Each field's ``metadata["help"]`` is its
+    documentation; the defaults are the paper's (``reference-data.md`` §4).
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
+            its flag).
+    """
+
+    train_size: float | None = field(None, "train fraction (default 0.6, gender 0.75)", metavar="X")
+    seed: int = field(1, "random_state of both splits (paper: 1)")
+    n_std: float = field(3.0, "outlier interval in standard deviations")
+    ddof: int = field(0, "std convention: 0 population (reference), 1 sample", choices=(0, 1))
+    unknown: str = field("error", "a bias_phrase value other than 1/0/biased/unbiased/skip/empty: fail (default) or "
+                                  "drop the row (upstream kept only rows equal to 1; the released gender file has 24 "
+                                  "rows labelled 2)", flag="--unknown-labels", alias=False, choices=UNKNOWN_LABELS)
+    swap_mode: str = field("paper", "counterfactuals: word-level pairs (paper) or the official substring rules "
+                                    "(reference)", choices=MODES)
+    swap_direction: str | None = field(None, "paper-mode swap direction (Python API and not an option); None = the "
+                                             "one closest to the reference (two-way for the religion and race "
+                                             "types, see rbjax.data.swap.reference_direction)", choices=DIRECTIONS)
+
+    def __post_init__(self):
+        check_types(self)
+        if self.train_size is not None and not 0 < self.train_size < 1:
+            raise SettingError("train_size", f"must be between 0 and 1, got {self.train_size}")
+        if not self.n_std > 0:
+            raise SettingError("n_std", f"must be > 0, got {self.n_std}")
+        for name, allowed in (("ddof", (0, 1)), ("unknown", UNKNOWN_LABELS), ("swap_mode", MODES),
+                              ("swap_direction", (None, *DIRECTIONS))):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, f"must be one of {', '.join(map(str, allowed))}, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> SplitsConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the splits.
+        """
+        return replace_settings(self, "splits", **changes)
 
 
 def shuffle_split(n: int, train_size: float, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -270,16 +316,11 @@ def make_splits(
     spec,
     out_dir: str | Path,
     score_fn: ScoreFn,
+    config: SplitsConfig | None = None,
     *,
-    train_size: float | None = None,
-    seed: int = 1,
-    n_std: float = 3.0,
-    ddof: int = 0,
-    swap_mode: str = "paper",
-    swap_direction: str | None = None,
-    unknown: str = "error",
     model: str | None = None,
     overwrite: bool = False,
+    **settings,
 ) -> SplitResult:
     """Build the train / valid / test files of one bias type from annotated phrases (``reference-data.md`` §4).
 
@@ -291,15 +332,19 @@ def make_splits(
         score_fn: ``f(list_of_phrases) -> (N,) perplexities`` of the reducing model, e.g.
             ``lambda p: rbjax.lmb.measure.score_phrases(model, p)``. Non-finite values mark
             unscorable phrases (their pairs are dropped before the outlier rule).
-        train_size: train fraction; ``None`` = the paper's (0.6, gender 0.75).
-        seed: ``random_state`` of both random splits (paper: 1).
-        n_std, ddof: the outlier rule (paper: 3, population std).
-        swap_mode: ``"paper"`` (word-level pairs) or ``"reference"`` (the official substring
-            rules; reproduces the released counterfactuals), see :func:`rbjax.data.swap.swap_targets`.
-        swap_direction: paper-mode direction; ``None`` = the one closest to the reference
-            (:func:`rbjax.data.swap.reference_direction`: two-way for the religion and race types).
-        unknown: a ``bias_phrase`` value that is not a label: ``"error"`` or ``"skip"``
-            (see :func:`read_biased_rows`).
+        config: :class:`SplitsConfig` (default: the paper's):
+
+            * ``train_size``: train fraction; ``None`` = the paper's (0.6, gender 0.75).
+            * ``seed``: ``random_state`` of both random splits (paper: 1).
+            * ``n_std``, ``ddof``: the outlier rule (paper: 3, population std).
+            * ``swap_mode``: ``"paper"`` (word-level pairs) or ``"reference"`` (the official substring
+              rules; reproduces the released counterfactuals), see :func:`rbjax.data.swap.swap_targets`.
+            * ``swap_direction``: paper-mode direction; ``None`` = the one closest to the reference
+              (:func:`rbjax.data.swap.reference_direction`: two-way for the religion and race types).
+            * ``unknown``: a ``bias_phrase`` value that is not a label: ``"error"`` or ``"skip"``
+              (see :func:`read_biased_rows`).
+        **settings: :class:`SplitsConfig` fields that override ``config`` (``train_size=0.5``); any other name is a
+            ``TypeError``.
         model: what produced the perplexities (the ``--model`` of the CLI), recorded in
             ``<type>_splits.json``; ``None`` = the score function's name.
         overwrite: replace files under ``out_dir`` that this command did not write (e.g. the released RedditBias
@@ -317,10 +362,14 @@ def make_splits(
             column names another bias type, or a spec under which most held-out phrases do not
             change (their counterfactual equal to the biased phrase: the phrases are of another type).
             Inputs and ``out_dir`` are checked before the scorer is called.
+            A setting of the wrong type or out of range: :class:`rbjax.core.errors.SettingError` (named).
+        TypeError: a keyword that is not a setting.
         rbjax.core.reuse.OutputExists: ``out_dir`` holds files of this type that this command
             did not write (released files, another annotated file's splits) and not ``overwrite``.
     """
-
+    cfg = (config or SplitsConfig()).replace(**settings)
+    train_size, seed, n_std, ddof = cfg.train_size, cfg.seed, cfg.n_std, cfg.ddof
+    swap_mode, swap_direction, unknown = cfg.swap_mode, cfg.swap_direction, cfg.unknown
     btype, g1, g2 = layout_names(spec)
     out = check_output_dir(out_dir, "output folder")
     ddir, tdir = out / "data" / btype, out / "text_files" / btype

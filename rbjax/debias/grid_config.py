@@ -15,19 +15,19 @@ A file names the grid's axes and the settings shared by every point::
     epochs = 2                                        # the grid's own (batch_size, grad_accum, lambda_lm, lambda_d)
     learning_rate = 5e-5
 
-Precedence (:func:`merge`): an option given on the command line with a value other than its default wins over the
-file, the file wins over the defaults; an axis missing from the file comes from the command line (default: the
-paper's). With several files (or a folder of them), each method takes the file that names it in ``methods``, else
-the one file without ``methods``.
+Precedence (:func:`merge`): rbjax's one rule, :func:`rbjax.core.config.precedence` — an option given on the command
+line wins over the file (given: written, even with its default value, e.g. ``--lr 5e-5``), the file wins over the
+defaults; an axis missing from the file comes from the command line (default: the paper's). With several files (or a
+folder of them), each method takes the file that names it in ``methods``, else the one file without ``methods``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
-from rbjax.core.config import leaves
+from rbjax.core.config import leaves, precedence
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.debias.config import METHODS, DebiasRun
@@ -155,21 +155,22 @@ def config_for_method(cfgs: list[GridConfig], method: str) -> GridConfig | None:
     return next((c for c in cfgs if not c.methods), None)
 
 
-def merge(gc: GridConfig | None, cli_grid: dict[str, tuple], default_grid: dict[str, tuple],
-          cli_settings: dict[str, Any]) -> tuple[dict[str, tuple], dict[str, Any]]:
-    """``(grid, settings overrides)`` for one method (precedence in the module docstring).
+def merge(gc: GridConfig | None, cli_grid: dict[str, tuple],
+          given: Collection[str]) -> tuple[dict[str, tuple], dict[str, Any]]:
+    """``(grid, settings overrides)`` for one method, by :func:`rbjax.core.config.precedence` (command line > file >
+    default).
 
     Args:
-        gc: the method's file (or None). cli_grid: the axes as parsed from the command line; default_grid: their
-        defaults. cli_settings: the parsed settings (DebiasRun setting → value).
+        gc: the method's file (or None). cli_grid: the axes as parsed from the command line (the values written, or
+        their defaults). given: the names written on the command line (:func:`rbjax.commands.options.given_options`;
+        an axis by its name, ``batch_size``, a setting by its DebiasRun name), whatever their values.
 
     Returns:
-        the grid's axes, and the file's settings that the command line leaves at their defaults.
+        the grid's axes, and the file's settings that the command line does not give (they replace the parsed
+        defaults).
     """
     if gc is None:
         return dict(cli_grid), {}
-    grid = {k: (cli_grid[k] if tuple(cli_grid[k]) != tuple(default_grid[k]) else gc.grid.get(k, cli_grid[k]))
-            for k in AXES}
-    defaults = {leaf.name: leaf.default for leaf in leaves(DebiasRun)}
-    settings = {k: v for k, v in gc.settings.items() if cli_settings.get(k, defaults.get(k)) == defaults.get(k)}
-    return grid, settings
+    grid = precedence(cli_grid, gc.grid, {k: cli_grid[k] for k in AXES if k in given})
+    settings = {k: v for k, v in gc.settings.items() if k not in given}
+    return {k: grid[k] for k in AXES}, settings

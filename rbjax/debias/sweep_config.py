@@ -4,7 +4,7 @@ valid split; how the grid is run).
 :class:`SweepConfig` holds each default, help text and check once: ``rbjax sweep``'s options are generated from it
 (:func:`rbjax.commands.options.add_config_arguments`), :func:`rbjax.debias.sweep.run_sweeps` takes it, and the study
 file's ``[sweep]`` section is validated by it. The training settings shared by every point are
-:class:`rbjax.debias.config.TrainConfig`; the axes are :data:`rbjax.debias.sweep.PAPER_GRID` or a grid file
+:class:`rbjax.debias.config.DebiasRun`; the axes are :data:`rbjax.debias.sweep.PAPER_GRID` or a grid file
 (:mod:`rbjax.debias.grid_config`).
 """
 from __future__ import annotations

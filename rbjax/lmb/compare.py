@@ -36,9 +36,10 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as sps
 
-from rbjax.lmb import stats
-from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
 from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
+from rbjax.lmb import stats
+from rbjax.lmb.config import CompareConfig
+from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
@@ -280,17 +281,20 @@ def _setting(runs, name, default):
     return vals.pop() if len(vals) == 1 else default
 
 
-def compare_runs(a, b, *, bias_types: Sequence[str] | None = None, alpha: float | None = None,
-                 n_bootstrap: int | None = None, seed: int = 0, labels: tuple[str, str] = ("A", "B")) -> dict:
+def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Sequence[str] | None = None,
+                 **settings) -> dict:
     """Paired comparison of model A against model B per bias type (see the module docstring).
 
     Args:
         a, b: each a measure output folder, a list of them (seeds of one model: their per-pair effects are averaged),
             or already loaded runs (:func:`load_run`).
+        config: how they are compared (:class:`rbjax.lmb.config.CompareConfig`): ``alpha``, the significance level
+            (default: the runs' own ``settings.alpha``, else 0.05); ``n_bootstrap``, the bootstrap resamples (default:
+            the runs' own ``settings.n_bootstrap``, else 10000); ``seed``; ``labels``, the names of A and B in
+            messages and in the result.
+        **settings: :class:`~rbjax.lmb.config.CompareConfig` fields that override ``config`` (e.g. ``alpha=0.01``);
+            any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
-        alpha: significance level (default: the runs' own ``settings.alpha``, else 0.05).
-        n_bootstrap: bootstrap resamples (default: the runs' own ``settings.n_bootstrap``, else 10000).
-        labels: names of A and B in messages and in the result.
     Returns:
         ``{"a": {...}, "b": {...}, "alpha", "correction", "types": [per-type result], "not_compared": {type: why}}``;
         each per-type result is :func:`paired_change` plus ``bias_type``, ``n_pairs`` (in the data),
@@ -298,8 +302,11 @@ def compare_runs(a, b, *, bias_types: Sequence[str] | None = None, alpha: float 
         ``overshoot`` and ``verdict`` (:func:`describe_change`), and ``pairs`` (the per-pair arrays, not JSON).
     Raises:
         MismatchError: runs not measured on the same pairs (the reason named). ValueError: no type in common, or
-        an asked-for type not measured by every run.
+        an asked-for type not measured by every run; rbjax.core.errors.SettingError (a ValueError): a setting of
+        the wrong type or out of range (named). TypeError: a keyword that is not a setting.
     """
+    cfg = (config or CompareConfig()).replace(**settings)
+    alpha, n_bootstrap, seed, labels = cfg.alpha, cfg.n_bootstrap, cfg.seed, cfg.labels
     runs_a, runs_b = _as_runs(a), _as_runs(b)
     if not runs_a or not runs_b:
         raise ValueError("compare needs at least one run on each side")
@@ -471,10 +478,11 @@ def write_comparison(res: dict, out_dir: str | os.PathLike, plot: bool = True) -
     return paths
 
 
-def compare_models(a, b, out_dir: str | os.PathLike | None = None, **kw) -> dict:
-    """:func:`compare_runs`, and its files in ``out_dir`` when given (:func:`write_comparison`); the Python side of
-    ``rbjax compare A B --out DIR``."""
-    res = compare_runs(a, b, **kw)
+def compare_models(a, b, out_dir: str | os.PathLike | None = None, config: CompareConfig | None = None, *,
+                   bias_types: Sequence[str] | None = None, **settings) -> dict:
+    """:func:`compare_runs` (``config``, ``bias_types`` and ``settings`` as there), and its files in ``out_dir`` when
+    given (:func:`write_comparison`); the Python side of ``rbjax compare A B --out DIR``."""
+    res = compare_runs(a, b, config, bias_types=bias_types, **settings)
     if out_dir is not None:
         write_comparison(res, out_dir)
     return res

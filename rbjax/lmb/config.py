@@ -1,9 +1,12 @@
-"""Settings of an LMB measurement (paper §3.1): which split, how phrases are scored, and the statistics.
+"""Settings of the LMB computations (paper §3.1): a measurement, the paired comparison of two measured models, and
+the t-value plot.
 
 :class:`MeasureConfig` is the one place where each setting of :func:`rbjax.lmb.measure.measure_bias` has its default,
 help and check; ``rbjax measure``'s options are generated from its fields
 (:func:`rbjax.commands.options.add_config_arguments`). Defaults are the paper's / the reference's: the test split,
 3σ outlier pairs (population std, ``ddof=0``), α = 0.05 two-tailed, 10,000 bootstrap resamples for the CI.
+:class:`CompareConfig` is the same for :func:`rbjax.lmb.compare.compare_runs` (``rbjax compare``) and
+:class:`PlotConfig` for :func:`rbjax.lmb.plot.plot_lmb` (``rbjax plot``).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from rbjax.core.errors import SettingError
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
 
-__all__ = ["MeasureConfig", "PARAM_DTYPES"]
+__all__ = ["MeasureConfig", "CompareConfig", "PlotConfig", "PARAM_DTYPES"]
 
 #: parameter storage of the scorer (computation precision is :data:`rbjax.core.precision.PRECISIONS`)
 PARAM_DTYPES = ("fp32", "bf16")
@@ -82,3 +85,79 @@ class MeasureConfig:
             TypeError: a name that is not a setting of the measurement.
         """
         return replace_settings(self, "measurement", **changes)
+
+
+def _check_alpha(alpha) -> None:
+    if alpha is not None and not 0 < alpha < 1:
+        raise SettingError("alpha", f"must be between 0 and 1, got {alpha}")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``"A,B"`` → ``("A", "B")`` (the ``--labels`` option)."""
+    return tuple(x.strip() for x in text.split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """How two measured models are compared (:func:`rbjax.lmb.compare.compare_runs`, ``rbjax compare``; frozen).
+    Each field's ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
+            its flag).
+    """
+
+    alpha: float | None = field(None, "significance level (default: the runs' own alpha); the CI level is 1 - alpha",
+                                metavar="X")
+    n_bootstrap: int | None = field(None, "bootstrap resamples of the CI (default: the runs' own n_bootstrap; 0: no "
+                                          "CI)", metavar="N")
+    seed: int = field(0, "bootstrap seed")
+    labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output (default: A,B)", metavar="LABEL_A,LABEL_B",
+                                    parse=_names)
+
+    def __post_init__(self):
+        v = self.labels
+        if not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, str) and x for x in v):
+            raise SettingError("labels", f"must be two names, LABEL_A,LABEL_B, got {v!r}")
+        check_types(self)
+        _check_alpha(self.alpha)
+        if self.n_bootstrap is not None and self.n_bootstrap < 0:
+            raise SettingError("n_bootstrap", f"must be >= 0, got {self.n_bootstrap}")
+
+    def replace(self, **changes) -> CompareConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the comparison.
+        """
+        return replace_settings(self, "comparison", **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+    """How the LMB t-values are drawn (:func:`rbjax.lmb.plot.plot_lmb`, ``rbjax plot``; frozen). Each field's
+    ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
+            its flag).
+    """
+
+    alpha: float | None = field(None, "significance level of the marks and threshold lines (default: the records' "
+                                      "own alpha)", metavar="X")
+    title: str | None = field(None, "plot title (default: a description of the test)", metavar="TEXT")
+    allow_mixed: bool = field(False, "plot folders with different splits (test/valid) or outlier handling (3σ rule "
+                                     "on a model's perplexities vs. the already reduced stored perplexities) "
+                                     "together; each series is labelled")
+
+    def __post_init__(self):
+        check_types(self)
+        _check_alpha(self.alpha)
+
+    def replace(self, **changes) -> PlotConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the plot.
+        """
+        return replace_settings(self, "plot", **changes)

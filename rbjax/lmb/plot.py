@@ -18,6 +18,7 @@ from scipy import stats
 
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_file
+from rbjax.lmb.config import PlotConfig
 from rbjax.specs import BIAS_TYPES
 
 __all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "figure_changes", "FORMATS"]
@@ -97,9 +98,7 @@ def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, d
 
 
 def _alpha(results: dict[str, list[dict]], alpha: float | None) -> float:
-    if alpha is not None:
-        if not 0 < alpha < 1:
-            raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+    if alpha is not None:  # (its range: checked by PlotConfig)
         return float(alpha)
     found = {(r.get("settings") or {}).get("alpha") for recs in results.values() for r in recs} - {None}
     if len(found) > 1:
@@ -110,16 +109,18 @@ def _alpha(results: dict[str, list[dict]], alpha: float | None) -> float:
 NA_LABEL = "n/a: type not measured, or t undefined (see status)"
 
 
-def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title: str | None = None,
-               allow_mixed: bool = False, na_label: str = NA_LABEL, legend_below: bool = False):
+def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None, *, na_label: str = NA_LABEL,
+               legend_below: bool = False, **settings):
     """Build the t-value bar chart: one group per bias type, one bar per series (result folder).
 
     Args:
         results: series label → LMB records (as in ``lmb.json``).
-        alpha: significance level of the marks and of the threshold lines; ``None``: the records' own
-            ``settings.alpha`` (0.05 if absent).
-        title: axes title (default: a description of the test).
-        allow_mixed: plot series from different splits or outlier handling together instead of refusing.
+        config: :class:`rbjax.lmb.config.PlotConfig` — ``alpha``, the significance level of the marks and of the
+            threshold lines (``None``: the records' own ``settings.alpha``, 0.05 if absent); ``title``, the axes
+            title (default: a description of the test); ``allow_mixed``: plot series from different splits or
+            outlier handling together instead of refusing.
+        **settings: :class:`~rbjax.lmb.config.PlotConfig` fields that override ``config`` (``alpha=0.01``); any
+            other name is a ``TypeError``.
         na_label: what an "n/a" mark means, in the legend (the study report: no model was debiased for the type).
         legend_below: the legend under the axes in two columns (a wide figure stays readable when scaled to a
             page), and the split/outlier description said once when every series shares it.
@@ -131,8 +132,11 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
 
     Raises:
         ValueError: no records; mixed splits/outlier handling without ``allow_mixed``; records tested at
-            different alpha levels without an explicit ``alpha``.
+            different alpha levels without an explicit ``alpha``; a setting of the wrong type or out of range
+            (:class:`rbjax.core.errors.SettingError`). TypeError: a keyword that is not a setting.
     """
+    cfg = (config or PlotConfig()).replace(**settings)
+    alpha, title, allow_mixed = cfg.alpha, cfg.title, cfg.allow_mixed
     if not results or not any(results.values()):
         raise ValueError("nothing to plot: no LMB records")
     from matplotlib import rcParams
@@ -227,9 +231,10 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     return fig
 
 
-def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha: float | None = None,
-             title: str | None = None, allow_mixed: bool = False) -> Path:
-    """Draw :func:`figure_lmb` and write it to ``out_path`` (PNG, PDF or SVG by suffix), atomically.
+def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, config: PlotConfig | None = None,
+             **settings) -> Path:
+    """Draw :func:`figure_lmb` (``config`` and ``settings`` as there: :class:`rbjax.lmb.config.PlotConfig`) and write
+    it to ``out_path`` (PNG, PDF or SVG by suffix), atomically; the Python side of ``rbjax plot``.
 
     Returns:
         the path written.
@@ -243,7 +248,7 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, alpha:
     fmt = FORMATS.get(out.suffix.lower())
     if fmt is None:
         raise ValueError(f"{out}: unsupported plot format {out.suffix!r}; use one of {', '.join(FORMATS)}")
-    fig = figure_lmb(results, alpha=alpha, title=title, allow_mixed=allow_mixed)
+    fig = figure_lmb(results, (config or PlotConfig()).replace(**settings))
     with atomic_file(out, "wb") as f:
         fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight")
     return out

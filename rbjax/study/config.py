@@ -22,25 +22,35 @@
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
 
+Each section is a settings dataclass, whose fields are its keys and whose types and ranges are checked in one place:
+[study] :class:`StudySettings`, [training] :class:`~rbjax.debias.config.DebiasRun`, [sweep]
+:class:`~rbjax.debias.sweep_config.SweepConfig` (and the grid's axes), [measure]
+:class:`~rbjax.lmb.config.MeasureConfig`, [dialog] each task's settings class; an error names the file, section and
+key (or the ``--set`` that gave the value).
+
 Relative paths in the file are resolved against the study file's folder, paths given with ``--set`` against the
-current folder. ``--set key=value`` (TOML value syntax; plain words are strings) overrides any field, e.g. ``--set study.data_dir=../shared/redditbias --set training.max_steps=2``.
+current folder. ``--set key=value`` (TOML value syntax; plain words are strings) overrides any field, e.g.
+``--set study.data_dir=../shared/redditbias --set training.max_steps=2``: the one precedence rule of rbjax
+(:func:`rbjax.core.config.precedence`), command line > file > default (the section's dataclass).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from rbjax.core.config import leaves
+from rbjax.core.config import check_types, check_value, field, leaf_hints, precedence
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
+from rbjax.core.precision import PRECISIONS
 from rbjax.data.redditbias import expand_bias_types
-from rbjax.debias.config import METHODS, DebiasRun
+from rbjax.debias.config import METHODS, SEMANTICS, DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
@@ -48,11 +58,56 @@ from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
 from rbjax.model.registry import family_of
 
-__all__ = ["StudyConfig", "load_study", "parse_override"]
+__all__ = ["StudyConfig", "StudySettings", "load_study", "parse_override"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    """The ``[study]`` section: the model, the data, what is measured and debiased, with which methods and seeds, and
+    the precision and mesh of every stage (frozen; TOML lists may be given for the tuples). Each field's
+    ``metadata["help"]`` is its documentation. The other sections are the settings classes of their stages
+    (:class:`~rbjax.debias.config.DebiasRun`, :class:`~rbjax.debias.sweep_config.SweepConfig`,
+    :class:`~rbjax.lmb.config.MeasureConfig`, the dialog tasks' settings).
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or not a choice (names the field; a study file
+            shows its file, section and key).
+    """
+
+    name: str = field("", "the study's name (default: the study file's name)")
+    model: str | None = field(None, "HF model folder or hub id (any supported family); a relative path is relative "
+                                    "to the study file. Or random_model")
+    random_model: dict | None = field(None, "a random model instead of model: a config.json table (model_type picks "
+                                            "the family, GPT-2 without one) and its seed")
+    tokenizer: str | None = field(None, "tokenizer folder or hub id (default, or empty: the model folder)")
+    data_dir: str | None = field(None, "RedditBias data folder (default, or empty: $RBJAX_DATA_DIR, else the "
+                                       "verified download)")
+    bias_types: str | tuple[str, ...] = field("all", "the bias types every model is measured on: all, or a list of "
+                                                     "names or bias-spec files")
+    debias_types: str | tuple[str, ...] = field((), "the bias types debiased (default, or empty: bias_types)")
+    methods: tuple[str, ...] = field(("lmd", "add", "hd", "cda"), f"debiasing methods ({', '.join(METHODS)})")
+    seeds: int | tuple[int, ...] = field((42,), "training seeds (`rbjax run --seeds N`: the first and the N − 1 "
+                                                "after it)")
+    semantics: str = field("paper", "the methods' semantics: paper or reference (docs/debiasing.md)",
+                           choices=SEMANTICS)
+    precision: str = field("fp32", "compute precision of every training and scoring stage", choices=PRECISIONS)
+    mesh: str | None = field(None, "the device mesh of every training and scoring stage, e.g. data=2,fsdp=4 "
+                                   "(docs/scale.md)", metavar="AXIS=N,...")
+
+    def __post_init__(self):
+        check_types(self)
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise SettingError("methods", f"has unknown method(s) {bad} (expected {', '.join(METHODS)})")
+        if self.seeds == ():
+            raise SettingError("seeds", "is empty: give one seed or more")
+        for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
 
 SECTIONS = ("study", "training", "sweep", "measure", "dialog")
-STUDY_KEYS = {"name", "model", "random_model", "tokenizer", "data_dir", "bias_types", "debias_types", "methods",
-              "seeds", "semantics", "precision", "mesh"}
+STUDY_KEYS = {f.name for f in dataclasses.fields(StudySettings)}
 #: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
 #: (but ``final``: the study retrains nothing, it measures the selected point)
 SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
@@ -61,6 +116,9 @@ MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
 #: the fields each section takes ([training] takes DebiasRun's fields, checked against the dataclass)
 SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
+#: the settings class whose field types a section's keys have (a ``--set`` is checked by it when given; [sweep]'s grid
+#: axes, methods and selection, and [dialog], when the section is read)
+SECTION_CLASSES = {"study": StudySettings, "training": DebiasRun, "measure": MeasureConfig, "sweep": SweepConfig}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -86,7 +144,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 @dataclasses.dataclass
 class StudyConfig:
     """A parsed study file (see the module docstring). ``raw`` keeps the whole content (after overrides), which is
-    recorded with the results; ``path`` is the file it came from."""
+    recorded with the results; ``path`` is the file it came from; :attr:`settings` is its [study] section as
+    :class:`StudySettings`, which the accessors read (paths resolved against the file's folder, bias types
+    expanded)."""
 
     raw: dict
     path: Path
@@ -98,9 +158,18 @@ class StudyConfig:
     def study(self) -> dict:
         return self.raw.get("study", {})
 
+    @functools.cached_property
+    def settings(self) -> StudySettings:
+        """``[study]`` as :class:`StudySettings`.
+
+        Raises:
+            rbjax.core.errors.SettingError: see the class (:meth:`validate` names the file, section and key).
+        """
+        return StudySettings(**self.study)
+
     @property
     def name(self) -> str:
-        return str(self.study.get("name") or self.path.stem)
+        return self.settings.name or self.path.stem
 
     def _resolve(self, value: str | None) -> str | None:
         """A path relative to the study file's folder; hub ids (``org/name`` that does not exist locally) as given."""
@@ -116,11 +185,11 @@ class StudyConfig:
 
     @property
     def model(self) -> str | None:
-        return self._resolve(self.study.get("model"))
+        return self._resolve(self.settings.model)
 
     @property
     def random_model(self) -> dict | None:
-        return self.study.get("random_model")
+        return self.settings.random_model
 
     def random_model_config(self):
         """The family config of ``[study.random_model]`` (a ``config.json`` table: ``model_type`` picks the family,
@@ -137,45 +206,42 @@ class StudyConfig:
 
     @property
     def tokenizer(self) -> str | None:
-        return self._resolve(self.study.get("tokenizer"))
+        return self._resolve(self.settings.tokenizer)
 
     @property
     def data_dir(self) -> str | None:
-        return self._resolve(self.study.get("data_dir"))
+        return self._resolve(self.settings.data_dir)
 
     @property
     def bias_types(self) -> list[str]:
-
-        return expand_bias_types(self.study.get("bias_types", "all"))
+        return expand_bias_types(self.settings.bias_types)
 
     @property
     def debias_types(self) -> list[str]:
-
-        d = self.study.get("debias_types")
+        d = self.settings.debias_types
         return expand_bias_types(d) if d else self.bias_types
 
     @property
     def methods(self) -> list[str]:
-        return list(self.study.get("methods", ["lmd", "add", "hd", "cda"]))
+        return list(self.settings.methods)
 
     @property
     def seeds(self) -> list[int]:
-        s = self.study.get("seeds", [42])
-        return [int(x) for x in (s if isinstance(s, list) else [s])]
+        s = self.settings.seeds
+        return [s] if isinstance(s, int) else list(s)
 
     @property
     def semantics(self) -> str:
-        return str(self.study.get("semantics", "paper"))
+        return self.settings.semantics
 
     @property
     def precision(self) -> str:
-        return str(self.study.get("precision", "fp32"))
+        return self.settings.precision
 
     @property
     def mesh(self) -> str | None:
         """``[study] mesh = "data=2,fsdp=4"``: the device mesh of every training and scoring stage (docs/scale.md)."""
-        m = self.study.get("mesh")
-        return None if m is None else str(m)
+        return self.settings.mesh
 
     @property
     def training(self) -> dict:
@@ -251,6 +317,10 @@ class StudyConfig:
             extra = set(self.raw.get(sec, {})) - keys
             if extra:
                 raise ValueError(f"{where}: unknown field(s) {sorted(extra)} in [{sec}]")
+        try:
+            self.settings  # noqa: B018 (the [study] section as StudySettings: types and choices)
+        except SettingError as e:
+            raise ValueError(f"{self.where('study', e.field)}: {e.renamed(f'study.{e.field}')}") from None
         if self.mesh is not None:
             try:
                 parse_mesh(self.mesh, mesh_product(self.mesh), flag="[study] mesh")
@@ -260,20 +330,6 @@ class StudyConfig:
             raise ValueError(f"{where}: [study] needs model (an HF folder or hub id) or a random_model table")
         if self.model and self.random_model:
             raise ValueError(f"{where}: [study] has both model and random_model; keep one")
-        if not isinstance(self.study.get("methods", []), list):
-            raise ValueError(f"{self.where('study', 'methods')}: must be a list of methods, e.g. [\"lmd\", \"cda\"]")
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"{where}: unknown method(s) {bad} in [study] methods (expected {', '.join(METHODS)})")
-        seeds = self.study.get("seeds", [42])
-        if not all(_is_int(x) for x in (seeds if isinstance(seeds, list) else [seeds])):
-            raise ValueError(f"{self.where('study', 'seeds')}: seeds must be integers, got {seeds!r}")
-        if not self.seeds:
-            raise ValueError(f"{where}: [study] seeds is empty")
-        for key, allowed in (("semantics", ("paper", "reference")), ("precision", ("fp32", "bf16"))):
-            if key in self.study and self.study[key] not in allowed:
-                raise ValueError(f"{self.where('study', key)}: {key} must be one of {', '.join(allowed)}, "
-                                 f"got {self.study[key]!r}")
         try:
             self.bias_types, self.debias_types  # noqa: B018 (raise on unknown bias types)
         except (ValueError, FileNotFoundError) as e:
@@ -286,9 +342,7 @@ class StudyConfig:
         self._validate_dialog()
 
     def _validate_random_model(self) -> None:
-        rm = self.random_model
-        if not isinstance(rm, dict):
-            raise ValueError(f"{self.where('study', 'random_model')}: must be a table, e.g. {{ n_embd = 32, ... }}")
+        rm = self.random_model  # (a table: StudySettings checked it)
         if "seed" in rm and not _is_int(rm["seed"]):
             raise ValueError(f"{self.where('study', 'random_model')}: seed must be an integer, got {rm['seed']!r}")
         where = self.where("study", "random_model")
@@ -300,14 +354,15 @@ class StudyConfig:
     def _validate_training(self) -> None:
         """[training] as the DebiasRun of every method of the study (types first, then DebiasRun's own checks)."""
 
-        fields = {leaf.name: leaf for leaf in leaves(DebiasRun)}
-        extra = set(self.training) - set(fields)
+        hints = leaf_hints(DebiasRun)
+        extra = set(self.training) - set(hints)
         if extra:
             raise ValueError(f"{self.path}: unknown field(s) {sorted(extra)} in [training] (DebiasRun fields)")
         for k, v in self.training.items():
-            why = _type_problem(v, fields[k].default)
-            if why:
-                raise ValueError(f"{self.where('training', k)}: training.{k} must be {why}, got {v!r}")
+            try:
+                check_value(f"training.{k}", hints[k], v)
+            except SettingError as e:
+                raise ValueError(f"{self.where('training', k)}: {e}") from None
         for m in self.methods:
             kw = {"model": "m", "out_dir": "o", "tokenizer": None, "data_dir": None, "semantics": self.semantics,
                   "precision": self.precision, **self.training}
@@ -389,22 +444,11 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _type_problem(value: Any, default: Any) -> str | None:
-    """What ``value`` must be, judged by the field's ``default`` (bool / int / float), or None when it fits (unset,
-    strings, lists and tables: checked where they are read)."""
-    if value is None or value == "":
-        return None
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else "true or false"
-    if isinstance(default, int):
-        return None if _is_int(value) else "an integer"
-    if isinstance(default, float):
-        return None if _is_num(value) else "a number"
-    return None
-
-
 def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
-    """A ``--set`` names a known section and field, and a number or a switch gets a number or a switch.
+    """A ``--set`` names a known section and field, and its value has the field's type (the one check,
+    :func:`rbjax.core.config.check_value`, against the section's settings class; a key inside a table, e.g.
+    ``dialog.lmp.lmp_max_lines`` or ``study.random_model.n_embd``: the type of the file's value, where it is a number
+    or a switch). The rest is checked with the whole file (:meth:`StudyConfig.validate`).
 
     Raises:
         ValueError: naming the ``--set`` argument (not the study file, which is not at fault).
@@ -415,21 +459,21 @@ def _check_override(text: str, keys: list[str], value: Any, raw: dict) -> None:
         raise ValueError(f"--set {text!r}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
     if len(keys) < 2:
         raise ValueError(f"--set {text!r}: name a field of [{sec}], e.g. {sec}.<field>=VALUE")
-    train_defaults = {leaf.name: leaf.default for leaf in leaves(DebiasRun)}
-    defaults = {"training": train_defaults,
-                "measure": {f.name: f.default for f in dataclasses.fields(MeasureConfig)},
-                "sweep": {f.name: f.default for f in dataclasses.fields(SweepConfig)}}.get(sec, {})
-    known = set(train_defaults) if sec == "training" else SECTION_KEYS[sec]
+    known = set(leaf_hints(DebiasRun)) if sec == "training" else SECTION_KEYS[sec]
     if keys[1] not in known:
         raise ValueError(f"--set {text!r}: unknown field {keys[1]!r} in [{sec}] (known: {', '.join(sorted(known))})")
-    current: Any = raw
-    for k in keys:
-        current = current.get(k) if isinstance(current, dict) else None
-    if current is None and len(keys) == 2:
-        current = defaults.get(keys[1])
-    words = _type_problem(value, current)  # (strings, lists, tables, unset fields: checked by validate())
-    if words:
-        raise ValueError(f"--set {text!r}: {'.'.join(keys)} must be {words}, got {value!r}")
+    if len(keys) == 2:
+        hint = leaf_hints(SECTION_CLASSES[sec]).get(keys[1]) if sec in SECTION_CLASSES else None
+    else:
+        current: Any = raw
+        for k in keys:
+            current = current.get(k) if isinstance(current, dict) else None
+        hint = type(current) if type(current) in (bool, int, float) else None
+    if hint is not None:
+        try:
+            check_value(".".join(keys), hint, value)
+        except SettingError as e:
+            raise ValueError(f"--set {text!r}: {e}") from None
 
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:
@@ -452,7 +496,7 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
             d = d.setdefault(k, {})
             if not isinstance(d, dict):
                 raise ValueError(f"--set {o!r}: {k} is not a table")
-        d[keys[-1]] = value
+        d.update(precedence({}, d, {keys[-1]: value}))  # the command line beats the file; defaults: the dataclasses
         given[".".join(keys[:2])] = o
     cfg = StudyConfig(raw, p.resolve(), given)
     cfg.validate()

@@ -20,18 +20,53 @@ Every number on the card is read from the run's files (``results.json``, ``confi
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
 
 from rbjax import __version__
+from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
+from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
-__all__ = ["resolve_run", "export_model", "model_card"]
+__all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
+
+#: a sweep's selection rules (docs/debiasing.md): rbjax's default and the reference's
+SELECTION_RULES = ("default", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """What :func:`export_model` (``rbjax export``) exports and how the card is labelled (frozen). Each field's
+    ``metadata["help"]`` is its documentation.
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type or not a choice (names the field; the CLI shows
+            its flag).
+    """
+
+    rule: str | None = field(None, "the sweep's selection rule whose point is exported (default: default)",
+                             choices=SELECTION_RULES)
+    license: str = field("other", "license id for the card's metadata (default: other — the base model's license "
+                                  "applies)")
+
+    def __post_init__(self):
+        check_types(self)
+        if self.rule is not None and self.rule not in SELECTION_RULES:
+            raise SettingError("rule", f"must be default or reference, got {self.rule!r}")
+
+    def replace(self, **changes) -> ExportConfig:
+        """A copy with ``changes`` (checked again).
+
+        Raises:
+            TypeError: a name that is not a setting of the export.
+        """
+        return replace_settings(self, "export", **changes)
 
 METHOD_TEXT = {
     "lmd": "LMD — language model debiasing with an equalising loss on the target terms (paper §4.1)",
@@ -328,27 +363,32 @@ def model_card(n: dict, license: str) -> str:
     return "\n".join(front + L)
 
 
-def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, *, rule: str | None = None,
+def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: ExportConfig | None = None, *,
                  baseline: str | os.PathLike | None = None, after: str | os.PathLike | None = None,
-                 license: str = "other", overwrite: bool = False) -> dict:
+                 overwrite: bool = False, **settings) -> dict:
     """Export a finished debiasing run (or a sweep's selected point, or a study's method) as an HF folder with a
     model card; see the module docstring.
 
     Args:
         run: the run, sweep or study method folder.
         out_dir: the folder to write (must not exist or be empty, unless ``overwrite``).
-        rule: the sweep's selection rule (``default`` or ``reference``) for a sweep or study method folder.
+        config: :class:`ExportConfig` — ``rule``, the sweep's selection rule (``default`` or ``reference``) for a
+            sweep or study method folder; ``license``, the card's ``license`` (an HF license id; "other" when
+            unknown — the base model's license applies).
+        **settings: :class:`ExportConfig` fields that override ``config`` (``rule="reference"``); any other name
+            is a ``TypeError``.
         baseline: an ``rbjax measure`` folder of the base model (default: the study's ``baseline/lmb_test``).
         after: an ``rbjax measure`` folder of the exported model (default: the study's ``lmb_test`` of the method,
             else the run's ``lmb_valid``).
-        license: the card's ``license`` (an HF license id; "other" when unknown — the base model's license applies).
     Returns:
         ``{"out": folder, "card": README.md, "numbers": export.json content}``.
     Raises:
-        FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty;
+        FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty; a
+        setting of the wrong type or not a choice (:class:`rbjax.core.errors.SettingError`);
         :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs.
     """
-    info = resolve_run(run, rule)
+    cfg = (config or ExportConfig()).replace(**settings)
+    info = resolve_run(run, cfg.rule)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
         raise ValueError(f"--out {out} exists and is not an empty folder (pass --overwrite to replace its files)")
@@ -365,7 +405,7 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, *, rule: st
     n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
     if comparison is not None:
         write_comparison(comparison, out / "evidence")
-    card = model_card(n, license)
+    card = model_card(n, cfg.license)
     atomic_write_text(out / "README.md", card)
     atomic_write_json(out / "export.json", n)
     return {"out": out, "card": out / "README.md", "numbers": n}

@@ -569,9 +569,10 @@ def _comparisons_json(comp: dict) -> dict:
             **({"error": comp["error"]} if "error" in comp else {})}
 
 
-def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: bool = False) -> dict:
-    """Write ``report.md``, ``report.html``, ``figure1.png`` and ``comparisons.json`` into ``out_dir`` from study
-    folders (finished or not: an incomplete study says so at the top and lists its missing stages).
+def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *, overwrite: bool = False) -> dict:
+    """Write ``report.md``, ``report.html``, ``figure1.png`` and ``comparisons.json`` into ``out_dir`` (default: the
+    first folder) from study folders (finished or not: an incomplete study says so at the top and lists its missing
+    stages).
 
     ``overwrite``: replace report files in ``out_dir`` that are not rbjax's unchanged report of the same folders
     (a report edited by hand, the report of other folders); without it they are refused before anything is written
@@ -588,7 +589,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path, *, overwrite: b
     """
 
     folders = [Path(f) for f in folders]
-    out = check_output_dir(out_dir, "report folder")
+    out = check_output_dir(folders[0] if out_dir is None else out_dir, "report folder")
     data = collect(folders)
     targets = [out / "figure1.png", out / "report.md", out / "report.html", out / "comparisons.json"]
     key = {"command": "report", "folders": [str(f.resolve()) for f in folders]}

@@ -314,8 +314,8 @@ class BatchPlan:
     Args:
         data: the run's examples: :class:`ArrayData` or an object with its attributes (``ids``, ``mask``,
             ``n_examples``, ``pad_id``, ``triggers(ids, mask, rows)``), e.g. :class:`rbjax.debias.data.TrainingData`.
-        batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.debias.config.TrainConfig`.
-        layout: ``packed`` or ``padded`` (default; the trainer passes ``TrainConfig.layout``).
+        batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.train.config.TrainerConfig`.
+        layout: ``packed`` or ``padded`` (default; the trainer passes ``TrainerConfig.layout``).
         row_slots: slots of a packed row when a micro-batch does not fit one row (default
             :data:`PACKED_ROW_SLOTS`, at least the block size). max_shapes: packed shapes per plan.
 

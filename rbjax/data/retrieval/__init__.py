@@ -52,12 +52,15 @@ contract "retrieval modules point down" in pyproject.toml checks it):
 * :mod:`~rbjax.data.retrieval.parts` — the resumable part folders: write, load, what changed.
 * :mod:`~rbjax.data.retrieval.merge` — replaying the de-duplication over the parts, in file order,
   into the candidates CSVs.
+* :mod:`~rbjax.data.retrieval.config` — the settings of a retrieval (:class:`RetrieveConfig`: the
+  date range, subreddits, window, cleaning, de-duplication; ``rbjax retrieve``'s options are its fields).
 * :mod:`~rbjax.data.retrieval.run` — the run: :func:`retrieve` and its :class:`RetrievalResult`.
 
 This package re-exports the public names of its modules.
 """
 from __future__ import annotations
 
+from rbjax.data.retrieval.config import CLEAN_MODES, RetrieveConfig
 from rbjax.data.retrieval.layout import OutputLayout, output_layout, output_paths
 from rbjax.data.retrieval.merge import merge_parts
 from rbjax.data.retrieval.parts import PART_RECORD, part_folder
@@ -85,6 +88,7 @@ from rbjax.data.retrieval.scan import (
 
 __all__ = [
     "CANDIDATE_COLUMNS",
+    "CLEAN_MODES",
     "MAX_CHARS",
     "PART_COLUMNS",
     "PART_RECORD",
@@ -96,6 +100,7 @@ __all__ = [
     "OutputLayout",
     "QueryMatcher",
     "RetrievalResult",
+    "RetrieveConfig",
     "ScanSettings",
     "clean_comment",
     "code_digest",

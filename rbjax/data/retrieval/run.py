@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rbjax import __version__
@@ -23,10 +23,11 @@ from rbjax.data.dumps import (
     decoder_memory,
     expand_paths,
 )
+from rbjax.data.retrieval.config import RetrieveConfig
 from rbjax.data.retrieval.layout import output_layout
 from rbjax.data.retrieval.merge import merge_parts
 from rbjax.data.retrieval.parts import file_entry, load_part, part_folder, write_part
-from rbjax.data.retrieval.query import MAX_CHARS, WINDOW, QueryMatcher
+from rbjax.data.retrieval.query import QueryMatcher
 from rbjax.data.retrieval.scan import (
     RETRIEVAL_VERSION,
     FilePart,
@@ -178,16 +179,8 @@ def retrieve(
     specs,
     dumps: str | Path | Sequence[str | Path],
     out: str | Path,
+    config: RetrieveConfig | None = None,
     *,
-    start=None,
-    end=None,
-    subreddits: Iterable[str] | None = None,
-    window: int = WINDOW,
-    max_chars: int = MAX_CHARS,
-    clean_mode: str = "paper",
-    require_attribute_in_window: bool = False,
-    dedupe: bool = True,
-    prefilter: bool = True,
     progress: bool | None = None,
     jobs: int | None = 1,
     executor: str = "local",
@@ -196,6 +189,7 @@ def retrieve(
     on_file: Callable[[dict], None] | None = None,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
+    **settings,
 ) -> RetrievalResult:
     """Retrieve candidate comments and windows for one or more bias types (paper §2.2).
 
@@ -215,16 +209,20 @@ def retrieve(
             :func:`rbjax.data.dumps.expand_paths`): ``.zst`` (2 GiB windows accepted),
             ``.jsonl``, ``.json`` ... Files are merged in this order.
         out: output CSV, or a folder (see :func:`output_layout`).
-        start, end: ``created_utc`` range, ``start`` inclusive, ``end`` exclusive (ISO date
-            or epoch seconds); ``None`` = open.
-        subreddits: keep only these subreddits; ``None`` = all.
-        window: tokens each side of the target term (paper: 7).
-        max_chars: keep cleaned comments shorter than this (paper: 150).
-        clean_mode: ``"paper"`` or ``"reference"`` (see :func:`clean_comment`).
-        require_attribute_in_window: drop windows without an A1 attribute (what upstream did
-            for every type except religion1); default keeps them, flagged.
-        dedupe: keep each phrase once per bias type, and each comment id once (over all files).
-        prefilter: use the raw-bytes target-word prefilter (exact; see the package notes).
+        config: what is kept and how (:class:`rbjax.data.retrieval.config.RetrieveConfig`; default: the paper's):
+
+            * ``start``, ``end``: ``created_utc`` range, ``start`` inclusive, ``end`` exclusive (ISO date
+              or epoch seconds); ``None`` = open.
+            * ``subreddits``: keep only these subreddits; ``None`` = all.
+            * ``window``: tokens each side of the target term (paper: 7).
+            * ``max_chars``: keep cleaned comments shorter than this (paper: 150).
+            * ``clean_mode``: ``"paper"`` or ``"reference"`` (see :func:`clean_comment`).
+            * ``require_attribute_in_window``: drop windows without an A1 attribute (what upstream did
+              for every type except religion1); default keeps them, flagged.
+            * ``dedupe``: keep each phrase once per bias type, and each comment id once (over all files).
+            * ``prefilter``: use the raw-bytes target-word prefilter (exact; see the package notes).
+        **settings: :class:`~rbjax.data.retrieval.config.RetrieveConfig` fields that override ``config``
+            (``window=3``); any other name is a ``TypeError``.
         progress: tqdm bar on stderr; ``None`` = only when stderr is a terminal.
         jobs: local executor: worker processes (``1`` = this process; ``None`` = the cores
             available, bounded by memory, see :func:`rbjax.core.parallel.plan_jobs`: a worker
@@ -247,9 +245,10 @@ def retrieve(
 
     Raises:
         FileNotFoundError: a dump file is missing, or a pattern matches nothing.
-        ValueError: bad date bound, cleaning mode, ``jobs``, executor, or a spec without
-            queries/attributes; an output path that is a folder or lies under a file; a file
-            that changes while it is read; or not one record could be read from any dump
+        ValueError: a setting of the wrong type or out of range (:class:`rbjax.core.errors.SettingError`, naming
+            it), a bad date bound, ``jobs``, executor, or a spec without queries/attributes; an output
+            path that is a folder or lies under a file; a file that changes while it is read; or not one
+            record could be read from any dump
             (:class:`~rbjax.data.dumps.UnreadableDumpsError`: every file failed to decompress
             or parse; then no CSV is written). A readable dump without matches is not an
             error: the CSV then has only its header.
@@ -257,13 +256,15 @@ def retrieve(
         rbjax.core.parallel.TaskError: a file's scan failed or its worker died (parts of the files
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
+        TypeError: a keyword that is not a setting.
     """
 
+    cfg = (config or RetrieveConfig()).replace(**settings)
+    window, max_chars, clean_mode, prefilter = cfg.window, cfg.max_chars, cfg.clean_mode, cfg.prefilter
+    dedupe, require_attribute_in_window = cfg.dedupe, cfg.require_attribute_in_window
     log = log or get_logger("retrieve").info
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
-    if clean_mode not in ("paper", "reference"):
-        raise ValueError(f"unknown cleaning mode {clean_mode!r}; expected 'paper' or 'reference'")
     if executor not in parallel.EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(parallel.EXECUTORS)}")
     if jobs is not None and jobs < 1:
@@ -273,7 +274,7 @@ def retrieve(
         raise ValueError(f"bias types given more than once: {names}")
     for s in specs:
         QueryMatcher(s, window=window)  # a spec without queries/attributes is named now
-    filt = RecordFilter(start, end, subreddits)  # bad dates are named before anything is read
+    filt = RecordFilter(cfg.start, cfg.end, cfg.subreddits)  # bad dates are named before anything is read
     dumps = [dumps] if isinstance(dumps, (str, os.PathLike)) else list(dumps)
     files = expand_paths(dumps)  # missing dump files are named before anything is created
     layout = output_layout(out, names)
