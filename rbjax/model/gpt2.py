@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
-from rbjax.model.layers import attention_inputs, position_ids_from_mask
+from rbjax.model.layers import attention_inputs, lora_update, position_ids_from_mask
 
 __all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
 
@@ -157,7 +157,8 @@ class _Dense(nn.Module):
     """HF ``Conv1D``: y = x @ kernel + bias, kernel stored (in, out).
 
     ``dtype`` is the matmul input dtype (the compute precision); the product is accumulated and returned in
-    float32 (``preferred_element_type``), and the bias is added in float32.
+    float32 (``preferred_element_type``), and the bias is added in float32. A low-rank adapter in the layer's
+    parameters is added unmerged (:func:`rbjax.model.layers.lora_update`).
     """
 
     features: int
@@ -169,7 +170,7 @@ class _Dense(nn.Module):
         kernel = self.param("kernel", nn.initializers.normal(self.init_std), (x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
-        return y + bias.astype(jnp.float32)
+        return lora_update(self, x, y + bias.astype(jnp.float32), self.dtype)
 
 
 class _Attention(nn.Module):

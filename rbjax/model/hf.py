@@ -34,10 +34,11 @@ from rbjax.core.io import dir_mode, file_mode, to_json
 from rbjax.core.mesh import is_model_parallel, tree_shardings
 from rbjax.model import registry
 from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
+from rbjax.model.lora import has_adapters
 from rbjax.model.partition import logical_axes_for
 
 __all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "LazyTensor", "load_pretrained", "save_pretrained", "resolve_model_dir",
-           "model_files_key", "weight_files",
+           "model_files_key", "weight_files", "read_safetensors",
            "read_config_json", "state_dict_to_params", "params_to_state_dict"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
@@ -192,6 +193,10 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return {k: (v.astype(np.float32) if v.dtype.kind == "V" or (np.issubdtype(v.dtype, np.floating)
                                                                  and v.dtype != np.float32)
                 else v) for k, v in state.items()}
+
+
+#: the one safetensors reader (float32 out; bf16/f16 files converted), for other weight files (PEFT adapters)
+read_safetensors = _read_safetensors
 
 
 def _read_sharded(index: Path, read=None) -> dict:
@@ -482,6 +487,9 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
     Returns:
         the output folder.
     """
+    if has_adapters(params):
+        raise ValueError("save_pretrained: the parameters hold low-rank adapters; merge them first "
+                         "(rbjax.model.lora.merge_adapters) or write them as a PEFT folder (rbjax.model.peft_adapter)")
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

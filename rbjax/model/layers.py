@@ -46,8 +46,35 @@ ACTIVATIONS = dict(GPT2_ACTIVATIONS, silu=jax.nn.silu, swish=jax.nn.silu)
 NEG = float(np.finfo(np.float32).min)
 
 
+#: the key of a dense layer's low-rank adapter in its parameters (:func:`lora_update`, :mod:`rbjax.model.lora`)
+LORA = "lora"
+
+
+def lora_update(module: nn.Module, x, y, dtype):
+    """``y`` plus the dense layer's low-rank adapter update when its parameters hold one (LoRA, Hu et al. 2021):
+    ``y + scale · (dropout(x) @ A) @ B``, computed unmerged (the frozen kernel is never copied or differentiated).
+
+    The adapter is the layer's ``{LORA: {"A": (in, r), "B": (r, out), "scale": (), ["dropout": ()]}}`` entry
+    (:func:`rbjax.model.lora.add_adapters`); a layer without one returns ``y`` unchanged. ``dropout`` (the rate, a
+    stored scalar: present only when > 0) applies to the adapter's input when the call has a ``dropout`` PRNG stream
+    (training), as PEFT's ``lora_dropout``. Matmul inputs in ``dtype``, float32 accumulation, as every dense layer.
+    """
+    if not module.has_variable("params", LORA):
+        return y
+    a = module.get_variable("params", LORA)
+    h = x
+    if "dropout" in a and module.has_rng("dropout"):
+        keep = 1.0 - jnp.asarray(a["dropout"], jnp.float32)
+        mask = jax.random.bernoulli(module.make_rng("dropout"), keep, x.shape)
+        h = jnp.where(mask, x.astype(jnp.float32) / keep, 0.0)
+    h = jnp.dot(h.astype(dtype), a["A"].astype(dtype), preferred_element_type=jnp.float32)
+    d = jnp.dot(h.astype(dtype), a["B"].astype(dtype), preferred_element_type=jnp.float32)
+    return y + d * jnp.asarray(a["scale"], jnp.float32)
+
+
 class Linear(nn.Module):
-    """``y = x @ kernel (+ bias)``, kernel stored (in, out) — HF ``nn.Linear.weight`` transposed by the key map.
+    """``y = x @ kernel (+ bias)``, kernel stored (in, out) — HF ``nn.Linear.weight`` transposed by the key map; plus
+    the layer's low-rank adapter where its parameters hold one (:func:`lora_update`).
 
     ``dtype`` is the matmul input dtype; the product accumulates and is returned in float32, bias added in float32.
     """
@@ -63,7 +90,7 @@ class Linear(nn.Module):
         y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(jnp.float32)
-        return y
+        return lora_update(self, x, y, self.dtype)
 
 
 class RMSNorm(nn.Module):

@@ -23,6 +23,9 @@ Splitting a fused ``qkv`` column block over ``tensor`` is correct whatever the l
 inserts the communication a split head needs), but costs more communication than separate q/k/v projections; see
 docs/scale.md.
 
+Low-rank adapters (``…/lora/A``, ``…/lora/B`` and their settings, :mod:`rbjax.model.lora`) are replicated: a
+rank-8 adapter is a fraction of a percent of its layer.
+
 A parameter path no table entry matches raises ``KeyError`` naming it (a new parameter must be named, never
 silently replicated).
 """
@@ -32,6 +35,7 @@ import re
 from typing import Any, Callable
 
 from rbjax.model import registry
+from rbjax.model.layers import LORA
 
 __all__ = ["LOGICAL_AXES", "logical_axes_for", "logical_axes_of_family"]
 
@@ -85,6 +89,8 @@ def logical_axes_of_family(family: str) -> Callable[[tuple, tuple], tuple | None
     table = [(re.compile(p), names) for p, names in LOGICAL_AXES[family]]
 
     def axes(path: tuple, shape: tuple) -> tuple | None:
+        if LORA in path:  # a low-rank adapter (rbjax.model.lora): small, replicated (or split over grid points)
+            return (None,) * len(shape)
         s = "/".join(path)
         for rx, names in table:
             if rx.search("/" + s if not s.startswith("/") else s):
