@@ -6,6 +6,8 @@
 * ``debias`` — :class:`DebiasConfig`: the method, bias type, training data, semantics and λ of eq. 2;
 * ``trainer`` — :class:`rbjax.train.config.TrainerConfig`: batches, epochs, precision, layout, checkpoints;
 * ``optimizer`` — :class:`rbjax.train.config.OptimizerConfig`: learning rate, Adam, clip;
+* ``adapter`` — :class:`rbjax.train.config.AdapterConfig`: low-rank adapters on a frozen base (``--adapter lora``),
+  or every weight trained (the default);
 * ``evaluation`` — :class:`EvalConfig`: LMB on the valid split and LMP after training.
 
 Every setting's name is unique across the sections (:func:`rbjax.core.config.leaves`), so the command-line options of
@@ -24,7 +26,7 @@ from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
-from rbjax.train.config import OptimizerConfig, TrainerConfig
+from rbjax.train.config import AdapterConfig, OptimizerConfig, TrainerConfig
 
 __all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "DebiasConfig", "EvalConfig", "DebiasRun", "resolve_bias_type",
            "bias_spec"]
@@ -177,6 +179,7 @@ class DebiasRun:
         "batch_size": "micro-batch size (default: 8; cda: 2, the reference's CDA run; the grid: 4, 8, 16)",
         "grad_accum": "micro-batches per update (the grid: 1, 5, 8)"})
     optimizer: OptimizerConfig = section(OptimizerConfig)
+    adapter: AdapterConfig = section(AdapterConfig)
     evaluation: EvalConfig = section(EvalConfig)
 
     def __post_init__(self):

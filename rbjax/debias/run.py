@@ -20,7 +20,8 @@ chains training, export and evaluation and decides what a rerun may reuse:
   again), never mixed.
 
 Outputs in ``out_dir``: ``config.json`` (the config, derived sizes, data files and hashes, versions),
-``metrics.jsonl`` (one line per update), ``checkpoints/``, ``model/`` (HF folder with tokenizer files),
+``metrics.jsonl`` (one line per update), ``checkpoints/``, ``model/`` (HF folder with tokenizer files; with
+low-rank adapters the merged model, and ``adapter/`` the adapters as a PEFT folder),
 ``lmb_valid/`` (:func:`rbjax.lmb.measure.measure_bias` on the valid split), ``results.json`` (config, key, training
 summary, LMB of the debiased type and of every evaluated type, LMP, what was reused).
 """
@@ -35,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from rbjax.core.digests import file_digest
+from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
@@ -51,16 +54,20 @@ from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexi
 from rbjax.lmb import measure
 from rbjax.model.handle import ModelHandle
 from rbjax.model.hf import model_files_key, save_pretrained
+from rbjax.model.lora import adapter_param_count, add_adapters, merge_adapters
+from rbjax.model.lora import describe as describe_lora
+from rbjax.model.peft_adapter import ADAPTER_CONFIG, save_adapter
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
 from rbjax.train.checkpoint import Checkpointer
+from rbjax.train.config import AdapterConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 
-__all__ = ["DebiasRun", "debias_trainer", "lambda_point", "debias", "evaluate_run", "METHODS"]
+__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "METHODS"]
 
 log = get_logger("debias")
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "lmb_valid", "config.json")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "model", "adapter", "lmb_valid", "config.json")
 
 
 def _check_out_dir(out: Path) -> None:
@@ -107,9 +114,37 @@ def debias_trainer(cfg: DebiasRun, *, model: ModelHandle | None = None, mesh=Non
         data = TrainingData(cfg, model.tokenizer, model.config.vocab_size, texts)
     if points is None:
         points = TrainPoint(cfg.debias.hparams, cfg.optimizer.learning_rate)
+    key_extra = {"bias_type": cfg.debias.bias_type, "train_file": cfg.debias.train_file}
+    params = None
+    if cfg.adapter.enabled:  # low-rank adapters on the frozen base (one base for every point of a chunk)
+        params = adapted_params(cfg.adapter, model, cfg.trainer.seed)
+        key_extra["adapter"] = cfg.adapter.describe()
     return Trainer(tcfg, model, objective, make_optimizer(cfg.optimizer), data, mesh=mesh, points=points,
-                   plan=plan, key_extra={"bias_type": cfg.debias.bias_type, "train_file": cfg.debias.train_file},
-                   out_dir=cfg.out_dir)
+                   params=params, plan=plan, key_extra=key_extra, out_dir=cfg.out_dir)
+
+
+def adapted_params(adapter: AdapterConfig, model: ModelHandle, seed: int, params=None) -> dict:
+    """The start of an adapter run: the model's (or ``params``') frozen base, stored as ``adapter.param_dtype``
+    says, with fresh adapters seeded by ``seed`` (:func:`rbjax.model.lora.add_adapters`).
+
+    Raises:
+        rbjax.core.errors.SettingError: ``lora_targets`` names no module of the model's family.
+    """
+    try:
+        return add_adapters(model.params if params is None else params, model.config, adapter.lora_spec(), seed,
+                            base_dtype=jnp.bfloat16 if adapter.param_dtype == "bf16" else None)
+    except ValueError as e:
+        raise SettingError("lora_targets", str(e).removeprefix("--lora-targets ")) from None
+
+
+def adapter_record(cfg: DebiasRun, trainer: Trainer, folder: Path | None) -> dict:
+    """What ``results.json`` (and the model card) record of an adapter run: rank, α, dropout, rsLoRA, scale, the
+    resolved target modules, trained numbers, the base model's storage dtype and content key, the PEFT folder."""
+    spec = cfg.adapter.lora_spec()
+    return {**describe_lora(spec, trainer.config), "param_dtype": cfg.adapter.param_dtype,
+            "trained_parameters": adapter_param_count(trainer.config, spec),
+            "base_model": cfg.model, "base_model_key": trainer.model.digest,
+            "folder": None if folder is None or not (folder / ADAPTER_CONFIG).is_file() else str(folder)}
 
 
 def _lmb_summary(rec: dict) -> dict:
@@ -425,7 +460,10 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
     model_dir = None
     if cfg.export:
         if not exported_ok:
-            model_dir = save_pretrained(to_host(params), trainer.config, model_out,
+            host = to_host(params)
+            if cfg.adapter.enabled:  # the adapters as a PEFT folder, and the merged model as an HF folder
+                save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(), base_model=cfg.model)
+            model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
                                         tokenizer_dir=trainer.model.tokenizer_folder())
         else:
             model_dir = model_out
@@ -462,5 +500,7 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
            "config": cfg.to_dict(), "key": key, "model_dir": None if model_dir is None else str(model_dir),
            "model_files": None if model_dir is None else model_key,
            "training": training, **evals, "reused": reused, "wall_s": time.perf_counter() - t0, "versions": versions()}
+    if cfg.adapter.enabled:
+        res["adapter"] = adapter_record(cfg, trainer, out / "adapter" if cfg.export else None)
     atomic_write_json(out / "results.json", res)
     return res

@@ -73,6 +73,8 @@ from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexi
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle
+from rbjax.model.lora import adapter_param_count
+from rbjax.train.frozen import combine
 from rbjax.train.loop import CHECKPOINT_FORMAT, TrainPoint
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
@@ -258,22 +260,29 @@ def free_device_memory(device) -> int | None:
     return available_memory()
 
 
-def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: int = 0) -> tuple[int, str]:
+def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: int = 0,
+                    adapter_bytes: int | None = None) -> tuple[int, str]:
     """Grid points per chunk that fit the devices, and the reason.
 
     Per point: parameters, the two Adam moments, the gradient and the accumulator (5 copies of the parameters in
     fp32: ≈2.5 GB at DialoGPT-small), plus ``activation_bytes``; 70 % of the free memory of the devices (summed over
-    the mesh, which spreads points) is used.
+    the mesh, which spreads points) is used. With low-rank adapters (``adapter_bytes``: one point's adapters in
+    fp32) the frozen base ``params`` is held once for the whole chunk and a point costs 5 copies of its adapters:
+    base + n × (adapter, its Adam moments, gradient, accumulator) (docs/scale.md).
     """
     devs = list(jax.devices() if devices is None else devices)
-    per = 5 * _param_bytes(params) + int(activation_bytes)
+    shared = 0 if adapter_bytes is None else _param_bytes(params)
+    per = 5 * (_param_bytes(params) if adapter_bytes is None else int(adapter_bytes)) + int(activation_bytes)
     free = free_device_memory(devs[0])
     if free is None:
         return n_points, "device memory unknown: whole batch plans"
-    fit = max(1, int(0.7 * free * len(devs) // max(per, 1)))
+    fit = max(1, int((0.7 * free - shared) * len(devs) // max(per, 1)))
     n = min(n_points, fit)
-    return n, (f"{n} point(s) per chunk: {per / 2**30:.2f} GiB per point (parameters, Adam moments, gradient, "
-               f"accumulator), {free / 2**30:.1f} GiB free on {devs[0].platform} × {len(devs)} device(s)")
+    what = "adapters, their Adam moments, gradient, accumulator" if adapter_bytes is not None else \
+        "parameters, Adam moments, gradient, accumulator"
+    return n, (f"{n} point(s) per chunk: {per / 2**30:.3g} GiB per point ({what})"
+               + (f" beside the frozen base ({shared / 2**30:.2f} GiB, once)" if shared else "")
+               + f", {free / 2**30:.1f} GiB free on {devs[0].platform} × {len(devs)} device(s)")
 
 
 # ------------------------------------------------------------------------------------------------ chunk tasks
@@ -398,10 +407,19 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     recs = []
     last = res.summary.get("last") or []
 
-    stacked = to_host(res.state.params)  # on every host (the chunk may span several)
     t1 = time.perf_counter()
-    devs, lmps = _evaluate(ctx, base, stacked, n_bootstrap=task["n_bootstrap"],
-                           dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
+    if res.frozen:  # adapters: each point scored on the one frozen base (the base is never stacked)
+        frozen, trained = to_host(res.frozen), to_host(res.state.params)
+        devs, lmps = [], []
+        for i in range(len(pts)):
+            d, lp = _evaluate(ctx, base, combine(frozen, jax.tree.map(lambda x: x[i], trained)),  # noqa: B023
+                              n_bootstrap=task["n_bootstrap"], dev_max_pairs=task["dev_max_pairs"])
+            devs.append(d)
+            lmps.append(lp)
+    else:
+        stacked = to_host(res.state.params)  # on every host (the chunk may span several)
+        devs, lmps = _evaluate(ctx, base, stacked, n_bootstrap=task["n_bootstrap"],
+                               dev_max_pairs=task["dev_max_pairs"], stacked=True)  # every point in one vmapped pass
     eval_s = (time.perf_counter() - t1) / len(pts)
     for i, (p, k) in enumerate(zip(pts, keys)):
         recs.append(json.loads(to_json({"id": p.id, "point": p.as_dict(), "key": k, "dev": devs[i], "lmp": lmps[i],
@@ -429,6 +447,8 @@ def _sweep_key(base: DebiasRun, ctx: SweepContext, dev_max_pairs, n_bootstrap) -
             "train_file": base.debias.train_file}
     for k in grid_axes:
         traj.pop(k, None)
+    if base.adapter.enabled:
+        traj["adapter"] = base.adapter.describe()
     return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx.model.digest,
             "tokenizer": ctx.model.tokenizer_digest, "data": ctx.data.key,
             "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.evaluation.lmp,
@@ -479,6 +499,8 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
                 "grid": {k: list(v) for k, v in (grid or PAPER_GRID).items()},
                 "lmp_file": None if ctx.lmp_path is None else str(ctx.lmp_path),
                 "lmp_max_lines": base.evaluation.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
+    if base.adapter.enabled:
+        settings["adapter"] = base.adapter.describe()
     spath = out / "sweep_settings.json"
     if spath.exists():
         prev = json.loads(spath.read_text())
@@ -501,7 +523,8 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
         todo = [p for p in group if p.id not in done]
         if not todo:
             continue
-        n = grid_chunk or auto_grid_chunk(ctx.params, len(group))[0]
+        n = grid_chunk or auto_grid_chunk(ctx.params, len(group), adapter_bytes=(
+            4 * adapter_param_count(ctx.config, base.adapter.lora_spec()) if base.adapter.enabled else None))[0]
         for c in range(0, len(todo), n):
             chunk = todo[c:c + n]
             tasks.append({"base": base.to_dict(), "plan": [B, A], "points": [p.as_dict() for p in chunk],

@@ -398,6 +398,7 @@ class DSTObjective:
     pooling: str = "last"
     hparam_names = ()
     metric_names = ("bce_loss",)
+    own_params = ("head",)  # trained also when the body is frozen under low-rank adapters
 
     def describe(self) -> dict:
         """The objective's static settings (for the run's key)."""

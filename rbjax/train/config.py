@@ -1,5 +1,6 @@
 """Settings of a training run, for any objective: the trainer's (:class:`TrainerConfig`: batches, schedule length,
-precision, layout, checkpoints) and the optimiser's (:class:`OptimizerConfig`: learning rate, Adam, clip).
+precision, layout, checkpoints), the optimiser's (:class:`OptimizerConfig`: learning rate, Adam, clip) and the
+adapters' (:class:`AdapterConfig`: low-rank adapters on a frozen base, or none).
 
 Frozen, JSON-serialisable dataclasses whose fields carry their own help, choices and command-line spelling
 (:func:`rbjax.core.config.field`). A task's run settings hold them as sections (levanter's
@@ -22,9 +23,10 @@ from typing import Any
 from rbjax.core.config import check_types, field
 from rbjax.core.errors import SettingError
 from rbjax.core.precision import PRECISIONS
+from rbjax.model.lora import LoraSpec
 from rbjax.train.batching import LAYOUTS
 
-__all__ = ["TrainerConfig", "OptimizerConfig", "LEFTOVERS"]
+__all__ = ["TrainerConfig", "OptimizerConfig", "AdapterConfig", "LEFTOVERS", "ADAPTERS", "BASE_DTYPES"]
 
 #: what happens to the micro-batches left at an epoch's end (:func:`rbjax.train.batching.update_plan`)
 LEFTOVERS = ("drop", "carry")
@@ -136,3 +138,74 @@ class TrainerConfig:
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)
+
+
+#: parameter-efficient fine-tuning methods (``none``: every weight is trained)
+ADAPTERS = ("none", "lora")
+#: storage dtypes of the frozen base model under adapters
+BASE_DTYPES = ("fp32", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021; :mod:`rbjax.model.lora`): train two small matrices per adapted
+    projection instead of every weight, the base model frozen (no gradient, no optimiser state; with
+    ``param_dtype`` bf16 stored in half the memory). The ``adapter`` section of a training run's settings
+    (:class:`rbjax.debias.config.DebiasRun`, the dialog tasks'); docs/debiasing.md "Adapters". Defaults: rank 8,
+    α 16, dropout 0.05, every linear layer (PEFT's ``all-linear``).
+
+    Raises:
+        rbjax.core.errors.SettingError naming the field: a value out of range, or an adapter setting given without
+        ``adapter = "lora"`` (it would have no effect).
+    """
+
+    adapter: str = field("none", "none: fine-tune every weight (the paper); lora: train low-rank adapters on a frozen "
+                                 "base model (every method, the dialog fine-tuning, a sweep's grid on one base)",
+                         choices=ADAPTERS)
+    lora_rank: int = field(8, "LoRA rank r")
+    lora_alpha: float = field(16.0, "LoRA α: the adapter's update is scaled by α/r (α/√r with --lora-rslora)")
+    lora_dropout: float = field(0.05, "dropout rate of the adapter's input during training (PEFT's lora_dropout)")
+    lora_targets: str = field("all-linear", "adapted layers: all-linear (every attention and MLP projection, not "
+                                            "the LM head), attention, mlp, or the family's module names, comma "
+                                            "separated (gpt2: c_attn, attn.c_proj, c_fc, mlp.c_proj; llama, "
+                                            "mistral, qwen2, gemma2: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                            "up_proj, down_proj; gpt_neox: query_key_value, dense, dense_h_to_4h, "
+                                            "dense_4h_to_h)", metavar="NAMES")
+    lora_rslora: bool = field(False, "rsLoRA: scale by α/√r instead of α/r")
+    param_dtype: str = field("fp32", "storage of the frozen base model under adapters: bf16 halves its memory "
+                                     "(adapters and their optimizer state stay fp32)", choices=BASE_DTYPES)
+
+    def __post_init__(self):
+        check_types(self)
+        for name, allowed in (("adapter", ADAPTERS), ("param_dtype", BASE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.lora_rank < 1:
+            raise SettingError("lora_rank", f"must be >= 1, got {self.lora_rank}")
+        if not self.lora_alpha > 0:
+            raise SettingError("lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise SettingError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        if not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise SettingError("lora_targets", "is empty")
+        if self.adapter == "none":
+            changed = [f.name for f in dataclasses.fields(self) if f.name != "adapter"
+                       and getattr(self, f.name) != f.default]
+            if changed:
+                raise SettingError(changed[0], "has no effect without adapter lora (--adapter lora)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.adapter != "none"
+
+    def lora_spec(self) -> LoraSpec:
+        """The adapter of these settings (:class:`rbjax.model.lora.LoraSpec`)."""
+        return LoraSpec(rank=self.lora_rank, alpha=float(self.lora_alpha), dropout=float(self.lora_dropout),
+                        targets=self.lora_targets, rslora=self.lora_rslora)
+
+    def describe(self) -> dict[str, Any] | None:
+        """The settings that define the adapters (a run's key and records); ``None`` without adapters."""
+        return None if not self.enabled else dataclasses.asdict(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -42,14 +42,15 @@ from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
 from rbjax.core.keys import canonical, describe_difference
 from rbjax.core.log import get_logger
-from rbjax.core.mesh import (is_model_parallel, padded_points, shard_batch, shard_state, shard_tree, to_host,
-    tree_shardings)
+from rbjax.core.mesh import (is_model_parallel, padded_points, replicate, shard_batch, shard_state, shard_tree,
+    to_host, tree_shardings)
 from rbjax.core.progress import progress_bar
 from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
 from rbjax.train.batching import BatchPlan
 from rbjax.train.checkpoint import Checkpointer
 from rbjax.train.config import TrainerConfig
+from rbjax.train.frozen import combine, split, trainable_rule
 from rbjax.train.optim import ClipAdam, learning_rate
 from rbjax.train.step import (StepSpec, TrainState, hparams_array, init_state, micro_batch_grads, micro_batch_losses,
     shared_keys, step_on_mesh, unstack_state)
@@ -95,14 +96,19 @@ class TrainResult:
     resumed_from: int | None
     summary: dict
     n_points: int = 1
+    frozen: Any = None
 
     @property
     def params(self):
-        """The parameters of a single run (of point 0 of a chunk)."""
-        return self.state.params if self.n_points == 1 and not _stacked(self.state) else self.point_params(0)
+        """The whole parameter tree of a single run (of point 0 of a chunk): the trained parameters with the frozen
+        ones (:func:`rbjax.train.frozen.combine`)."""
+        trained = self.state.params if self.n_points == 1 and not _stacked(self.state) else \
+            unstack_state(self.state, 0).params
+        return combine(self.frozen, trained)
 
     def point_params(self, i: int):
-        return unstack_state(self.state, i).params
+        """The whole parameter tree of point ``i`` of a chunk (the frozen part shared, not copied)."""
+        return combine(self.frozen, unstack_state(self.state, i).params)
 
 
 def _stacked(state) -> bool:
@@ -127,8 +133,10 @@ class Trainer:
         mesh: the device mesh (:func:`rbjax.core.mesh.run_mesh`).
         points: one :class:`TrainPoint` (a single run, the unvmapped step) or a list of them (a chunk of grid
             points, vmapped over a stacked state).
-        params: the trained parameters at the start (default: the model's; e.g. DST trains ``{"gpt2": …, "head":
-            …}``).
+        params: the parameters at the start (default: the model's; e.g. DST trains ``{"gpt2": …, "head": …}``).
+            A tree with low-rank adapters (:func:`rbjax.model.lora.add_adapters`) trains only the adapters and the
+            objective's own parameters; the rest is frozen, held once on the mesh and passed to the step unbatched
+            (:mod:`rbjax.train.frozen`), and checkpoints hold the trained part only.
         plan: a prepared :class:`BatchPlan` of ``data`` (shared by the chunks of a sweep; default: built here).
         key_extra: what else defines the run's inputs for its checkpoint key (e.g. the bias type and training file
             of a debiasing run).
@@ -171,6 +179,9 @@ class Trainer:
         model_axes = logical_axes_for(self.config)
         own = getattr(objective, "logical_axes", None)
         self.logical_axes = model_axes if own is None else partial(own, model_axes=model_axes)
+        # what the run trains: everything, or (low-rank adapters) the adapters and the objective's own parameters
+        self.trainable = trainable_rule(self.init_params, objective)
+        self._frozen = None
 
     n_examples = property(lambda self: self.data.n_examples)
     n_batches = property(lambda self: self.plan.n_batches)
@@ -230,17 +241,33 @@ class Trainer:
         describe = getattr(self.objective, "describe", None)
         return dict(describe()) if describe is not None else {"objective": type(self.objective).__name__}
 
+    @property
+    def frozen(self):
+        """The parameters the run does not train, on the mesh, placed once (``{}`` when it trains everything): split
+        by the family's logical axes on an fsdp/tensor mesh, else replicated — one copy for a whole grid chunk."""
+        if self._frozen is None:
+            frozen = split(self.init_params, self.trainable)[1]
+            if not frozen:
+                self._frozen = {}
+            elif is_model_parallel(self.mesh):
+                self._frozen = shard_tree(frozen, self.mesh, self.logical_axes)
+            else:
+                self._frozen = replicate(frozen, self.mesh)
+        return self._frozen
+
     def initial_state(self) -> TrainState:
-        """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs)."""
+        """A fresh state on the mesh (stacked on the host with numpy for a chunk: no per-leaf device programs); it
+        holds the trained parameters only (:attr:`frozen` holds the rest)."""
 
         p0 = self.points[0]
+        trained = split(self.init_params, self.trainable)[0]
         if is_model_parallel(self.mesh) and not self.stacked:
             # built on the mesh, each device holding only its slices (no full copy of the moments on one device)
-            params = shard_tree(self.init_params, self.mesh, self.logical_axes)
+            params = shard_tree(trained, self.mesh, self.logical_axes)
             make = lambda p: init_state(p, self.spec, hparams=p0.hparams, lr=p0.learning_rate,  # noqa: E731
                                         t_total=self.t_total)
             return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make, params)))(params)
-        one = jax.device_get(init_state(self.init_params, self.spec, hparams=p0.hparams, lr=p0.learning_rate,
+        one = jax.device_get(init_state(trained, self.spec, hparams=p0.hparams, lr=p0.learning_rate,
                                         t_total=self.t_total))
         if not self.stacked:
             return shard_state(one, self.mesh, False, self.logical_axes)
@@ -358,8 +385,9 @@ class Trainer:
                     if callback is not None:
                         for j, (e, b) in enumerate(self.plan.plan[u]):
                             callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
-                                      "batch_index": b, "rows": self.plan.batch_rows(e, b), "params": state.params})
-                    state, m = step_fn(state, self.device_batch(u), spec=self.spec)
+                                      "batch_index": b, "rows": self.plan.batch_rows(e, b),
+                                      "params": combine(self.frozen, state.params)})
+                    state, m = step_fn(state, self.device_batch(u), self.frozen, spec=self.spec)
                     m = to_host(m)  # syncs with the device (and, across hosts, gathers every point's metrics)
                     now = time.perf_counter()
                     tokens = self.plan.tokens(u)
@@ -393,7 +421,8 @@ class Trainer:
                                     **{k.removesuffix("_loss"): f"{last[0][k]:.3g}" for k in names},
                                     tok_s=f"{last[0]['tokens_per_s']:.0f}")
                     if callback is not None:
-                        callback({"kind": "update", "update": u + 1, "params": state.params, "lr": last[0]["lr"],
+                        callback({"kind": "update", "update": u + 1, "params": combine(self.frozen, state.params),
+                                  "lr": last[0]["lr"],
                                   "grad_norm": last[0]["grad_norm"], "metrics": last[0] if not self.stacked else last})
                     done = u + 1
                     if consecutive.max() >= MAX_CONSECUTIVE_SKIPS:
@@ -432,7 +461,7 @@ class Trainer:
             state = jax.tree.map(lambda x: x[:n_pts], to_host(state))
         return TrainResult(state=state, updates_done=max(end, start), t_total=self.t_total,
                            finished=max(end, start) >= self.t_total, resumed_from=resumed, summary=summary,
-                           n_points=n_pts if self.stacked else 1)
+                           n_points=n_pts if self.stacked else 1, frozen=self.frozen)
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:

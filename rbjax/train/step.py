@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rbjax.core.precision import get_policy
+from rbjax.train.frozen import combine
 from rbjax.train.optim import ClipAdam, learning_rate
 
 __all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state",
@@ -54,6 +55,10 @@ class Objective(Protocol):
         metric_names: the names of ``metrics`` (e.g. ``("lm_loss", "debias_loss")``).
         shared_keys (optional): names of batch arrays shared by every micro-batch of an update (not stacked on the
             micro-batch axis), e.g. the debiasing target pairs.
+
+    ``own_params`` (optional): top-level keys of the parameter tree that are the objective's own (e.g. DST's
+    classifier ``head``): trained also when the model itself is frozen under low-rank adapters
+    (:mod:`rbjax.train.frozen`).
 
     Method ``describe() -> dict`` (optional): the objective's static settings, for the run's key. Method
     ``logical_axes(path, shape, model_axes)`` (optional; for trained parameters that are not the model's, e.g. a
@@ -129,7 +134,9 @@ class TrainState:
     """Everything that changes during a run, as arrays (a pytree; stack it on a leading axis for a grid).
 
     Attributes:
-        params: the trained parameters. opt_state: the optimiser state (:class:`rbjax.train.optim.OptState`).
+        params: the trained parameters (with adapters: the adapter matrices and the objective's own parameters
+            only; the frozen base is an argument of the step, :mod:`rbjax.train.frozen`). opt_state: the optimiser
+            state (:class:`rbjax.train.optim.OptState`).
         step: int32, updates done (the next update's learning rate is ``learning_rate(step, lr, t_total)``).
         hparams: float32 ``(H,)``, the objective's hyper-parameters (``objective.hparam_names``).
         lr: float32 peak learning rate.
@@ -179,7 +186,7 @@ def batch_losses(params, batch: dict, hparams, rng, spec: StepSpec, *, dropout: 
 
 
 # ------------------------------------------------------------------------------------------------------- step
-def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
+def train_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -> tuple[TrainState, dict]:
     """One update from the micro-batches of ``batch`` (pure; jit with ``spec`` static, see :data:`train_step_jit`).
 
     Args:
@@ -187,6 +194,9 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
         batch: the update's micro-batches stacked on a leading axis A (``input_ids`` ``(A, B, L)``, masks, the
             objective's per-example arrays, ``rng`` ``(A, 4)`` uint32 dropout keys) plus the unstacked arrays of the
             objective's ``shared_keys`` (e.g. the debiasing target pairs).
+        frozen: the parameters the run does not train (:mod:`rbjax.train.frozen`: the base model under low-rank
+            adapters; ``None`` or empty: ``state.params`` is the whole tree). The objective sees
+            ``combine(frozen, state.params)``; only ``state.params`` is differentiated and updated.
         spec: static settings.
 
     Returns:
@@ -202,7 +212,7 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
     names = tuple(spec.objective.metric_names)
 
     def one(mb):
-        fn = lambda p: batch_losses(p, {**mb, **shared}, state.hparams, mb["rng"], spec)  # noqa: E731
+        fn = lambda p: batch_losses(combine(frozen, p), {**mb, **shared}, state.hparams, mb["rng"], spec)  # noqa: E731
         (tot, aux), g = jax.value_and_grad(fn, has_aux=True)(state.params)
         return jax.tree.map(lambda x: x * scale, g), jnp.stack([tot] + [aux[n] for n in names])
 
@@ -233,12 +243,13 @@ def train_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[Train
 train_step_jit = jax.jit(train_step, static_argnames=("spec",), donate_argnames=("state",))
 
 
-def _grid_step(state: TrainState, batch: dict, *, spec: StepSpec) -> tuple[TrainState, dict]:
-    return jax.vmap(lambda s: train_step(s, batch, spec=spec))(state)
+def _grid_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -> tuple[TrainState, dict]:
+    return jax.vmap(lambda s: train_step(s, batch, frozen, spec=spec))(state)
 
 
-#: :func:`train_step` vmapped over a stacked state (leading grid axis; every point sees the same ``batch``), compiled.
-#: A point whose gradient is not finite skips its update without touching the others.
+#: :func:`train_step` vmapped over a stacked state (leading grid axis; every point sees the same ``batch`` and the
+#: same unbatched ``frozen`` parameters — one base model for the whole chunk under adapters), compiled. A point
+#: whose gradient is not finite skips its update without touching the others.
 grid_train_step = jax.jit(_grid_step, static_argnames=("spec",), donate_argnames=("state",))
 
 _ON_MESH: dict = {}

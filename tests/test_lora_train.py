@@ -1,0 +1,210 @@
+"""Training with low-rank adapters (rbjax.train.frozen, the trainer's frozen base; dropout off where results are
+compared):
+
+* the train state holds the adapters only (no base parameter, no base optimizer state); the base is not moved, the
+  target embeddings of the debiasing losses are the frozen ones; every loss method and CDA train adapters;
+* packed = padded for LoRA updates (losses 1e-6 relative, adapters 1e-5 absolute);
+* a vmapped chunk of grid points shares one unbatched base and equals each point trained alone (1e-5);
+* a killed and resumed run ends with bit-identical adapters; its checkpoints hold the adapter state only;
+* ``param_dtype`` bf16 stores the frozen base in bf16, the adapters and their Adam moments stay fp32;
+* DST (adapters + its classifier head) and CRG fine-tune adapters.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rbjax.core.errors import SettingError
+from rbjax.core.mesh import run_mesh
+from rbjax.debias.config import DebiasRun
+from rbjax.debias.data import TrainingData
+from rbjax.debias.run import debias_trainer, lambda_point
+from rbjax.dialog.crg_data import CRGObjective
+from rbjax.dialog.state_tracking import DSTObjective, init_head
+from rbjax.model import lora
+from rbjax.model.gpt2 import GPT2Config, init_params
+from rbjax.model.handle import ModelHandle
+from rbjax.train.batching import ArrayData, BatchPlan
+from rbjax.train.config import AdapterConfig, TrainerConfig
+from rbjax.train.loop import Trainer, TrainPoint
+from rbjax.train.optim import make_optimizer
+from tests.conftest import religion1_train_file
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+
+LORA = dict(adapter="lora", lora_rank=4, lora_alpha=8.0, lora_dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def start(tiny_model_dir, tokenizer_dir):
+    from rbjax.model.hf import load_pretrained
+    from rbjax.model.tokenizer import load_tokenizer
+
+    config, params = load_pretrained(tiny_model_dir)
+    return config, params, load_tokenizer(tokenizer_dir, expected_vocab_size=None)
+
+
+def _cfg(tmp_path, redditbias_dir, **kw):
+    # the learning rate of tests/test_packed.py: larger steps let Adam's normalised updates amplify float32 rounding
+    base = dict(method="lmd", semantics="paper", bias_type="religion1", model="unused", out_dir=str(tmp_path / "run"),
+                train_file=religion1_train_file(redditbias_dir, tmp_path, 28), batch_size=4, grad_accum=2,
+                max_steps=3, dropout=False, learning_rate=5e-5, export=False, evaluate=False, lmp=False,
+                progress=False, layout="padded", **LORA)
+    base.update(kw)
+    return DebiasRun.from_flat(base)
+
+
+def _trainer(cfg, start, points=None, data=None):
+    config, params, tok = start
+    data = data or TrainingData(cfg, tok, config.vocab_size)
+    model = ModelHandle.from_params(params, config, tok, name="tiny", key="tiny")
+    plan = BatchPlan.of_run(data, cfg.trainer_config, max_shapes=1)
+    return debias_trainer(cfg, model=model, points=points, data=data, plan=plan)
+
+
+def _run(tr, **kw):
+    metrics = []
+    res = tr.run(checkpoints=kw.pop("checkpoints", False),
+                 callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]), **kw)
+    return res, metrics
+
+
+def _leaves(tree):
+    return {tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in p): np.asarray(x)
+            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.fixture(scope="module")
+def lmd(start, tmp_path_factory, redditbias_dir):
+    """One LMD adapter run (padded, 3 updates) that several tests compare with: ``(cfg, data, result, metrics)``."""
+    cfg = _cfg(tmp_path_factory.mktemp("lmd"), redditbias_dir)
+    data = TrainingData(cfg, start[2], start[0].vocab_size)
+    return (cfg, data) + _run(_trainer(cfg, start, data=data))
+
+
+def test_state_holds_adapters_only_and_the_base_stays(start, lmd, tmp_path, redditbias_dir):
+    config, params, _ = start
+    _, _, res, metrics = lmd
+    trained = _leaves(res.state.params)
+    assert trained and all(lora.is_adapter_param(p) for p in trained)  # no base weight in the state ...
+    assert all(lora.is_adapter_param(p) for p in _leaves(res.state.opt_state.mu))  # ... nor in Adam's moments
+    assert max(np.abs(v).max() for p, v in trained.items() if p[-1] == "B") > 3e-5  # B moved from zero
+    assert all(np.isfinite(m["total"]) and m["debias_loss"] != 0 for m in metrics)
+    full = _leaves(res.params)
+    for p, v in _leaves(params).items():  # every base weight is the start model's, bit for bit
+        np.testing.assert_array_equal(full[p], v)
+    with pytest.raises(SettingError, match="lora_rank"):
+        DebiasRun.from_flat(lora_rank=4)  # an adapter setting without --adapter lora would do nothing
+    with pytest.raises(SettingError, match="lora_targets"):
+        _trainer(_cfg(tmp_path, redditbias_dir, lora_targets="q_proj"), start)  # not a GPT-2 module
+
+
+def _same_updates(ma, mb, ra, rb):
+    for ua, ub in zip(ma, mb):
+        assert ua["tokens"] == ub["tokens"] > 0
+        for k in ("lm_loss", "debias_loss", "total"):
+            assert ua[k] == pytest.approx(ub[k], rel=1e-6, abs=1e-30)
+    a, b = _leaves(ra.state.params), _leaves(rb.state.params)
+    for p in a:
+        np.testing.assert_allclose(a[p], b[p], atol=1e-5)
+
+
+def test_packed_lora_update_equals_padded(start, lmd):
+    cfg, data, ra, ma = lmd
+    rb, mb = _run(_trainer(cfg.replace(layout="packed"), start, data=data))
+    _same_updates(ma, mb, ra, rb)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,semantics", [("add", "reference"), ("hd", "paper"), ("cda", "reference")])
+def test_packed_lora_update_equals_padded_more_methods(start, tmp_path, redditbias_dir, method, semantics):
+    cfg = _cfg(tmp_path, redditbias_dir, method=method, semantics=semantics)
+    data = TrainingData(cfg, start[2], start[0].vocab_size)
+    (ra, ma), (rb, mb) = (_run(_trainer(cfg.replace(layout=lay), start, data=data)) for lay in ("padded", "packed"))
+    _same_updates(ma, mb, ra, rb)
+
+
+def test_vmapped_adapter_grid_shares_one_base_and_equals_points_alone(start, lmd):
+    cfg, data, first, m_first = lmd  # point 0 alone: the fixture's run (λ 0.01, 10; lr 5e-5)
+    pts = [lambda_point(0.01, 10.0, 5e-5), lambda_point(0.001, 100.0, 2e-5)]
+    res, metrics = _run(_trainer(cfg, start, points=pts, data=data))
+    # one base: the frozen tree carries no point axis; the stacked state holds the adapters only
+    base = _leaves(start[1])
+    for p, v in _leaves(res.frozen).items():
+        assert v.shape == base[p].shape if p in base else v.ndim == 0  # (an adapter's scale: a scalar)
+    assert all(v.shape[0] == 2 and lora.is_adapter_param(p) for p, v in _leaves(res.state.params).items())
+    second = _run(_trainer(cfg.replace(lambda_lm=0.001, lambda_d=100.0, learning_rate=2e-5), start, data=data))
+    for i, (alone, m1) in enumerate(((first, m_first), second)):
+        for u in range(3):
+            assert metrics[u][i]["total"] == pytest.approx(m1[u]["total"], rel=1e-5)
+        got, want = _leaves(res.point_params(i)), _leaves(alone.params)
+        for p in want:
+            np.testing.assert_allclose(got[p], want[p], rtol=1e-5, atol=1e-6)
+
+
+def test_resumed_adapter_run_is_bit_identical_and_checkpoints_hold_adapters_only(start, lmd, tmp_path):
+    cfg, data, whole, _ = lmd
+    cfg = cfg.replace(out_dir=str(tmp_path / "cut"), save_every=1)
+    tr = _trainer(cfg, start, data=data)
+    first, _ = _run(tr, checkpoints=True, out_dir=tmp_path / "cut", stop_after=2)
+    assert not first.finished
+    again, _ = _run(_trainer(cfg, start, data=data), checkpoints=True, out_dir=tmp_path / "cut")
+    assert again.resumed_from == 2
+    for p, v in _leaves(whole.state.params).items():
+        np.testing.assert_array_equal(_leaves(again.state.params)[p], v)
+    ckpt = sum(f.stat().st_size for f in (tmp_path / "cut" / "checkpoints").rglob("*") if f.is_file())
+    base = sum(v.nbytes for v in _leaves(start[1]).values())
+    assert ckpt < base / 4  # adapters (and their moments) only: the 6.6 MB base is referenced by its key
+    assert tr.key()["trajectory"]["adapter"]["lora_rank"] == 4
+    other = _trainer(cfg.replace(lora_rank=2), start, data=data)
+    with pytest.raises(ValueError, match="different run"):
+        other.run(tmp_path / "cut")
+
+
+def test_bf16_base_keeps_fp32_adapters(start, lmd):
+    cfg, data, r32, m32 = lmd
+    r16, m16 = _run(_trainer(cfg.replace(param_dtype="bf16"), start, data=data))
+    bf16 = np.dtype(jnp.bfloat16)
+    assert {v.dtype for p, v in _leaves(r16.frozen).items() if p[-1] in ("kernel", "embedding")} == {bf16}
+    assert {v.dtype for v in _leaves((r16.state.params, r16.state.opt_state.mu)).values()} == {np.dtype(np.float32)}
+    for a, b in zip(m32, m16):  # the base rounded to bf16: close, not equal
+        assert b["total"] == pytest.approx(a["total"], rel=2e-2)
+        assert b["total"] != a["total"]
+
+
+CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=63, eos_token_id=63)
+
+
+@pytest.mark.parametrize("method", ["dst", "crg"])
+def test_dialog_tasks_train_adapters(method):
+    rng = np.random.default_rng(4)
+    body = init_params(CFG, seed=2)
+    L, B = 12, 20
+    lengths = rng.integers(2, L + 1, B)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    arrays = {"input_ids": rng.integers(0, 60, (B, L)).astype(np.int32), "attention_mask": mask}
+    if method == "dst":
+        arrays["labels"] = (rng.random(B) > 0.5).astype(np.float32)
+    else:
+        arrays["loss_mask"] = (mask * (np.arange(L)[None] >= lengths[:, None] // 2)).astype(np.int32)
+    data = ArrayData(arrays, pad_id=63, info={"task": "test"})
+
+    class Tok:  # the trainer only asks a tokenizer for its size and source
+        vocab_size, eos_id, source = 64, 63, "test"
+
+    spec = AdapterConfig(adapter="lora", lora_rank=2, lora_dropout=0.1).lora_spec()
+    start = {"gpt2": body, "head": init_head(CFG, seed=0)} if method == "dst" else body
+    params = lora.add_adapters(start, CFG, spec, seed=0)
+    model = ModelHandle.from_params(body, CFG, Tok(), name="test", key="test")
+    tr = Trainer(TrainerConfig(batch_size=4, max_steps=2, progress=False, block_size=L, layout="padded"), model,
+                 DSTObjective() if method == "dst" else CRGObjective(), make_optimizer(), data,
+                 mesh=run_mesh(None, batch_size=4), points=TrainPoint({}, 1e-2), params=params)
+    res = tr.run(checkpoints=False)
+    trained = _leaves(res.state.params)
+    assert any(lora.is_adapter_param(p) for p in trained)
+    # DST trains its classifier head beside the adapters; nothing else of the body
+    assert {p[0] for p in trained if not lora.is_adapter_param(p)} == ({"head"} if method == "dst" else set())
+    full = _leaves(res.params)
+    for p, v in _leaves(start).items():
+        if p[0] != "head":
+            np.testing.assert_array_equal(full[p], v)
