@@ -90,12 +90,19 @@ def check_plan(args, cfg) -> bool:
     plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
                           seq_len=t.block_size, grad_accum=t.grad_accum, precision=t.precision,
                           device_memory_gb=args.device_memory_gb,
-                          n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None)
+                          n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None,
+                          **adapter_plan(cfg))
     if args.dry_run:
         print(plan.format())
         return True
     plan.check()
     return False
+
+
+def adapter_plan(cfg: DebiasRun) -> dict:
+    """The memory plan's keywords of a run's adapters (none without): the adapter and the base's storage dtype."""
+    a = cfg.adapter
+    return {"adapter": a.lora_spec(), "param_dtype": a.param_dtype} if a.enabled else {}
 
 
 def config_from_args(args, **override) -> DebiasRun:

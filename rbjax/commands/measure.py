@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="RedditBias data folder laid out like umanlp/RedditBias "
                                       "(default: $RBJAX_DATA_DIR, else download from the pinned commit and cache)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model folder)")
+    p.add_argument("--adapter", metavar="FOLDER",
+                   help="a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors: rbjax's "
+                        "OUT/adapter, or one trained elsewhere) scored on --model, the base, without merging")
     p.add_argument("--device-memory-gb", type=float, metavar="GB",
                    help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
                         "none and is not checked)")
@@ -79,7 +82,7 @@ def run(args) -> int:
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,
         data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out,
         stored_perplexities=args.stored_perplexities, resume=args.resume, progress=not args.no_progress,
-        overwrite=args.overwrite)
+        overwrite=args.overwrite, adapter=args.adapter)
     print(format_table(records))
     out = Path(args.out)
     csvs = ", ".join(f"{r['bias_type']}_perplexities.csv" for r in records)

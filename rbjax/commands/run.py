@@ -21,7 +21,11 @@ def register(sub) -> None:
                    help="override a field of the study file, e.g. --set study.data_dir=../shared/redditbias or "
                         "--set training.max_steps=2 (TOML values; repeatable)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the stages, the number of training runs and an estimate of their cost; run nothing")
+                   help="print the stages, the number of training runs, an estimate of their cost and the memory plan "
+                        "of each sweep's largest chunk; run nothing")
+    p.add_argument("--device-memory-gb", type=float, metavar="GB",
+                   help="memory of one device for the dry run's memory plans (default: what the device reports; a "
+                        "CPU reports none)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -35,7 +39,7 @@ def run(args) -> int:
     if args.seeds is not None:
         cfg = cfg.with_seeds(args.seeds)
     res = run_study(cfg, Path(args.out), dry_run=args.dry_run, progress=not args.no_progress,
-                    report=not args.no_report)
+                    report=not args.no_report, device_memory_gb=args.device_memory_gb)
     if args.dry_run:
         print(res["plan"])
         return 0

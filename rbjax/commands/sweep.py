@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from rbjax.commands.debias import add_training_arguments, config_from_args
+from rbjax.commands.debias import add_plan_arguments, add_training_arguments, config_from_args
 from rbjax.commands.options import add_config_arguments, config_values, given_options
 from rbjax.core.distributed import initialize, requested
+from rbjax.core.mesh import mesh_product
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
 from rbjax.debias.config import METHODS
 from rbjax.debias.sweep_config import SweepConfig
-from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, run_sweeps
+from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, grid_memory_plan, grid_points, run_sweeps
 from rbjax.specs import is_spec_path
 
 
@@ -71,6 +72,7 @@ def register(sub) -> None:
                         "RBJAX_DISTRIBUTED=1); run the same command on every host, --out on a shared path; outside "
                         "Cloud TPU/Slurm/Open MPI set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID "
                         "(docs/scale.md)")
+    add_plan_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -106,14 +108,28 @@ def run(args) -> int:
     bases = []
     for b, m in combos:
         folder = out / (Path(b).stem if is_spec_path(b) else b) / m if many else out
-        if args.overwrite:
-            clear_sweep(folder)
         g = grids[m]
         bases.append((config_from_args(args, **{**settings[m], "method": m, "bias_type": b, "out_dir": str(folder),
                                                 "batch_size": g["batch_size"][0], "grad_accum": g["grad_accum"][0],
                                                 "lambda_lm": g["lambda_lm"][0], "lambda_d": g["lambda_d"][0]}),
                       folder))
-    sels = run_sweeps(bases, SweepConfig(**config_values(args, SweepConfig)), grid=cli_grid, method_grids=grids,
+    scfg = SweepConfig(**config_values(args, SweepConfig))
+    plans = {}
+    for ((b, m), (base, _)) in zip(combos, bases):  # one plan per method's grid (the bias types share the model)
+        if m not in plans:
+            pts = grid_points(m, grids[m])[:scfg.max_points]
+            plans[m] = grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk, device_memory_gb=args.device_memory_gb,
+                                        n_devices=mesh_product(base.mesh) if args.dry_run and base.mesh else None)
+    if args.dry_run:
+        for m, plan in plans.items():
+            print(f"{m}: the largest chunk of its grid\n{plan.format()}")
+        return 0
+    for plan in plans.values():
+        plan.check()
+    if args.overwrite:
+        for _, folder in bases:
+            clear_sweep(folder)
+    sels = run_sweeps(bases, scfg, grid=cli_grid, method_grids=grids,
                       progress=args.progress,
                       replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):

@@ -74,11 +74,12 @@ from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle
 from rbjax.model.lora import adapter_param_count
+from rbjax.model.memory import plan_for_model, plan_memory
 from rbjax.train.frozen import combine
 from rbjax.train.loop import CHECKPOINT_FORMAT, TrainPoint
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
-           "run_chunk", "auto_grid_chunk", "format_selection"]
+           "run_chunk", "auto_grid_chunk", "grid_memory_plan", "format_selection"]
 
 log = get_logger("sweep")
 
@@ -283,6 +284,25 @@ def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: in
     return n, (f"{n} point(s) per chunk: {per / 2**30:.3g} GiB per point ({what})"
                + (f" beside the frozen base ({shared / 2**30:.2f} GiB, once)" if shared else "")
                + f", {free / 2**30:.1f} GiB free on {devs[0].platform} × {len(devs)} device(s)")
+
+
+def grid_memory_plan(base: DebiasRun, points: Sequence[GridPoint], *, grid_chunk: int | None = None,
+                     device_memory_gb: float | None = None, n_devices: int | None = None):
+    """The memory plan (:func:`rbjax.model.memory.plan_for_model`, from the start model's ``config.json``: no weights)
+    of a sweep's largest chunk: the most points of one batch plan (or ``grid_chunk``) trained together at the grid's
+    largest batch, with accumulation when any point accumulates, on ``base.mesh``. Under adapters the frozen base is
+    counted once and every point its adapters, their gradient and Adam moments and its activations; the sweep's
+    other chunks run after it on the same base. ``n_devices``: the mesh's device count for a plan made elsewhere
+    (``--dry-run``)."""
+    groups = batch_plans(points)
+    n = max(len(g) for _, g in groups)
+    n = min(n, grid_chunk) if grid_chunk else n
+    t, a = base.trainer, base.adapter
+    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=t.block_size,
+                          batch_size=max(p.batch_size for p in points),
+                          grad_accum=max(p.grad_accum for p in points), n_points=n, precision=t.precision,
+                          device_memory_gb=device_memory_gb, n_devices=n_devices,
+                          **({"adapter": a.lora_spec(), "param_dtype": a.param_dtype} if a.enabled else {}))
 
 
 # ------------------------------------------------------------------------------------------------ chunk tasks
@@ -523,8 +543,7 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
         todo = [p for p in group if p.id not in done]
         if not todo:
             continue
-        n = grid_chunk or auto_grid_chunk(ctx.params, len(group), adapter_bytes=(
-            4 * adapter_param_count(ctx.config, base.adapter.lora_spec()) if base.adapter.enabled else None))[0]
+        n = grid_chunk or auto_grid_chunk(ctx.params, len(group), **_chunk_costs(base, ctx, group))[0]
         for c in range(0, len(todo), n):
             chunk = todo[c:c + n]
             tasks.append({"base": base.to_dict(), "plan": [B, A], "points": [p.as_dict() for p in chunk],
@@ -532,6 +551,20 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
                           "out": str(out), "key": key, "n_bootstrap": n_bootstrap, "dev_max_pairs": dev_max_pairs,
                           "keep_checkpoints": keep_checkpoints, "n_devices": len(jax.devices())})
     return _Sweep(base, out, pts, key, settings, baseline, done, tasks)
+
+
+def _chunk_costs(base: DebiasRun, ctx: SweepContext, group: list[GridPoint]) -> dict:
+    """:func:`auto_grid_chunk`'s per-point costs of a batch plan: with adapters, one point's adapters (fp32) and its
+    activations from the memory plan (:func:`rbjax.model.memory.plan_memory`; for a large base model they, not the
+    adapters, limit a chunk); without, the parameters' copies as before."""
+    if not base.adapter.enabled:
+        return {}
+    one = plan_memory(ctx.config, mesh=None, training=True, batch_size=group[0].batch_size,
+                      seq_len=base.trainer.block_size, grad_accum=group[0].grad_accum,
+                      precision=base.trainer.precision, adapter=base.adapter.lora_spec(),
+                      param_dtype=base.adapter.param_dtype, suggest=False)
+    return {"adapter_bytes": 4 * adapter_param_count(ctx.config, base.adapter.lora_spec()),
+            "activation_bytes": one.parts["activations"]}
 
 
 def _pt(rec: dict) -> GridPoint:

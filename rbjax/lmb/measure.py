@@ -25,6 +25,7 @@ from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
 from rbjax.model.handle import ModelHandle
+from rbjax.model.peft_adapter import adapter_files_key, load_adapter
 
 log = get_logger("measure")
 
@@ -92,10 +93,13 @@ class LoadedModel:
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                  batch_size: int = 64, bos: bool | None = None, precision: str = "fp32", *, mesh=None,
-                 param_dtype: str = "fp32"):
+                 param_dtype: str = "fp32", adapter: str | os.PathLike | None = None):
         handle = ModelHandle.open(model, tokenizer)
         handle.load(mesh=mesh)  # on an fsdp/tensor mesh: each device reads its slices of the weights
-        self._setup(handle, batch_size, bos, precision, mesh, param_dtype)
+        params = None
+        if adapter is not None:  # a PEFT adapter on the base, unmerged (rbjax.model.peft_adapter)
+            params, _ = load_adapter(adapter, handle.params, handle.config)
+        self._setup(handle, batch_size, bos, precision, mesh, param_dtype, params=params, adapter=adapter)
 
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool | None = None,
@@ -108,15 +112,17 @@ class LoadedModel:
                     mesh, param_dtype)
         return self
 
-    def _setup(self, handle, batch_size, bos, precision, mesh=None, param_dtype="fp32") -> None:
+    def _setup(self, handle, batch_size, bos, precision, mesh=None, param_dtype="fp32", *, params=None,
+               adapter=None) -> None:
         self.handle = handle
+        self.adapter = None if adapter is None else str(adapter)
         self.name, self.folder = handle.name, handle.folder
         self.config, self.tokenizer = handle.config, handle.tokenizer
         self.batch_size, self.precision = batch_size, precision
         self.mesh, self.param_dtype = mesh, param_dtype
         self.bos = handle.resolve_bos(bos)
         self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
-        self.scorer = PerplexityScorer(handle.params, self.config, batch_size=batch_size,
+        self.scorer = PerplexityScorer(handle.params if params is None else params, self.config, batch_size=batch_size,
                                        bos_id=handle.bos_id(bos), precision=precision,
                                        mesh=mesh, param_dtype=param_dtype)
 
@@ -125,8 +131,10 @@ class LoadedModel:
 
     def fingerprint(self) -> dict:
         """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``
-        (:meth:`rbjax.model.handle.ModelHandle.fingerprint`)."""
-        return self.handle.fingerprint()
+        (:meth:`rbjax.model.handle.ModelHandle.fingerprint`), and ``"adapter": {file: sha256}`` of a PEFT adapter
+        scored on the model."""
+        fp = self.handle.fingerprint()
+        return fp if self.adapter is None else {**fp, "adapter": adapter_files_key(self.adapter)}
 
 
 def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
@@ -202,7 +210,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                  config: MeasureConfig | None = None, *, data_dir: str | os.PathLike | None = None,
                  tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
                  stored_perplexities: bool = False, resume: bool = False, progress: bool = True, plot: bool = True,
-                 overwrite: bool = False, log_reuse: bool = True, **settings) -> list[dict]:
+                 overwrite: bool = False, log_reuse: bool = True, adapter: str | os.PathLike | None = None,
+                 **settings) -> list[dict]:
     """Measure language model bias (LMB, paper §3.1) for one or more bias types.
 
     For each bias type: perplexity of every biased phrase and of its counterfactual,
@@ -220,6 +229,9 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             ``split="valid", n_bootstrap=0``); any other name is a ``TypeError``.
         data_dir: RedditBias folder (else ``$RBJAX_DATA_DIR`` or the verified download cache).
         tokenizer: tokenizer folder or hub id (default: the model folder).
+        adapter: a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``; rbjax's or one
+            trained elsewhere) scored on ``model`` without merging (:mod:`rbjax.model.peft_adapter`); its files'
+            content enters the key.
         out_dir: where to write ``lmb.json``, ``<type>_perplexities.csv`` and ``lmb.png``
             (nothing written when ``None``).
         stored_perplexities: use the data files' ``perplexity`` columns instead of a model (in the released
@@ -274,6 +286,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
     if stored_perplexities and (tokenizer is not None or bos is not None):
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
+    if stored_perplexities and adapter is not None:
+        raise ValueError("--adapter has no effect with --stored-perplexities")
     if stored_perplexities and (mesh or param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
     mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
@@ -289,13 +303,15 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         if isinstance(model, LoadedModel):  # in memory (a sweep point, a finished training run)
             if tokenizer is not None:
                 raise ValueError("a LoadedModel brings its own tokenizer")
+            if adapter is not None:
+                raise ValueError("a LoadedModel brings its own parameters: load the adapter with it")
             loaded = model
             model_name = loaded.name
             batch_size, precision = loaded.batch_size, loaded.precision
             mesh_obj, param_dtype = loaded.mesh, loaded.param_dtype
         else:
             loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
-                                 param_dtype=param_dtype)  # fail on a bad model before out_dir
+                                 param_dtype=param_dtype, adapter=adapter)  # fail on a bad model before out_dir
         bos = loaded.bos
     else:
         bos = False
@@ -305,6 +321,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 "param_dtype": None if stored_perplexities else param_dtype,
                 "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
                 "bos_policy": None if loaded is None else loaded.bos_policy,
+                "adapter": None if loaded is None else loaded.adapter,
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
     model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()

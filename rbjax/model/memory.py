@@ -26,6 +26,9 @@ Parts (bytes on one device):
   Real programs differ (XLA fuses, rematerialises and keeps temporaries); the estimate is meant to tell a 124M run
   from an 8B one, not to be exact — the plan keeps :data:`HEADROOM` of each device free for it.
 * ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · 4`` bytes over the rows' and ``tensor``'s split.
+* with low-rank adapters (``adapter``): ``parameters`` = the frozen base once (its storage dtype, split as above)
+  + the adapters (fp32, replicated) per point; ``gradients`` and ``optimizer`` are the adapters' only. A grid chunk
+  of n points therefore costs base + n × (adapter, gradient, two moments) + n × activations.
 
 :func:`plan_for_model` reads a model folder's ``config.json``; :meth:`MemoryPlan.check` raises :class:`PlanError` naming
 the largest part and a mesh or batch that would fit; :meth:`MemoryPlan.format` is what ``--dry-run`` prints.
@@ -42,6 +45,7 @@ import numpy as np
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
 from rbjax.model import registry
 from rbjax.model.hf import model_config
+from rbjax.model.lora import LoraSpec, adapter_param_count
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
 
@@ -104,6 +108,13 @@ class MemoryPlan:
                  f"mesh {mesh_label(self.mesh)}, "
                  f"batch {s['batch_size']} × {s['seq_len']} tokens, precision {s['precision']}, "
                  f"parameters stored in {s['param_dtype']}"]
+        if s.get("adapter"):
+            a = s["adapter"]
+            pts = s["n_points"]
+            lines.append(f"  LoRA rank {a['rank']} on {a['targets']}: {a['trained_parameters']:,} trained parameters "
+                         f"per point ({a['trained_parameters'] / self.n_params:.3%}; fp32, with their gradients and "
+                         f"Adam moments) beside one frozen base"
+                         + (f", {pts} grid points" if pts > 1 else ""))
         for k, v in self.parts.items():
             lines.append(f"  {k:<12} {v / GB:10.3f} GB per device   ({self.totals[k] / GB:.3f} GB in all)")
         lines.append(f"  {'total':<12} {self.per_device / GB:10.3f} GB per device")
@@ -192,7 +203,7 @@ def _per_device_elems(shapes, config, sizes: dict) -> tuple[int, int]:
 def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: int, grad_accum: int = 1,
                 n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32", kv_cache: tuple | None = None,
                 device_bytes: int | None = None, model_name: str = "model", suggest: bool = True,
-                flags: dict | None = None) -> MemoryPlan:
+                flags: dict | None = None, adapter: LoraSpec | None = None) -> MemoryPlan:
     """The :class:`MemoryPlan` of ``config`` (module docstring for the formulas).
 
     Args:
@@ -204,6 +215,9 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
         device_bytes: memory of one device (``None``: unknown).
         flags: the command's options that the suggestion names, ``{"batch_size", "grad_accum", "param_dtype"}``
             (default :data:`FLAGS`: ``rbjax measure`` / ``debias``'s; ``None`` for an option the command lacks).
+        adapter: training low-rank adapters (:class:`rbjax.model.lora.LoraSpec`): the base (stored as
+            ``param_dtype``) is held once whatever the points, and the gradients, the Adam moments and the trained
+            parameters are the adapters' (fp32, replicated), × the points per ``grid`` row.
     """
     sizes = mesh_sizes(mesh) if mesh is not None and not isinstance(mesh, dict) else {a: int((mesh or {}).get(a, 1))
                                                                                      for a in AXES}
@@ -215,15 +229,28 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     rows_split = sizes["data"] * sizes["fsdp"]
     b = max(1, math.ceil(batch_size / rows_split))
     t, s = sizes["tensor"], seq_len
-    parts = {"parameters": per * pbytes * pts}
-    totals = {"parameters": total * pbytes * n_points}
-    if training:
+    n_adapter = 0
+    if adapter is not None and training:  # one frozen base; per point the adapters, their gradients and moments
+        n_adapter = adapter_param_count(config, adapter)
+        parts = {"parameters": per * pbytes + n_adapter * 4 * pts}
+        totals = {"parameters": total * pbytes + n_adapter * 4 * n_points}
+        parts["gradients"] = n_adapter * 4 * pts * (2 if grad_accum > 1 else 1)
+        parts["optimizer"] = n_adapter * 4 * 2 * pts
+        totals["gradients"], totals["optimizer"] = (n_adapter * 4 * n_points * (2 if grad_accum > 1 else 1),
+                                                    n_adapter * 8 * n_points)
+    elif training:
+        parts = {"parameters": per * pbytes * pts}
+        totals = {"parameters": total * pbytes * n_points}
         parts["gradients"] = per * 4 * pts * (2 if grad_accum > 1 else 1)
         parts["optimizer"] = per * 4 * 2 * pts
         totals["gradients"], totals["optimizer"] = (total * 4 * n_points * (2 if grad_accum > 1 else 1),
                                                     total * 8 * n_points)
-        act = dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * 4 + 2 * b * s * dm["V"] / t * 4
     else:
+        parts = {"parameters": per * pbytes * pts}
+        totals = {"parameters": total * pbytes * n_points}
+    if training:
+        act = dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * 4 + 2 * b * s * dm["V"] / t * 4
+    if not training:
         act = b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * 4 + b * s * min(HEAD_CHUNK, dm["V"]) * 4
     parts["activations"] = int(act * pts)
     totals["activations"] = int(act * pts * rows_split * sizes["grid"])
@@ -235,10 +262,12 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     settings = {"model": model_name, "training": training, "batch_size": batch_size, "seq_len": seq_len,
                 "grad_accum": grad_accum, "n_points": n_points, "precision": precision, "param_dtype": param_dtype,
                 "kv_cache": None if kv_cache is None else [int(x) for x in kv_cache]}
+    if adapter is not None and training:
+        settings["adapter"] = {"rank": adapter.rank, "targets": adapter.targets, "trained_parameters": n_adapter}
     plan = MemoryPlan(parts={k: int(v) for k, v in parts.items()}, totals={k: int(v) for k, v in totals.items()},
                       mesh=sizes, device_bytes=device_bytes, settings=settings, n_params=total)
     if suggest and not plan.fits:
-        plan.suggestion = _suggest(config, plan, kv_cache, {**FLAGS, **(flags or {})})
+        plan.suggestion = _suggest(config, plan, kv_cache, {**FLAGS, **(flags or {})}, adapter)
     return plan
 
 
@@ -246,7 +275,7 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
 FLAGS = {"batch_size": "--batch-size", "grad_accum": "--grad-accum", "param_dtype": "--param-dtype"}
 
 
-def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict) -> str | None:
+def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict, adapter: LoraSpec | None = None) -> str | None:
     """The first of: the same batch on another mesh of these devices (more fsdp, then tensor), then smaller
     micro-batches (with more accumulation: the same update) on each mesh."""
     n = math.prod(plan.mesh.values())
@@ -264,7 +293,7 @@ def _suggest(config, plan: MemoryPlan, kv_cache, flags: dict) -> str | None:
             p = plan_memory(config, mesh=m, training=s["training"], batch_size=bs, seq_len=s["seq_len"],
                             grad_accum=s["grad_accum"] * (s["batch_size"] // bs), n_points=s["n_points"],
                             precision=s["precision"], param_dtype=s["param_dtype"], kv_cache=kv_cache,
-                            device_bytes=plan.device_bytes, suggest=False)
+                            device_bytes=plan.device_bytes, suggest=False, adapter=adapter)
             if p.fits:
                 m_txt = ",".join(f"{k}={v}" for k, v in m.items() if v > 1 and k != "grid")
                 what = f"--mesh {m_txt}" if m_txt else "one device"
@@ -301,7 +330,7 @@ def device_memory_bytes(device=None) -> int | None:
 def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch_size: int, seq_len: int,
                    grad_accum: int = 1, n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32",
                    device_memory_gb: float | None = None, n_devices: int | None = None, kv_cache=None,
-                   flag_prefix: str = "--", flags: dict | None = None) -> MemoryPlan:
+                   flag_prefix: str = "--", flags: dict | None = None, adapter: LoraSpec | None = None) -> MemoryPlan:
     """The plan of a model folder (or a ``config.json`` path) from its ``config.json`` only.
 
     ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default ``jax.device_count()``) or sizes; ``None``:
@@ -322,4 +351,4 @@ def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch
     dev_bytes = int(device_memory_gb * GB) if device_memory_gb else device_memory_bytes()
     return plan_memory(config, mesh=sizes, training=training, batch_size=batch_size, seq_len=seq_len,
                        grad_accum=grad_accum, n_points=n_points, precision=precision, param_dtype=param_dtype,
-                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model), flags=flags)
+                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model), flags=flags, adapter=adapter)

@@ -8,7 +8,9 @@ evidence (``rbjax export RUN --out DIR``).
 * a study's method folder ``OUT/seed<S>/<type>/<method>`` (``rbjax run``): its selected point or single run, with the
   study's test-split LMB and dialog checks of that model and of the starting model.
 
-``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte, ``README.md`` (the model card: the
+``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte — or, with ``adapter_only`` for a run
+trained with low-rank adapters, its PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) —,
+``README.md`` (the model card: the
 Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
 with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
@@ -32,6 +34,7 @@ from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.model.peft_adapter import ADAPTER_CONFIG
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -54,6 +57,9 @@ class ExportConfig:
                              choices=SELECTION_RULES)
     license: str = field("other", "license id for the card's metadata (default: other — the base model's license "
                                   "applies)")
+    adapter_only: bool = field(False, "a run trained with --adapter lora: write its adapters as a PEFT folder "
+                                      "(adapter_config.json + adapter_model.safetensors, loaded by "
+                                      "peft.PeftModel.from_pretrained on the base model) instead of the merged model")
 
     def __post_init__(self):
         check_types(self)
@@ -220,6 +226,7 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
         "dialog_after": _dialog(mf / "dialog" if mf is not None else None),
         "dialog_before": _dialog(study / "baseline" / "dialog" if study is not None else None),
         "lmp_run": res.get("lmp"),
+        "adapter": res.get("adapter"),
         "versions_training": res.get("versions"),
         "source_run": str(info["run"]),
     }
@@ -244,11 +251,16 @@ def model_card(n: dict, license: str) -> str:
     metadata block as YAML front matter."""
     method, bt = n["method"], n["bias_type"]
     base = n["base_model"] or "unknown"
+    ad = n.get("adapter")
+    adapter_only = n.get("export") == "adapter"
     tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", "gpt2", f"debiasing-{method}", f"bias-{bt}"]
+    if ad:
+        tags += ["lora", "peft"]
     front = ["---"]
     if _is_hub_id(base):
         front.append(f"base_model: {_yaml_str(base)}")
-    front += [f"license: {_yaml_str(license)}", "language:", "- en", "library_name: transformers",
+    front += [f"license: {_yaml_str(license)}", "language:", "- en",
+              f"library_name: {'peft' if adapter_only else 'transformers'}",
               "pipeline_tag: text-generation", "tags:"] + [f"- {_yaml_str(t)}" for t in tags] + ["---", ""]
     base_text = base if _is_hub_id(base) else (
         f"a local model folder ({base})" + (f": a random {random_model_name(n['random_base_model'])} "
@@ -263,6 +275,15 @@ def model_card(n: dict, license: str) -> str:
           f"- **Bias type**: {bt} (RedditBias, Barikeri et al., ACL 2021)", f"- **Training seed**: {n['seed']}"]
     tr = n["training"]
     L.append("- **Training**: " + ", ".join(f"{k} = {v}" for k, v in tr.items() if v is not None))
+    if ad:
+        L.append(f"- **Adapters**: LoRA (low-rank adapters) of rank {ad['rank']}, α = {ad['alpha']:g} (scale "
+                 f"{ad['scale']:g}{', rsLoRA' if ad.get('rslora') else ''}), dropout {ad['dropout']:g}, on "
+                 f"{', '.join(ad['targets'])} of every layer: {ad['trained_parameters']:,} trained parameters; the "
+                 f"base model was frozen (stored in {ad['param_dtype']}), its content key `{ad['base_model_key']}`. "
+                 + ("These files are the adapters alone (PEFT format): load them with "
+                    "`peft.PeftModel.from_pretrained(base_model, this_folder)` on that base model, or score them "
+                    "with `rbjax measure --model BASE --adapter this_folder`."
+                    if adapter_only else "These files are the merged model (base + adapters)."))
     if n["grid_point"] is not None:
         s = n["selection"]
         dev = s.get("dev") or {}
@@ -397,8 +418,18 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     if before_dir is not None and after_dir is not None:
         comparison = compare_runs(after_dir, before_dir, labels=("debiased", "base model"))
     n = _card_numbers(info, before_dir, after_dir, comparison)
-    out.mkdir(parents=True, exist_ok=True)
     model = info["run"] / "model"
+    if cfg.adapter_only:
+        ad = info["results"].get("adapter") or {}
+        if not ad:
+            raise ValueError(f"--adapter-only: {info['run']} was not trained with adapters (--adapter lora); export "
+                             "the model itself (without --adapter-only)")
+        model = info["run"] / "adapter"
+        if not (model / ADAPTER_CONFIG).is_file():
+            raise ValueError(f"--adapter-only: {model} holds no PEFT adapter ({ADAPTER_CONFIG}); the run was trained "
+                             "with --no-export: rerun the same command without it")
+    n["export"] = "adapter" if cfg.adapter_only else "model"
+    out.mkdir(parents=True, exist_ok=True)
     for f in sorted(model.iterdir()):
         if f.is_file():
             shutil.copy2(f, out / f.name)

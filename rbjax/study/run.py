@@ -30,10 +30,11 @@ from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, versions
 from rbjax.core.keys import canonical, digest
 from rbjax.core.log import get_logger
+from rbjax.core.mesh import mesh_product
 from rbjax.core.reuse import KeyedEntries
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.run import debias
-from rbjax.debias.sweep import grid_points, run_sweeps
+from rbjax.debias.sweep import grid_memory_plan, grid_points, run_sweeps
 from rbjax.dialog.evaluate import evaluate
 from rbjax.lmb.measure import measure_bias
 from rbjax.model.gpt2 import GPT2Config
@@ -360,9 +361,43 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
 
 
 # ---------------------------------------------------------------------------------------------------- running
+def memory_plans(cfg: StudyConfig, out: Path, device_memory_gb: float | None = None) -> list[str]:
+    """The memory plan of each gridded method's largest sweep chunk (:func:`rbjax.debias.sweep.grid_memory_plan`:
+    [training] settings, adapters included, on [study] mesh), as text for the dry run; a line saying why when the
+    model's ``config.json`` cannot be read (a random model has none yet: it is planned from its table)."""
+    study = _Study(cfg, out, False)
+    lines: list[str] = []
+    done: dict[str, int] = {}  # plan text -> its line (the methods of one grid share one plan)
+    for m in study._grid_methods():
+        base = study._train_base(m, cfg.debias_types[0], cfg.seeds[0], out / "plan")
+        pts = grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]
+        try:
+            if cfg.random_model:
+                raise ValueError("a random model is planned when it is built")
+            plan = grid_memory_plan(base, pts, grid_chunk=cfg.sweep.get("grid_chunk"),
+                                    device_memory_gb=device_memory_gb,
+                                    n_devices=mesh_product(base.mesh) if base.mesh else None)
+            text = plan.format().replace("\n", "\n    ")
+            if text in done:
+                i = done[text]
+                lines[i] = lines[i].replace(":", f", {m}:", 1)
+                continue
+            done[text] = len(lines)
+            n_all = len(pts) * (plan.totals["gradients"] + plan.totals["optimizer"]) // max(plan.settings["n_points"], 1)
+            lines.append(f"  {m}: memory of the largest sweep chunk ({len(pts)} grid points in chunks of one batch plan, "
+                         f"one chunk after another on the same loaded model; the gradients and Adam state of all "
+                         f"{len(pts)} points together: {n_all / 1e9:.3g} GB)\n    " + text)
+        except (OSError, ValueError, RuntimeError) as e:
+            lines.append(f"  {m}: memory plan not made ({str(e).splitlines()[0]})")
+    return lines
+
+
 def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, progress: bool = True,
-              report: bool = True) -> dict:
+              report: bool = True, device_memory_gb: float | None = None) -> dict:
     """Run (or, with ``dry_run``, print the plan of) a study; finished stages with unchanged keys are skipped.
+
+    ``device_memory_gb``: the memory of one device for the dry run's memory plans (default: what the device
+    reports).
 
     Returns:
         ``{"stages": [StageResult...], "report": {...}}`` (``{"plan": text, "cost": ...}`` for a dry run).
@@ -376,7 +411,7 @@ def run_study(cfg: StudyConfig, out_dir: str | Path, *, dry_run: bool = False, p
     stages = plan_study(cfg, out, progress)
     cost = estimate_cost(cfg)
     if dry_run:
-        text = format_plan(stages, cost, cfg, out)
+        text = "\n".join([format_plan(stages, cost, cfg, out)] + memory_plans(cfg, out, device_memory_gb))
         return {"plan": text, "cost": cost, "stages": [s.name for s in stages]}
     check_output_dir(out, "--out")  # before any work
     if out.is_dir() and not ((out / "study.json").exists() or (out / "stages.json").exists()) \
