@@ -7,7 +7,7 @@ compared):
 * a vmapped chunk of grid points shares one unbatched base and equals each point trained alone (1e-5);
 * a killed and resumed run ends with bit-identical adapters; its checkpoints hold the adapter state only;
 * ``param_dtype`` bf16 stores the frozen base in bf16, the adapters and their Adam moments stay fp32;
-* DST (adapters + its classifier head) and CRG fine-tune adapters.
+* DST (adapters + its classifier head) and CRG fine-tune adapters through the tasks' ``fine_tune``.
 """
 import jax
 import jax.numpy as jnp
@@ -15,19 +15,18 @@ import numpy as np
 import pytest
 
 from rbjax.core.errors import SettingError
-from rbjax.core.mesh import run_mesh
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.data import TrainingData
 from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.dialog.crg_data import CRGObjective
 from rbjax.dialog.state_tracking import DSTObjective, init_head
+from rbjax.dialog.tasks.common import fine_tune
+from rbjax.dialog.tasks.crg import CRGSettings
+from rbjax.dialog.tasks.dst import DSTSettings
 from rbjax.model import lora
 from rbjax.model.gpt2 import GPT2Config, init_params
 from rbjax.model.handle import ModelHandle
 from rbjax.train.batching import ArrayData, BatchPlan
-from rbjax.train.config import AdapterConfig, TrainerConfig
-from rbjax.train.loop import Trainer, TrainPoint
-from rbjax.train.optim import make_optimizer
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -176,7 +175,7 @@ CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, 
 
 
 @pytest.mark.parametrize("method", ["dst", "crg"])
-def test_dialog_tasks_train_adapters(method):
+def test_dialog_tasks_train_adapters(method, tmp_path):
     rng = np.random.default_rng(4)
     body = init_params(CFG, seed=2)
     L, B = 12, 20
@@ -192,19 +191,20 @@ def test_dialog_tasks_train_adapters(method):
     class Tok:  # the trainer only asks a tokenizer for its size and source
         vocab_size, eos_id, source = 64, 63, "test"
 
-    spec = AdapterConfig(adapter="lora", lora_rank=2, lora_dropout=0.1).lora_spec()
     start = {"gpt2": body, "head": init_head(CFG, seed=0)} if method == "dst" else body
-    params = lora.add_adapters(start, CFG, spec, seed=0)
     model = ModelHandle.from_params(body, CFG, Tok(), name="test", key="test")
-    tr = Trainer(TrainerConfig(batch_size=4, max_steps=2, progress=False, block_size=L, layout="padded"), model,
-                 DSTObjective() if method == "dst" else CRGObjective(), make_optimizer(), data,
-                 mesh=run_mesh(None, batch_size=4), points=TrainPoint({}, 1e-2), params=params)
-    res = tr.run(checkpoints=False)
-    trained = _leaves(res.state.params)
-    assert any(lora.is_adapter_param(p) for p in trained)
-    # DST trains its classifier head beside the adapters; nothing else of the body
-    assert {p[0] for p in trained if not lora.is_adapter_param(p)} == ({"head"} if method == "dst" else set())
-    full = _leaves(res.params)
-    for p, v in _leaves(start).items():
-        if p[0] != "head":
+    settings = (DSTSettings if method == "dst" else CRGSettings).from_settings(
+        {"adapter": "lora", "lora_rank": 2, "lora_dropout": 0.1, "batch_size": 4, "max_steps": 2, "block_size": L,
+         "layout": "padded", "progress": False})
+    assert settings.key_settings()["lora_rank"] == 2
+    trained, record, _ = fine_tune(method, DSTObjective() if method == "dst" else CRGObjective(), model, tmp_path,
+                                   settings, start, data, what="test")
+    assert record["updates"] == 2 and np.isfinite(record["final_loss"])
+    full, start_leaves = _leaves(trained), _leaves(start)
+    adapters = [p for p in full if lora.is_adapter_param(p)]
+    assert adapters and all(p[0] == "gpt2" for p in adapters) == (method == "dst")
+    for p, v in start_leaves.items():  # the body is frozen; DST's classifier head is trained
+        if p[0] == "head":
+            assert not np.array_equal(full[p], v)
+        else:
             np.testing.assert_array_equal(full[p], v)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from rbjax.core.config import check_types, field, from_flat, leaves, option_name, section, to_flat
 from rbjax.core.digests import file_digest
@@ -35,8 +36,9 @@ from rbjax.core.log import get_logger
 from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh, run_mesh
 from rbjax.core.reuse import KeyedResult
 from rbjax.model.handle import ModelHandle
+from rbjax.model.lora import add_adapters
 from rbjax.model.memory import plan_for_model
-from rbjax.train.config import OptimizerConfig, TrainerConfig
+from rbjax.train.config import AdapterConfig, OptimizerConfig, TrainerConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 
@@ -223,9 +225,10 @@ TRAINER_HELPS = {"epochs": "training epochs", "batch_size": "training micro-batc
 @dataclasses.dataclass(frozen=True)
 class TrainingSettings(TaskSettings):
     """The settings of a task that fine-tunes the model with the shared trainer (DST, CRG): its own (examples,
-    seed, semantics) and two sections, ``trainer`` (:class:`rbjax.train.config.TrainerConfig`, declared by each task
-    with its defaults through :func:`trainer_section`) and ``optimizer`` (:class:`rbjax.train.config.OptimizerConfig`:
-    the learning rate)."""
+    seed, semantics) and three sections, ``trainer`` (:class:`rbjax.train.config.TrainerConfig`, declared by each
+    task with its defaults through :func:`trainer_section`), ``optimizer`` (:class:`rbjax.train.config.OptimizerConfig`:
+    the learning rate) and ``adapter`` (:class:`rbjax.train.config.AdapterConfig`: low-rank adapters on the frozen
+    model, or every weight fine-tuned)."""
 
     max_examples: int | None = field(None, "use only the first N examples: dst — of the train and of the test pairs; "
                                            "crg — of the test contexts (quick runs; recorded in the result)",
@@ -238,6 +241,23 @@ class TrainingSettings(TaskSettings):
                                     "tokens with the prompt)", choices=SEMANTICS)
     optimizer: OptimizerConfig = section(OptimizerConfig, expose=("learning_rate",),
                                          helps={"learning_rate": "peak learning rate, linear decay"})
+    adapter: AdapterConfig = section(AdapterConfig)
+
+    def key_settings(self) -> dict[str, Any]:
+        """As :meth:`TaskSettings.key_settings`; the adapter settings only when adapters are on (the keys of
+        fine-tuning every weight are those they were before adapters existed)."""
+        d = super().key_settings()
+        if not self.adapter.enabled:
+            for name in AdapterConfig.__dataclass_fields__:
+                d.pop(name, None)
+        return d
+
+    def training_plan(self) -> dict:
+        """The memory plan's keywords of the fine-tuning (:func:`rbjax.model.memory.plan_for_model`), adapters
+        included."""
+        t, a = self.trainer, self.adapter
+        return {"training": True, "batch_size": t.batch_size, "seq_len": t.block_size, "grad_accum": t.grad_accum,
+                **({"adapter": a.lora_spec(), "param_dtype": a.param_dtype} if a.enabled else {})}
 
     def _check(self) -> None:
         if self.semantics not in SEMANTICS:
@@ -380,9 +400,14 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
                             leftover="carry" if s.semantics == "reference" else "drop")
     mesh = run_mesh(s.mesh, batch_size=cfg.batch_size)
     point = TrainPoint({}, s.optimizer.learning_rate)
+    key_extra = {"task": method}
+    if s.adapter.enabled:  # low-rank adapters on the frozen model (DST: and its classifier head)
+        params = add_adapters(params, model.config, s.adapter.lora_spec(), s.seed,
+                              base_dtype=jnp.bfloat16 if s.adapter.param_dtype == "bf16" else None)
+        key_extra["adapter"] = s.adapter.describe()
     try:
         trainer = Trainer(cfg, model, objective, make_optimizer(s.optimizer), data, mesh=mesh, points=point,
-                          params=params, key_extra={"task": method})
+                          params=params, key_extra=key_extra)
     except ValueError as e:
         if "fewer than grad_accum" in str(e):
             raise ValueError(f"{what}: {data.n_examples} training examples make {-(-data.n_examples // cfg.batch_size)}"

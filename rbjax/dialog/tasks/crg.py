@@ -85,7 +85,7 @@ def memory_plans(s: CRGSettings) -> list[dict]:
     gen = {"training": False, "batch_size": s.gen_batch_size, "seq_len": REFERENCE_PROMPT_WIDTH,
            "kv_cache": (s.gen_batch_size, REFERENCE_PROMPT_WIDTH + max_new),
            "flags": {"batch_size": "--gen-batch-size", "param_dtype": None}}
-    train = {"training": True, "batch_size": s.trainer.batch_size, "seq_len": s.trainer.block_size, "grad_accum": s.trainer.grad_accum}
+    train = s.training_plan()
     return ([train] if s.crg_train_file else []) + [gen]
 
 

@@ -116,7 +116,7 @@ def trim_columns(arrays: dict, multiple: int = 8) -> dict:
 def memory_plans(s: DSTSettings) -> list[dict]:
     """The memory plan's computations: fine-tuning (micro-batch ``batch_size`` × ``block_size``), then scoring the
     test pairs in batches of ``eval_batch_size``."""
-    return [{"training": True, "batch_size": s.trainer.batch_size, "seq_len": s.trainer.block_size, "grad_accum": s.trainer.grad_accum},
+    return [s.training_plan(),
             {"training": False, "batch_size": s.eval_batch_size, "seq_len": s.trainer.block_size,
              "flags": {"batch_size": "--eval-batch-size", "param_dtype": None}}]
 
