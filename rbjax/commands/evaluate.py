@@ -119,6 +119,8 @@ OPTION_GROUPS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     (None, ("seed", "semantics", "mesh", "device_memory_gb", "progress")),
     ("training (dst, crg)", ("max_steps", "max_examples", "batch_size", "grad_accum", "epochs", "learning_rate",
                              "dropout", "layout", "keep_checkpoints", "eval_batch_size")),
+    ("adapters (dst, crg fine-tuning)", ("adapter", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+                                         "lora_rslora", "param_dtype")),
     ("lmp", ("data_dir", "lmp_file", "lmp_max_lines", "lmp_block_size")),
     ("dst", ("multiwoz", "ontology", "mapping", "joint_goal", "jga_max_dialogues")),
     ("crg and crg-metrics", ("test_file", "refs", "gen_batch_size", "greedy", "max_new_tokens", "clean", "meteor",
