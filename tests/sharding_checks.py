@@ -28,6 +28,9 @@ Each check prints ``{"check": NAME, ...figures}`` on one line:
   the values against the host loader, the layout, and how much of each tensor every read took.
 * ``memory``: the memory plan's per-device parameter and Adam bytes against the bytes of the arrays a run actually
   holds on device 0.
+* ``adapters``: low-rank adapters: an HD run with the frozen base on ``data=2,fsdp=2,tensor=2`` and a 4-point chunk
+  on ``grid=2,fsdp=2,tensor=2`` against one device (the base split, the adapters replicated, the base unstacked), and
+  the plan's bytes against device 0's.
 """
 from __future__ import annotations
 
@@ -422,9 +425,61 @@ def check_memory(args) -> dict:
     return out
 
 
+def check_adapters(args) -> dict:
+    """Low-rank adapters on a mesh: an HD adapter run with the frozen base split over ``data=2,fsdp=2,tensor=2``
+    (adapters replicated) and a 4-point adapter chunk on ``grid=2,fsdp=2,tensor=2`` against one device; the plan's
+    per-device bytes against what the run holds on device 0."""
+    import jax
+    import numpy as np
+
+    from rbjax.core.mesh import grid_mesh, make_mesh
+    from rbjax.debias.run import debias_trainer, lambda_point
+    from rbjax.model.memory import plan_memory
+    from rbjax.train.frozen import split
+
+    lr = 1e-3
+    lo = dict(adapter="lora", lora_rank=4, lora_dropout=0.0, layout="padded", learning_rate=lr)
+    out = {}
+    cfg = _cfg(args, method="hd", batch_size=8, grad_accum=2, max_steps=3, **lo)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    t8 = debias_trainer(cfg, mesh=mesh)
+    r8, m8, _ = _run(t8)
+    t1 = debias_trainer(cfg, mesh=grid_mesh(1, 8, jax.devices()[:1]))
+    r1, m1, _ = _run(t1)
+    init = split(t1.init_params, t1.trainable)[0]
+    dev = jax.devices()[0]
+    st = t8.initial_state()
+    plan = plan_memory(t8.config, mesh=mesh, training=True, batch_size=8, seq_len=cfg.trainer.block_size,
+                       grad_accum=2, adapter=cfg.adapter.lora_spec())
+    moments = [x for x in jax.tree.leaves((st.opt_state.mu, st.opt_state.nu))]
+    out["run"] = {"frozen_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(r8.frozen) if x.ndim == 2}),
+                  "adapter_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(r8.state.params)}),
+                  "plan_params": plan.parts["parameters"],
+                  "actual_params": _per_device_bytes(t8.frozen, dev) + _per_device_bytes(st.params, dev),
+                  "plan_optimizer": plan.parts["optimizer"], "actual_optimizer": _per_device_bytes(moments, dev),
+                  "updates": len(m8), **_compare(jax.device_get(r8.state.params), jax.device_get(r1.state.params),
+                                                 init, m8, m1, lr)}
+    pts = [lambda_point(0.01, d, lr * (1 + k)) for k, d in enumerate((10.0, 50.0, 100.0, 20.0))]
+    cfg = _cfg(args, batch_size=4, max_steps=3, **lo)
+    g8 = debias_trainer(cfg, points=pts, mesh=make_mesh({"grid": 2, "fsdp": 2, "tensor": 2}))
+    rg8, mg8, _ = _run(g8)
+    g1 = debias_trainer(cfg, points=pts, mesh=grid_mesh(len(pts), 4, jax.devices()[:1]))
+    rg1, mg1, _ = _run(g1)
+    init = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (len(pts),) + np.shape(x)),
+                        split(g1.init_params, g1.trainable)[0])
+    base_shapes = {tuple(map(str, p)): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(
+        split(g1.init_params, g1.trainable)[1])}
+    frozen_shapes = {tuple(map(str, p)): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(rg8.frozen)}
+    out["grid"] = {"frozen_unstacked": frozen_shapes == base_shapes,
+                   "adapter_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(rg8.state.params)}),
+                   "updates": len(mg8),
+                   **_compare(jax.device_get(rg8.state.params), jax.device_get(rg1.state.params), init, mg8, mg1, lr)}
+    return out
+
+
 CHECKS = {"families": check_families, "train": check_train, "grid": check_grid, "score": check_score,
           "resume": check_resume, "generate": check_generate, "evaluate": check_evaluate, "load": check_load,
-          "memory": check_memory}
+          "memory": check_memory, "adapters": check_adapters}
 
 
 def main(argv=None) -> int:

@@ -172,7 +172,7 @@ def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, shared_dir, t
     cmd = [sys.executable, str(ROOT / "tests" / "sharding_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
            "--multiwoz", str(shared_dir / "dialog-data" / "multiwoz"),
-           "families", "train", "grid", "score", "resume", "generate", "evaluate", "load", "memory"]
+           "families", "train", "grid", "score", "resume", "generate", "evaluate", "load", "memory", "adapters"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, f"sharding_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return {r.pop("check"): r for r in (json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{"))}
@@ -387,3 +387,20 @@ def test_two_process_fsdp_debias_equals_one_process(tiny_model_dir, tokenizer_di
     for a, b in zip(multi, one):
         for k in ("lm_loss", "debias_loss", "total", "grad_norm"):
             assert a[k] == pytest.approx(b[k], rel=METRICS_RTOL), (k, a, b)
+
+
+def test_adapters_on_a_mesh_equal_one_device_and_their_plan(sharding_checks):
+    """Low-rank adapters: an HD run with the frozen base split over data=2,fsdp=2,tensor=2 and a 4-point adapter
+    chunk on grid=2,fsdp=2,tensor=2 equal one device; the base is split and never stacked (one base for the chunk),
+    the adapters split only by fsdp; the plan's per-device bytes are what device 0 holds (the adapters' scale
+    scalars aside: 4 bytes a module)."""
+    r, g = sharding_checks["adapters"]["run"], sharding_checks["adapters"]["grid"]
+    assert "P('fsdp', 'tensor')" in r["frozen_specs"] and "P('tensor', 'fsdp')" in r["frozen_specs"]
+    assert all("tensor" not in s for s in r["adapter_specs"])
+    for x in (r, g):
+        assert x["updates"] == 3 and x["metrics_rel"] <= METRICS_RTOL, x
+        assert x["rel_to_movement"] <= MOVEMENT_RTOL and x["max_abs_over_lr"] <= WEIGHT_ATOL_LR, x
+        assert x["movement"] > 0.01, x
+    assert g["frozen_unstacked"] and all(s.startswith("P('grid'") for s in g["adapter_specs"])
+    assert 0 <= r["actual_params"] - r["plan_params"] <= 4 * 8  # 8 adapted modules' scale
+    assert r["actual_optimizer"] == r["plan_optimizer"]

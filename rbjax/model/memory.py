@@ -27,7 +27,8 @@ Parts (bytes on one device):
   from an 8B one, not to be exact — the plan keeps :data:`HEADROOM` of each device free for it.
 * ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · 4`` bytes over the rows' and ``tensor``'s split.
 * with low-rank adapters (``adapter``): ``parameters`` = the frozen base once (its storage dtype, split as above)
-  + the adapters (fp32, replicated) per point; ``gradients`` and ``optimizer`` are the adapters' only. A grid chunk
+  + the adapters (fp32; ``fsdp`` splits their larger dimension, :mod:`rbjax.model.partition`) per point;
+  ``gradients`` and ``optimizer`` are the adapters' only. A grid chunk
   of n points therefore costs base + n × (adapter, gradient, two moments) + n × activations.
 
 :func:`plan_for_model` reads a model folder's ``config.json``; :meth:`MemoryPlan.check` raises :class:`PlanError` naming
@@ -45,7 +46,7 @@ import numpy as np
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
 from rbjax.model import registry
 from rbjax.model.hf import model_config
-from rbjax.model.lora import LoraSpec, adapter_param_count
+from rbjax.model.lora import LORA, LoraSpec, adapter_param_count, target_modules
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
 
@@ -200,6 +201,23 @@ def _per_device_elems(shapes, config, sizes: dict) -> tuple[int, int]:
     return per, total
 
 
+def _adapter_shapes(config, spec: LoraSpec) -> dict:
+    """The adapter matrices of ``spec`` on ``config``'s model as a shapes tree (``…/lora/A``, ``…/lora/B``)."""
+    shapes = _param_shapes(config)
+    tree: dict = {}
+    for mod in target_modules(config, spec.targets):
+        node = shapes
+        for k in mod:
+            node = node[k]
+        din, dout = node["kernel"].shape
+        t = tree
+        for k in mod:
+            t = t.setdefault(k, {})
+        t[LORA] = {"A": jax.ShapeDtypeStruct((din, spec.rank), np.float32),
+                   "B": jax.ShapeDtypeStruct((spec.rank, dout), np.float32)}
+    return tree
+
+
 def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: int, grad_accum: int = 1,
                 n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32", kv_cache: tuple | None = None,
                 device_bytes: int | None = None, model_name: str = "model", suggest: bool = True,
@@ -232,10 +250,11 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     n_adapter = 0
     if adapter is not None and training:  # one frozen base; per point the adapters, their gradients and moments
         n_adapter = adapter_param_count(config, adapter)
-        parts = {"parameters": per * pbytes + n_adapter * 4 * pts}
+        a_per, _ = _per_device_elems(_adapter_shapes(config, adapter), config, sizes)
+        parts = {"parameters": per * pbytes + a_per * 4 * pts}
         totals = {"parameters": total * pbytes + n_adapter * 4 * n_points}
-        parts["gradients"] = n_adapter * 4 * pts * (2 if grad_accum > 1 else 1)
-        parts["optimizer"] = n_adapter * 4 * 2 * pts
+        parts["gradients"] = a_per * 4 * pts * (2 if grad_accum > 1 else 1)
+        parts["optimizer"] = a_per * 4 * 2 * pts
         totals["gradients"], totals["optimizer"] = (n_adapter * 4 * n_points * (2 if grad_accum > 1 else 1),
                                                     n_adapter * 8 * n_points)
     elif training:

@@ -23,8 +23,9 @@ Splitting a fused ``qkv`` column block over ``tensor`` is correct whatever the l
 inserts the communication a split head needs), but costs more communication than separate q/k/v projections; see
 docs/scale.md.
 
-Low-rank adapters (``…/lora/A``, ``…/lora/B`` and their settings, :mod:`rbjax.model.lora`) are replicated: a
-rank-8 adapter is a fraction of a percent of its layer.
+Low-rank adapters (``…/lora/A``, ``…/lora/B`` and their settings, :mod:`rbjax.model.lora`) name no dimension: they
+are replicated over ``tensor``, and ``fsdp`` splits the largest dimension of a matrix it divides, as for any
+parameter (:func:`rbjax.core.mesh.logical_spec`), so an adapter's Adam moments are split like the base's.
 
 A parameter path no table entry matches raises ``KeyError`` naming it (a new parameter must be named, never
 silently replicated).
@@ -89,7 +90,7 @@ def logical_axes_of_family(family: str) -> Callable[[tuple, tuple], tuple | None
     table = [(re.compile(p), names) for p, names in LOGICAL_AXES[family]]
 
     def axes(path: tuple, shape: tuple) -> tuple | None:
-        if LORA in path:  # a low-rank adapter (rbjax.model.lora): small, replicated (or split over grid points)
+        if LORA in path:  # a low-rank adapter (rbjax.model.lora): no named dimension (fsdp may take its largest)
             return (None,) * len(shape)
         s = "/".join(path)
         for rx, names in table:
