@@ -111,6 +111,13 @@ def test_adapter_study_dry_run_fits_one_80gb_device(capsys):
     assert "LoRA rank 8 on all-linear: 20,971,520 trained parameters per point" in text  # 32 × (q,k,v,o,gate,up,down)
     assert "parameters stored in bf16" in text and "6 grid points" in text
     assert text.count("(10% kept free): fits") == 1 and "DOES NOT FIT" not in text
+    # the study's report says how its models were trained
+    from rbjax.study.config import load_study
+    from rbjax.study.report import _cutdowns
+
+    notes = _cutdowns(load_study(study).raw)
+    assert any("trained LoRA adapters (rank 8, α 16, dropout 0.05, on all-linear)" in n and "bf16" in n
+               for n in notes)
 
 
 # ------------------------------------------------------------------------------------------------- every family

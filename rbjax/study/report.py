@@ -46,6 +46,7 @@ from rbjax.debias.sweep import PAPER_GRID
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
 from rbjax.lmb.plot import figure_lmb
 from rbjax.specs import BIAS_TYPES
+from rbjax.train.config import AdapterConfig
 
 __all__ = ["collect", "write_report", "random_model_name", "DIALOG_COLUMNS"]
 
@@ -513,9 +514,16 @@ def _cutdowns(raw: dict) -> list[str]:
     if training.get("lmp_max_lines") is not None:
         out.append(f"training: the LMP of each grid point (the selection's LMP budget) on the first "
                    f"{training['lmp_max_lines']} lines only")
+    adapter_keys = set(AdapterConfig.__dataclass_fields__)
+    if training.get("adapter", "none") != "none":
+        a = {k: training.get(k, defaults[k]) for k in adapter_keys}
+        out.append(f"training: every debiasing run trained LoRA adapters (rank {a['lora_rank']}, α {a['lora_alpha']:g}"
+                   f"{', rsLoRA' if a['lora_rslora'] else ''}, dropout {a['lora_dropout']:g}, on {a['lora_targets']}) "
+                   f"on the frozen base model stored in {a['param_dtype']}, not every weight as the paper "
+                   "(docs/debiasing.md §9: the target embeddings of LMD, ADD and HD do not move)")
     for k, v in training.items():
         if k in ("max_steps", "lmp_max_lines", "eval_batch_size", "progress", "save_every", "save_every_s",
-                 "keep_checkpoints") or k not in defaults or v == defaults[k]:
+                 "keep_checkpoints") or k in adapter_keys or k not in defaults or v == defaults[k]:
             continue
         out.append(f"training: {k} = {v!r} (the paper's / rbjax's default: {defaults[k]!r})")
     if sweep.get("dev_max_pairs") is not None:
