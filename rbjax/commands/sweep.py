@@ -114,18 +114,25 @@ def run(args) -> int:
                                                 "lambda_lm": g["lambda_lm"][0], "lambda_d": g["lambda_d"][0]}),
                       folder))
     scfg = SweepConfig(**config_values(args, SweepConfig))
-    plans = {}
-    for ((b, m), (base, _)) in zip(combos, bases):  # one plan per method's grid (the bias types share the model)
-        if m not in plans:
-            pts = grid_points(m, grids[m])[:scfg.max_points]
-            plans[m] = grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk, device_memory_gb=args.device_memory_gb,
-                                        n_devices=mesh_product(base.mesh) if args.dry_run and base.mesh else None)
-    if args.dry_run:
-        for m, plan in plans.items():
+    # the memory plan before any weight is read, one per method's grid (the bias types share the model): --dry-run
+    # prints its largest chunk; a run is refused when a chunk of --grid-chunk points (else of one point: the
+    # automatic chunk size fits as many as the free memory takes) cannot fit
+    planned = set()
+    for (b, m), (base, _) in zip(combos, bases):
+        if m in planned:
+            continue
+        planned.add(m)
+        pts = grid_points(m, grids[m])[:scfg.max_points]
+        n_dev = mesh_product(base.mesh) if args.dry_run and base.mesh else None
+        if args.dry_run:
+            plan = grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk, device_memory_gb=args.device_memory_gb,
+                                    n_devices=n_dev)
             print(f"{m}: the largest chunk of its grid\n{plan.format()}")
+        else:
+            grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk or 1,
+                             device_memory_gb=args.device_memory_gb).check()
+    if args.dry_run:
         return 0
-    for plan in plans.values():
-        plan.check()
     if args.overwrite:
         for _, folder in bases:
             clear_sweep(folder)

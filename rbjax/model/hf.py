@@ -331,8 +331,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
 
 
 def model_config(name_or_path: str | os.PathLike):
-    """The family config of a model from its ``config.json`` alone: a model folder, a ``config.json`` path, or a hub
-    id (only its ``config.json`` is fetched, from the local cache when the hub cannot be reached): for plans and
+    """The family config of a model from its ``config.json`` alone: a model folder (a finished ``rbjax debias`` run
+    folder: its ``model/``), a ``config.json`` path, or a hub id (only its ``config.json`` is fetched, from the local cache when the hub cannot be reached): for plans and
     cost estimates before any weight is downloaded.
 
     Raises:
@@ -358,6 +358,8 @@ def model_config(name_or_path: str | os.PathLike):
             raise RuntimeError(f"cannot fetch config.json of hub model {name_or_path!r} ({why})") from None
     else:
         raise FileNotFoundError(f"model folder not found: {name_or_path}")
+    if (folder / "results.json").is_file() and (folder / "model" / "config.json").is_file():
+        folder = folder / "model"  # a finished rbjax debias run folder: its exported model (as ModelHandle.open)
     return _folder_config(folder)[1]
 
 
