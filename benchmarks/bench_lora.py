@@ -6,14 +6,15 @@ dropout 0.1 on, Adam, clip 1.0, batch 8, accumulation 1, religion1 training phra
 
 * ``full-packed`` — rbjax's update of every weight as ``rbjax debias`` feeds it (packed layout, the plan's few static
   shapes; :func:`rbjax.train.step.train_step`), lr 5e-5;
-* ``lora-packed`` — the same micro-batches, rbjax's LoRA update: rank 8, α 16, adapter dropout 0.05 on every linear
-  layer (``c_attn``, ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``), the base frozen (:mod:`rbjax.train.frozen`), lr 2e-4;
-* ``peft-padded`` — PEFT's LoRA with the same settings on ``transformers.GPT2LMHeadModel`` (the same weights,
+* ``lora-packed`` / ``lora-drop-packed`` — the same micro-batches, rbjax's LoRA update: rank 8, α 16, adapter dropout
+  0 (the default) / 0.05 on every linear layer (``c_attn``, ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``), the base
+  frozen (:mod:`rbjax.train.frozen`), lr 2e-4;
+* ``peft-padded`` / ``peft-drop-padded`` — PEFT's LoRA with the same settings on ``transformers.GPT2LMHeadModel`` (the same weights,
   ``target_modules="all-linear"``), each micro-batch padded to its longest phrase (the reference collator),
   ``torch.optim.AdamW`` (no weight decay) over the adapters, ``clip_grad_norm_`` 1.0.
 
 The timed updates are the plan's first ``--steps``; the rbjax variants run the same update in a round, round after
-round (interleaved); PyTorch runs in its own process, alternated with rbjax's ``--repeats`` times (an idle thread
+round (interleaved), and so do the PyTorch variants; PyTorch runs in its own process, alternated with rbjax's ``--repeats`` times (an idle thread
 pool of one framework slows the other); per variant the best repeat is kept, all are recorded. rbjax compiles every
 packed shape first (reported apart). tokens/s = real tokens of the timed updates / their total time.
 
@@ -45,7 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
-BATCH, RANK, ALPHA, DROPOUT = 8, 8, 16.0, 0.05
+BATCH, RANK, ALPHA = 8, 8, 16.0
+#: adapter dropout of the variants: none (PEFT's and rbjax's default) and 0.05 (a common choice)
+DROPOUTS = {"": 0.0, "-drop": 0.05}
 LR_FULL, LR_LORA = 5e-5, 2e-4
 
 
@@ -66,10 +69,10 @@ def lm_plan(tok, config):
     return data, BatchPlan.of_run(data, cfg.trainer_config)
 
 
-def lora_spec():
+def lora_spec(dropout: float = 0.0):
     from rbjax.model.lora import LoraSpec
 
-    return LoraSpec(rank=RANK, alpha=ALPHA, dropout=DROPOUT, targets="all-linear")
+    return LoraSpec(rank=RANK, alpha=ALPHA, dropout=dropout, targets="all-linear")
 
 
 # ------------------------------------------------------------------------------------------------------ rbjax
@@ -117,8 +120,10 @@ def rbjax_worker(args) -> dict:
     tok = load_tokenizer(args.tokenizer)
     data, plan = lm_plan(tok, config)
     variants, info = [], {}
-    for name, start, lr in (("full-packed", params, LR_FULL),
-                            ("lora-packed", add_adapters(params, config, lora_spec(), seed=0), LR_LORA)):
+    runs = [("full-packed", params, LR_FULL)] + [
+        (f"lora{suffix}-packed", add_adapters(params, config, lora_spec(rate), seed=0), LR_LORA)
+        for suffix, rate in DROPOUTS.items()]
+    for name, start, lr in runs:
         v = RbjaxVariant(name, plan, config, start, lr, data.shared)
         t0, before = time.perf_counter(), compiled_programs()
         seen = set()
@@ -166,11 +171,17 @@ def torch_worker(args) -> dict:
     sd = {k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, config).items()}
     base.load_state_dict(sd, strict=False)
     base.tie_weights()
-    model = peft.get_peft_model(base, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=DROPOUT,
-                                                      target_modules="all-linear", task_type="CAUSAL_LM"))
-    model.train()
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=LR_LORA, weight_decay=0.0)
+    base_sd = {k: v.clone() for k, v in base.state_dict().items()}
+    models = {}
+    for suffix, rate in DROPOUTS.items():  # one PEFT model per adapter dropout, on the same base weights
+        b = transformers.GPT2LMHeadModel(tcfg)
+        b.load_state_dict(base_sd)
+        b.tie_weights()
+        m = peft.get_peft_model(b, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=rate,
+                                                   target_modules="all-linear", task_type="CAUSAL_LM"))
+        m.train()
+        trained = [p for p in m.parameters() if p.requires_grad]
+        models[f"peft{suffix}-padded"] = (m, trained, torch.optim.AdamW(trained, lr=LR_LORA, weight_decay=0.0))
     data, plan = lm_plan(tok, config)
 
     def batch(u):
@@ -180,7 +191,8 @@ def torch_worker(args) -> dict:
         n = int(mask.sum(1).max())  # the reference collator: pad to the batch's longest phrase
         return torch.tensor(plan.data.ids[rows][:, :n]).long(), torch.tensor(mask[:, :n]).long()
 
-    def step(ids, mask):
+    def step(name, ids, mask):
+        model, trained, opt = models[name]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
@@ -189,18 +201,22 @@ def torch_worker(args) -> dict:
         opt.step()
         return time.perf_counter() - t0
 
-    r = {"times_s": [], "tokens": [], "slots": [], "trained_parameters": sum(p.numel() for p in trained)}
-    step(*batch(0))  # warm-up
-    for u in range(args.steps):
+    res = {n: {"times_s": [], "tokens": [], "slots": [], "trained_parameters": sum(p.numel() for p in t)}
+           for n, (_, t, _) in models.items()}
+    for n in models:  # warm-up
+        step(n, *batch(0))
+    for u in range(args.steps):  # interleaved rounds
         ids, mask = batch(u)
-        r["times_s"].append(step(ids, mask))
-        r["tokens"].append(int(mask.sum()))
-        r["slots"].append(int(mask.numel()))
-        print(f"[torch] round {u + 1}/{args.steps}: peft-padded {r['times_s'][-1]:.2f} s", file=sys.stderr, flush=True)
-    r["tokens_per_s"] = sum(r["tokens"]) / sum(r["times_s"])
-    r["real_fraction_timed"] = sum(r["tokens"]) / sum(r.pop("slots"))
-    return {"peft-padded": r, "_threads": torch.get_num_threads(), "_torch": torch.__version__,
-            "_peft": peft.__version__}
+        for n, r in res.items():
+            r["times_s"].append(step(n, ids, mask))
+            r["tokens"].append(int(mask.sum()))
+            r["slots"].append(int(mask.numel()))
+        print(f"[torch] round {u + 1}/{args.steps}: " + ", ".join(f"{n} {r['times_s'][-1]:.2f} s"
+                                                                  for n, r in res.items()), file=sys.stderr, flush=True)
+    for r in res.values():
+        r["tokens_per_s"] = sum(r["tokens"]) / sum(r["times_s"])
+        r["real_fraction_timed"] = sum(r["tokens"]) / sum(r.pop("slots"))
+    return {**res, "_threads": torch.get_num_threads(), "_torch": torch.__version__, "_peft": peft.__version__}
 
 
 # ----------------------------------------------------------------------------------------------------- memory
@@ -311,14 +327,17 @@ def main() -> int:
                 if k not in out or v["tokens_per_s"] > out[k]["tokens_per_s"]:
                     out[k] = v
                 out[k]["repeat_tokens_per_s"] = hist
-    full, lora, pt = out["full-packed"], out["lora-packed"], out.get("peft-padded")
-    ratios = {"lora_over_full": lora["tokens_per_s"] / full["tokens_per_s"]}
-    line = (f"rbjax LoRA {lora['tokens_per_s']:.0f} real tok/s, rbjax full fine-tuning {full['tokens_per_s']:.0f}"
-            f" (real slots {lora['real_fraction_timed']:.2f})")
-    if pt:
-        ratios["lora_over_peft"] = lora["tokens_per_s"] / pt["tokens_per_s"]
-        line += f", PEFT LoRA (pad to batch max) {pt['tokens_per_s']:.0f} ({pt['real_fraction_timed']:.2f})"
-    print(line)
+    full = out["full-packed"]
+    ratios = {}
+    for suffix, rate in DROPOUTS.items():
+        lora, pt = out[f"lora{suffix}-packed"], out.get(f"peft{suffix}-padded")
+        ratios[f"lora{suffix}_over_full"] = lora["tokens_per_s"] / full["tokens_per_s"]
+        line = (f"adapter dropout {rate:g}: rbjax LoRA {lora['tokens_per_s']:.1f} real tok/s, rbjax full fine-tuning "
+                f"{full['tokens_per_s']:.1f} (real slots {lora['real_fraction_timed']:.2f})")
+        if pt:
+            ratios[f"lora{suffix}_over_peft{suffix}"] = lora["tokens_per_s"] / pt["tokens_per_s"]
+            line += f", PEFT LoRA (pad to batch max) {pt['tokens_per_s']:.1f} ({pt['real_fraction_timed']:.2f})"
+        print(line)
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
     memory = None

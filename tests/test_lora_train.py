@@ -27,6 +27,7 @@ from rbjax.model import lora
 from rbjax.model.gpt2 import GPT2Config, init_params
 from rbjax.model.handle import ModelHandle
 from rbjax.train.batching import ArrayData, BatchPlan
+from rbjax.train.config import AdapterConfig
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -208,3 +209,21 @@ def test_dialog_tasks_train_adapters(method, tmp_path):
             assert not np.array_equal(full[p], v)
         else:
             np.testing.assert_array_equal(full[p], v)
+
+
+def test_memory_plan_of_adapters_counts_the_base_once(start):
+    """By hand, the tiny GPT-2 (width 32, 2 layers, MLP 128) with rank-4 adapters on every linear layer: per layer
+    4·(32+96) + 4·(32+32) + 4·(32+128) + 4·(128+32) = 2,048 adapter numbers, 4,096 in all; a 3-point chunk holds the
+    base once (bf16: 2 bytes a weight) and per point the adapters, their gradient and two Adam moments (fp32)."""
+    from rbjax.model.memory import plan_memory
+
+    config, params, _ = start
+    n_base = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
+    spec = AdapterConfig(adapter="lora", lora_rank=4).lora_spec()
+    assert lora.adapter_param_count(config, spec) == 4096
+    p = plan_memory(config, training=True, batch_size=8, seq_len=36, n_points=3, adapter=spec, param_dtype="bf16")
+    assert p.parts["parameters"] == n_base * 2 + 3 * 4096 * 4
+    assert p.parts["gradients"] == 3 * 4096 * 4 and p.parts["optimizer"] == 3 * 4096 * 8
+    full = plan_memory(config, training=True, batch_size=8, seq_len=36, n_points=3)
+    assert full.parts["parameters"] == 3 * n_base * 4 and p.parts["activations"] == full.parts["activations"]
+    assert "LoRA rank 4 on all-linear: 4,096 trained parameters per point" in p.format()

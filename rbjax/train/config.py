@@ -152,7 +152,8 @@ class AdapterConfig:
     projection instead of every weight, the base model frozen (no gradient, no optimiser state; with
     ``param_dtype`` bf16 stored in half the memory). The ``adapter`` section of a training run's settings
     (:class:`rbjax.debias.config.DebiasRun`, the dialog tasks'); docs/debiasing.md "Adapters". Defaults: rank 8,
-    α 16, dropout 0.05, every linear layer (PEFT's ``all-linear``).
+    α 16, no adapter dropout (PEFT's default; a rate > 0 draws a mask per adapted layer and update, which costs as
+    much as the rest of a LoRA update on a CPU: benchmarks/RESULTS.md), every linear layer (PEFT's ``all-linear``).
 
     Raises:
         rbjax.core.errors.SettingError naming the field: a value out of range, or an adapter setting given without
@@ -164,7 +165,8 @@ class AdapterConfig:
                          choices=ADAPTERS)
     lora_rank: int = field(8, "LoRA rank r")
     lora_alpha: float = field(16.0, "LoRA α: the adapter's update is scaled by α/r (α/√r with --lora-rslora)")
-    lora_dropout: float = field(0.05, "dropout rate of the adapter's input during training (PEFT's lora_dropout)")
+    lora_dropout: float = field(0.0, "dropout rate of the adapter's input during training (PEFT's lora_dropout; "
+                                     "default 0, PEFT's)")
     lora_targets: str = field("all-linear", "adapted layers: all-linear (every attention and MLP projection, not "
                                             "the LM head), attention, mlp, or the family's module names, comma "
                                             "separated (gpt2: c_attn, attn.c_proj, c_fc, mlp.c_proj; llama, "
