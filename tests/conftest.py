@@ -56,7 +56,10 @@ def _release_compiled_programs():
     yield
     import jax
 
+    from rbjax.train.step import clear_programs
+
     jax.clear_caches()
+    clear_programs()
     gc.collect()
 
 
