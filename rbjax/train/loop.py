@@ -43,11 +43,12 @@ import numpy as np
 from rbjax.core.compilation import CompileCounter
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
-from rbjax.core.keys import canonical, describe_difference
+from rbjax.core.keys import canonical
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import (is_model_parallel, padded_points, shard_batch, shard_state, shard_tree, to_host,
     tree_shardings)
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import why_not_reusable
 from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
 from rbjax.train.batching import BatchPlan, compile_slots
@@ -349,11 +350,12 @@ class Trainer:
                 except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
                     why = f"its metadata cannot be read ({type(e).__name__})"
             if why is None:
-                if meta.get("key") != key:
+                reason, other = why_not_reusable(meta, key, finished=True)  # a committed checkpoint is complete
+                if other:
                     ckpt.close()
                     raise ValueError(
                         f"{ckpt.directory}: holds checkpoints of a different run "
-                        f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+                        f"({reason}); use another --out or --overwrite")
                 try:
                     state, meta = ckpt.restore(step, state)
                     start = resumed = int(meta["update"])
