@@ -8,7 +8,8 @@ evidence (``rbjax export RUN --out DIR``).
 * a study's method folder ``OUT/seed<S>/<type>/<method>`` (``rbjax run``): its selected point or single run, with the
   study's test-split LMB and dialog checks of that model and of the starting model.
 
-``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte, ``README.md`` (the model card: the
+``DIR`` gets the model files (config, weights, tokenizer with its chat template, ``generation_config.json``) copied
+byte for byte, ``README.md`` (the model card: the
 Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
 with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
@@ -359,9 +360,11 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, *, rule: st
     n = _card_numbers(info, before_dir, after_dir, comparison)
     out.mkdir(parents=True, exist_ok=True)
     model = info["run"] / "model"
-    for f in sorted(model.iterdir()):
+    for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
         if f.is_file():
             shutil.copy2(f, out / f.name)
+        elif f.is_dir():  # additional_chat_templates/
+            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
     n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
     if comparison is not None:
         write_comparison(comparison, out / "evidence")
