@@ -14,7 +14,7 @@ def register(sub) -> None:
                     "the same under B, on the pairs both runs kept: paired t-test and Wilcoxon signed-rank test of d, "
                     "the mean change with a bootstrap CI, the share of pairs whose sign flipped, p-values corrected "
                     "across the types compared. d > 0: A is less stereotypical than B. Runs whose pairs differ (pair "
-                    "phrases, data files, split, outlier handling, tokenizer, BOS) are refused with the reason. "
+                    "phrases, data files, split, outlier handling, tokenizer, BOS, format) are refused with the reason. "
                     "Writes OUT/compare.json, OUT/compare.csv, OUT/compare.png and OUT/<type>_changes.csv.",
         formatter_class=HelpFormatter)
     p.add_argument("a", metavar="A", help="measure output folder of model A (e.g. the debiased model); several seeds "
@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="bootstrap resamples of the CI (default: the runs' own n_bootstrap; 0: no CI)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--labels", default="A,B", metavar="LABEL_A,LABEL_B", help="names of A and B in the output")
+    p.add_argument("--allow-format-change", action="store_true",
+                   help="compare runs measured in different formats of the pairs (--format raw vs chat, or two chat "
+                        "settings: does the chat format change the bias?); the output says that it compares formats")
     p.set_defaults(func=run)
 
 
@@ -42,7 +45,8 @@ def run(args) -> int:
     sides = [[f for f in x.split(",") if f] for x in (args.a, args.b)]
     bias = None if not args.bias else [t.strip() for x in args.bias for t in x.split(",") if t.strip()]
     res = compare_models(sides[0], sides[1], out_dir=args.out, bias_types=bias, alpha=args.alpha,
-                         n_bootstrap=args.n_bootstrap, seed=args.seed, labels=labels)
+                         n_bootstrap=args.n_bootstrap, seed=args.seed, labels=labels,
+                         allow_format_change=args.allow_format_change)
     print(format_comparison(res))
     out = Path(args.out)
     print(f"\nwrote {out / 'compare.json'}, {out / 'compare.csv'}, {out / 'compare.png'} and the per-pair "

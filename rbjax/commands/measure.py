@@ -16,6 +16,8 @@ BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orient
 #: the MeasureConfig fields that are options of their own (``outlier_removal`` is ``--outlier-removal auto|on|off``)
 MEASURE_OPTIONS = ("split", "batch_size", "precision", "mesh", "param_dtype", "seed", "bos", "n_std", "ddof", "alpha",
                    "n_bootstrap", "skip_unscorable")
+#: the chat-format options (:class:`rbjax.model.chat.ChatSettings`), a group of their own
+CHAT_OPTIONS = ("format", "role", "system", "prompt", "score_end_of_turn", "chat_template")
 
 
 def register(sub) -> None:
@@ -44,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the memory plan (per-device parameters, activations) and stop, loading no weights")
     add_config_arguments(p, MeasureConfig, MEASURE_OPTIONS)
+    add_config_arguments(p.add_argument_group("chat format (docs/chat.md)"), MeasureConfig, CHAT_OPTIONS)
     p.add_argument("--outlier-removal", dest="outlier_removal", choices=["auto", "on", "off"], default="auto",
                    help=MeasureConfig.__dataclass_fields__["outlier_removal"].metadata["help"])
     p.add_argument("--resume", action="store_true",
@@ -73,7 +76,7 @@ def run(args) -> int:
         plan.check()
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
-    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS),
+    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS),
                            outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
     records = measure_bias(
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,

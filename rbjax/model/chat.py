@@ -54,8 +54,8 @@ class ChatSettings:
     and flag, :func:`rbjax.core.config.field`). :meth:`check_chat_settings` is called by the subclass's
     ``__post_init__``."""
 
-    format: str = field("raw", "raw: score each phrase as bare text, as DialoGPT reads a turn (the paper; today's "
-                               "behaviour); chat: as a turn of the model's own chat template (its role headers, "
+    format: str = field("raw", "raw: score each phrase as bare text, as DialoGPT reads a turn (the paper); chat: as "
+                               "a turn of the model's own chat template (its role headers, "
                                "BOS and end-of-turn tokens as context; docs/chat.md); recorded in lmb.json",
                         choices=FORMATS)
     role: str | None = field(None, "chat format: the phrase is the assistant's reply (default) or the user's "
