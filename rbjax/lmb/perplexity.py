@@ -24,7 +24,7 @@ How the work is cut down (issue 11), each step exact in float32:
   predicts the first token of both branches from one log-sum-exp.
 * **Packing, little padding.** Trees (or single phrases) are packed into rows of ``row_len`` slots (best-fit
   decreasing; 98 % of the slots are used on the RedditBias test split); a block mask keeps them apart and
-  position ids restart in each. The row length is the cheapest of a few candidates (32, 48, 64, 96, 128) by a
+  position ids restart in each. The row length is the cheapest of a few candidates (32 … 256 slots) by a
   FLOP model; a run compiles one program per (row length, rows per batch): the full batch and, for the last
   batch, the smallest multiple of a quarter batch that holds the rest — not one per phrase length.
 * **A context shared by every phrase is run once per row.** In the chat format every phrase starts with the same
@@ -316,8 +316,9 @@ def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None
     longest = int(sizes.max()) + shared
     if row_len is not None:
         cands = [max(int(row_len), -(-longest // 16) * 16)]
-    else:
-        cands = [c for c in ROW_LENGTHS if c >= longest][:3] or [-(-longest // 64) * 64]
+    else:  # the shortest three that fit; with a row context all that fit (a longer row spreads the context over
+        # more trees, at little attention cost)
+        cands = [c for c in ROW_LENGTHS if c >= longest][:None if shared else 3] or [-(-longest // 64) * 64]
     d, V, nl = config.hidden_size, config.vocab_size, config.num_layers
     best = None
     for L in cands:
@@ -352,9 +353,10 @@ class PerplexityScorer:
             (:data:`SLOTS_PER_PHRASE`), i.e. ``max(1, batch_size·16 // row_len)`` packed rows, rounded up to a
             multiple of the device count when batches are sharded. 64 (1,024 slots) suits a CPU; accelerators
             want more.
-        row_len: token slots per packed row. Default: chosen per call among 32/48/64/96/128 (the cheapest of the
-            shortest three that hold the longest phrase or pair tree); an int fixes it (raised, in steps of 16,
-            to fit the longest).
+        row_len: token slots per packed row. Default: chosen per call among :data:`ROW_LENGTHS` (32 … 256) by the
+            FLOP model: the cheapest of the shortest three that hold the longest phrase or pair tree (with a row
+            context: of all that hold it and the context); an int fixes it (raised, in steps of 16, to fit the
+            longest).
         bos_id: when given, prepend this id (e.g. 50256) and score every phrase token.
         precision: ``"fp32"`` (default; matmuls at ``"highest"``) or ``"bf16"`` (bf16 matmul inputs, float32
             accumulation / softmax / log-sum-exp; see the module docstring).
