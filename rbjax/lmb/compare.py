@@ -45,7 +45,7 @@ from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, vers
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
-           "describe_change", "format_comparison", "write_comparison", "run_format", "describe_format"]
+           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant"
 
@@ -155,14 +155,20 @@ def _inputs(m: MeasuredType) -> dict:
 _FORMAT_KEYS = ("role", "system", "prompt", "score_end_of_turn", "template_sha256", "rendered_sha256")
 
 
-def run_format(m: MeasuredType) -> dict:
-    """The format a type was measured in: ``{"format": "raw"}`` or ``{"format": "chat", role, system, prompt,
-    score_end_of_turn, template_sha256, rendered_sha256}`` (runs written before the chat format: raw)."""
-    inp = _inputs(m)
+def record_format(inputs: dict | None) -> dict:
+    """The format of an ``lmb.json`` record's ``inputs``: ``{"format": "raw"}`` or ``{"format": "chat", role,
+    system, prompt, score_end_of_turn, template_sha256, rendered_sha256}`` (records written before the chat format:
+    raw)."""
+    inp = inputs or {}
     if inp.get("format", "raw") != "chat":
         return {"format": "raw"}
     chat = inp.get("chat") or {}
     return {"format": "chat", **{k: chat.get(k) for k in _FORMAT_KEYS}}
+
+
+def run_format(m: MeasuredType) -> dict:
+    """:func:`record_format` of one measured type (older folders: from their measure state file)."""
+    return record_format(_inputs(m))
 
 
 def describe_format(f: dict) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from rbjax import __version__
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from rbjax.core.keys import file_digest
-from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.lmb.compare import compare_runs, describe_format, fmt_change, json_ready, record_format, write_comparison
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["resolve_run", "export_model", "model_card"]
@@ -180,6 +180,8 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
                           "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
                           "run_key_data_digest": (res.get("key") or {}).get("data")},
         "model_files_digest": res.get("model_files"),
+        "format": {"debiased": c.get("format") or "raw",
+                   "measured_after": _formats(after), "measured_before": _formats(before)},
         "lmb_before": {"folder": None if before_dir is None else str(before_dir), "records": before},
         "lmb_after": {"folder": None if after_dir is None else str(after_dir), "records": after},
         "comparison": None if comparison is None else json_ready(comparison),
@@ -189,6 +191,18 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
         "versions_training": res.get("versions"),
         "source_run": str(info["run"]),
     }
+
+
+def _formats(records) -> list[dict] | None:
+    """The distinct formats (:func:`rbjax.lmb.compare.record_format`) of an ``lmb.json``'s records."""
+    if records is None:
+        return None
+    out = []
+    for r in records:
+        f = record_format(r.get("inputs"))
+        if f not in out:
+            out.append(f)
+    return out
 
 
 def _rec(records, t):
@@ -229,6 +243,11 @@ def model_card(n: dict, license: str) -> str:
           f"- **Bias type**: {bt} (RedditBias, Barikeri et al., ACL 2021)", f"- **Training seed**: {n['seed']}"]
     tr = n["training"]
     L.append("- **Training**: " + ", ".join(f"{k} = {v}" for k, v in tr.items() if v is not None))
+    fm = n.get("format") or {}
+    measured = fm.get("measured_after") or fm.get("measured_before")
+    trained_on = "raw text (the paper's format)" if fm.get("debiased", "raw") == "raw" else "chat turns"
+    L.append(f"- **Format**: debiased on {trained_on}" + (
+        "" if not measured else "; LMB measured as " + "; ".join(describe_format(f) for f in measured)))
     if n["grid_point"] is not None:
         s = n["selection"]
         dev = s.get("dev") or {}
