@@ -64,9 +64,11 @@ def run(args) -> int:
     if not args.dry_run and args.out is not None:
         check_output_dir(args.out, "--out")  # a bad --out fails before the model is even read
     if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
-        # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64
+        # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64 (the chat format: rows of up to
+        # 256, which hold the template's shared prefix once)
+        row = 256 if args.format == "chat" else 64
         plan = plan_for_model(args.model, mesh=args.mesh, training=False,
-                              batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // 64), seq_len=64,
+                              batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // row), seq_len=row,
                               precision=args.precision, param_dtype=args.param_dtype,
                               device_memory_gb=args.device_memory_gb,
                               n_devices=mesh_product(args.mesh) if args.dry_run and args.mesh else None)
