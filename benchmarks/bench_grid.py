@@ -13,7 +13,7 @@ plus tokens/s per device.
      accelerator).
 
    Random weights (``rbjax.model.gpt2.init_params``), the GPT-2 tokenizer of ``../shared/tokenizers/gpt2``. Both ways
-   use the trainer users run (:class:`rbjax.debias.loop.DebiasTrainer`, no checkpoints): *vmapped* trains the chunk's
+   use the trainer users run (:func:`rbjax.debias.run.debias_trainer`, no checkpoints): *vmapped* trains the chunk's
    points as one program over a stacked state; *one at a time* trains each point alone with the unvmapped step
    (the same batch plan, so the same data). Each run does ``--updates`` updates; the first (compile, warm-up) is
    dropped and the median of the others is the update time. Vmapped and one-at-a-time runs alternate

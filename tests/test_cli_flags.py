@@ -116,14 +116,19 @@ def test_measure_options_are_the_measure_config():
     import dataclasses
 
     from rbjax.cli import build_parser
-    from rbjax.commands.measure import MEASURE_OPTIONS
+    from rbjax.commands.measure import CHAT_OPTIONS, MEASURE_OPTIONS
     from rbjax.commands.options import config_values
     from rbjax.lmb.config import MeasureConfig
 
     parser = build_parser()
     args = parser.parse_args(["measure", "--stored-perplexities"])
-    assert set(MEASURE_OPTIONS) | {"outlier_removal"} == {f.name for f in dataclasses.fields(MeasureConfig)}
-    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS)) == MeasureConfig()
+    assert set(MEASURE_OPTIONS + CHAT_OPTIONS) | {"outlier_removal"} == {
+        f.name for f in dataclasses.fields(MeasureConfig)}
+    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS)) == MeasureConfig()
+    args = parser.parse_args(["measure", "--model", "m", "--format", "chat", "--role", "user", "--system", "Be kind.",
+                              "--score-end-of-turn", "--chat-template", "t.jinja"])
+    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS)) == MeasureConfig(
+        format="chat", role="user", system="Be kind.", score_end_of_turn=True, chat_template="t.jinja")
     args = parser.parse_args(["measure", "--stored-perplexities", "--split", "valid", "--n-std", "2.5", "--ddof", "1",
                               "--no-bos", "--skip-unscorable", "--n-bootstrap", "7", "--param-dtype", "bf16",
                               "--mesh", "data=1"])

@@ -374,6 +374,8 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
     assert {"debiasing-hd", "bias-religion1", "rbjax"} <= set(meta["tags"])
     assert "base_model" not in meta  # a local random model is no hub id: named in the text instead
     assert "random GPT-2" in card
+    assert "- **Format**: debiased on raw text (the paper's format); LMB measured as raw text (the paper's format)" \
+        in card  # the format the model was debiased and measured in
     # the grid point and rule of selection.json
     sel = json.loads((tiny_study / "seed42/religion1/hd/sweep/selection.json").read_text())["default"]
     assert sel["rule"] in card and f"t = {sel['dev']['t_value']:.2f}" in card

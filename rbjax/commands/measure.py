@@ -16,6 +16,8 @@ BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orient
 #: the MeasureConfig fields that are options of their own (``outlier_removal`` is ``--outlier-removal auto|on|off``)
 MEASURE_OPTIONS = ("split", "batch_size", "precision", "mesh", "param_dtype", "seed", "bos", "n_std", "ddof", "alpha",
                    "n_bootstrap", "skip_unscorable")
+#: the chat-format options (:class:`rbjax.model.chat.ChatSettings`), a group of their own
+CHAT_OPTIONS = ("format", "role", "system", "prompt", "score_end_of_turn", "chat_template")
 
 
 def register(sub) -> None:
@@ -44,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the memory plan (per-device parameters, activations) and stop, loading no weights")
     add_config_arguments(p, MeasureConfig, MEASURE_OPTIONS)
+    add_config_arguments(p.add_argument_group("chat format (docs/chat.md)"), MeasureConfig, CHAT_OPTIONS)
     p.add_argument("--outlier-removal", dest="outlier_removal", choices=["auto", "on", "off"], default="auto",
                    help=MeasureConfig.__dataclass_fields__["outlier_removal"].metadata["help"])
     p.add_argument("--resume", action="store_true",
@@ -61,9 +64,11 @@ def run(args) -> int:
     if not args.dry_run and args.out is not None:
         check_output_dir(args.out, "--out")  # a bad --out fails before the model is even read
     if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
-        # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64
+        # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64 (the chat format: rows of up to
+        # 256, which hold the template's shared prefix once)
+        row = 256 if args.format == "chat" else 64
         plan = plan_for_model(args.model, mesh=args.mesh, training=False,
-                              batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // 64), seq_len=64,
+                              batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // row), seq_len=row,
                               precision=args.precision, param_dtype=args.param_dtype,
                               device_memory_gb=args.device_memory_gb,
                               n_devices=mesh_product(args.mesh) if args.dry_run and args.mesh else None)
@@ -73,7 +78,7 @@ def run(args) -> int:
         plan.check()
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
-    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS),
+    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS),
                            outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
     records = measure_bias(
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,

@@ -429,7 +429,8 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
     if cfg.export:
         if not exported_ok:
             model_dir = save_pretrained(to_host(params), trainer.config, model_out,
-                                        tokenizer_dir=trainer.model.tokenizer_folder())
+                                        tokenizer_dir=trainer.model.tokenizer_folder(),
+                                        source_dir=trainer.model.folder)  # generation_config.json from the model
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))

@@ -18,8 +18,11 @@ With several runs per side (training seeds), e_i of that side is the mean over i
 seed is given beside the result (the seed spread).
 
 Runs are compared only when their pairs are the same: the same phrase pairs in the same order (the per-type CSVs),
-data files, split, outlier handling, tokenizer files, BOS setting and stored-vs-model perplexities. Anything else is
-refused with the reason (:class:`MismatchError`).
+data files, split, outlier handling, tokenizer files, BOS setting, stored-vs-model perplexities and *format* (raw
+text, or a turn of the chat template with its role, system prompt, user message, end-of-turn scoring and template;
+docs/chat.md). Anything else is refused with the reason (:class:`MismatchError`) — except a difference of format when
+``allow_format_change`` (``--allow-format-change``): "does the chat format change the bias?" is a question of its own,
+and the result then says that it compares two formats of the pairs (``formats``).
 
 ``rbjax compare A B --out DIR`` and :func:`compare_models` write ``compare.json``, ``compare.csv``, ``compare.png`` and
 ``<type>_changes.csv`` (the per-pair values); see ``docs/compare.md``.
@@ -43,7 +46,7 @@ from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
-           "describe_change", "format_comparison", "write_comparison"]
+           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant"
 
@@ -145,7 +148,42 @@ def _inputs(m: MeasuredType) -> dict:
     stored = model.get("stored_perplexities") is True
     return {"data_files": key.get("data"), "tokenizer": None if stored else model.get("tokenizer"),
             "model": None if stored else model.get("model"), "bos": key.get("bos"),
-            "skip_unscorable": key.get("skip_unscorable"), "precision": key.get("precision")}
+            "skip_unscorable": key.get("skip_unscorable"), "precision": key.get("precision"),
+            "format": "chat" if isinstance(key.get("chat"), dict) else "raw", "chat": key.get("chat")}
+
+
+#: the parts of a chat-format record that make the format (not where the template came from, nor the example)
+_FORMAT_KEYS = ("role", "system", "prompt", "score_end_of_turn", "template_sha256", "rendered_sha256")
+
+
+def record_format(inputs: dict | None) -> dict:
+    """The format of an ``lmb.json`` record's ``inputs``: ``{"format": "raw"}`` or ``{"format": "chat", role,
+    system, prompt, score_end_of_turn, template_sha256, rendered_sha256}`` (records written before the chat format:
+    raw)."""
+    inp = inputs or {}
+    if inp.get("format", "raw") != "chat":
+        return {"format": "raw"}
+    chat = inp.get("chat") or {}
+    return {"format": "chat", **{k: chat.get(k) for k in _FORMAT_KEYS}}
+
+
+def run_format(m: MeasuredType) -> dict:
+    """:func:`record_format` of one measured type (older folders: from their measure state file)."""
+    return record_format(_inputs(m))
+
+
+def describe_format(f: dict) -> str:
+    """A format in words (for the comparison's output)."""
+    if f["format"] != "chat":
+        return "raw text (the paper's format)"
+    parts = [f"the {f.get('role')}'s turn of the chat template (sha256 {str(f.get('template_sha256'))[:12]})"]
+    if f.get("system") is not None:
+        parts.append(f"system prompt {f['system']!r}")
+    if f.get("prompt") is not None:
+        parts.append(f"after the user message {f['prompt']!r}")
+    if f.get("score_end_of_turn"):
+        parts.append("end-of-turn token scored")
+    return ", ".join(parts)
 
 
 def _facts(m: MeasuredType) -> dict:
@@ -162,13 +200,22 @@ def _facts(m: MeasuredType) -> dict:
         "perplexity source": "stored perplexities" if s.get("stored_perplexities") else "model",
         "BOS token": inp.get("bos", s.get("bos")),
         "tokenizer files (sha256)": inp.get("tokenizer"),
+        "format": run_format(m),
     }
 
 
-def _check_same_pairs(label_a: str, a: MeasuredType, label_b: str, b: MeasuredType) -> None:
+def _check_same_pairs(label_a: str, a: MeasuredType, label_b: str, b: MeasuredType,
+                      allow_format_change: bool = False) -> None:
     fa, fb = _facts(a), _facts(b)
     bt = a.record["bias_type"]
     problems = []
+    if fa["format"] != fb["format"]:
+        if not allow_format_change:
+            problems.append(f"format: {describe_format(fa['format'])} vs {describe_format(fb['format'])} (pass "
+                            "--allow-format-change to compare the two formats of the pairs)")
+        for f in (fa, fb):  # the format decides the BOS: a difference there is part of the format change
+            f.pop("BOS token")
+    fa.pop("format"), fb.pop("format")
     for k in fa:
         va, vb = fa[k], fb[k]
         if va is None or vb is None:
@@ -291,22 +338,27 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         config: how they are compared (:class:`rbjax.lmb.config.CompareConfig`): ``alpha``, the significance level
             (default: the runs' own ``settings.alpha``, else 0.05); ``n_bootstrap``, the bootstrap resamples (default:
             the runs' own ``settings.n_bootstrap``, else 10000); ``seed``; ``labels``, the names of A and B in
-            messages and in the result.
+            messages and in the result; ``allow_format_change``, compare runs measured in different formats (raw vs
+            chat, or two chat formats) of the same pairs, the result's ``formats`` then saying so.
         **settings: :class:`~rbjax.lmb.config.CompareConfig` fields that override ``config`` (e.g. ``alpha=0.01``);
             any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
     Returns:
-        ``{"a": {...}, "b": {...}, "alpha", "correction", "types": [per-type result], "not_compared": {type: why}}``;
+        ``{"a": {...}, "b": {...}, "alpha", "correction", "formats", "types": [per-type result], "not_compared":
+        {type: why}}`` (``formats``: ``{"a": format, "b": format, "changed": bool, "note": text | None}``, the
+        formats of the first type compared);
         each per-type result is :func:`paired_change` plus ``bias_type``, ``n_pairs`` (in the data),
         ``n_pairs_dropped``, ``p_corrected``, ``significant``, ``seeds`` (per-seed mean changes and their sd),
         ``overshoot`` and ``verdict`` (:func:`describe_change`), and ``pairs`` (the per-pair arrays, not JSON).
     Raises:
-        MismatchError: runs not measured on the same pairs (the reason named). ValueError: no type in common, or
-        an asked-for type not measured by every run; rbjax.core.errors.SettingError (a ValueError): a setting of
+        MismatchError: runs not measured on the same pairs, or in different formats without
+        ``allow_format_change`` (the reason named). ValueError: no type in common, or an asked-for type not measured
+        by every run; rbjax.core.errors.SettingError (a ValueError): a setting of
         the wrong type or out of range (named). TypeError: a keyword that is not a setting.
     """
     cfg = (config or CompareConfig()).replace(**settings)
     alpha, n_bootstrap, seed, labels = cfg.alpha, cfg.n_bootstrap, cfg.seed, cfg.labels
+    allow_format_change = cfg.allow_format_change
     runs_a, runs_b = _as_runs(a), _as_runs(b)
     if not runs_a or not runs_b:
         raise ValueError("compare needs at least one run on each side")
@@ -335,7 +387,7 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
     for t in common:
         lab0, ref = allruns[0]
         for lab, r in allruns[1:]:
-            _check_same_pairs(lab0, ref[t], lab, r[t])
+            _check_same_pairs(lab0, ref[t], lab, r[t], allow_format_change)
         kept = np.logical_and.reduce([r[t].kept for _, r in allruns])
         ea = np.mean([r[t].effect[kept] for r in runs_a], axis=0)
         eb = np.mean([r[t].effect[kept] for r in runs_b], axis=0)
@@ -359,8 +411,16 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         r["verdict"] = describe_change(r, labels)
     side = lambda runs: {"folders": [str(next(iter(x.values())).folder) for x in runs],  # noqa: E731
                          "models": [next(iter(x.values())).record.get("model") for x in runs]}
+    fmt_a, fmt_b = run_format(runs_a[0][common[0]]), run_format(runs_b[0][common[0]])
+    changed = any(run_format(r[t]) != fmt_a for r in runs_a for t in common) or \
+        any(run_format(r[t]) != fmt_b for r in runs_b for t in common) or fmt_a != fmt_b
+    formats = {"a": fmt_a, "b": fmt_b, "changed": changed,
+               "note": None if not changed else
+               (f"this compares two formats of the pairs, not only two models: {labels[0]} was measured as "
+                f"{describe_format(fmt_a)}, {labels[1]} as {describe_format(fmt_b)}; d is the change of the "
+                "per-pair effect between the formats (and between the models, where they differ)")}
     return {"a": {"label": labels[0], **side(runs_a)}, "b": {"label": labels[1], **side(runs_b)}, "alpha": alpha,
-            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION,
+            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION, "formats": formats,
             "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A is "
                       "more anti-stereotypical (less stereotypical) than B",
             "types": results, "not_compared": not_compared}
@@ -494,7 +554,11 @@ def format_comparison(res: dict) -> str:
     head = (f"{'bias type':<10} {'pairs':>5} {'mean change':>12} {'CI':>21} {'t':>7} {'p':>9} {'p bonf':>9} "
             f"{'wilcoxon p':>10} {'flipped':>7}")
     lines = [f"A = {a}: {', '.join(res['a']['folders'])}", f"B = {b}: {', '.join(res['b']['folders'])}",
-             res["change"], "", head, "-" * len(head)]
+             res["change"]]
+    note = (res.get("formats") or {}).get("note")
+    if note:
+        lines.append("Formats: " + note)
+    lines += ["", head, "-" * len(head)]
     for r in res["types"]:
         ci = r["mean_change_ci"]
         cis = "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]"

@@ -17,14 +17,17 @@ from rbjax.core.errors import SettingError
 from rbjax.core.precision import PRECISIONS
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.model.chat import ChatSettings
 
 __all__ = ["MeasureConfig", "CompareConfig", "PlotConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
-class MeasureConfig:
+class MeasureConfig(ChatSettings):
     """What an LMB measurement computes and how (frozen; the resume key and each record's ``settings`` come from
-    it). Each field's ``metadata["help"]`` is its documentation.
+    it). Each field's ``metadata["help"]`` is its documentation. The chat-format fields (``format``, ``role``,
+    ``system``, ``prompt``, ``score_end_of_turn``, ``chat_template``) come from
+    :class:`rbjax.model.chat.ChatSettings` (docs/chat.md).
 
     Raises:
         rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
@@ -48,7 +51,7 @@ class MeasureConfig:
     bos: bool | None = field(None, "--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score "
                                    "every token; --no-bos: never. Default: as the model's own tokenizer encodes a "
                                    "phrase (Llama, Mistral, Gemma add a BOS; GPT-2/DialoGPT as the reference, Qwen2, "
-                                   "Pythia do not); recorded in lmb.json")
+                                   "Pythia do not); recorded in lmb.json. In the chat format the template decides")
     n_std: float = field(3.0, "outlier interval width in standard deviations")
     ddof: int = field(0, "std convention: 0 population (reference), 1 sample", choices=(0, 1))
     alpha: float = field(0.05, "significance level (two-tailed); CI level is 1 - alpha")
@@ -60,6 +63,7 @@ class MeasureConfig:
 
     def __post_init__(self):
         check_types(self)
+        self.check_chat_settings()
         if self.split not in SPLITS:
             raise SettingError("split", f"must be {', '.join(SPLITS[:-1])} or {SPLITS[-1]}, got {self.split!r}")
         if self.batch_size < 1:
@@ -75,6 +79,9 @@ class MeasureConfig:
             raise SettingError("n_bootstrap", f"must be an integer >= 0 (0 = no bootstrap CI), got {self.n_bootstrap!r}")
         if self.ddof not in (0, 1):
             raise SettingError("ddof", f"must be 0 (population std) or 1 (sample std), got {self.ddof!r}")
+        if self.is_chat and self.bos is not None:
+            raise SettingError("bos", "has no effect with --format chat: the chat template decides whether a BOS "
+                                      "starts the chat")
 
     def replace(self, **changes) -> MeasureConfig:
         """A copy with ``changes`` (checked again).
@@ -112,6 +119,9 @@ class CompareConfig:
     seed: int = field(0, "bootstrap seed")
     labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output (default: A,B)", metavar="LABEL_A,LABEL_B",
                                     parse=_names)
+    allow_format_change: bool = field(False, "compare runs measured in different formats of the pairs (--format raw "
+                                             "vs chat, or two chat settings: does the chat format change the bias?); "
+                                             "the output says that it compares formats")
 
     def __post_init__(self):
         v = self.labels

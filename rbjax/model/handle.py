@@ -30,7 +30,9 @@ from pathlib import Path
 
 from rbjax.core.digests import files_key
 from rbjax.core.keys import digest, tree_digest
-from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.chat import end_of_turn_id
+from rbjax.model.hf import (TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, read_generation_config,
+                            resolve_model_dir)
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
 
@@ -246,6 +248,41 @@ class ModelHandle:
     def resolve_bos(self, bos: bool | None) -> bool:
         """``bos`` with ``None`` replaced by what the model's tokenizer does (recorded in results)."""
         return self.tokenizer.adds_bos if bos is None else bool(bos)
+
+    # -- generation ----------------------------------------------------------------------------------------------
+    def end_token_ids(self, template=None) -> tuple[int, ...]:
+        """Every token a generation stops at, sorted: ``config.json``'s ``eos_token_id`` (an id or a list),
+        ``generation_config.json``'s ``eos_token_id`` (an id or a list: Llama-3-Instruct lists ``<|eot_id|>`` only
+        there; what ``transformers``' ``generate`` stops at) and, with a chat ``template``
+        (:class:`rbjax.model.chat_template.ChatTemplate`), the token it ends an assistant turn with
+        (:func:`rbjax.model.chat.end_of_turn_id`).
+
+        Raises:
+            ValueError: an unreadable ``generation_config.json``, or an id in it outside the model vocabulary.
+            SpecialTokenError: no end token at all.
+        """
+        ids: set[int] = set()
+
+        def add(v, where):
+            for i in (v if isinstance(v, (tuple, list)) else [v]):
+                if i is None:
+                    continue
+                if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.config.vocab_size:
+                    raise ValueError(f"{where}: eos_token_id {i!r} is not an id of the model vocabulary "
+                                     f"[0, {self.config.vocab_size})")
+                ids.add(int(i))
+
+        add(family_of_config(self.config).special_tokens(self.config).get("eos"), "config.json")
+        if self.folder is not None:
+            gen = read_generation_config(self.folder)
+            if gen is not None:
+                add(gen.get("eos_token_id"), f"{self.folder}/generation_config.json")
+        if template is not None:
+            add(end_of_turn_id(self.tokenizer, template), f"the chat template ({template.source})")
+        if not ids:
+            raise SpecialTokenError(f"{self.name}: no end token: config.json and generation_config.json name no "
+                                    "eos_token_id (and no chat template ends a turn with a special token)")
+        return tuple(sorted(ids))
 
     # -- keys --------------------------------------------------------------------------------------------------
     def files_key(self):

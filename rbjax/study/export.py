@@ -8,7 +8,8 @@ evidence (``rbjax export RUN --out DIR``).
 * a study's method folder ``OUT/seed<S>/<type>/<method>`` (``rbjax run``): its selected point or single run, with the
   study's test-split LMB and dialog checks of that model and of the starting model.
 
-``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte, ``README.md`` (the model card: the
+``DIR`` gets the model files (config, weights, tokenizer with its chat template, ``generation_config.json``) copied
+byte for byte, ``README.md`` (the model card: the
 Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
 with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
@@ -31,7 +32,7 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.lmb.compare import compare_runs, describe_format, fmt_change, json_ready, record_format, write_comparison
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -214,6 +215,8 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
                           "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
                           "run_key_data_digest": (res.get("key") or {}).get("data")},
         "model_files_digest": res.get("model_files"),
+        "format": {"debiased": c.get("format") or "raw",
+                   "measured_after": _formats(after), "measured_before": _formats(before)},
         "lmb_before": {"folder": None if before_dir is None else str(before_dir), "records": before},
         "lmb_after": {"folder": None if after_dir is None else str(after_dir), "records": after},
         "comparison": None if comparison is None else json_ready(comparison),
@@ -223,6 +226,18 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
         "versions_training": res.get("versions"),
         "source_run": str(info["run"]),
     }
+
+
+def _formats(records) -> list[dict] | None:
+    """The distinct formats (:func:`rbjax.lmb.compare.record_format`) of an ``lmb.json``'s records."""
+    if records is None:
+        return None
+    out = []
+    for r in records:
+        f = record_format(r.get("inputs"))
+        if f not in out:
+            out.append(f)
+    return out
 
 
 def _rec(records, t):
@@ -263,6 +278,11 @@ def model_card(n: dict, license: str) -> str:
           f"- **Bias type**: {bt} (RedditBias, Barikeri et al., ACL 2021)", f"- **Training seed**: {n['seed']}"]
     tr = n["training"]
     L.append("- **Training**: " + ", ".join(f"{k} = {v}" for k, v in tr.items() if v is not None))
+    fm = n.get("format") or {}
+    measured = fm.get("measured_after") or fm.get("measured_before")
+    trained_on = "raw text (the paper's format)" if fm.get("debiased", "raw") == "raw" else "chat turns"
+    L.append(f"- **Format**: debiased on {trained_on}" + (
+        "" if not measured else "; LMB measured as " + "; ".join(describe_format(f) for f in measured)))
     if n["grid_point"] is not None:
         s = n["selection"]
         dev = s.get("dev") or {}
@@ -399,9 +419,11 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     n = _card_numbers(info, before_dir, after_dir, comparison)
     out.mkdir(parents=True, exist_ok=True)
     model = info["run"] / "model"
-    for f in sorted(model.iterdir()):
+    for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
         if f.is_file():
             shutil.copy2(f, out / f.name)
+        elif f.is_dir():  # additional_chat_templates/
+            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
     n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
     if comparison is not None:
         write_comparison(comparison, out / "evidence")
