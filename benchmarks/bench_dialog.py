@@ -1,4 +1,4 @@
-"""Dialog fine-tuning benchmark (issue 8): DST training examples/s against the plain LM step, DialoGPT-small shape.
+"""Dialog fine-tuning benchmark: DST training examples/s against the plain LM step, DialoGPT-small shape.
 
 What is timed: one update of the shared trainer (:class:`rbjax.train.loop.Trainer`: forward, loss, backward, clip
 1.0, Adam 5e-5, dropout 0.1), in one process, on one set of random weights (GPT-2 117M: 12 layers, width 768,

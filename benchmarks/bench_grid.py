@@ -1,4 +1,4 @@
-"""Grid benchmark (issue 9): grid points trained as one vmapped program vs one point at a time, and the compile
+"""Grid benchmark: grid points trained as one vmapped program vs one point at a time, and the compile
 count and compile time of the paper's 54-point grid.
 
 Runs on whatever ``jax.devices()`` gives (one CPU, a GPU, several devices, a TPU host): the same figures everywhere,

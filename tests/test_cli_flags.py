@@ -1,4 +1,4 @@
-"""Issue 20, flags and messages: an option that takes a value requires one, a switch takes none, a malformed flag
+"""Flags and messages: an option that takes a value requires one, a switch takes none, a malformed flag
 exits non-zero; errors name the flag (CLI), the field (Python API) or the file, section and key (study) the user
 wrote."""
 import pytest
@@ -84,7 +84,7 @@ def test_study_values_name_file_section_and_key(tmp_path):
 
 
 def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monkeypatch, capsys):
-    """Issue 20: a spec-file bias type without --data-dir complained about downloading the LMP file."""
+    """Field case: a spec-file bias type without --data-dir complained about downloading the LMP file."""
     import shutil
     from pathlib import Path
 

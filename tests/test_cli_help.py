@@ -1,5 +1,5 @@
 """`rbjax <command> --help` for every subcommand (and nested ones such as `annotate export`): every option is
-explained, and no default is shown twice or as "(default: None)" (issue 7, item 6)."""
+explained, and no default is shown twice or as "(default: None)"."""
 import argparse
 import re
 

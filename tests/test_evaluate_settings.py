@@ -1,5 +1,5 @@
 """The dialog tasks' registry and settings dataclasses (rbjax.dialog.tasks), and the `rbjax evaluate` options generated
-from them (issue 16, items 6 and 7). No model is loaded."""
+from them. No model is loaded."""
 import argparse
 import dataclasses
 
@@ -83,7 +83,7 @@ def test_generated_options_give_the_settings():
 
 @pytest.mark.parametrize("task", TASKS)
 def test_mesh_is_checked_recorded_and_not_keyed(task):
-    """--mesh (issue 21): its syntax is checked with the settings, a grid axis is refused (one model), and it is not
+    """--mesh: its syntax is checked with the settings, a grid axis is refused (one model), and it is not
     part of the result key (a mesh changes the float32 rounding only: tests/test_sharding.py compares the numbers)."""
     cls = get_task(task).settings
     s = cls(mesh="data=2,fsdp=4")

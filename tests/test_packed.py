@@ -1,4 +1,4 @@
-"""Packed micro-batches (issue 18): the phrases of a micro-batch side by side in a few rows give the same losses and
+"""Packed micro-batches: the phrases of a micro-batch side by side in a few rows give the same losses and
 updates as the padded layout (dropout off) for every method × semantics, the vmapped grid step and the dialog
 tasks; a plan compiles one program per packed shape."""
 import jax

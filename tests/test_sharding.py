@@ -1,4 +1,4 @@
-"""Models split over ``fsdp`` / ``tensor`` mesh axes and the memory plan (issue 21).
+"""Models split over ``fsdp`` / ``tensor`` mesh axes and the memory plan.
 
 The 8-device checks run in one subprocess (``tests/sharding_checks.py``, ``XLA_FLAGS=
 --xla_force_host_platform_device_count=8``; JAX reads the flag once). Tolerances: sharding changes the order of

@@ -1,4 +1,4 @@
-"""Dialog state tracking as binary slot-value classification (paper §3.2; reference-debias.md §10).
+"""Dialog state tracking as binary slot-value classification (paper §3.2; docs/dialog.md "DST").
 
 The paper checks that a (debiased) DialoGPT still works as a task-oriented dialog model: every slot-value pair of
 a MultiWOZ 2.0 turn becomes a binary decision over the text ::

@@ -8,7 +8,7 @@ Gemma — or ``--bos``; GPT-2's is ``<|endoftext|>``) the BOS is prepended as co
 all n tokens are scored (docs/lmb.md). A phrase with fewer than 2 scorable tokens has no perplexity: it is
 reported as unscorable (NaN, ``n_scored == 0``), never as 0 (the reference's fallback).
 
-How the work is cut down (issue 11), each step exact in float32:
+How the work is cut down, each step exact in float32:
 
 * **Pairs share their prefix.** A biased phrase and its counterfactual usually agree up to the target term.
   :meth:`PerplexityScorer.score_pairs` lays a pair out as one *tree* ``[common prefix | rest of the biased
@@ -322,7 +322,7 @@ class PerplexityScorer:
             one device means no sharding).
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`; replaces ``devices``): the parameters are placed by
             the family's logical axes (``fsdp`` / ``tensor`` split them, :mod:`rbjax.model.partition`), the rows
-            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding (issue 21).
+            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding.
         param_dtype: ``"fp32"`` (default) or ``"bf16"``: the parameters are *stored* in bf16 (half the memory) and
             promoted to the compute dtype inside every matmul; accumulation, residual stream, LayerNorm, softmax
             and log-sum-exp stay float32 as with ``precision``. The effect is that of rounding every weight to

@@ -1,6 +1,6 @@
 """One model handle: a model and its tokenizer, where they came from, their content key and their checks.
 
-Every command and the study load a model through :class:`ModelHandle` (issue 16 item 3):
+Every command and the study load a model through :class:`ModelHandle`:
 
 * :meth:`ModelHandle.open` — an HF folder, a hub id (downloaded into the HF cache), or a finished ``rbjax debias``
   run folder (its exported ``model/``); nothing is read until :meth:`load`.

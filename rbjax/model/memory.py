@@ -1,4 +1,4 @@
-"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone (issue 21).
+"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone.
 
 No weights are read: the parameter shapes come from ``jax.eval_shape`` of the family's ``init_params`` (the same
 shapes the loader fills), and each parameter's per-device share from the mesh rules

@@ -135,7 +135,7 @@ def family_of(config_json: dict, source: str) -> Family:
 def config_fields(model_type: str) -> tuple[set, dict]:
     """``(handled, refused)`` config fields of a ``model_type``: the fields rbjax reads and implements (or that do
     not change the computation, :data:`rbjax.model.hf_config.NO_COMPUTE`), and field → the values refused by name
-    (issue 17 item 2; tests/test_families.py checks them against the ``transformers`` config classes)."""
+    (tests/test_families.py checks them against the ``transformers`` config classes)."""
     if model_type == "gpt2":
         handled, refused = GPT2_HANDLED, GPT2_REFUSED
     elif model_type in llama.MODEL_TYPES:
