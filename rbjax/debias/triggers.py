@@ -65,9 +65,6 @@ def is_gpt2_bpe(tokenizer) -> bool:
     return (getattr(tokenizer, "vocab_size", None) == 50257
             and list(_encode_fn(tokenizer)(_GPT2_PROBE[0])) == _GPT2_PROBE[1])
 
-#: pad id of the reference's grid script (``<pad>`` added to GPT-2: 50257).
-REFERENCE_PAD_ID = 50257
-
 
 class LMDTriggers(NamedTuple):
     """Masks of the equalising loss (a pytree of numpy arrays).

@@ -207,7 +207,7 @@ def encode_examples(examples: Sequence[DSTExample] | Sequence[str], tokenizer, *
 
     Args:
         examples: :class:`DSTExample` s, or plain texts (then ``labels`` or zeros).
-        tokenizer: :class:`rbjax.model.tokenizer.GPT2BPETokenizer` (no special tokens are added, as the reference's
+        tokenizer: :class:`rbjax.model.tokenizer.Tokenizer` (no special tokens are added, as the reference's
             GPT-2 tokenizer adds none).
         block_size: tokens per row (the reference's 128).
         truncation: ``"left"`` (default) keeps the **last** ``block_size`` tokens: the slot-value pair sits at the

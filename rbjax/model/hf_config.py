@@ -207,11 +207,6 @@ def read_special_tokens(d: dict, vocab_size: int, source: str, defaults: dict) -
     return out
 
 
-def first_id(v):
-    """The first id of an eos list (or the id itself)."""
-    return v[0] if isinstance(v, tuple) else v
-
-
 def hf_id(v):
     """A special-token field as config.json stores it (tuples back to lists)."""
     return list(v) if isinstance(v, tuple) else v
