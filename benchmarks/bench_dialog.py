@@ -80,7 +80,7 @@ class Variant:
         cfg = TrainerConfig(batch_size=batch, grad_accum=1, epochs=1, max_steps=rounds + 1, block_size=128,
                             progress=False)
         objective = DebiasObjective("lm") if self.method == "lm" else DSTObjective()
-        model = ModelHandle.from_params(params, config, tokenizer, name=name, key=name)
+        model = ModelHandle.from_params(params, config, tokenizer, name=name, digest=name)
         self.trainer = Trainer(cfg, model, objective, make_optimizer(), ArrayData(a, pad_id=pad_id,
                                                                                   info={"bench": name}),
                                mesh=run_mesh(None, batch_size=batch), points=TrainPoint({}, 5e-5), params=start)

@@ -88,7 +88,7 @@ def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, 
     recs = measure_bias(model=str(runs["hd"]), bias_types="religion1", data_dir=redditbias_dir,
                         out_dir=tmp_path / "m_hd", n_bootstrap=0, progress=False, plot=False)
     assert recs[0]["settings"]["bos"] is True and np.isfinite(recs[0]["t_value"])
-    assert LoadedModel(str(runs["hd"])).fingerprint() != LoadedModel(str(tiny_llama)).fingerprint()
+    assert LoadedModel(str(runs["hd"])).handle.digest != LoadedModel(str(tiny_llama)).handle.digest
     assert main(["evaluate", "--task", "lmp", "--model", str(runs["lmd"]), "--data-dir", str(redditbias_dir),
                  "--lmp-max-lines", "40", "--out", str(tmp_path / "ev"), "--no-progress"]) == 0
     lmp = json.loads((tmp_path / "ev" / "lmp.json").read_text())
