@@ -256,8 +256,9 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, config
 
 def figure_changes(res: dict, title: str | None = None):
     """The paired comparison of :func:`rbjax.lmb.compare.compare_runs`: per bias type the mean change of the
-    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI, solid when significant after the
-    correction across types, hatched otherwise; a zero line.
+    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI (at the comparison's ``ci_level``, the
+    family-wise level of the verdict), solid when significant after the correction across types, hatched otherwise;
+    a zero line.
 
     Returns:
         a ``matplotlib.figure.Figure`` (Agg canvas). Artists carry ``gid``s: ``"change:<type>"``, ``"ci:<type>"``.
@@ -292,7 +293,9 @@ def figure_changes(res: dict, title: str | None = None):
                   fontsize=9)
     ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
                  fontsize=10)
-    lvl = f"{100 * (1 - alpha):g}%"
+    level = res.get("ci_level", 1 - alpha)
+    lvl = f"{100 * level:.4g}%" + ("" if len(rows) <= 1 else f", Bonferroni-adjusted for {len(rows)} types (the "
+                                                             "level of the verdict)")
     handles = [Patch(facecolor="tab:blue", edgecolor="black", linewidth=0.5,
                      label=f"solid: significant ({res['correction']}-corrected paired t-test, p < {alpha:g})"),
                Patch(facecolor="tab:blue", alpha=0.55, edgecolor="black", linewidth=0.5, hatch=HATCH,

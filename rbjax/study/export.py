@@ -31,7 +31,7 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.lmb.compare import ci_label, compare_runs, fmt_change, json_ready, plural, write_comparison
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -300,11 +300,14 @@ def model_card(n: dict, license: str) -> str:
             L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
                      "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
                      "ppl(counterfactual); d > 0: less stereotypical; p Bonferroni-corrected across the "
-                     f"{len(comp['types'])} types; files in `evidence/`).")
+                     f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
+                     f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
         elif before is None:
             L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
                      "on the same split, to add it and the paired comparison).")
-        L += ["", "| bias type | before | after | change [CI] | p (corrected) | verdict |", "|---|---|---|---|---|---|"]
+        ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
+        L += ["", f"| bias type | before | after | change [{ci_head}] | p (Bonferroni) | verdict |",
+              "|---|---|---|---|---|---|"]
         by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
         for r0 in (after or before):
             t = r0["bias_type"]
