@@ -128,6 +128,11 @@ def test_dry_run_plans_every_computation_from_config_json(capsys):
     out = capsys.readouterr().out
     assert out.startswith("crg: memory plan: ") and "kv_cache" in out and "training" not in out
     assert "parameters), generation, mesh fsdp=8" in out.replace("grid=1,data=1,", "").replace(",tensor=1", "")
+    # DST's fine-tuning does not fit 8 × 16 GB: both plans are printed, then the error (exit status 1)
+    assert main(["evaluate", "--task", "dst", "--model", str(llama), "--mesh", "fsdp=8", "--device-memory-gb", "16",
+                 "--dry-run"]) == 1
+    cap = capsys.readouterr()
+    assert cap.out.count("dst: memory plan: ") == 2 and "DOES NOT FIT" in cap.out and "(the plan above)" in cap.err
     assert main(["evaluate", "--task", "crg-metrics", "--dry-run", "--hyp", "h", "--refs", "r", "--out", "o"]) == 1
     assert "--dry-run concerns a model task" in capsys.readouterr().err
     assert main(["evaluate", "--task", "crg-metrics", "--mesh", "fsdp=4", "--hyp", "h", "--refs", "r", "--out",
