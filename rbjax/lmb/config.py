@@ -14,6 +14,7 @@ import dataclasses
 
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
 
@@ -77,6 +78,14 @@ class MeasureConfig:
             raise SettingError("n_bootstrap", f"must be an integer >= 0 (0 = no bootstrap CI), got {self.n_bootstrap!r}")
         if self.ddof not in (0, 1):
             raise SettingError("ddof", f"must be 0 (population std) or 1 (sample std), got {self.ddof!r}")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            try:
+                sizes = parse_mesh(self.mesh, mesh_product(self.mesh), flag="{name}")
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
+            if sizes is not None and sizes["grid"] > 1:
+                raise SettingError("mesh", f"{self.mesh!r}: a measurement scores one model, it has no grid points "
+                                           "to spread; use data, fsdp and tensor")
 
     def replace(self, **changes) -> MeasureConfig:
         """A copy with ``changes`` (checked again).
