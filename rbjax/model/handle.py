@@ -153,14 +153,15 @@ class ModelHandle:
         src = self.tokenizer_source if self.tokenizer_source is not None else str(self.folder)
         try:
             self._tokenizer = load_tokenizer(src, expected_vocab_size=None)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
             if self.tokenizer_source is None:
                 raise FileNotFoundError(
                     f"{self.folder}: the model folder has no tokenizer files; pass --tokenizer (a folder with "
                     "tokenizer.json, or the GPT-2 vocab.json and merges.txt, or a hub id such as "
                     "microsoft/DialoGPT-small)") from None
-            raise FileNotFoundError(f"{src}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
-                                    "pass --tokenizer") from None
+            # the tokenizer given (--tokenizer): what is wrong with it, never "pass --tokenizer"
+            why = str(e).removeprefix(f"{Path(src).expanduser()}: ")
+            raise FileNotFoundError(f"--tokenizer {src}: {why}") from None
 
     @property
     def config(self):
