@@ -29,6 +29,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
+# rbjax's own cache folder (file digests, parsed MultiWOZ splits) in a temporary folder too: nothing written to the
+# user's ~/.cache by the suite
+if "RBJAX_CACHE_DIR" not in os.environ:
+    _RBJAX_CACHE = tempfile.mkdtemp(prefix="rbjax-tests-cache-")
+    atexit.register(shutil.rmtree, _RBJAX_CACHE, ignore_errors=True)
+    os.environ["RBJAX_CACHE_DIR"] = _RBJAX_CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
@@ -56,7 +62,10 @@ def _release_compiled_programs():
     yield
     import jax
 
+    from rbjax.train.step import clear_programs
+
     jax.clear_caches()
+    clear_programs()
     gc.collect()
 
 

@@ -78,11 +78,11 @@ def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch):
     argv = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path / "o"), "--grid-config", str(f)]
     with pytest.raises(Stop):
         main(argv + ["--lr", "5e-5", "--lambda-ds", "10,50,100"])
-    assert seen["cfg"].learning_rate == 5e-5 and seen["cfg"].epochs == 3
+    assert seen["cfg"].optimizer.learning_rate == 5e-5 and seen["cfg"].trainer.epochs == 3
     assert seen["grid"]["lambda_d"] == (10.0, 50.0, 100.0) and seen["grid"]["batch_size"] == (2,)
     with pytest.raises(Stop):
         main(argv)
-    assert seen["cfg"].learning_rate == 1e-4 and seen["cfg"].epochs == 3
+    assert seen["cfg"].optimizer.learning_rate == 1e-4 and seen["cfg"].trainer.epochs == 3
     assert seen["grid"]["lambda_d"] == (5.0,) and seen["grid"]["batch_size"] == (2,)
     # the same in Python: merge(file, parsed axes, the names written)
     c = load_grid_config(f)

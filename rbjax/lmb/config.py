@@ -15,13 +15,11 @@ import dataclasses
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
+from rbjax.core.precision import PRECISIONS
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
 
-__all__ = ["MeasureConfig", "CompareConfig", "PlotConfig", "PARAM_DTYPES"]
-
-#: parameter storage of the scorer (computation precision is :data:`rbjax.core.precision.PRECISIONS`)
-PARAM_DTYPES = ("fp32", "bf16")
+__all__ = ["MeasureConfig", "CompareConfig", "PlotConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +37,14 @@ class MeasureConfig:
     batch_size: int = field(64, SCORING_BATCH_HELP)
     precision: str = field("fp32", "compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 "
                                    "accumulation and log-sum-exp; faster on bf16 hardware); recorded in lmb.json",
-                           choices=("fp32", "bf16"))
+                           choices=PRECISIONS)
     mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; "
                                    "sizes multiply to the device count; docs/scale.md): fsdp/tensor split the "
                                    "parameters, data×fsdp the rows. Default: rows over this process's devices, "
                                    "parameters replicated; recorded in lmb.json", metavar="AXIS=N,...")
     param_dtype: str = field("fp32", "parameter storage: bf16 halves the weights' memory (computation and "
                                      "log-sum-exp stay as --precision says; docs/scale.md measures the change); "
-                                     "recorded in lmb.json", choices=PARAM_DTYPES)
+                                     "recorded in lmb.json", choices=PRECISIONS)
     seed: int = field(0, "bootstrap seed")
     bos: bool | None = field(None, "--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score "
                                    "every token; --no-bos: never. Default: as the model's own tokenizer encodes a "
@@ -67,9 +65,9 @@ class MeasureConfig:
             raise SettingError("split", f"must be {', '.join(SPLITS[:-1])} or {SPLITS[-1]}, got {self.split!r}")
         if self.batch_size < 1:
             raise SettingError("batch_size", f"must be >= 1, got {self.batch_size!r}")
-        for name, allowed in (("precision", ("fp32", "bf16")), ("param_dtype", PARAM_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise SettingError(name, f"must be 'fp32' or 'bf16', got {getattr(self, name)!r}")
+        for name in ("precision", "param_dtype"):  # (both name a dtype of rbjax.core.precision.DTYPES)
+            if getattr(self, name) not in PRECISIONS:
+                raise SettingError(name, f"must be {' or '.join(map(repr, PRECISIONS))}, got {getattr(self, name)!r}")
         if not 0 < self.alpha < 1:
             raise SettingError("alpha", f"must be between 0 and 1, got {self.alpha}")
         if not self.n_std > 0:

@@ -56,19 +56,12 @@ __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chun
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
 
 
-#: parameter storage dtypes of the scorer (``param_dtype``)
-PARAM_DTYPES = {"fp32": np.float32, "bf16": jnp.bfloat16}
-
 #: a batch holds ``batch_size × SLOTS_PER_PHRASE`` token slots (``batch_size`` is a nominal phrase count: RedditBias
 #: phrases have 13 tokens on average, a pair tree ≈ 22 slots)
 SLOTS_PER_PHRASE = 16
 #: candidate row lengths (slots); a run takes the cheapest of the (up to three) shortest that hold its longest
 #: phrase or pair tree, by a FLOP model of body, attention and LM head; longer trees: multiples of 64
 ROW_LENGTHS = (32, 48, 64, 96, 128)
-
-
-def _compute_dtype(precision: str):
-    return get_policy(precision).compute_dtype
 
 
 @partial(jax.jit, static_argnames=("config", "precision"))
@@ -345,24 +338,14 @@ class PerplexityScorer:
         if row_len is not None and row_len < 2:
             raise ValueError(f"row_len must be >= 2, got {row_len}")
         self.config = config
+        self.policy = get_policy(precision, param_dtype)  # compute dtype and parameter storage (unknown names refused)
         self.precision = precision
-        self.dtype = _compute_dtype(precision)
+        self.dtype = self.policy.compute_dtype
         self.bos_id = bos_id
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
-        if param_dtype not in PARAM_DTYPES:
-            raise ValueError(f"param_dtype must be one of {tuple(PARAM_DTYPES)}, got {param_dtype!r}")
         self.param_dtype = param_dtype
-        if PARAM_DTYPES[param_dtype] != np.float32:
-            # host arrays are cast on the host (no full-size copy on one device); arrays already split over a mesh
-            # (read slice by slice by the loader) are cast where they lie, each device its own slices
-            def cast(x):
-                if isinstance(x, jax.Array) and not x.is_fully_replicated:
-                    return x.astype(PARAM_DTYPES[param_dtype]) if jnp.issubdtype(x.dtype, jnp.floating) else x
-                x = np.asarray(x)
-                return x.astype(PARAM_DTYPES[param_dtype]) if np.issubdtype(x.dtype, np.floating) else x
-
-            params = jax.tree.map(cast, params)
+        params = self.policy.cast_for_storage(params)  # (on the host, or where a mesh's slices lie)
         # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
         # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()

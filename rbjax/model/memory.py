@@ -7,14 +7,18 @@ shapes the loader fills), and each parameter's per-device share from the mesh ru
 
 Parts (bytes on one device):
 
-* ``parameters``: Σ per-device share × bytes of the storage dtype (fp32: 4; ``--param-dtype bf16`` scoring: 2);
-  with a stacked grid chunk, × points per ``grid`` row.
-* ``gradients`` (training): the same as the fp32 parameters (the gradient takes the parameters' layout), plus one
-  more copy for the accumulator when ``grad_accum > 1`` (the scan's carry).
-* ``optimizer`` (training): Adam's two fp32 moments, 2 × the fp32 parameters (same layout).
+Bytes per value are the precision policy's (:func:`rbjax.core.precision.get_policy` of ``precision`` and
+``param_dtype``): ``param_bytes`` for stored parameters, ``accum_bytes`` (float32: 4, whatever the precision) for
+gradients, optimiser state and activations, ``compute_bytes`` for a generation's KV cache.
+
+* ``parameters``: Σ per-device share × ``param_bytes`` (fp32: 4; ``--param-dtype bf16`` scoring: 2); with a
+  stacked grid chunk, × points per ``grid`` row.
+* ``gradients`` (training): the parameters' count in ``accum_bytes`` (the gradient takes the parameters' layout),
+  plus one more copy for the accumulator when ``grad_accum > 1`` (the scan's carry).
+* ``optimizer`` (training): Adam's two moments, 2 × the parameters' count in ``accum_bytes`` (same layout).
 * ``activations`` — an estimate, not a measurement. With b rows per device (the batch over ``data × fsdp``), s
   tokens per row, d the width, I the MLP width, H heads, N layers, V the vocabulary, t the ``tensor`` size, 4 bytes
-  per value (the residual stream, softmax and losses are float32 whatever the precision):
+  (``accum_bytes``) per value (the residual stream, softmax and losses are float32 whatever the precision):
 
   - training keeps, per layer, what the backward pass reads: the two norm inputs, q, k, v, the attention output,
     its projection, the MLP input and output (9·d values per token), the MLP hidden states before and after the
@@ -25,7 +29,8 @@ Parts (bytes on one device):
 
   Real programs differ (XLA fuses, rematerialises and keeps temporaries); the estimate is meant to tell a 124M run
   from an 8B one, not to be exact — the plan keeps :data:`HEADROOM` of each device free for it.
-* ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · 4`` bytes over the rows' and ``tensor``'s split.
+* ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · compute_bytes`` (the cache is kept in the
+  compute dtype: 4 bytes in fp32) over the rows' and ``tensor``'s split.
 
 :func:`plan_for_model` reads a model folder's ``config.json``; :meth:`MemoryPlan.check` raises :class:`PlanError` naming
 the largest part and a mesh or batch that would fit; :meth:`MemoryPlan.format` is what ``--dry-run`` prints.
@@ -40,6 +45,7 @@ import jax
 import numpy as np
 
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
+from rbjax.core.precision import get_policy
 from rbjax.model import registry
 from rbjax.model.hf import model_config
 from rbjax.model.nll import HEAD_CHUNK
@@ -221,7 +227,8 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     shapes = _param_shapes(config)
     per, total = _per_device_elems(shapes, config, sizes)
     dm = _dims(config)
-    pbytes = 2 if param_dtype == "bf16" else 4
+    policy = get_policy(precision, param_dtype)
+    pbytes, abytes = policy.param_bytes, policy.accum_bytes
     pts = max(1, math.ceil(n_points / sizes["grid"]))
     rows_split = sizes["data"] * sizes["fsdp"]
     b = max(1, math.ceil(batch_size / rows_split))
@@ -229,18 +236,20 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     parts = {"parameters": per * pbytes * pts}
     totals = {"parameters": total * pbytes * n_points}
     if training:
-        parts["gradients"] = per * 4 * pts * (2 if grad_accum > 1 else 1)
-        parts["optimizer"] = per * 4 * 2 * pts
-        totals["gradients"], totals["optimizer"] = (total * 4 * n_points * (2 if grad_accum > 1 else 1),
-                                                    total * 8 * n_points)
-        act = dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * 4 + 2 * b * s * dm["V"] / t * 4
+        parts["gradients"] = per * abytes * pts * (2 if grad_accum > 1 else 1)
+        parts["optimizer"] = per * abytes * 2 * pts
+        totals["gradients"], totals["optimizer"] = (total * abytes * n_points * (2 if grad_accum > 1 else 1),
+                                                    total * abytes * 2 * n_points)
+        act = (dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * abytes
+               + 2 * b * s * dm["V"] / t * abytes)
     else:
-        act = b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * 4 + b * s * min(HEAD_CHUNK, dm["V"]) * 4
+        act = (b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * abytes
+               + b * s * min(HEAD_CHUNK, dm["V"]) * abytes)
     parts["activations"] = int(act * pts)
     totals["activations"] = int(act * pts * rows_split * sizes["grid"])
     if kv_cache is not None:
         B, S = kv_cache
-        kv = 2 * dm["N"] * B * S * dm["kv"] * dm["hd"] * 4
+        kv = 2 * dm["N"] * B * S * dm["kv"] * dm["hd"] * policy.compute_bytes
         parts["kv_cache"] = int(kv / rows_split / (t if dm["kv"] % t == 0 else 1))
         totals["kv_cache"] = int(kv)
     settings = {"model": model_name, "training": training, "batch_size": batch_size, "seq_len": seq_len,
