@@ -1,4 +1,4 @@
-"""LMB scoring in the chat format vs the raw format vs PyTorch, one interleaved run (issue 29's speed targets).
+"""LMB scoring in the chat format against the raw format and against PyTorch, in one interleaved run.
 
 The model is a Llama-architecture model of DialoGPT-small's size (as ``bench_scoring.py --family llama``: 12 layers,
 width 768, 12 query heads sharing 4 key/value heads, gated MLP of 2,048, tied head) with seeded random weights,

@@ -1,4 +1,4 @@
-"""Grid benchmark (issue 9): grid points trained as one vmapped program vs one point at a time, and the compile
+"""Grid benchmark: grid points trained as one vmapped program vs one point at a time, and the compile
 count and compile time of the paper's 54-point grid.
 
 Runs on whatever ``jax.devices()`` gives (one CPU, a GPU, several devices, a TPU host): the same figures everywhere,
@@ -116,7 +116,7 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
     data = TrainingData(cfg, tok, config.vocab_size)
     plan = BatchPlan.of_run(data, cfg.trainer_config)
     pts = [lambda_point(lm, d, cfg.optimizer.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
-    model = ModelHandle.from_params(params, config, tok, name=f"bench-{name}", key=f"bench-{name}")
+    model = ModelHandle.from_params(params, config, tok, name=f"bench-{name}", digest=f"bench-{name}")
     common = dict(model=model, data=data, plan=plan)
     grid = debias_trainer(cfg, points=pts, **common)
     singles = [debias_trainer(cfg, points=p, **common) for p in pts]

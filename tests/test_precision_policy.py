@@ -1,4 +1,4 @@
-"""One precision policy (issue 16, item 5; rbjax/core/precision.py): fp32 means full fp32 matmuls on every path and
+"""One precision policy (rbjax/core/precision.py): fp32 means full fp32 matmuls on every path and
 every backend, whatever the process-wide ``jax_default_matmul_precision`` says.
 
 On this CPU an fp32 dot computes the same whatever its precision flag, so equal numbers alone would not show that the

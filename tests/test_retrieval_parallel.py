@@ -1,4 +1,4 @@
-"""Retrieval over many dump files: parallel, resumable per file, one deterministic result (issue 12)."""
+"""Retrieval over many dump files: parallel, resumable per file, one deterministic result."""
 from __future__ import annotations
 
 import csv
@@ -181,7 +181,7 @@ def test_changed_inputs_are_redone(corpus, tmp_path):
     assert by_name["RC_2020-01.zst"]["status"] == "read" and by_name["RC_2020-01.zst"]["reason"] == "changed: mtime_ns"
     assert by_name["RC_2020-02.zst"]["status"] == by_name["RC_2020-04.zst"]["status"] == "reused"
     assert _ids(out / "candidates_zorbness.csv") == ["d1", "p1", "w1", "d2", "n1", "x1", "t1"]
-    # other settings make another retrieval: refused in this folder without overwrite (issue 20) ...
+    # other settings make another retrieval: refused in this folder without overwrite ...
     with pytest.raises(OutputExists, match=r"written from other inputs: settings.window: 7 → 3"):
         retrieve(spec, files, out, progress=False, window=3)
     # ... and with it, a setting that changes the windows redoes every file ...

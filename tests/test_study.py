@@ -431,7 +431,7 @@ def test_export_of_a_single_run_and_a_sweeps_other_rule(tiny_study, tmp_path, ca
 
 LLAMA_STUDY = """
 [study]
-name = "a Llama-architecture study (issue 17)"
+name = "a Llama-architecture study"
 random_model = { model_type = "llama", vocab_size = 50257, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 128, tie_word_embeddings = false, bos_token_id = 50256, eos_token_id = 50256, seed = 0 }
 bias_types = ["religion1"]
 debias_types = ["religion1"]

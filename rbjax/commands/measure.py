@@ -44,7 +44,8 @@ def register(sub) -> None:
                    help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
                         "none and is not checked)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the memory plan (per-device parameters, activations) and stop, loading no weights")
+                   help="print the memory plan (per-device parameters, activations) and stop, loading no weights; "
+                        "exit status 1 when it does not fit")
     add_config_arguments(p, MeasureConfig, MEASURE_OPTIONS)
     add_config_arguments(p.add_argument_group("chat format (docs/chat.md)"), MeasureConfig, CHAT_OPTIONS)
     p.add_argument("--outlier-removal", dest="outlier_removal", choices=["auto", "on", "off"], default="auto",
@@ -63,6 +64,8 @@ def register(sub) -> None:
 def run(args) -> int:
     if not args.dry_run and args.out is not None:
         check_output_dir(args.out, "--out")  # a bad --out fails before the model is even read
+    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS),  # checked first
+                           outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
     if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
         # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64 (the chat format: rows of up to
         # 256, which hold the template's shared prefix once)
@@ -74,12 +77,11 @@ def run(args) -> int:
                               n_devices=mesh_product(args.mesh) if args.dry_run and args.mesh else None)
         if args.dry_run:
             print(plan.format())
+        plan.check(printed=args.dry_run)  # a plan that does not fit is an error (exit 1), --dry-run too
+        if args.dry_run:
             return 0
-        plan.check()
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
-    config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS),
-                           outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
     records = measure_bias(
         model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,
         data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out,

@@ -59,11 +59,6 @@ class Policy:
         """Context manager pinning the matmul precision while a computation is traced (and run)."""
         return jax.default_matmul_precision(self.matmul_precision)
 
-    def cast_for_compute(self, tree):
-        """Floating leaves of ``tree`` (e.g. parameters) cast to the compute dtype; other leaves unchanged."""
-        dt = self.compute_dtype
-        return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
     def cast_for_storage(self, tree):
         """Floating leaves of ``tree`` (parameters as loaded) in the parameter-storage dtype, other leaves unchanged;
         ``tree`` itself when that is float32. Host arrays are cast on the host (no full-size copy on one device);

@@ -207,7 +207,7 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
         # over several processes: gathered, and every process scores on its own devices, as the sweep does)
         mp = is_model_parallel(trainer.mesh) and jax.process_count() == 1
         loaded = measure.LoadedModel.from_params(params if mp else to_host(params), trainer.config,
-                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), key=model_key,
+                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), digest=model_key,
                                          batch_size=cfg.evaluation.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.debias.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.trainer.seed, progress=cfg.trainer.progress,

@@ -1,5 +1,5 @@
 """The paper's hyper-parameter grid for LMD, ADD and HD, trained as vmapped programs, and selection on the validation
-split (paper §5.1; reference-debias.md §7).
+split (paper §5.1; docs/debiasing.md §8).
 
 Grid (debias_lm_grid.py:448-452): batch size {4, 8, 16} × gradient accumulation {1, 5, 8} × λ_LM {0.001, 0.01} ×
 λ_D {10, 50, 100} = 54 runs, each from the same starting model with the same seed. For ``cda`` and ``lm`` the λ axes

@@ -1,6 +1,6 @@
 """MultiWOZ 2.0 for dialog state tracking: the three data layouts, TRADE's normalisation and turn format (paper §3.2).
 
-The reference DST evaluation (``lm_dst_binary.py``, reference-debias.md §10) reads MultiWOZ 2.0 in TRADE's
+The reference DST evaluation (``lm_dst_binary.py``; docs/dialog.md "DST") reads MultiWOZ 2.0 in TRADE's
 ``clean_data/*_dials.json`` format, built by RedditBias's ``DataPreparation/create_data_mwoz.py`` (a copy of
 TRADE's ``create_data.py``). This module rebuilds that format from the raw dialogues, step for step:
 

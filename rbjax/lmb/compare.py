@@ -9,10 +9,11 @@ tests the change itself, pair by pair:
 
 on the pairs both runs kept (scorable and not a 3σ outlier in any run compared). Per bias type: the two-tailed paired
 t-test of e(A) vs e(B) (the one-sample t-test of d, ``scipy.stats.ttest_rel``), the Wilcoxon signed-rank test of d
-(``scipy.stats.wilcoxon``, two-sided), the mean change with a BCa bootstrap CI
-(:func:`rbjax.lmb.stats.bootstrap_ci`), the share of pairs whose sign of e flipped, and the p-values corrected across
-the types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *significant* when its Bonferroni-corrected
-t-test p-value is below alpha).
+(``scipy.stats.wilcoxon``, two-sided), the share of pairs whose sign of e flipped, the p-values corrected across
+the m types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *significant* when its Bonferroni-corrected
+t-test p-value is below alpha), and the mean change with a BCa bootstrap CI (:func:`rbjax.lmb.stats.bootstrap_ci`) at
+the same family-wise level as that verdict: 1 − alpha/m, Bonferroni-adjusted (``ci_level``; 97.5 % for two types at
+alpha 0.05), so the CI printed beside a verdict is the one the verdict answers to.
 
 With several runs per side (training seeds), e_i of that side is the mean over its runs, and the mean change of each
 seed is given beside the result (the seed spread).
@@ -46,9 +47,10 @@ from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
-           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format"]
+           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format",
+           "ci_label", "plural"]
 
-CORRECTION = "bonferroni"  # the correction that decides "significant"
+CORRECTION = "bonferroni"  # the correction that decides "significant" (and sets the CI's level)
 
 
 class MismatchError(ValueError):
@@ -277,17 +279,20 @@ def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
 
 
 def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 0.05, n_bootstrap: int = 10000,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, ci_level: float | None = None) -> dict:
     """The paired statistics of ``d = effect_a − effect_b`` on aligned pairs (all kept).
 
     Args:
         effect_a, effect_b: (N,) per-pair bias effects ``log ppl(biased) − log ppl(counterfactual)`` of the two
             models (each the mean over its seeds when there are several).
-        alpha: two-tailed level of the test and of the CI (``1 − alpha``).
+        alpha: two-tailed level of the one-sample tests of each side.
         n_bootstrap: resamples of the BCa bootstrap CI of the mean change (0: no CI).
         seed: bootstrap seed.
+        ci_level: confidence level of the CI (default ``1 − alpha``; :func:`compare_runs` passes the
+            Bonferroni-adjusted ``1 − alpha/m`` of its verdicts).
     Returns:
-        ``{"n_pairs", "mean_change", "mean_change_ci", "ttest": {t_value, p_value, df, status}, "wilcoxon": {...},
+        ``{"n_pairs", "mean_change", "mean_change_ci", "ci_level", "ttest": {t_value, p_value, df, status},
+        "wilcoxon": {...},
         "sign_flip": {...}, "effect_a": {...}, "effect_b": {...}}``; the effects are one-sample t-tests of each
         side's per-pair effects against 0 on these pairs (is A past zero?).
     """
@@ -296,14 +301,15 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
         raise ValueError(f"effects differ in length ({a.size} vs {b.size})")
     d = a - b
     scale = max(float(np.max(np.abs(a))) if a.size else 0.0, float(np.max(np.abs(b))) if b.size else 0.0)
-    ci = stats.bootstrap_ci(d, 1 - alpha, n_bootstrap, seed, scale=scale) if n_bootstrap > 0 else None
+    level = 1 - alpha if ci_level is None else float(ci_level)
+    ci = stats.bootstrap_ci(d, level, n_bootstrap, seed, scale=scale) if n_bootstrap > 0 else None
     sa, sb = np.sign(a), np.sign(b)
     n = int(d.size)
     return {
         "n_pairs": n,
         "mean_change": float(d.mean()) if n else None,
         "mean_change_ci": None if ci is None else list(ci),
-        "ci_level": 1 - alpha,
+        "ci_level": level,
         "ttest": stats.paired_ttest(a, b),
         "wilcoxon": wilcoxon(d, scale),
         "sign_flip": {"share": float(np.mean(sa != sb)) if n else None,
@@ -344,10 +350,11 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
             any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
     Returns:
-        ``{"a": {...}, "b": {...}, "alpha", "correction", "formats", "types": [per-type result], "not_compared":
-        {type: why}}`` (``formats``: ``{"a": format, "b": format, "changed": bool, "note": text | None}``, the
-        formats of the first type compared);
-        each per-type result is :func:`paired_change` plus ``bias_type``, ``n_pairs`` (in the data),
+        ``{"a": {...}, "b": {...}, "alpha", "correction", "ci_level", "formats", "types": [per-type result],
+        "not_compared": {type: why}}``; ``ci_level`` = 1 − alpha/m for the m types compared (the CI of every type is
+        at the family-wise level of the Bonferroni verdict); ``formats``: ``{"a": format, "b": format, "changed":
+        bool, "note": text | None}``, the formats of the first type compared; each per-type result is
+        :func:`paired_change` (with that ``ci_level``) plus ``bias_type``, ``n_pairs`` (in the data),
         ``n_pairs_dropped``, ``p_corrected``, ``significant``, ``seeds`` (per-seed mean changes and their sd),
         ``overshoot`` and ``verdict`` (:func:`describe_change`), and ``pairs`` (the per-pair arrays, not JSON).
     Raises:
@@ -383,6 +390,7 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
     if not common:
         raise ValueError("the runs have no bias type in common: " + "; ".join(f"{t}: {w}" for t, w in
                                                                             not_compared.items()))
+    ci_level = 1 - alpha / len(common)  # Bonferroni: the family-wise level of the verdicts, CI and test alike
     results = []
     for t in common:
         lab0, ref = allruns[0]
@@ -393,7 +401,7 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         eb = np.mean([r[t].effect[kept] for r in runs_b], axis=0)
         res = {"bias_type": t, "n_pairs_in_data": len(ref[t].biased),
                "n_pairs_dropped": int(len(kept) - kept.sum()),
-               **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed)}
+               **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level)}
         res["seeds"] = _seed_spread([r[t].effect[kept] for r in runs_a], [r[t].effect[kept] for r in runs_b])
         res["pairs"] = {"index": np.nonzero(kept)[0], "biased": [ref[t].biased[i] for i in np.nonzero(kept)[0]],
                         "counterfactual": [ref[t].counterfactual[i] for i in np.nonzero(kept)[0]],
@@ -420,7 +428,9 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
                 f"{describe_format(fmt_a)}, {labels[1]} as {describe_format(fmt_b)}; d is the change of the "
                 "per-pair effect between the formats (and between the models, where they differ)")}
     return {"a": {"label": labels[0], **side(runs_a)}, "b": {"label": labels[1], **side(runs_b)}, "alpha": alpha,
-            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION, "formats": formats,
+            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION, "ci_level": ci_level,
+            "ci": f"BCa bootstrap CI of the mean change at {ci_label(ci_level, len(common))}, the family-wise level of "
+                  f"the {CORRECTION}-corrected verdict", "formats": formats,
             "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A is "
                       "more anti-stereotypical (less stereotypical) than B",
             "types": results, "not_compared": not_compared}
@@ -461,6 +471,18 @@ def _f(x, f=".3g"):
     return "n/a" if x is None else format(x, f)
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 type"``, ``"2 types"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def ci_label(level: float, n_tests: int = 1) -> str:
+    """What a CI's level is, in words: ``"95% CI"`` for one test, ``"97.5% CI, Bonferroni-adjusted for 2 types"``
+    for several (the level 1 − alpha/m of a Bonferroni verdict across m types)."""
+    pct = f"{100 * level:.4g}% CI"
+    return pct if n_tests <= 1 else f"{pct}, Bonferroni-adjusted for {plural(n_tests, 'type')}"
+
+
 def fmt_change(x, sign: bool = True) -> str:
     """A log-perplexity effect or change as text: 4 decimals, or 2 significant digits below 0.001 (never a bare
     "-0.0000" that hides the size and the sign)."""
@@ -474,13 +496,14 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
     change names its direction, and an overshoot says so in words."""
     a, b = labels
     ci = r.get("mean_change_ci")
+    m = r["p_corrected"]["ttest"]["n_tests"]
     size = (f"mean change {fmt_change(r['mean_change'])}"
-            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
+            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}] ({ci_label(r['ci_level'], m)})")
             + f", t = {_f(r['ttest']['t_value'], '.2f')}, p = {_f(r['ttest']['p_value'], '.2g')} "
-              f"({r['p_corrected']['ttest']['n_tests']} types, {CORRECTION} p = "
-              f"{_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), {r['n_pairs']} pairs")
+              f"({plural(m, 'type')}, {CORRECTION} p = {_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), "
+              f"{plural(r['n_pairs'], 'pair')}")
     if r["ttest"]["t_value"] is None:
-        return f"no test: {r['ttest']['status']} ({r['n_pairs']} pairs)"
+        return f"no test: {r['ttest']['status']} ({plural(r['n_pairs'], 'pair')})"
     if not r["significant"]:
         return f"not significant: no evidence that {a} differs from {b} ({size})"
     way = "anti-stereotypical" if r["mean_change"] > 0 else "stereotypical"
@@ -494,8 +517,8 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- output
-CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "t_value", "p_value",
-               "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
+CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "ci_level", "t_value",
+               "p_value", "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
                "sign_flip_share", "mean_effect_a", "mean_effect_b", "seed_sd", "significant", "overshoot"]
 
 
@@ -503,7 +526,7 @@ def _csv_row(r: dict) -> list:
     ci = r["mean_change_ci"] or [None, None]
     v = lambda x: "" if x is None else repr(float(x)) if isinstance(x, float) else str(x)  # noqa: E731
     return [r["bias_type"], r["n_pairs"], r["n_pairs_dropped"], v(r["mean_change"]), v(ci[0]), v(ci[1]),
-            v(r["ttest"]["t_value"]), v(r["ttest"]["p_value"]), v(r["p_corrected"]["ttest"]["bonferroni"]),
+            v(r.get("ci_level")), v(r["ttest"]["t_value"]), v(r["ttest"]["p_value"]), v(r["p_corrected"]["ttest"]["bonferroni"]),
             v(r["p_corrected"]["ttest"]["benjamini_hochberg"]), v(r["wilcoxon"]["statistic"]),
             v(r["wilcoxon"]["p_value"]), v(r["p_corrected"]["wilcoxon"]["bonferroni"]),
             v(r["sign_flip"]["share"]), v(r["effect_a"]["mean"]), v(r["effect_b"]["mean"]), v(r["seeds"]["sd"]),
@@ -558,6 +581,9 @@ def format_comparison(res: dict) -> str:
     note = (res.get("formats") or {}).get("note")
     if note:
         lines.append("Formats: " + note)
+    if res.get("ci_level") is not None and res.get("n_bootstrap"):
+        lines.append(f"CI: {ci_label(res['ci_level'], len(res['types']))}, the level of the {CORRECTION} verdict "
+                     f"(p bonf < {res['alpha']:g})")
     lines += ["", head, "-" * len(head)]
     for r in res["types"]:
         ci = r["mean_change_ci"]

@@ -14,6 +14,7 @@ import dataclasses
 
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
+from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
@@ -82,6 +83,14 @@ class MeasureConfig(ChatSettings):
         if self.is_chat and self.bos is not None:
             raise SettingError("bos", "has no effect with --format chat: the chat template decides whether a BOS "
                                       "starts the chat")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            try:
+                sizes = parse_mesh(self.mesh, mesh_product(self.mesh), flag="{name}")
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
+            if sizes is not None and sizes["grid"] > 1:
+                raise SettingError("mesh", f"{self.mesh!r}: a measurement scores one model, it has no grid points "
+                                           "to spread; use data, fsdp and tensor")
 
     def replace(self, **changes) -> MeasureConfig:
         """A copy with ``changes`` (checked again).

@@ -83,8 +83,8 @@ class LoadedModel:
 
     Build it from a folder, hub id or finished ``rbjax debias`` run folder (``LoadedModel(model, tokenizer, ...)``),
     or from parameters already in memory (:meth:`from_params`: the sweep's grid points and a finished training run
-    are measured without writing and re-reading a model). ``fingerprint()`` is the content key that per-type results
-    are reused under.
+    are measured without writing and re-reading a model). Per-type results are reused under the content of the
+    weights and the tokenizer (:meth:`rbjax.model.handle.ModelHandle.files_key`, ``tokenizer_files_key``).
 
     ``bos``: ``None`` (default) scores a phrase as the model's own tokenizer encodes it (a BOS before it where the
     tokenizer adds one); ``True``/``False`` force it (:meth:`rbjax.model.handle.ModelHandle.bos_id`). The resolved
@@ -99,13 +99,13 @@ class LoadedModel:
         self._setup(handle, batch_size, bos, precision, mesh, param_dtype)
 
     @classmethod
-    def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool | None = None,
+    def from_params(cls, params, config, tokenizer, *, name: str, digest: str, batch_size: int = 64, bos: bool | None = None,
                     precision: str = "fp32", mesh=None, param_dtype: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
-        content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
+        content ``digest`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
-        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, key=key), batch_size, bos, precision,
+        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, digest=digest), batch_size, bos, precision,
                     mesh, param_dtype)
         return self
 
@@ -123,11 +123,6 @@ class LoadedModel:
 
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
-
-    def fingerprint(self) -> dict:
-        """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``
-        (:meth:`rbjax.model.handle.ModelHandle.fingerprint`)."""
-        return self.handle.fingerprint()
 
 
 def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
@@ -358,7 +353,9 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                                             "chat_template": cfg.chat_template}),
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
-    model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
+    # content, not paths: the same weights copied elsewhere are the same model; weights rewritten in place another
+    model_key = ({"stored_perplexities": True} if loaded is None else
+                 {"model": loaded.handle.files_key(), "tokenizer": loaded.handle.tokenizer_files_key()})
     scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
                "precision": None if stored_perplexities else precision}
     if param_dtype != "fp32":  # (absent when fp32: keys of earlier runs stay valid)

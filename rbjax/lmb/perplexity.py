@@ -13,7 +13,7 @@ context only — a chat template's BOS, role headers, system prompt and earlier 
 conditioned on them) but never scored; every token after them is, the first one predicted by the last context token.
 No BOS is added to such a phrase: the context holds whatever the template put first.
 
-How the work is cut down (issue 11), each step exact in float32:
+How the work is cut down, each step exact in float32:
 
 * **Pairs share their prefix.** A biased phrase and its counterfactual usually agree up to the target term.
   :meth:`PerplexityScorer.score_pairs` lays a pair out as one *tree* ``[common prefix | rest of the biased
@@ -358,7 +358,7 @@ class PerplexityScorer:
             one device means no sharding).
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`; replaces ``devices``): the parameters are placed by
             the family's logical axes (``fsdp`` / ``tensor`` split them, :mod:`rbjax.model.partition`), the rows
-            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding (issue 21).
+            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding.
         param_dtype: ``"fp32"`` (default) or ``"bf16"``: the parameters are *stored* in bf16 (half the memory) and
             promoted to the compute dtype inside every matmul; accumulation, residual stream, LayerNorm, softmax
             and log-sum-exp stay float32 as with ``precision``. The effect is that of rounding every weight to

@@ -17,7 +17,7 @@ tokens whose probability reaches ``top_p``). Presets
 (:func:`sampling_settings`):
 
 * ``semantics="rbjax"`` (default): top-k 50, up to 64 new tokens.
-* ``semantics="reference"`` — the paper's DSTC-7 generation (reference-debias.md §11:
+* ``semantics="reference"`` — the paper's DSTC-7 generation (the reference's ``lm_dstc7.py``, docs/dialog.md "CRG":
   ``generate(do_sample=True, top_k=50, top_p=0.95, max_length=128)``): top-k 50 and top-p 0.95, at most 128
   tokens including the prompt. The reference's prompt always fills 64 columns of the batch, so it generates
   at most 64 new tokens; rbjax applies the same 64-token cap per row, and the 128-token total per row against
@@ -172,7 +172,7 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
 
 
 def cache_shardings(cache, mesh):
-    """The layout of a KV cache on a named ``mesh`` (issue 21): rows over ``data`` × ``fsdp`` (as the prompts), the
+    """The layout of a KV cache on a named ``mesh``: rows over ``data`` × ``fsdp`` (as the prompts), the
     key/value heads of every ``(B, S, heads, head_dim)`` layer cache over ``tensor`` (as the k/v projections'
     columns); masks, positions and the index follow the rows / are replicated."""
     from jax.sharding import NamedSharding
@@ -286,7 +286,7 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         progress: called with the number of examples after each batch.
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`): parameters placed by the family's logical axes,
             the batch rows split over ``data`` × ``fsdp`` (``batch_size`` must divide evenly to use them) and the KV
-            cache split by :func:`cache_shardings`; tokens equal the unsharded run's (issue 21).
+            cache split by :func:`cache_shardings`; tokens equal the unsharded run's.
     Returns:
         :class:`Generated`.
     Raises:

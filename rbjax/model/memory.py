@@ -1,4 +1,4 @@
-"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone (issue 21).
+"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone.
 
 No weights are read: the parameter shapes come from ``jax.eval_shape`` of the family's ``init_params`` (the same
 shapes the loader fills), and each parameter's per-device share from the mesh rules
@@ -104,14 +104,24 @@ class MemoryPlan:
                 "settings": self.settings, "suggestion": self.suggestion}
 
     def format(self) -> str:
+        """The plan as ``--dry-run`` prints it: per part the bytes on one device, the bytes of the whole run (every
+        slice once, however many devices hold a copy: per device × devices ≈ whole run × devices per slice, small
+        unsplit parameters such as norms being on every device), and how many devices hold each slice (rounded)."""
         s = self.settings
+        n_dev = math.prod(self.mesh.values())
         lines = [f"memory plan: {s['model']} ({self.n_params / 1e9:.3g}B parameters), "
                  f"{'training' if s['training'] else 'generation' if s.get('kv_cache') else 'scoring'}, "
-                 f"mesh {mesh_label(self.mesh)}, "
+                 f"mesh {mesh_label(self.mesh)} ({n_dev} device{'' if n_dev == 1 else 's'}), "
                  f"batch {s['batch_size']} × {s['seq_len']} tokens, precision {s['precision']}, "
-                 f"parameters stored in {s['param_dtype']}"]
+                 f"parameters stored in {s['param_dtype']}",
+                 f"  {'part':<12} {'per device':>13}   {'whole run':>11}   held by (whole run: each slice once, "
+                 "however many devices hold it)"]
         for k, v in self.parts.items():
-            lines.append(f"  {k:<12} {v / GB:10.3f} GB per device   ({self.totals[k] / GB:.3f} GB in all)")
+            tot = self.totals[k]
+            copies = round(n_dev * v / tot) if tot else 1
+            held = ("every device" if copies == n_dev and n_dev > 1 else
+                    f"{copies} device{'' if copies == 1 else 's'}" + ("" if copies == 1 else " per slice"))
+            lines.append(f"  {k:<12} {v / GB:10.3f} GB   {tot / GB:8.3f} GB   {held}")
         lines.append(f"  {'total':<12} {self.per_device / GB:10.3f} GB per device")
         if self.device_bytes is None:
             lines.append("  device memory: unknown (pass --device-memory-gb to check the plan)")
@@ -122,8 +132,9 @@ class MemoryPlan:
                 lines.append(f"  largest part: {self.largest}. {self.suggestion or ''}")
         return "\n".join(lines)
 
-    def check(self) -> "MemoryPlan":
-        """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit."""
+    def check(self, printed: bool = False) -> "MemoryPlan":
+        """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit
+        (``printed``: the plan was printed just before, as ``--dry-run`` does)."""
         if not self.fits:
             raise PlanError(
                 f"{self.settings['model']}: needs {self.per_device / GB:.3g} GB per device on mesh "
@@ -131,7 +142,7 @@ class MemoryPlan:
                 f"{self.device_bytes / GB:.3g} GB; the largest part is {self.largest} "
                 f"({self.parts[self.largest] / GB:.3g} GB). "
                 f"{self.suggestion or ''} "
-                "(--dry-run prints the plan)")
+                + ("(the plan above)" if printed else "(--dry-run prints the plan)"))
         return self
 
 

@@ -143,10 +143,6 @@ class Tokenizer:
         return f"Tokenizer(source={self.source!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
 
 
-#: the historical name (GPT-2 only); every loaded tokenizer is a :class:`Tokenizer`
-GPT2BPETokenizer = Tokenizer
-
-
 def _special(folder: Path, name: str) -> str | None:
     """The ``{name}_token`` string of ``tokenizer_config.json`` (else ``special_tokens_map.json``), or None."""
     for f in ("tokenizer_config.json", "special_tokens_map.json"):

@@ -32,7 +32,8 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.compare import compare_runs, describe_format, fmt_change, json_ready, record_format, write_comparison
+from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
+                               write_comparison)
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -76,6 +77,17 @@ METHOD_TEXT = {
     "cda": "CDA — counterfactual data augmentation: fine-tuning on the phrases and their target-swapped "
            "counterfactuals (paper §4.4)",
     "lm": "LM — plain language-model fine-tuning on the bias type's phrases (a control, not a debiasing method)",
+}
+
+
+#: the card's "Grid point and selection" of a single run (no sweep): what the paper did for the method
+NO_GRID_TEXT = {
+    "cda": "No grid: one run with the settings above, as the paper trains CDA (no grid is searched for CDA: it has "
+           "no λ to select).",
+    "lm": "No grid: one run with the settings above.",
+    **{m: "No grid: one run with the settings above, not a point selected on a grid. The paper selects "
+          f"{m.upper()}'s batch size, accumulation, λ_LM and λ_D on the valid split from a grid of 54 runs (§5.1; "
+          "`rbjax sweep`, whose selected point `rbjax export` exports with its selection)." for m in ("lmd", "add", "hd")},
 }
 
 
@@ -196,8 +208,11 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
     before = None if before_dir is None else json.loads((before_dir / "lmb.json").read_text())
     after = None if after_dir is None else json.loads((after_dir / "lmb.json").read_text())
     study_cfg = (read_json(study / "study.json") or {}).get("config") if study else None
+    model_config = read_json(info["run"] / "model" / "config.json") or {}
     return {
         "method": res.get("method"), "bias_type": res.get("bias_type"), "semantics": res.get("semantics"),
+        # the architecture, as config.json names it (a config without one is GPT-2, as the loader reads it)
+        "model_type": model_config.get("model_type", "gpt2"),
         "base_model": (cfg.get("model") or {}).get("source") or c.get("model"),
         "base_model_config": (cfg.get("model") or {}).get("config"),
         "random_base_model": (study_cfg or {}).get("study", {}).get("random_model"),
@@ -259,7 +274,8 @@ def model_card(n: dict, license: str) -> str:
     metadata block as YAML front matter."""
     method, bt = n["method"], n["bias_type"]
     base = n["base_model"] or "unknown"
-    tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", "gpt2", f"debiasing-{method}", f"bias-{bt}"]
+    tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", n.get("model_type") or "gpt2", f"debiasing-{method}",
+            f"bias-{bt}"]
     front = ["---"]
     if _is_hub_id(base):
         front.append(f"base_model: {_yaml_str(base)}")
@@ -295,8 +311,7 @@ def model_card(n: dict, license: str) -> str:
                   f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
                   f"{_f(s.get('lmp'), '.2f')}; within the LMP budget: {s.get('constraint_met')}."]
     else:
-        L += ["", "## Grid point and selection", "",
-              "No grid: one run with the method's settings above (as the paper's CDA)."]
+        L += ["", "## Grid point and selection", "", NO_GRID_TEXT.get(method, NO_GRID_TEXT["lm"])]
     td = n["training_data"]
     L += ["", "## Training data", "", f"{td['source']}: {td['n_lines']} lines, {td['n_tokens']} tokens "
           f"(sha256 of the token ids: `{td['sha256_tokens']}`).", ""]
@@ -320,11 +335,14 @@ def model_card(n: dict, license: str) -> str:
             L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
                      "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
                      "ppl(counterfactual); d > 0: less stereotypical; p Bonferroni-corrected across the "
-                     f"{len(comp['types'])} types; files in `evidence/`).")
+                     f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
+                     f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
         elif before is None:
             L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
                      "on the same split, to add it and the paired comparison).")
-        L += ["", "| bias type | before | after | change [CI] | p (corrected) | verdict |", "|---|---|---|---|---|---|"]
+        ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
+        L += ["", f"| bias type | before | after | change [{ci_head}] | p (Bonferroni) | verdict |",
+              "|---|---|---|---|---|---|"]
         by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
         for r0 in (after or before):
             t = r0["bias_type"]

@@ -266,10 +266,13 @@ def _table3(data: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _effects(data: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["model", "bias type", "n pairs kept", "t (per seed)", "Cohen's d (paired)", "mean log-ppl diff",
-            "95% CI"]
-    rows = []
     types = _types(data)
+    levels = {r.get("ci_level") for b in types for r in [_rec(data["baseline"]["lmb"], b)] if r} | {
+        r.get("ci_level") for m in _methods(data) for b in _debiased(data) for r in _cell(data, m, b, b)["records"]}
+    levels.discard(None)
+    head = ["model", "bias type", "n pairs kept", "t (per seed)", "Cohen's d (paired)", "mean log-ppl diff",
+            f"{100 * levels.pop():.4g}% CI" if len(levels) == 1 else "CI (level 1 − alpha of each record)"]
+    rows = []
     for b in types:
         r = _rec(data["baseline"]["lmb"], b)
         if r:
@@ -354,17 +357,18 @@ def _short_verdict(r: dict) -> str:
 
 def _change_cells(r: dict) -> list[str]:
     ci = r.get("mean_change_ci")
+    level = f" ({100 * r['ci_level']:.4g}%)" if r.get("ci_level") is not None else ""
     sp = r["seeds"]
     spread = ("one seed" if sp["per_seed_mean_change"] is None else
               f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
     pc = r["p_corrected"]["ttest"]
     return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
-            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]",
+            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]{level}",
             _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
             _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
 
 
-CHANGE_HEAD = ["pairs", "mean change", "CI", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
+CHANGE_HEAD = ["pairs", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
                "seed sd of the change (per seed)"]
 
 
@@ -632,7 +636,9 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         "bias effect e = log ppl(biased) − log ppl(counterfactual), averaged over the seeds; the change d = e(debiased) "
         "− e(baseline) on the pairs every run kept; d > 0: less stereotypical. Paired t-test on d (p corrected across "
         f"the types compared, Bonferroni; significant: p < {alpha:g}), Wilcoxon signed-rank p, the mean change with "
-        "its bootstrap CI, the share of pairs whose sign of e flipped, and the seed spread of the mean change. "
+        f"its bootstrap CI at the verdict's family-wise level (1 − {alpha:g}/m for m types compared, Bonferroni-"
+        "adjusted like the p-value; the level is beside each CI), the share of pairs whose sign of e flipped, and "
+        "the seed spread of the mean change. "
         "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
         "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
         "zero. A change of t-values is not a test and is not used. The test takes the seeds' models as given (their "

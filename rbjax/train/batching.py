@@ -6,7 +6,7 @@ task's own class with the same attributes, e.g. :class:`rbjax.debias.data.Traini
 gives each micro-batch its per-example arrays (``triggers``); :class:`BatchPlan` orders them into updates. Every grid
 point that shares a batch plan shares the same stream.
 
-Order and randomness (paper §5.1 and the reference Trainer, reference-debias.md §7)
+Order and randomness (paper §5.1 and the reference Trainer; docs/debiasing.md §5 "Setup")
     * Data order: a seeded permutation per epoch, ``numpy.random.default_rng([seed, epoch])``; micro-batch ``b`` of
       epoch ``e`` holds rows ``perm[b·B:(b+1)·B]``. The last, smaller micro-batch is filled with empty rows (zero
       mask), which contribute nothing, so the result equals the reference's smaller last batch.

@@ -54,7 +54,7 @@ from rbjax.model.partition import logical_axes_for
 from rbjax.train.batching import BatchPlan, compile_slots
 from rbjax.train.checkpoint import Checkpointer, all_finite
 from rbjax.train.config import TrainerConfig
-from rbjax.train.optim import ClipAdam, learning_rate
+from rbjax.train.optim import ClipAdam
 from rbjax.train.step import (StepSpec, TrainState, hparams_array, init_state, micro_batch_grads, micro_batch_losses,
     shared_keys, step_on_mesh, unstack_state)
 
@@ -261,11 +261,6 @@ class Trainer:
         if not is_model_parallel(self.mesh):
             return None
         return tree_shardings(state, self.mesh, self.logical_axes, self.stacked)
-
-    def lr_at(self, u: int, point: int = 0) -> float:
-        """Learning rate of update ``u`` (0-based count of updates already applied) of a point
-        (:func:`rbjax.train.optim.learning_rate`)."""
-        return float(learning_rate(u, self.points[point].learning_rate, self.t_total))
 
     # -- compilation ------------------------------------------------------------------------------------------
     def _signature(self, u: int) -> tuple:
