@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as sps
-
 from rbjax.lmb import stats
 from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
 from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
@@ -45,6 +43,7 @@ __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare
            "describe_change", "format_comparison", "write_comparison"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant"
+wilcoxon = stats.wilcoxon  # the test of d (rbjax.lmb.stats.wilcoxon)
 
 
 class MismatchError(ValueError):
@@ -208,26 +207,6 @@ def _test_zero(e: np.ndarray, alpha: float) -> dict:
                                                            else "anti-stereotypical")}
 
 
-def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
-    """Two-sided Wilcoxon signed-rank test of paired changes ``d`` (``scipy.stats.wilcoxon``, its defaults:
-    zero differences dropped, exact distribution for small samples without ties, else the normal approximation).
-
-    Returns:
-        ``{"statistic", "p_value", "status"}``; status ``"ok"``, ``"too few pairs"`` (< 2 non-zero changes) or
-        ``"undefined: every paired change is zero"`` (statistic and p ``None``).
-    """
-    d = np.asarray(d, dtype=np.float64)
-    if scale is None:
-        scale = float(np.max(np.abs(d))) if d.size else 0.0
-    tol = stats.ROUNDING_ULPS * np.finfo(np.float64).eps * scale
-    if d.size and np.all(np.abs(d) <= tol):
-        return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
-    if int(np.sum(d != 0)) < 2:
-        return {"statistic": None, "p_value": None, "status": "too few pairs"}
-    r = sps.wilcoxon(d)
-    return {"statistic": stats._clean(r.statistic), "p_value": stats._clean(r.pvalue), "status": "ok"}
-
-
 def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 0.05, n_bootstrap: int = 10000,
                   seed: int = 0) -> dict:
     """The paired statistics of ``d = effect_a − effect_b`` on aligned pairs (all kept).
@@ -257,7 +236,7 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
         "mean_change_ci": None if ci is None else list(ci),
         "ci_level": 1 - alpha,
         "ttest": stats.paired_ttest(a, b),
-        "wilcoxon": wilcoxon(d, scale),
+        "wilcoxon": stats.wilcoxon(d, scale),
         "sign_flip": {"share": float(np.mean(sa != sb)) if n else None,
                       "n_flipped": int(np.sum(sa != sb)),
                       "to_anti_stereotypical": int(np.sum((sb < 0) & (sa > 0))),

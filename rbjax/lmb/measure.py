@@ -152,10 +152,13 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
         raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     if not isinstance(sb, list):
         sb, sc = [sb], [sc]
-    return [_checked(pairs, b, c, skip_unscorable) for b, c in zip(sb, sc)]
+    return [checked_pair_perplexities(pairs, b, c, skip_unscorable) for b, c in zip(sb, sc)]
 
 
-def _checked(pairs: PhrasePairs, sb, sc, skip_unscorable: bool):
+def checked_pair_perplexities(pairs: PhrasePairs, sb, sc, skip_unscorable: bool):
+    """``(biased_ppl, counter_ppl, notes)`` of the :class:`~rbjax.lmb.perplexity.PhraseScores` of ``pairs``' two
+    sides: an unscorable pair gets a note (or, without ``skip_unscorable``, a ValueError naming its row), a
+    non-finite perplexity a ValueError."""
     notes = [""] * len(pairs)
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:
