@@ -18,7 +18,7 @@ from rbjax.core.errors import SettingError
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate", "run", "report", "retrieve", "annotate",
-            "splits")
+            "splits", "pairs")
 
 
 class SubParser(argparse.ArgumentParser):
