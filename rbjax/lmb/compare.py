@@ -153,6 +153,7 @@ def _facts(m: MeasuredType) -> dict:
     inp = _inputs(m)
     applied = rule.get("applied")
     return {
+        "benchmark": r.get("benchmark", "redditbias"),
         "pair phrases": pairs_digest(m.biased, m.counterfactual),
         "split": r.get("split"),
         "data files (sha256)": inp.get("data_files"),
