@@ -21,6 +21,8 @@
     grid_chunk; executor = "local" | "ray"; ray_address
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
+    [benchmarks]    # pair benchmarks on the baseline and every debiased model (docs/pairs.md): crows_pairs = true,
+                    # crows_pairs_dir, crows_pairs_categories = [...] (default all nine), pair_files = ["mine.csv"]
 
 Relative paths in the file are resolved against the study file's folder, paths given with ``--set`` against the
 current folder. ``--set key=value`` (TOML value syntax; plain words are strings) overrides any field, e.g. ``--set study.data_dir=../shared/redditbias --set training.max_steps=2``.
@@ -38,6 +40,7 @@ from typing import Any
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
+from rbjax.data.pairs import read_pair_file
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, TrainConfig
 from rbjax.debias.sweep import PAPER_GRID
@@ -49,7 +52,7 @@ from rbjax.model.registry import family_of
 
 __all__ = ["StudyConfig", "load_study", "parse_override"]
 
-SECTIONS = ("study", "training", "sweep", "measure", "dialog")
+SECTIONS = ("study", "training", "sweep", "measure", "dialog", "benchmarks")
 STUDY_KEYS = {"name", "model", "random_model", "tokenizer", "data_dir", "bias_types", "debias_types", "methods",
               "seeds", "semantics", "precision", "mesh"}
 #: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
@@ -58,8 +61,11 @@ SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclass
 #: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
 MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
+#: [benchmarks]: CrowS-Pairs (its folder, its categories) and pair files, each measured like [measure] says
+BENCHMARK_KEYS = {"crows_pairs", "crows_pairs_dir", "crows_pairs_categories", "pair_files"}
 #: the fields each section takes ([training] takes TrainConfig's fields, checked against the dataclass)
-SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
+SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS,
+                "benchmarks": BENCHMARK_KEYS}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -212,6 +218,22 @@ class StudyConfig:
         d.update(self.raw.get("dialog", {}))
         return d
 
+    def benchmarks(self) -> list[dict]:
+        """The pair benchmarks of ``[benchmarks]``, each ``{"name": stage folder name, "benchmark": "crows-pairs" |
+        "pairs", "pairs_file", "data_dir", "categories"}``: CrowS-Pairs (folder ``crows-pairs``) when ``crows_pairs``
+        is true, then every pair file (folder ``pairs-<file stem>``)."""
+        b = self.raw.get("benchmarks", {})
+        out = []
+        if b.get("crows_pairs"):
+            out.append({"name": "crows-pairs", "benchmark": "crows-pairs", "pairs_file": None,
+                        "data_dir": self._resolve(b.get("crows_pairs_dir")),
+                        "categories": list(b.get("crows_pairs_categories") or []) or "all"})
+        for f in b.get("pair_files") or []:
+            path = self._resolve(str(f))
+            out.append({"name": f"pairs-{Path(path).stem}", "benchmark": "pairs", "pairs_file": path,
+                        "data_dir": None, "categories": "all"})
+        return out
+
     def grid(self) -> dict:
         g = {k: self.sweep.get(k, v) for k, v in PAPER_GRID.items()}
         return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}  # (validate() checks the values)
@@ -283,6 +305,7 @@ class StudyConfig:
         self._validate_sweep()
         self._validate_measure()
         self._validate_dialog()
+        self._validate_benchmarks()
 
     def _validate_random_model(self) -> None:
         rm = self.random_model
@@ -378,6 +401,34 @@ class StudyConfig:
                 get_task(t).settings.from_settings(settings)
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t}: {e}") from None
+
+
+    def _validate_benchmarks(self) -> None:
+        """[benchmarks]: the types of its keys, pair files that exist and read, no two with one folder name."""
+        b = self.raw.get("benchmarks", {})
+        if "crows_pairs" in b and not isinstance(b["crows_pairs"], bool):
+            raise ValueError(f"{self.where('benchmarks', 'crows_pairs')}: benchmarks.crows_pairs must be true or "
+                             f"false, got {b['crows_pairs']!r}")
+        for k in ("crows_pairs_categories", "pair_files"):
+            if k in b and not (isinstance(b[k], list) and all(isinstance(x, str) and x for x in b[k])):
+                raise ValueError(f"{self.where('benchmarks', k)}: benchmarks.{k} must be a list of names, got {b[k]!r}")
+        if not b.get("crows_pairs"):
+            for k in ("crows_pairs_dir", "crows_pairs_categories"):
+                if b.get(k):
+                    raise ValueError(f"{self.where('benchmarks', k)}: benchmarks.{k} is set but crows_pairs is not "
+                                     "true")
+        names = [x["name"] for x in self.benchmarks()]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{self.where('benchmarks', 'pair_files')}: two pair files share the name {dup[0]} "
+                             "(their result folders would collide); rename one")
+        for x in self.benchmarks():
+            if x["benchmark"] != "pairs":
+                continue
+            try:
+                read_pair_file(x["pairs_file"])
+            except (ValueError, FileNotFoundError) as e:
+                raise ValueError(f"{self.where('benchmarks', 'pair_files')}: {e}") from None
 
 
 def _is_int(v) -> bool:
