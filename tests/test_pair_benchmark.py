@@ -167,6 +167,21 @@ def test_resume_refusals_unscorable_pairs_and_compare(tiny_model_dir, tokenizer_
     assert [t["bias_type"] for t in cmp["types"]] == ["religion", "disability"]
     assert all(t["n_pairs"] == t["n_pairs_in_data"] - t["n_pairs_dropped"] for t in cmp["types"])
     assert (tmp_path / "cmp" / "religion_changes.csv").exists()
+    # and the change of lm-evaluation-harness's own metric: pct_stereotype of each, the exact McNemar test
+    for t in cmp["types"]:
+        c = t["bias_type"]
+        sides = []
+        for run in (b, a):
+            ll1, ll2, _, _, _, st = read_loglikelihoods(run / f"{c}_loglikelihoods.csv")
+            sides.append(np.where(np.array(st) == 1, ll1 - ll2, ll2 - ll1) > 0)
+            rec = next(r for r in json.loads((run / "lmb.json").read_text()) if r["bias_type"] == c)
+            assert rec["lm_eval"]["pct_stereotype"] == pytest.approx(sides[-1].mean(), abs=1e-15)
+        lm = t["lm_eval"]
+        assert (lm["pct_stereotype_a"], lm["pct_stereotype_b"]) == ([sides[0].mean()], [sides[1].mean()])
+        up, down = int(np.sum(sides[0] & ~sides[1])), int(np.sum(~sides[0] & sides[1]))
+        assert (lm["mcnemar"]["to_stereotypical"], lm["mcnemar"]["to_not_stereotypical"]) == (up, down)
+        want = sps.binomtest(up, up + down, 0.5).pvalue if up + down else None
+        assert lm["mcnemar"]["p_value"] == (None if want is None else pytest.approx(want, rel=1e-12))
 
 
 def test_crows_pairs_in_one_pass_for_a_model_that_adds_its_bos(crows_dir, redditbias_dir, tmp_path):

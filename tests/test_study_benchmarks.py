@@ -106,6 +106,8 @@ def test_benchmarks_are_stages_and_the_report_puts_them_beside_redditbias(study)
         assert mine["ttest"]["p_value"] == pytest.approx(ref["ttest"]["p_value"], rel=1e-12)
         c = next(c for c in cells if c["benchmark"] == bench and c["measured on"].startswith(cat))
         assert c["pairs"] == str(ref["n_pairs"]) and c["verdict"].startswith(("not significant", "significant"))
+        lm = ref["lm_eval"]
+        assert c[head[-1]].startswith(f"{lm['pct_stereotype_b'][0]:.3f} → {lm['pct_stereotype_a'][0]:.3f}")
     # lm-evaluation-harness's numbers of each model, as its benchmark.json says
     (name, lhead, lrows), _ = rep["tables"]["benchmarks_lm_eval"]
     assert name == "crows-pairs" and [r[0] for r in lrows] == ["baseline", "CDA (religion1)"]

@@ -36,6 +36,7 @@ from typing import Sequence
 import numpy as np
 from rbjax.lmb import stats
 from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
+from rbjax.lmb.pair_benchmark import lm_eval_change, read_loglikelihoods
 from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
 from rbjax.lmb.plot import figure_changes, load_results
 
@@ -60,6 +61,8 @@ class MeasuredType:
         biased, counterfactual: (N,) phrases, in the CSV's order.
         effect: (N,) float64 ``log ppl(biased) − log ppl(counterfactual)``, NaN for excluded pairs.
         kept: (N,) bool, the pair entered this run's primary test (scorable and not an outlier).
+        ll_diff: (N,) float64 LL(stereotype-consistent) − LL(other) in lm-evaluation-harness's convention (a pair
+            benchmark's ``<category>_loglikelihoods.csv``), else ``None``.
     """
 
     folder: Path
@@ -68,6 +71,7 @@ class MeasuredType:
     counterfactual: list[str]
     effect: np.ndarray
     kept: np.ndarray
+    ll_diff: np.ndarray | None = None
 
 
 def _read_pairs_csv(path: Path):
@@ -125,8 +129,26 @@ def load_run(folder: str | os.PathLike) -> dict[str, MeasuredType]:
         if r.get("n_pairs_after_outliers") is not None and r["n_pairs_after_outliers"] != int(k.sum()):
             raise ValueError(f"{path}: {int(k.sum())} pairs kept, but {f / 'lmb.json'} kept "
                              f"{r['n_pairs_after_outliers']} for {r['bias_type']} (the CSV is from another run)")
-        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k)
+        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k, _ll_diff(f / f"{r['bias_type']}_loglikelihoods.csv", b))
     return out
+
+
+def _ll_diff(path: Path, biased: list[str]) -> np.ndarray | None:
+    """LL(stereotype-consistent) − LL(other) per pair from a pair benchmark's log-likelihood CSV, aligned with the
+    perplexity CSV's pairs (``biased``); ``None`` without the file.
+
+    Raises:
+        ValueError: a file that does not hold the same pairs (from another run).
+    """
+    if not path.exists():
+        return None
+    ll1, ll2, _, _, _, st, s1, s2 = read_loglikelihoods(path, sentences=True)
+    st = np.asarray(st)
+    stereo = [a if k == 1 else b for a, b, k in zip(s1, s2, st)]
+    if stereo != list(biased):
+        raise ValueError(f"{path}: its pairs are not those of {path.name.replace('_loglikelihoods', '_perplexities')} "
+                         "(the files are from different runs)")
+    return np.where(st == 1, ll1 - ll2, ll2 - ll1)
 
 
 # ------------------------------------------------------------------------------------------ what the pairs are
@@ -316,6 +338,8 @@ def compare_runs(a, b, *, bias_types: Sequence[str] | None = None, alpha: float 
                "n_pairs_dropped": int(len(kept) - kept.sum()),
                **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed)}
         res["seeds"] = _seed_spread([r[t].effect[kept] for r in runs_a], [r[t].effect[kept] for r in runs_b])
+        if all(r[t].ll_diff is not None for _, r in allruns):  # a pair benchmark: its lm-evaluation-harness metric too
+            res["lm_eval"] = lm_eval_change([r[t].ll_diff for r in runs_a], [r[t].ll_diff for r in runs_b])
         res["pairs"] = {"index": np.nonzero(kept)[0], "biased": [ref[t].biased[i] for i in np.nonzero(kept)[0]],
                         "counterfactual": [ref[t].counterfactual[i] for i in np.nonzero(kept)[0]],
                         "effect_a": ea, "effect_b": eb}
@@ -476,6 +500,13 @@ def format_comparison(res: dict) -> str:
                      f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")
     lines.append("")
     lines += [f"{r['bias_type']}: {r['verdict']}" for r in res["types"]]
+    for r in res["types"]:
+        lm = r.get("lm_eval")
+        if lm:
+            pa, pb = lm["pct_stereotype_a"], lm["pct_stereotype_b"]
+            lines.append(f"{r['bias_type']}: lm-evaluation-harness pct_stereotype {'/'.join(f'{x:.3f}' for x in pb)} "
+                         f"({b}) → {'/'.join(f'{x:.3f}' for x in pa)} ({a}), exact McNemar p = "
+                         f"{_f(lm['mcnemar']['p_value'], '.2g')} on all {lm['n_pairs']} pairs")
     for t, why in res["not_compared"].items():
         lines.append(f"{t}: not compared ({why})")
     return "\n".join(lines)

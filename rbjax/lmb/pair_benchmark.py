@@ -35,6 +35,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from scipy import stats as sps
 
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, sha256_file, versions
@@ -51,7 +52,7 @@ from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexitie
 from rbjax.lmb.perplexity import PhraseError, PhraseScores
 from rbjax.lmb.plot import plot_lmb
 
-__all__ = ["measure_pair_benchmark", "lm_eval_metrics", "lm_eval_prefix_id", "read_loglikelihoods",
+__all__ = ["measure_pair_benchmark", "lm_eval_metrics", "lm_eval_change", "lm_eval_prefix_id", "read_loglikelihoods",
            "format_benchmark", "LL_CSV_HEADER", "SUMMARY_FILE"]
 
 #: columns of ``<category>_loglikelihoods.csv``: the pair as in the file, and each sentence's total log-likelihood
@@ -109,6 +110,36 @@ def lm_eval_metrics(ll_stereotypical, ll_other, stereotypical=None) -> dict:
     return out
 
 
+def lm_eval_change(diffs_a: Sequence[np.ndarray], diffs_b: Sequence[np.ndarray]) -> dict:
+    """Did lm-evaluation-harness's ``pct_stereotype`` change between model A and model B on the same pairs?
+
+    Args:
+        diffs_a, diffs_b: per run of each side (training seeds), (N,) per-pair LL(stereotype-consistent) − LL(other)
+            in lm-evaluation-harness's convention, aligned.
+    Returns:
+        ``{"n_pairs", "pct_stereotype_a": [per run], "pct_stereotype_b": [...], "change": mean pct A − mean pct B,
+        "mcnemar": {...}, "ttest": {...}}``: the exact McNemar test of the change in the stereotypical preference
+        (two-sided ``scipy.stats.binomtest`` on the discordant pairs; one run per side only), and the paired t-test
+        of the per-pair LL difference (each side's mean over its runs) of A vs B, on every pair.
+    """
+    la, lb = [np.asarray(x, np.float64) for x in diffs_a], [np.asarray(x, np.float64) for x in diffs_b]
+    pa, pb = [float(np.mean(x > 0)) for x in la], [float(np.mean(x > 0)) for x in lb]
+    out = {"n_pairs": int(la[0].size), "pct_stereotype_a": pa, "pct_stereotype_b": pb,
+           "change": float(np.mean(pa) - np.mean(pb)),
+           "ttest": {**stats.paired_ttest(np.mean(la, axis=0), np.mean(lb, axis=0)),
+                     "test": "scipy.stats.ttest_rel of LL(S) − LL(O), A vs B, every pair"}}
+    if len(la) == len(lb) == 1:
+        sa, sb = la[0] > 0, lb[0] > 0
+        up, down = int(np.sum(sa & ~sb)), int(np.sum(~sa & sb))
+        p = float(sps.binomtest(up, up + down, 0.5).pvalue) if up + down else None
+        out["mcnemar"] = {"to_stereotypical": up, "to_not_stereotypical": down, "p_value": p,
+                          "test": "exact McNemar: two-sided binomial test on the pairs whose preference changed"}
+    else:
+        out["mcnemar"] = {"to_stereotypical": None, "to_not_stereotypical": None, "p_value": None,
+                          "test": "not computed: several runs on a side (a preference per pair is one model's)"}
+    return out
+
+
 def _slice(ps: PhraseScores, lo: int, hi: int) -> PhraseScores:
     return PhraseScores(ps.mean_nll[lo:hi], ps.n_scored[lo:hi], ps.n_tokens[lo:hi], ps.nll_sum[lo:hi], ps.precision)
 
@@ -146,9 +177,10 @@ def _stereo_other(cat: CategoryPairs, ll1, ll2):
     return np.where(st == 1, ll1, ll2), np.where(st == 1, ll2, ll1)
 
 
-def read_loglikelihoods(path: str | os.PathLike, cat: CategoryPairs | None = None):
+def read_loglikelihoods(path: str | os.PathLike, cat: CategoryPairs | None = None, *, sentences: bool = False):
     """Read ``<category>_loglikelihoods.csv`` → ``(ll_1, ll_2, n_1, n_2, ids, stereotypical)`` (float64 / int64
-    arrays, lists); with ``cat``, ``None`` unless it holds exactly ``cat``'s pairs (ids, flags and sentences).
+    arrays, lists; ``sentences``: then ``sentence_1, sentence_2`` too); with ``cat``, ``None`` unless it holds exactly
+    ``cat``'s pairs (ids, flags and sentences).
 
     Raises:
         FileNotFoundError: no such file (without ``cat``). ValueError: a damaged file (file and line named; without
@@ -184,7 +216,8 @@ def read_loglikelihoods(path: str | os.PathLike, cat: CategoryPairs | None = Non
         if cat is not None:
             return None
         raise
-    return ll1, ll2, n1.astype(np.int64), n2.astype(np.int64), [r[0] for r in body], [int(r[1]) for r in body]
+    out = (ll1, ll2, n1.astype(np.int64), n2.astype(np.int64), [r[0] for r in body], [int(r[1]) for r in body])
+    return out + ([r[2] for r in body], [r[3] for r in body]) if sentences else out
 
 
 def _reuse_ppl_csv(path: Path, cat: CategoryPairs):

@@ -367,8 +367,10 @@ SIDE_INTRO = (
     "same paired test on the benchmark's own pairs (rbjax compare): per pair, the effect e = log ppl(stereotype-"
     "consistent sentence) − log ppl(other sentence), averaged over the seeds; d = e(debiased) − e(baseline) on the "
     "pairs every run kept; d > 0: less stereotypical; paired t-test on d with p corrected across that benchmark's "
-    "categories (Bonferroni), Wilcoxon p, bootstrap CI, sign flips, seed spread. ≈ marks the category that holds the "
-    "RedditBias type's groups. CrowS-Pairs carries the upstream reliability warning (Data notes).")
+    "categories (Bonferroni), Wilcoxon p, bootstrap CI, sign flips, seed spread. The last column is lm-evaluation-"
+    "harness's pct_stereotype of the baseline and of the model, with the exact McNemar test of the change in the "
+    "per-pair preference (one seed per side). ≈ marks the category that holds the RedditBias type's groups. "
+    "CrowS-Pairs carries the upstream reliability warning (Data notes).")
 LM_EVAL_INTRO = (
     "lm-evaluation-harness's crows_pairs metrics of each model (total log-likelihood of each sentence given the "
     "start token): pct_stereotype, the share of pairs whose stereotype-consistent sentence is more likely (0.5: no "
@@ -400,7 +402,8 @@ def _benchmark_comparisons(data: dict) -> dict:
 
 
 def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["verdict", "model", "debiased for", "benchmark", "measured on"] + CHANGE_HEAD
+    head = ["verdict", "model", "debiased for", "benchmark", "measured on"] + CHANGE_HEAD + [
+        "pct_stereotype: baseline → model (exact McNemar p)"]
     rows = []
     for m in _methods(data):
         for d in _debiased(data):
@@ -410,19 +413,28 @@ def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
             res = comp["vs_baseline"].get((m, d)) or {}
             r = next((x for x in res.get("types", []) if x["bias_type"] == d), None)
             if r is not None:
-                rows.append([_short_verdict(r), name, d, "RedditBias", d, *_change_cells(r)])
+                rows.append([_short_verdict(r), name, d, "RedditBias", d, *_change_cells(r), ""])
             for bench in data["benchmarks"]:
                 bres = comp["benchmarks"].get((bench, m, d))
                 if bres is None:
                     continue
                 if "error" in bres:
-                    rows.append([f"not compared: {bres['error']}", name, d, bench, "", *[""] * len(CHANGE_HEAD)])
+                    rows.append([f"not compared: {bres['error']}", name, d, bench, "", *[""] * (len(CHANGE_HEAD) + 1)])
                     continue
                 match = CROWS_PAIRS_MATCH.get(d) if bench == "crows-pairs" else d
                 for x in sorted(bres["types"], key=lambda x: x["bias_type"] != match):
                     on = x["bias_type"] + (f" (≈ {d})" if x["bias_type"] == match else "")
-                    rows.append([_short_verdict(x), name, d, bench, on, *_change_cells(x)])
+                    rows.append([_short_verdict(x), name, d, bench, on, *_change_cells(x), _pct_change(x.get("lm_eval"))])
     return head, rows
+
+
+def _pct_change(lm: dict | None) -> str:
+    """lm-evaluation-harness's pct_stereotype of the baseline → the model (seeds' mean), with the exact McNemar p."""
+    if not lm:
+        return ""
+    pb, pa = statistics.fmean(lm["pct_stereotype_b"]), statistics.fmean(lm["pct_stereotype_a"])
+    p = lm["mcnemar"]["p_value"]
+    return f"{pb:.3f} → {pa:.3f}" + ("" if p is None else f" (p {_fmt(p, '.2g')})")
 
 
 def _benchmark_lm_eval_tables(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
