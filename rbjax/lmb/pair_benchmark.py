@@ -276,8 +276,9 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
         tokenizer: tokenizer folder or hub id (default: the model folder).
         out_dir: where the files go (module docstring); nothing written when ``None``.
         resume: reuse a category's two CSVs in ``out_dir`` when they were produced by exactly these inputs (model
-            and tokenizer file contents, the data file's sha256, BOS, start token, precision, unscorable rule);
-            each category's CSVs are written as soon as it is scored.
+            and tokenizer file contents, the data file's sha256, BOS, start token, precision, unscorable rule); the
+            categories left are scored together in one pass, and each one's CSVs are written once its statistics
+            are done (a run stopped after that keeps them).
         overwrite: replace files in ``out_dir`` another run wrote (:func:`rbjax.core.reuse.claim_outputs`).
         log_reuse: say which categories were reused (the study turns it off).
     Returns:
@@ -357,8 +358,9 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
                                f"{cat.bias_type} again")
                 continue
             reused[cat.bias_type] = (*ppl, *ll[:4])
-            if log_reuse:
-                say("measure", f"--resume: reusing the {len(cat)} scored pairs of {cat.bias_type} from {out}")
+        if reused and log_reuse:
+            say("measure", f"--resume: reusing the scored pairs of {', '.join(reused)} from {out} (same model and "
+                           "tokenizer files, data file and settings)")
     todo = [c for c in cats if c.bias_type not in reused]
     meta = versions()
     records: list[dict] = []
