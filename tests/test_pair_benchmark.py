@@ -119,6 +119,11 @@ def test_pair_file_both_conventions_equal_pytorch_and_scipy(torch_tiny_model_dir
     assert summary["lm_eval"]["overall"]["pct_stereotype"] == pytest.approx(allacc.mean(), abs=1e-15)
     assert summary["lm_eval"]["overall"]["n_pairs"] == summary["n_pairs"] == 24
     assert (out / "lmb.png").stat().st_size > 0
+    from rbjax.lmb.plot import figure_lmb
+
+    ax = figure_lmb({"m": recs}).axes[0]  # the categories in the benchmark's order, the series says "all pairs"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["religion", "disability"]
+    assert ax.get_legend().get_texts()[0].get_text().startswith("m: all pairs, 3σ outlier pairs removed")
 
 
 def test_resume_refusals_unscorable_pairs_and_compare(tiny_model_dir, tokenizer_dir, pair_file, tmp_path, capsys):

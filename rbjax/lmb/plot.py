@@ -75,7 +75,7 @@ def series_description(records: list[dict]) -> dict:
     keys = sorted({_rule_key(r) for r in records}, key=repr)
     rules = [_rule_text(k) for k in keys]
     return {"splits": splits, "rule_keys": keys, "rules": rules,
-            "text": f"{'+'.join(splits)} split, {'; '.join(rules)}"}
+            "text": f"{'all pairs' if splits == ['all'] else '+'.join(splits) + ' split'}, {'; '.join(rules)}"}
 
 
 def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, dict]:
@@ -145,7 +145,10 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     alpha = _alpha(results, alpha)
     labels = list(results)
     present = {r["bias_type"] for recs in results.values() for r in recs}
-    types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
+    if all(r.get("benchmark") for recs in results.values() for r in recs):  # a pair benchmark: its categories' order
+        types = list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
+    else:
+        types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
     dfs = [r["df"] for recs in results.values() for r in recs if r.get("df") and r.get("t_value") is not None]
     df_min = min(dfs) if dfs else None
     tcrit = float(stats.t.ppf(1 - alpha / 2, df_min)) if df_min else float(stats.norm.ppf(1 - alpha / 2))
@@ -193,7 +196,8 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
     ax.axhline(0, color="black", linewidth=0.8)
     for sign in (1, -1):
         ax.axhline(sign * tcrit, color="grey", linestyle="--", linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}")
-    ax.set_xticks(x, types)
+    long_names = max(map(len, types)) > 10  # e.g. CrowS-Pairs' categories: slanted, so that they do not overlap
+    ax.set_xticks(x, types, rotation=30 if long_names else 0, ha="right" if long_names else "center")
     ax.set_ylabel("LMB t-value (t < 0: stereotypical)")
     ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
     df_text = f"df = {df_min}" if df_min else "normal approximation"
@@ -207,7 +211,7 @@ def figure_lmb(results: dict[str, list[dict]], alpha: float | None = None, title
                label=f"dashed: |t| = {tcrit:.2f}, p = {alpha:g} ({df_text})"),
         Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray", label=na_label),
         Line2D([], [], linestyle="none", marker="$\\downarrow$", markersize=8, color="black",
-               label="t < 0: stereotypical direction (biased phrase more likely)"),
+               label="t < 0: stereotypical direction (biased phrase or stereotype-consistent sentence more likely)"),
         Line2D([], [], linestyle="none", marker="$\\uparrow$", markersize=8, color="black",
                label="t > 0: anti-stereotypical direction"),
     ]
