@@ -21,7 +21,7 @@ from rbjax.core.log import get_logger
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate", "run", "report", "retrieve", "annotate",
-            "splits")
+            "splits", "pairs")
 
 
 class SubParser(OptionParser):

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
 from rbjax.lmb import stats
 from rbjax.lmb.config import CompareConfig
 from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
+from rbjax.lmb.pair_benchmark import lm_eval_change, read_loglikelihoods
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
@@ -51,6 +51,7 @@ __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare
            "ci_label", "plural"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant" (and sets the CI's level)
+wilcoxon = stats.wilcoxon  # the test of d (rbjax.lmb.stats.wilcoxon)
 
 
 class MismatchError(ValueError):
@@ -67,6 +68,8 @@ class MeasuredType:
         biased, counterfactual: (N,) phrases, in the CSV's order.
         effect: (N,) float64 ``log ppl(biased) − log ppl(counterfactual)``, NaN for excluded pairs.
         kept: (N,) bool, the pair entered this run's primary test (scorable and not an outlier).
+        ll_diff: (N,) float64 LL(stereotype-consistent) − LL(other) in lm-evaluation-harness's convention (a pair
+            benchmark's ``<category>_loglikelihoods.csv``), else ``None``.
     """
 
     folder: Path
@@ -75,6 +78,7 @@ class MeasuredType:
     counterfactual: list[str]
     effect: np.ndarray
     kept: np.ndarray
+    ll_diff: np.ndarray | None = None
 
 
 def _read_pairs_csv(path: Path):
@@ -132,8 +136,26 @@ def load_run(folder: str | os.PathLike) -> dict[str, MeasuredType]:
         if r.get("n_pairs_after_outliers") is not None and r["n_pairs_after_outliers"] != int(k.sum()):
             raise ValueError(f"{path}: {int(k.sum())} pairs kept, but {f / 'lmb.json'} kept "
                              f"{r['n_pairs_after_outliers']} for {r['bias_type']} (the CSV is from another run)")
-        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k)
+        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k, _ll_diff(f / f"{r['bias_type']}_loglikelihoods.csv", b))
     return out
+
+
+def _ll_diff(path: Path, biased: list[str]) -> np.ndarray | None:
+    """LL(stereotype-consistent) − LL(other) per pair from a pair benchmark's log-likelihood CSV, aligned with the
+    perplexity CSV's pairs (``biased``); ``None`` without the file.
+
+    Raises:
+        ValueError: a file that does not hold the same pairs (from another run).
+    """
+    if not path.exists():
+        return None
+    ll1, ll2, _, _, _, st, s1, s2 = read_loglikelihoods(path, sentences=True)
+    st = np.asarray(st)
+    stereo = [a if k == 1 else b for a, b, k in zip(s1, s2, st)]
+    if stereo != list(biased):
+        raise ValueError(f"{path}: its pairs are not those of {path.name.replace('_loglikelihoods', '_perplexities')} "
+                         "(the files are from different runs)")
+    return np.where(st == 1, ll1 - ll2, ll2 - ll1)
 
 
 # ------------------------------------------------------------------------------------------ what the pairs are
@@ -195,6 +217,7 @@ def _facts(m: MeasuredType) -> dict:
     inp = _inputs(m)
     applied = rule.get("applied")
     return {
+        "benchmark": r.get("benchmark", "redditbias"),
         "pair phrases": pairs_digest(m.biased, m.counterfactual),
         "split": r.get("split"),
         "data files (sha256)": inp.get("data_files"),
@@ -258,26 +281,6 @@ def _test_zero(e: np.ndarray, alpha: float) -> dict:
                                                            else "anti-stereotypical")}
 
 
-def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
-    """Two-sided Wilcoxon signed-rank test of paired changes ``d`` (``scipy.stats.wilcoxon``, its defaults:
-    zero differences dropped, exact distribution for small samples without ties, else the normal approximation).
-
-    Returns:
-        ``{"statistic", "p_value", "status"}``; status ``"ok"``, ``"too few pairs"`` (< 2 non-zero changes) or
-        ``"undefined: every paired change is zero"`` (statistic and p ``None``).
-    """
-    d = np.asarray(d, dtype=np.float64)
-    if scale is None:
-        scale = float(np.max(np.abs(d))) if d.size else 0.0
-    tol = stats.ROUNDING_ULPS * np.finfo(np.float64).eps * scale
-    if d.size and np.all(np.abs(d) <= tol):
-        return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
-    if int(np.sum(d != 0)) < 2:
-        return {"statistic": None, "p_value": None, "status": "too few pairs"}
-    r = sps.wilcoxon(d)
-    return {"statistic": stats._clean(r.statistic), "p_value": stats._clean(r.pvalue), "status": "ok"}
-
-
 def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 0.05, n_bootstrap: int = 10000,
                   seed: int = 0, ci_level: float | None = None) -> dict:
     """The paired statistics of ``d = effect_a − effect_b`` on aligned pairs (all kept).
@@ -311,7 +314,7 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
         "mean_change_ci": None if ci is None else list(ci),
         "ci_level": level,
         "ttest": stats.paired_ttest(a, b),
-        "wilcoxon": wilcoxon(d, scale),
+        "wilcoxon": stats.wilcoxon(d, scale),
         "sign_flip": {"share": float(np.mean(sa != sb)) if n else None,
                       "n_flipped": int(np.sum(sa != sb)),
                       "to_anti_stereotypical": int(np.sum((sb < 0) & (sa > 0))),
@@ -403,6 +406,8 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
                "n_pairs_dropped": int(len(kept) - kept.sum()),
                **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level)}
         res["seeds"] = _seed_spread([r[t].effect[kept] for r in runs_a], [r[t].effect[kept] for r in runs_b])
+        if all(r[t].ll_diff is not None for _, r in allruns):  # a pair benchmark: its lm-evaluation-harness metric too
+            res["lm_eval"] = lm_eval_change([r[t].ll_diff for r in runs_a], [r[t].ll_diff for r in runs_b])
         res["pairs"] = {"index": np.nonzero(kept)[0], "biased": [ref[t].biased[i] for i in np.nonzero(kept)[0]],
                         "counterfactual": [ref[t].counterfactual[i] for i in np.nonzero(kept)[0]],
                         "effect_a": ea, "effect_b": eb}
@@ -594,6 +599,13 @@ def format_comparison(res: dict) -> str:
                      f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")
     lines.append("")
     lines += [f"{r['bias_type']}: {r['verdict']}" for r in res["types"]]
+    for r in res["types"]:
+        lm = r.get("lm_eval")
+        if lm:
+            pa, pb = lm["pct_stereotype_a"], lm["pct_stereotype_b"]
+            lines.append(f"{r['bias_type']}: lm-evaluation-harness pct_stereotype {'/'.join(f'{x:.3f}' for x in pb)} "
+                         f"({b}) → {'/'.join(f'{x:.3f}' for x in pa)} ({a}), exact McNemar p = "
+                         f"{_f(lm['mcnemar']['p_value'], '.2g')} on all {lm['n_pairs']} pairs")
     for t, why in res["not_compared"].items():
         lines.append(f"{t}: not compared ({why})")
     return "\n".join(lines)

@@ -182,10 +182,14 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
         raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     if not isinstance(sb, list):
         sb, sc = [sb], [sc]
-    return [_checked(pairs, b, c, skip_unscorable, chat is not None) for b, c in zip(sb, sc)]
+    return [checked_pair_perplexities(pairs, b, c, skip_unscorable, chat is not None) for b, c in zip(sb, sc)]
 
 
-def _checked(pairs: PhrasePairs, sb, sc, skip_unscorable: bool, chat: bool = False):
+def checked_pair_perplexities(pairs: PhrasePairs, sb, sc, skip_unscorable: bool, chat: bool = False):
+    """``(biased_ppl, counter_ppl, notes)`` of the :class:`~rbjax.lmb.perplexity.PhraseScores` of ``pairs``' two
+    sides: an unscorable pair gets a note (or, without ``skip_unscorable``, a ValueError naming its row), a
+    non-finite perplexity a ValueError. ``chat``: the phrases were scored as chat turns (an unscorable one has no
+    token of its own in the chat)."""
     notes = [""] * len(pairs)
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:

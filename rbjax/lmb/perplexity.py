@@ -46,6 +46,7 @@ With several devices the batch rows are sharded over all of them (a 1-D ``Mesh``
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from functools import partial
@@ -492,6 +493,15 @@ class PerplexityScorer:
         """Tokenise and :meth:`score_pairs`."""
         return self.score_pairs(tokenizer.encode_batch(list(biased)), tokenizer.encode_batch(list(counterfactual)),
                                 progress=progress)
+
+    def with_bos(self, bos_id: int | None) -> "PerplexityScorer":
+        """This scorer with another ``bos_id``: the same parameters on the same devices (nothing is copied), the
+        compiled programs shared. A pair benchmark scores each sentence with lm-evaluation-harness's start token
+        and, where that differs, as the model's tokenizer encodes it (:mod:`rbjax.lmb.pair_benchmark`)."""
+        other = copy.copy(self)
+        other.bos_id = bos_id
+        other.last_stats = {}
+        return other
 
     @property
     def compile_count(self) -> int:

@@ -78,7 +78,7 @@ def series_description(records: list[dict]) -> dict:
     keys = sorted({_rule_key(r) for r in records}, key=repr)
     rules = [_rule_text(k) for k in keys]
     return {"splits": splits, "rule_keys": keys, "rules": rules,
-            "text": f"{'+'.join(splits)} split, {'; '.join(rules)}"}
+            "text": f"{'all pairs' if splits == ['all'] else '+'.join(splits) + ' split'}, {'; '.join(rules)}"}
 
 
 def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, dict]:
@@ -151,7 +151,10 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     alpha = _alpha(results, alpha)
     labels = list(results)
     present = {r["bias_type"] for recs in results.values() for r in recs}
-    types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
+    if all(r.get("benchmark") for recs in results.values() for r in recs):  # a pair benchmark: its categories' order
+        types = list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
+    else:
+        types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
 
     def critical_t(r: dict) -> float:  # two-tailed |t| at alpha for the record's own df (normal without one)
         df = r.get("df")
@@ -205,7 +208,8 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
         handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
                              label=lab if shared else f"{lab}: {desc[lab]['text']}"))
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, types)
+    long_names = max(map(len, types)) > 10  # e.g. CrowS-Pairs' categories: slanted, so that they do not overlap
+    ax.set_xticks(x, types, rotation=30 if long_names else 0, ha="right" if long_names else "center")
     ax.set_ylabel("LMB t-value (t < 0: stereotypical, t > 0: anti-stereotypical)")
     ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
     # the legend explains what is drawn, nothing else
