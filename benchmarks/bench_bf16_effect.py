@@ -1,5 +1,5 @@
 """What bf16 scoring does to LMB results: per-phrase relative error and the t-values of all five bias types,
-bf16 against fp32 on the same model (issue 11 item 3; figures in docs/lmb.md and benchmarks/RESULTS.md).
+bf16 against fp32 on the same model (figures in docs/lmb.md and benchmarks/RESULTS.md).
 
 Two models, since no trained DialoGPT weights are available offline:
 

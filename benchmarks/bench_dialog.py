@@ -1,4 +1,4 @@
-"""Dialog fine-tuning benchmark (issue 8): DST training examples/s against the plain LM step, DialoGPT-small shape.
+"""Dialog fine-tuning benchmark: DST training examples/s against the plain LM step, DialoGPT-small shape.
 
 What is timed: one update of the shared trainer (:class:`rbjax.train.loop.Trainer`: forward, loss, backward, clip
 1.0, Adam 5e-5, dropout 0.1), in one process, on one set of random weights (GPT-2 117M: 12 layers, width 768,
@@ -80,7 +80,7 @@ class Variant:
         cfg = TrainerConfig(batch_size=batch, grad_accum=1, epochs=1, max_steps=rounds + 1, block_size=128,
                             progress=False)
         objective = DebiasObjective("lm") if self.method == "lm" else DSTObjective()
-        model = ModelHandle.from_params(params, config, tokenizer, name=name, key=name)
+        model = ModelHandle.from_params(params, config, tokenizer, name=name, digest=name)
         self.trainer = Trainer(cfg, model, objective, make_optimizer(), ArrayData(a, pad_id=pad_id,
                                                                                   info={"bench": name}),
                                mesh=run_mesh(None, batch_size=batch), points=TrainPoint({}, 5e-5), params=start)

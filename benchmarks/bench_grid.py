@@ -1,4 +1,4 @@
-"""Grid benchmark (issue 9): grid points trained as one vmapped program vs one point at a time, and the compile
+"""Grid benchmark: grid points trained as one vmapped program vs one point at a time, and the compile
 count and compile time of the paper's 54-point grid.
 
 Runs on whatever ``jax.devices()`` gives (one CPU, a GPU, several devices, a TPU host): the same figures everywhere,
@@ -13,7 +13,7 @@ plus tokens/s per device.
      accelerator).
 
    Random weights (``rbjax.model.gpt2.init_params``), the GPT-2 tokenizer of ``../shared/tokenizers/gpt2``. Both ways
-   use the trainer users run (:class:`rbjax.debias.loop.DebiasTrainer`, no checkpoints): *vmapped* trains the chunk's
+   use the trainer users run (:func:`rbjax.debias.run.debias_trainer`, no checkpoints): *vmapped* trains the chunk's
    points as one program over a stacked state; *one at a time* trains each point alone with the unvmapped step
    (the same batch plan, so the same data). Each run does ``--updates`` updates; the first (compile, warm-up) is
    dropped and the median of the others is the update time. Vmapped and one-at-a-time runs alternate
@@ -116,7 +116,7 @@ def grid_throughput(name: str, config, n_points: int, batch_size: int, updates: 
     data = TrainingData(cfg, tok, config.vocab_size)
     plan = BatchPlan.of_run(data, cfg.trainer_config)
     pts = [lambda_point(lm, d, cfg.optimizer.learning_rate) for lm, d in (LAMBDAS * 4)[:n_points]]
-    model = ModelHandle.from_params(params, config, tok, name=f"bench-{name}", key=f"bench-{name}")
+    model = ModelHandle.from_params(params, config, tok, name=f"bench-{name}", digest=f"bench-{name}")
     common = dict(model=model, data=data, plan=plan)
     grid = debias_trainer(cfg, points=pts, **common)
     singles = [debias_trainer(cfg, points=p, **common) for p in pts]

@@ -1,4 +1,4 @@
-"""Low-rank adapters (issue 30): real tokens/s of a LoRA update against full fine-tuning and against PEFT in PyTorch,
+"""Low-rank adapters: real tokens/s of a LoRA update against full fine-tuning and against PEFT in PyTorch,
 and the memory of a 54-point adapter grid chunk on one frozen base.
 
 Speed — same phrases, DialoGPT-small shape (random GPT-2 117M, rbjax's initialiser, copied into PyTorch), LM loss,
@@ -245,7 +245,7 @@ def memory_worker(args) -> dict:
     params = add_adapters(jax.device_get(init_params(config, seed=0)), config, lora_spec(), seed=0)
     data, plan = lm_plan(tok, config)
     mesh = make_mesh({"grid": 2, "fsdp": 4})
-    handle = ModelHandle.from_params(params, config, tok, name="bench", key="bench")
+    handle = ModelHandle.from_params(params, config, tok, name="bench", digest="bench")
     u = max(range(len(plan.plan)), key=lambda i: plan.slots(i))  # the update of the plan's largest shape
     dev0 = jax.devices()[0]
 
@@ -260,7 +260,7 @@ def memory_worker(args) -> dict:
         state, frozen, batch = tr.initial_state(), tr.frozen, tr.device_batch(u)
         f = step_on_mesh(mesh, True, tr.state_shardings(state))
         t0 = time.perf_counter()
-        ma = f.lower(state, batch, frozen, spec=tr.spec).compile().memory_analysis()
+        ma = f.compile(state, batch, frozen, tr.spec).memory_analysis()
         out[n_points] = {
             "points_per_device": tr.n_padded // 2, "compile_s": time.perf_counter() - t0,
             "xla": {"argument_bytes": ma.argument_size_in_bytes, "output_bytes": ma.output_size_in_bytes,

@@ -1,4 +1,4 @@
-"""Packed-training benchmark (issue 18): real (non-pad) tokens/s of the trainer's update as ``rbjax debias`` feeds it.
+"""Packed-training benchmark: real (non-pad) tokens/s of the trainer's update as ``rbjax debias`` feeds it.
 
 Same phrases, same micro-batches, DialoGPT-small shape (random GPT-2 117M: 12 layers, width 768, vocabulary 50257,
 rbjax's initialiser, copied into PyTorch), dropout 0.1 on, Adam 5e-5, clip 1.0, accumulation 1:

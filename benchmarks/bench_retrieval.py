@@ -1,4 +1,4 @@
-"""Retrieval throughput benchmark (issue 4): comments/s and peak memory.
+"""Retrieval throughput benchmark: comments/s and peak memory.
 
 Generates Reddit-like comment dumps (NDJSON, zstandard) in a temporary directory and runs
 ``rbjax.data.retrieval.run.retrieve`` with the five packaged bias specifications in one pass,
@@ -13,7 +13,7 @@ each run in a fresh subprocess so that its peak RSS is its own.
   (``zstd --long=31``: the decoder then holds up to 2 GiB of history, whatever the code does).
 * Peak memory is the child's own ``VmHWM`` (``ru_maxrss`` would include the parent's RSS).
 
-* Many files (issue 12): ``--files`` dumps of ``--file-size`` comments, compressed with 2 GiB
+* Many files: ``--files`` dumps of ``--file-size`` comments, compressed with 2 GiB
   windows like the monthly dumps, read with 1 and 2 local jobs and on a local Ray cluster
   (2 CPUs, started before the clock starts), in interleaved rounds; the best round of each
   is reported, with the scaling efficiency (rate with 2 jobs / rate with 1 job / 2), each
@@ -197,7 +197,7 @@ def run_parallel(dumps: list[Path], outdir: Path, executor: str, jobs, ray_cpus:
 
 
 def parallel_bench(base: Path, tmp: Path, n_files: int, n_per_file: int, ray: bool, rounds: int) -> dict:
-    """Issue 12: ``n_files`` dumps (2 GiB windows like the monthly files) with 1 and 2 local jobs
+    """Many files: ``n_files`` dumps (2 GiB windows like the monthly files) with 1 and 2 local jobs
     and on a local Ray cluster (2 CPUs); the candidates must be byte-identical across runs."""
     dumps = []
     for k in range(n_files):
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--long-window-size", type=int, default=250_000,
                     help="also time this many comments compressed with a 2 GiB window (zstd --long=31) (0 = skip)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated dumps in this folder")
-    ap.add_argument("--files", type=int, default=4, help="multi-file runs (issue 12): dump files (0 = skip)")
+    ap.add_argument("--files", type=int, default=4, help="multi-file runs: dump files (0 = skip)")
     ap.add_argument("--file-size", type=int, default=250_000, help="multi-file runs: comments per file")
     ap.add_argument("--rounds", type=int, default=2, help="multi-file runs: interleaved rounds (best reported)")
     ap.add_argument("--no-ray", action="store_true", help="multi-file runs: skip the local Ray cluster")

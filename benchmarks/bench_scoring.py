@@ -26,7 +26,7 @@ else CPU — then the PyTorch figures are not like for like and are marked so).
 
     python benchmarks/bench_scoring.py [--n-pairs 160 | --all] [--rounds 3] [--batch-size 64] [--family llama]
 
-``--family llama`` (issue 17): the same at a Llama-architecture model of DialoGPT-small's size — 12 layers, width
+``--family llama``: the same at a Llama-architecture model of DialoGPT-small's size — 12 layers, width
 768, 12 query heads sharing 4 key/value heads (grouped-query attention), a gated MLP of 2,048 (as many MLP weights as
 GPT-2's 3,072), RMSNorm, rotary positions, the 50,257-token vocabulary with a tied head — against
 ``transformers.LlamaForCausalLM`` with the same random weights. Body FLOPs are counted from the model's own matmul

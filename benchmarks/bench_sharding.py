@@ -1,5 +1,5 @@
 """Tokens/s of scoring and training against the number of ``fsdp`` / ``tensor`` shards, and the bytes each step
-moves between devices (issue 21).
+moves between devices.
 
 For every mesh over all devices (``data=n``, ``fsdp=n``, ``fsdp=n/2,tensor=2``, ``fsdp=n/4,tensor=4``, ...), a GPT-2
 shaped model (random weights) is

@@ -1,4 +1,4 @@
-"""Train-step benchmark (issue 3): rbjax vs PyTorch at the full DialoGPT-small shape, batch 8 x 36 tokens.
+"""Train-step benchmark: rbjax vs PyTorch at the full DialoGPT-small shape, batch 8 x 36 tokens.
 
 One training update (forward, LM loss + debiasing loss, backward, clip 1.0, Adam 5e-5) for the plain LM loss and
 for each debiasing loss (LMD, ADD, HD; paper semantics; HD also in reference semantics, whose running sum is the

@@ -309,9 +309,9 @@ def build(shared: Path) -> dict[str, dict]:
                 "attribute_rows": rows[name],
                 "swap_rules": SWAP_RULES[name],
                 "source": (
-                    "token ids: umanlp/redditbias_debias_conv_ai@996c6e1 src/transformers/modeling_gpt2.py "
-                    "(via reference-debias.md §5); swap rules: umanlp/RedditBias@61f9ae9 "
-                    "DataPreparation/reddit_data_replace_target_testset.py (via reference-data.md §6)"
+                    "token ids: umanlp/redditbias_debias_conv_ai@996c6e1 src/transformers/modeling_gpt2.py; "
+                    "swap rules: umanlp/RedditBias@61f9ae9 DataPreparation/reddit_data_replace_target_testset.py "
+                    "(docs/debiasing.md §1)"
                 ),
             },
             "source": f"umanlp/RedditBias@61f9ae9 data/{up}/ (paper App. A); pairs: experiments/make_specs.py",

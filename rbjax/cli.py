@@ -14,12 +14,14 @@ import sys
 from rbjax import __version__
 from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
 from rbjax.commands.options import OptionParser
+from rbjax.core.compilation import CompileCounter, enable_compile_cache
 from rbjax.core.distributed import initialize, requested
 from rbjax.core.errors import SettingError
+from rbjax.core.log import get_logger
 
 #: subcommand modules, in the order shown by ``rbjax --help``
 COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate", "run", "report", "retrieve", "annotate",
-            "splits")
+            "splits", "pairs")
 
 
 class SubParser(OptionParser):
@@ -40,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="RedditBias in JAX: measure (LMB) and reduce (LMD/ADD/HD/CDA) social bias in dialog language models.",
     )
     parser.add_argument("--version", action="version", version=f"rbjax {__version__}")
+    parser.add_argument("--compile-cache", metavar="DIR|off", default=None,
+                        help="where compiled programs are kept between runs (default: $RBJAX_COMPILE_CACHE, else "
+                             "compile-cache/ in rbjax's cache folder, $RBJAX_CACHE_DIR or ~/.cache/rbjax); off: "
+                             "compile everything again in every run (docs/scale.md, \"Caches\")")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SubParser)
     for name in COMMANDS:
         try:
@@ -61,7 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
             initialize()
-        return int(args.func(args) or 0)
+        cache = enable_compile_cache(args.compile_cache)  # the second run of the same shapes compiles nothing
+        with CompileCounter() as counter:
+            rc = int(args.func(args) or 0)
+        if counter.built:
+            where = f" from the compile cache {cache}" if cache is not None else ""
+            get_logger(args.command).info(
+                f"XLA: {counter.built} program(s), {counter.cache_hits} of them read{where}, {counter.compiled} "
+                f"compiled ({counter.seconds:.1f} s)")
+        return rc
     except KeyboardInterrupt as e:
         # rbjax.core.interrupt.Interrupted carries what was saved and how to resume
         print(str(e) if str(e) else f"rbjax {args.command}: interrupted", file=sys.stderr)

@@ -29,6 +29,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
+# rbjax's own cache folder (file digests, parsed MultiWOZ splits) in a temporary folder too: nothing written to the
+# user's ~/.cache by the suite
+if "RBJAX_CACHE_DIR" not in os.environ:
+    _RBJAX_CACHE = tempfile.mkdtemp(prefix="rbjax-tests-cache-")
+    atexit.register(shutil.rmtree, _RBJAX_CACHE, ignore_errors=True)
+    os.environ["RBJAX_CACHE_DIR"] = _RBJAX_CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
@@ -56,7 +62,10 @@ def _release_compiled_programs():
     yield
     import jax
 
+    from rbjax.train.step import clear_programs
+
     jax.clear_caches()
+    clear_programs()
     gc.collect()
 
 
@@ -192,3 +201,182 @@ def make_tokenizer_json(folder: Path, *, kind: str = "bytelevel", add_bos: bool 
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
          "unk_token": "<unk>"}))
     return folder
+
+
+# ----------------------------------------------------------------------------------------- chat-format fixtures
+CHAT_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "chat_templates"
+#: the pre-tokenizer patterns of Llama 3 and Qwen2 (digits in threes / one by one)
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+#: per chat style: special tokens (ids 0..), the tokenizer_config.json entries, and which template file
+CHAT_STYLES = {
+    "llama3": dict(specials=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                             "<|eot_id|>"],
+                   config={"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+                           "eos_token": "<|end_of_text|>"},
+                   template="llama3-instruct.json", template_in="tokenizer_config.json"),
+    "qwen2": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                  config={"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
+                          "pad_token": "<|endoftext|>", "unk_token": None},
+                  template="qwen2.5-instruct.json", template_in="tokenizer_config.json"),
+    "gemma2": dict(specials=["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+                   config={"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>",
+                           "pad_token": "<pad>", "unk_token": "<unk>"},
+                   template="gemma2-it.json", template_in="chat_template.jinja"),
+}
+
+
+def chat_template_text(style: str) -> str:
+    """The real chat template of a style (tests/fixtures/chat_templates: Llama-3-Instruct, Qwen2.5-Instruct,
+    Gemma-2-it, as their tokenizer_config.json carries it)."""
+    import json
+
+    return json.loads((CHAT_TEMPLATES / CHAT_STYLES[style]["template"]).read_text(encoding="utf-8"))["chat_template"]
+
+
+def make_chat_tokenizer(folder: Path, style: str, *, vocab_size: int = 384,
+                        redditbias_dir: Path = REDDITBIAS) -> Path:
+    """A tiny tokenizer folder of a chat family, trained offline with ``tokenizers`` on RedditBias phrases, with the
+    family's special tokens and its real chat template:
+
+    * ``llama3``: byte-level BPE with Llama 3's split pattern, ``<|begin_of_text|>`` added before a text by the
+      post-processor, ``<|start_header_id|>``, ``<|end_header_id|>``, ``<|eot_id|>``; the template in
+      ``tokenizer_config.json``, the special tokens also in ``special_tokens_map.json`` (as Meta ships them);
+    * ``qwen2``: byte-level BPE with Qwen2's pattern, ChatML ``<|im_start|>`` / ``<|im_end|>``, no BOS; the template
+      (which adds a default system prompt) in ``tokenizer_config.json``;
+    * ``gemma2``: SentencePiece-style BPE (spaces as ``▁``, no pre-tokenizer), ``<bos>`` added,
+      ``<start_of_turn>`` / ``<end_of_turn>``; the template (which refuses a system turn) in
+      ``chat_template.jinja``."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    st = CHAT_STYLES[style]
+    src = _need(Path(redditbias_dir) / "text_files/religion1/religion1_bias_manual_train.txt", "the RedditBias data")
+    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()][:800]
+    lines += ["You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", "user", "assistant", "model",
+              "system"]
+    specials = st["specials"]
+    if style in ("llama3", "qwen2"):
+        tok = Tokenizer(models.BPE())
+        pattern = _LLAMA3_SPLIT if style == "llama3" else _QWEN2_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse()])
+        # every character of the religion1 phrases is in the alphabet (no <unk> in the tests' phrases)
+        chars = {c for f in src.parent.glob("*.txt") for c in f.read_text(encoding="utf-8") if not c.isspace()}
+        tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                 initial_alphabet=sorted(chars | {"\n", "▁"}))
+    tok.train_from_iterator(lines, tr)
+    if style == "llama3":
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A "
+                                          "<|begin_of_text|> $B", special_tokens=[("<|begin_of_text|>", 0)])])
+    elif style == "qwen2":
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:
+        tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                           special_tokens=[("<bos>", 2)])
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = dict(st["config"])
+    template = chat_template_text(style)
+    if st["template_in"] == "tokenizer_config.json":
+        cfg["chat_template"] = template
+    else:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    if style == "llama3":
+        (folder / "special_tokens_map.json").write_text(json.dumps(
+            {"bos_token": {"content": "<|begin_of_text|>", "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False}, "eos_token": "<|end_of_text|>"}), encoding="utf-8")
+    return folder
+
+
+def make_chat_model(folder: Path, style: str, tokenizer_dir: Path, *, seed: int = 0) -> Path:
+    """A tiny seeded random model of the style's family (Llama, Qwen2, Gemma 2), built and saved by PyTorch
+    ``transformers`` (init std 0.3, every parameter perturbed as in tests/test_families_torch.py), with the tokenizer
+    files and a ``generation_config.json`` whose ``eos_token_id`` lists the end-of-text and end-of-turn tokens (as
+    the instruct models ship it; ``config.json`` names one eos)."""
+    import json
+    import shutil
+
+    import torch
+    import transformers
+
+    tok = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    V = len(tok["model"]["vocab"])
+    common = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3)
+    if style == "llama3":
+        cfg = transformers.LlamaConfig(**common, bos_token_id=ids["<|begin_of_text|>"],
+                                       eos_token_id=ids["<|end_of_text|>"], tie_word_embeddings=False)
+        gen_eos = [ids["<|end_of_text|>"], ids["<|eot_id|>"]]
+        bos, pad = ids["<|begin_of_text|>"], None
+    elif style == "qwen2":
+        cfg = transformers.Qwen2Config(**common, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                                       tie_word_embeddings=True)
+        gen_eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+        bos, pad = ids["<|endoftext|>"], ids["<|endoftext|>"]
+    else:
+        cfg = transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                        bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"], pad_token_id=ids["<pad>"])
+        gen_eos = [ids["<eos>"], ids["<end_of_turn>"]]
+        bos, pad = ids["<bos>"], ids["<pad>"]
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    folder = Path(folder)
+    m.save_pretrained(folder, safe_serialization=True)
+    gen = {"bos_token_id": bos, "eos_token_id": gen_eos, **({} if pad is None else {"pad_token_id": pad})}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
+    for f in Path(tokenizer_dir).iterdir():
+        if f.is_file():
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer_dirs(tmp_path_factory, redditbias_dir) -> dict:
+    """``{style: tokenizer folder}`` for the three chat styles (:func:`make_chat_tokenizer`)."""
+    root = tmp_path_factory.mktemp("chat_tokenizers")
+    return {s: make_chat_tokenizer(root / s, s, redditbias_dir=redditbias_dir) for s in CHAT_STYLES}
+
+
+@pytest.fixture(scope="session")
+def chat_model_dirs(tmp_path_factory, chat_tokenizer_dirs) -> dict:
+    """``{style: model folder}``: a tiny PyTorch-built model of each chat style's family with its tokenizer and
+    generation config (:func:`make_chat_model`)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("chat_models")
+    return {s: make_chat_model(root / s, s, chat_tokenizer_dirs[s]) for s in CHAT_STYLES}
+def make_tiny_llama_folder(root: Path, *, redditbias_dir: Path = REDDITBIAS, seed: int = 0) -> Path:
+    """A tiny Llama (grouped-query attention, untied head, init 0.2) saved by rbjax with a byte-level
+    ``tokenizer.json`` whose post-processor adds the BOS ``<s>`` (:func:`make_tokenizer_json`), as in
+    tests/test_families_e2e.py; ``transformers`` loads it. Returns the model folder."""
+    from rbjax.model.hf import save_pretrained
+    from rbjax.model.registry import FAMILIES
+
+    tok = make_tokenizer_json(Path(root) / "tok", kind="bytelevel", add_bos=True, redditbias_dir=redditbias_dir)
+    fam = FAMILIES["llama"]
+    cfg = fam.config_from_hf({"model_type": "llama", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                              "initializer_range": PARITY_INIT, "bos_token_id": 1, "eos_token_id": 2,
+                              "pad_token_id": 3}, "tiny llama")
+    return save_pretrained(fam.init_params(cfg, seed), cfg, Path(root) / "model", tokenizer_dir=tok)

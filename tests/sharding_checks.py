@@ -1,4 +1,4 @@
-"""Checks of models split over ``fsdp`` / ``tensor`` mesh axes (issue 21), run by tests/test_sharding.py in one
+"""Checks of models split over ``fsdp`` / ``tensor`` mesh axes, run by tests/test_sharding.py in one
 subprocess with 8 simulated CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8``; JAX reads the flag
 once, when its CPU backend starts).
 
@@ -344,7 +344,7 @@ def _write_bf16_copy(src, dst) -> None:
 
 
 def check_load(args) -> dict:
-    """Safetensors weights read slice by slice straight into a ``fsdp=4,tensor=2`` layout (issue 21, item 3): one
+    """Safetensors weights read slice by slice straight into a ``fsdp=4,tensor=2`` layout: one
     file, a sharded index of several files, bf16 storage; GPT-2 and an untied Llama (transposed Linear weights)."""
     import jax
     import numpy as np

@@ -1,4 +1,4 @@
-"""Issue 20 field failure: an incomplete checkpoint step folder (no orbax commit marker, array data missing: an
+"""Field failure: an incomplete checkpoint step folder (no orbax commit marker, array data missing: an
 interrupted copy, a file system without atomic renames) was taken as the latest and resume failed with "does not
 match this run's model/optimizer" although the previous step was complete. Resume from the newest complete step,
 and say which folder was skipped and why."""

@@ -1,6 +1,8 @@
-"""Issue 20, flags and messages: an option that takes a value requires one, a switch takes none, a malformed flag
+"""Flags and messages: an option that takes a value requires one, a switch takes none, a malformed flag
 exits non-zero; errors name the flag (CLI), the field (Python API) or the file, section and key (study) the user
 wrote."""
+from pathlib import Path
+
 import pytest
 
 from rbjax.cli import main
@@ -84,7 +86,7 @@ def test_study_values_name_file_section_and_key(tmp_path):
 
 
 def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monkeypatch, capsys):
-    """Issue 20: a spec-file bias type without --data-dir complained about downloading the LMP file."""
+    """Field case: a spec-file bias type without --data-dir complained about downloading the LMP file."""
     import shutil
     from pathlib import Path
 
@@ -99,6 +101,24 @@ def test_own_bias_type_without_data_dir_names_the_missing_phrases(tmp_path, monk
     err = capsys.readouterr().err
     assert f"--bias {spec}: a bias type of your own trains on its phrases" in err
     assert "_bias_manual_train.txt" in err and "--data-dir" in err and "download" not in err
+
+
+@pytest.mark.parametrize("mesh,why", [("fsdp=2,grid=2", "a measurement scores one model, it has no grid points"),
+                                      ("fsdp=2,pipe=2", "unknown axis 'pipe'")])
+def test_measure_mesh_takes_data_fsdp_tensor_only(mesh, why, capsys, tmp_path):
+    """``measure --mesh`` documents data/fsdp/tensor: a grid axis (or an unknown one) is refused by the settings,
+    naming --mesh on the command line and ``mesh`` in Python, before any plan or model."""
+    from rbjax.core.errors import SettingError
+    from rbjax.lmb.config import MeasureConfig
+
+    with pytest.raises(SettingError, match=why) as e:
+        MeasureConfig(mesh=mesh)
+    assert e.value.field == "mesh"
+    llama = Path(__file__).parent / "fixtures" / "llama3_8b"
+    assert main(["measure", "--model", str(llama), "--mesh", mesh, "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rbjax measure: error: --mesh") and why in err
+    assert MeasureConfig(mesh="grid=1,data=2").mesh == "grid=1,data=2"  # a grid of one is no grid
 
 
 def test_evaluate_settings_name_the_flag(tmp_path, capsys):
@@ -116,14 +136,19 @@ def test_measure_options_are_the_measure_config():
     import dataclasses
 
     from rbjax.cli import build_parser
-    from rbjax.commands.measure import MEASURE_OPTIONS
+    from rbjax.commands.measure import CHAT_OPTIONS, MEASURE_OPTIONS
     from rbjax.commands.options import config_values
     from rbjax.lmb.config import MeasureConfig
 
     parser = build_parser()
     args = parser.parse_args(["measure", "--stored-perplexities"])
-    assert set(MEASURE_OPTIONS) | {"outlier_removal"} == {f.name for f in dataclasses.fields(MeasureConfig)}
-    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS)) == MeasureConfig()
+    assert set(MEASURE_OPTIONS + CHAT_OPTIONS) | {"outlier_removal"} == {
+        f.name for f in dataclasses.fields(MeasureConfig)}
+    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS)) == MeasureConfig()
+    args = parser.parse_args(["measure", "--model", "m", "--format", "chat", "--role", "user", "--system", "Be kind.",
+                              "--score-end-of-turn", "--chat-template", "t.jinja"])
+    assert MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS)) == MeasureConfig(
+        format="chat", role="user", system="Be kind.", score_end_of_turn=True, chat_template="t.jinja")
     args = parser.parse_args(["measure", "--stored-perplexities", "--split", "valid", "--n-std", "2.5", "--ddof", "1",
                               "--no-bos", "--skip-unscorable", "--n-bootstrap", "7", "--param-dtype", "bf16",
                               "--mesh", "data=1"])

@@ -1,5 +1,5 @@
 """`rbjax <command> --help` for every subcommand (and nested ones such as `annotate export`): every option is
-explained, and no default is shown twice or as "(default: None)" (issue 7, item 6)."""
+explained, and no default is shown twice or as "(default: None)"."""
 import argparse
 import re
 
@@ -85,3 +85,36 @@ def test_cli_error_of_a_subcommand_prints_cleanly(module, tmp_path):
     r = subprocess.run([sys.executable, "-m", module, "--version"], cwd=root, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("rbjax "), r.stderr
+
+
+# ------------------------------------------------------------------------------------------ --no-... switches
+def _run_config(command: str, argv: list[str]) -> dict:
+    """The flat settings a ``debias`` / ``sweep`` command line gives (``DebiasRun.to_dict``)."""
+    from rbjax.commands.debias import config_from_args
+
+    args = build_parser().parse_args([command, "--method", "hd", "--model", "m", "--out", "o", *argv,
+                                      *(["--bias", "religion1"] if command == "debias" else ["--bias-type", "religion1"])])
+    return config_from_args(args, **({"bias_type": "religion1"} if command == "sweep" else {})).to_dict()
+
+
+@pytest.mark.parametrize("command", ["debias", "sweep"])
+def test_no_switches_say_what_they_turn_off(command):
+    """Every ``--no-...`` switch of debias and sweep: its help is "turn off: <the setting, described when on> (on by
+    default)", and it turns exactly that setting off (the help once said the opposite of what the switch did)."""
+    from rbjax.commands.options import negated_help
+    from rbjax.core.config import leaves
+    from rbjax.debias.config import DebiasRun
+
+    (parser,) = [p for words, p in ALL if words == (command,)]
+    switches = [a for a in parser._actions if any(o.startswith("--no-") for o in a.option_strings)]
+    want = {"debias": {"--no-export", "--no-dropout", "--no-progress", "--no-eval", "--no-lmp"},
+            "sweep": {"--no-dropout", "--no-progress", "--no-lmp"}}[command]
+    assert {a.option_strings[0] for a in switches} == want
+    setting_help = {leaf.name: leaf.help for leaf in leaves(DebiasRun)}
+    default = _run_config(command, [])
+    for a in switches:
+        flag = a.option_strings[0]
+        assert a.help == negated_help(setting_help[a.dest]) and a.help.startswith("turn off: "), flag
+        assert default[a.dest] is True, flag  # on by default, as the help says
+        changed = {k for k, v in _run_config(command, [flag]).items() if v != default[k]}
+        assert changed == ({"export", "evaluate"} if flag == "--no-export" else {a.dest}), (flag, changed)

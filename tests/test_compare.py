@@ -94,7 +94,18 @@ def test_compare_two_measured_models_equals_scipy_on_their_csvs(two_runs, capsys
         assert r["p_corrected"]["ttest"]["bonferroni"] == pytest.approx(min(1.0, 2 * p), rel=1e-9)
         assert r["significant"] == (min(1.0, 2 * p) < 0.05)
         assert r["verdict"].startswith("significant change" if r["significant"] else "not significant")
+    # the CI beside each verdict is at the verdict's family-wise level: 1 − 0.05/2 for two types (scipy's BCa at 97.5 %)
+    assert res["ci_level"] == pytest.approx(0.975) and "97.5% CI, Bonferroni-adjusted for 2 types" in text
+    for r in res["types"]:
+        ea, ka = _effects(two_runs / "a", r["bias_type"])
+        eb, kb = _effects(two_runs / "b", r["bias_type"])
+        d = (ea - eb)[ka & kb]
+        boot = sps.bootstrap((d,), np.mean, confidence_level=0.975, n_resamples=200, method="BCa",
+                             random_state=np.random.default_rng(0)).confidence_interval
+        assert r["ci_level"] == pytest.approx(0.975) and r["mean_change_ci"] == pytest.approx([boot.low, boot.high])
+        assert "(97.5% CI, Bonferroni-adjusted for 2 types)" in r["verdict"] and "2 types," in r["verdict"]
     rows = list(csv.DictReader(open(out / "compare.csv", newline="")))
+    assert [float(x["ci_level"]) for x in rows] == pytest.approx([0.975, 0.975])
     assert [x["bias_type"] for x in rows] == ["religion1", "race"]
     assert float(rows[0]["t_value"]) == pytest.approx(res["types"][0]["ttest"]["t_value"])
     assert (out / "compare.png").stat().st_size > 5000
@@ -114,6 +125,11 @@ def test_compare_api_with_seeds_averages_effects(two_runs):
     assert r["mean_change"] == pytest.approx(np.mean((ea[keep] + eb[keep]) / 2 - eb[keep]), rel=1e-9)
     assert r["seeds"]["per_seed_mean_change"] == pytest.approx([np.mean(ea[keep] - eb[keep]), 0.0], abs=1e-12)
     assert r["seeds"]["sd"] == pytest.approx(np.std(r["seeds"]["per_seed_mean_change"], ddof=1))
+    # one type compared: no correction, so the CI is at 1 − alpha, labelled as such; "1 type", not "1 types"
+    assert res["ci_level"] == pytest.approx(0.95) and r["ci_level"] == pytest.approx(0.95)
+    assert "(1 type, bonferroni p" in r["verdict"] and "1 types" not in r["verdict"] and "CI" not in r["verdict"]
+    (r,) = rbjax.compare_models(two_runs / "a", two_runs / "b", bias_types=["race"], n_bootstrap=50)["types"]
+    assert r["ci_level"] == pytest.approx(0.95) and "] (95% CI), t = " in r["verdict"]
 
 
 def _copy(src, dst, edit_record=None, edit_csv=None):

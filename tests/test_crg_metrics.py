@@ -302,7 +302,7 @@ def test_cli_reference_free_and_errors(tmp_path, capsys):
     ref = tmp_path / "ref.txt"
     ref.write_text("i do n't know .\nsee it\n")
     assert main(["evaluate", "--task", "crg-metrics", "--hyp", str(hyp), "--refs", str(ref), "--out", str(out),
-                 "--no-meteor"]) == 1  # another scoring's result is not replaced silently (issue 20)
+                 "--no-meteor"]) == 1  # another scoring's result is not replaced silently
     assert "crg_metrics.json (written from other inputs" in capsys.readouterr().err
     assert main(["evaluate", "--task", "crg-metrics", "--hyp", str(hyp), "--refs", str(ref), "--out", str(out),
                  "--no-meteor", "--overwrite"]) == 0

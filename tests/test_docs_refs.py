@@ -1,4 +1,4 @@
-"""The docs point at things that exist (issue 20: `../shared/reference-*.md` cited where the files are in
+"""The docs point at things that exist (`../shared/reference-*.md` was cited where the files are in
 `../shared/docs/`, a script citing a test file that does not exist, a README count of slow tests that was wrong, one
 option described three ways)."""
 import re
@@ -52,3 +52,17 @@ def test_scoring_batch_size_has_one_description():
         assert SCORING_BATCH_HELP in act.help, (cmd, act.help)
     lmb = " ".join((ROOT / "docs" / "lmb.md").read_text(encoding="utf-8").split())
     assert SCORING_BATCH_HELP.removeprefix("nominal phrases") in lmb.replace("`", "")
+
+
+#: developers' notes that live outside the repository (the code explains itself and points into docs/ instead)
+OUTSIDE_NOTES = re.compile(r"reference-(?:debias|data)\.md|ref-(?:debias|data) §|FAMILY_" + r"INTERFACE")
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues?\s*#?\s*\d+")
+
+
+def test_code_cites_no_outside_notes_and_no_issue_numbers():
+    code = [f for d in ("rbjax", "tests", "benchmarks", "scripts") for f in sorted((ROOT / d).rglob("*"))
+            if f.suffix in (".py", ".json", ".toml") and "__pycache__" not in f.parts]
+    found = [f"{f.relative_to(ROOT)}:{i}: {line.strip()[:80]}" for f in code
+             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1)
+             if OUTSIDE_NOTES.search(line) or ISSUE_NUMBER.search(line)]
+    assert not found, found

@@ -123,7 +123,7 @@ def test_lmp_reuse_and_recompute(tiny_model_dir, tokenizer_dir, tmp_path, capsys
     r2 = evaluate("lmp", model, out, lmp_file=lines, progress=False)
     assert r2["reused"] is True and r2["metrics"] == r1["metrics"] and "reusing it" in capsys.readouterr().err
     # a changed setting, data file or model is recomputed (never relabelled), replacing the result only with
-    # overwrite (issue 20: another result is never replaced silently; nothing is computed)
+    # overwrite (another result is never replaced silently; nothing is computed)
     from rbjax.core.reuse import OutputExists
 
     with pytest.raises(OutputExists, match=r"lmp.json: holds the lmp result of other inputs .*lmp_max_lines"):
@@ -253,7 +253,7 @@ def test_settings_and_cli_errors(tiny_model_dir, tmp_path, capsys):
 
 
 def test_an_empty_or_wrong_multiwoz_folder_is_refused_by_name(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """Issue 20: `evaluate --task dst --multiwoz <empty or wrong folder>` said "cannot download … pass a local
+    """Field case: `evaluate --task dst --multiwoz <empty or wrong folder>` said "cannot download … pass a local
     MultiWOZ 2.0 copy … as --multiwoz", which the user had just done (the support files were fetched first)."""
     monkeypatch.setenv("RBJAX_MULTIWOZ_URL", "http://127.0.0.1:9/nothing")  # a download attempt would fail
     monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "cache"))

@@ -1,5 +1,5 @@
 """The dialog tasks' registry and settings dataclasses (rbjax.dialog.tasks), and the `rbjax evaluate` options generated
-from them (issue 16, items 6 and 7). No model is loaded."""
+from them. No model is loaded."""
 import argparse
 import dataclasses
 
@@ -83,7 +83,7 @@ def test_generated_options_give_the_settings():
 
 @pytest.mark.parametrize("task", TASKS)
 def test_mesh_is_checked_recorded_and_not_keyed(task):
-    """--mesh (issue 21): its syntax is checked with the settings, a grid axis is refused (one model), and it is not
+    """--mesh: its syntax is checked with the settings, a grid axis is refused (one model), and it is not
     part of the result key (a mesh changes the float32 rounding only: tests/test_sharding.py compares the numbers)."""
     cls = get_task(task).settings
     s = cls(mesh="data=2,fsdp=4")
@@ -128,6 +128,11 @@ def test_dry_run_plans_every_computation_from_config_json(capsys):
     out = capsys.readouterr().out
     assert out.startswith("crg: memory plan: ") and "kv_cache" in out and "training" not in out
     assert "parameters), generation, mesh fsdp=8" in out.replace("grid=1,data=1,", "").replace(",tensor=1", "")
+    # DST's fine-tuning does not fit 8 × 16 GB: both plans are printed, then the error (exit status 1)
+    assert main(["evaluate", "--task", "dst", "--model", str(llama), "--mesh", "fsdp=8", "--device-memory-gb", "16",
+                 "--dry-run"]) == 1
+    cap = capsys.readouterr()
+    assert cap.out.count("dst: memory plan: ") == 2 and "DOES NOT FIT" in cap.out and "(the plan above)" in cap.err
     assert main(["evaluate", "--task", "crg-metrics", "--dry-run", "--hyp", "h", "--refs", "r", "--out", "o"]) == 1
     assert "--dry-run concerns a model task" in capsys.readouterr().err
     assert main(["evaluate", "--task", "crg-metrics", "--mesh", "fsdp=4", "--hyp", "h", "--refs", "r", "--out",

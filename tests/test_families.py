@@ -1,4 +1,4 @@
-"""Model families without PyTorch (issue 17): tiny models built by rbjax itself go through save_pretrained →
+"""Model families without PyTorch: tiny models built by rbjax itself go through save_pretrained →
 load_pretrained unchanged; the KV cache, padded rows and packed rows agree with the plain forward pass in every
 family (grouped-query attention and sliding windows included); config fields are handled or refused by name; the
 chunked NLL takes the untied head and the final-logit soft-cap with its exact gradient.

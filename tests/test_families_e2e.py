@@ -44,7 +44,7 @@ def test_measure_llama_bos_policy_and_torch_parity(tiny_llama, redditbias_dir, t
     rows = _csv(out / "religion1_perplexities.csv")
     assert len(rows) == rec["n_pairs"] == 238
     # --no-bos: another resume key, other numbers (the first token is then context, not predicted); the folder holds
-    # the BOS run, which is not replaced without --overwrite (issue 20)
+    # the BOS run, which is not replaced without --overwrite
     argv = ["measure", "--model", str(tiny_llama), "--bias", "religion1", "--data-dir", str(redditbias_dir),
             "--out", str(out), "--n-bootstrap", "0", "--no-progress", "--no-bos", "--resume"]
     assert main(argv) == 1
@@ -88,7 +88,7 @@ def test_debias_each_method_export_measure_evaluate(tiny_llama, redditbias_dir, 
     recs = measure_bias(model=str(runs["hd"]), bias_types="religion1", data_dir=redditbias_dir,
                         out_dir=tmp_path / "m_hd", n_bootstrap=0, progress=False, plot=False)
     assert recs[0]["settings"]["bos"] is True and np.isfinite(recs[0]["t_value"])
-    assert LoadedModel(str(runs["hd"])).fingerprint() != LoadedModel(str(tiny_llama)).fingerprint()
+    assert LoadedModel(str(runs["hd"])).handle.digest != LoadedModel(str(tiny_llama)).handle.digest
     assert main(["evaluate", "--task", "lmp", "--model", str(runs["lmd"]), "--data-dir", str(redditbias_dir),
                  "--lmp-max-lines", "40", "--out", str(tmp_path / "ev"), "--no-progress"]) == 0
     lmp = json.loads((tmp_path / "ev" / "lmp.json").read_text())
@@ -152,7 +152,7 @@ def test_triggers_find_terms_whatever_the_word_marker(tmp_path, redditbias_dir, 
 
 
 #: GPT-NeoX (Pythia: no BOS added, untied ``embed_out``, partial rotary) and Gemma 2 (BOS added, tied embedding,
-#: soft-capping) tiny configs, through every command as the Llama test above (issue 17: "for each family")
+#: soft-capping) tiny configs, through every command as the Llama test above
 OTHER_FAMILIES = {
     "gpt_neox": (False, {"model_type": "gpt_neox", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256,

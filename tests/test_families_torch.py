@@ -1,4 +1,4 @@
-"""Every model family against PyTorch ``transformers`` (issue 17 item 5): tiny seeded random checkpoints built and
+"""Every model family against PyTorch ``transformers``: tiny seeded random checkpoints built and
 saved by ``transformers`` (offline, safetensors), with initializer_range 0.3 and every parameter (norm weights and
 biases included) perturbed by N(0, 0.1²) so that no weight sits at its neutral init and the non-linearities matter;
 loaded through rbjax's own loader.
@@ -183,7 +183,7 @@ def test_bf16_sharded_checkpoint_saved_by_transformers(tmp_path):
 @pytest.mark.parametrize("flags", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False),
                                    dict(reorder_and_upcast_attn=True)])
 def test_gpt2_attention_scaling_flags(flags, tmp_path):
-    # Stanford CRFM's GPT-2s scale by the inverse layer index; before issue 17 these flags were silently dropped
+    # Stanford CRFM's GPT-2s scale by the inverse layer index; these flags were once silently dropped
     # (logits off by 0.04 / 0.48 on real checkpoints). reorder_and_upcast_attn is a no-op in float32.
     tm = _build("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=32, n_layer=3, n_head=2,
                                    initializer_range=0.3, bos_token_id=0, eos_token_id=0, **flags), tmp_path)

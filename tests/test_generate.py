@@ -1,4 +1,4 @@
-"""Batched KV-cache generation (issue 8 item 5): equal to a naive full-recompute loop, seeded, stops at EOS,
+"""Batched KV-cache generation: equal to a naive full-recompute loop, seeded, stops at EOS,
 HF-style top-k/top-p filtering, the reference's length rule, the JSONL writer."""
 import json
 
@@ -169,7 +169,7 @@ def test_jsonl_writer_and_prompts(tmp_path, tokenizer_dir):
 
 
 def test_ties_at_the_kth_logit_are_all_kept_as_hugging_face():
-    """Issue 20: top_k=2 on [3, 2, 2, 2, 0, −1] kept 2 tokens; HF's TopKLogitsWarper keeps every token tied with
+    """Field case: top_k=2 on [3, 2, 2, 2, 0, −1] kept 2 tokens; HF's TopKLogitsWarper keeps every token tied with
     the k-th (4 here), and top-p then works on that renormalised set."""
     torch = pytest.importorskip("torch")
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper

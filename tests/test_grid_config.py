@@ -31,7 +31,7 @@ def test_paper_grid_files():
     cda = config_for_method(cfgs, "cda")
     assert cda.grid == {"batch_size": (2,), "grad_accum": (1,)}  # the reference's single CTDA run
     assert len(grid_points("cda", merge(cda, paper, set())[0])) == 1
-    for c in cfgs:  # §5.1 / reference-debias.md §7, and rbjax's defaults agree with them
+    for c in cfgs:  # §5.1 / docs/debiasing.md §5 "Setup", and rbjax's defaults agree with them
         s = c.settings
         assert (s["epochs"], s["learning_rate"], s["adam_b1"], s["adam_b2"], s["adam_eps"], s["max_grad_norm"],
                 s["block_size"], s["seed"], s["dropout"], s["precision"]) == (2, 5e-5, 0.9, 0.999, 1e-8, 1.0, 36, 42,
@@ -78,11 +78,11 @@ def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch):
     argv = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path / "o"), "--grid-config", str(f)]
     with pytest.raises(Stop):
         main(argv + ["--lr", "5e-5", "--lambda-ds", "10,50,100"])
-    assert seen["cfg"].learning_rate == 5e-5 and seen["cfg"].epochs == 3
+    assert seen["cfg"].optimizer.learning_rate == 5e-5 and seen["cfg"].trainer.epochs == 3
     assert seen["grid"]["lambda_d"] == (10.0, 50.0, 100.0) and seen["grid"]["batch_size"] == (2,)
     with pytest.raises(Stop):
         main(argv)
-    assert seen["cfg"].learning_rate == 1e-4 and seen["cfg"].epochs == 3
+    assert seen["cfg"].optimizer.learning_rate == 1e-4 and seen["cfg"].trainer.epochs == 3
     assert seen["grid"]["lambda_d"] == (5.0,) and seen["grid"]["batch_size"] == (2,)
     # the same in Python: merge(file, parsed axes, the names written)
     c = load_grid_config(f)

@@ -137,3 +137,24 @@ def test_tokenizer_json_equals_transformers(tmp_path, redditbias_dir, kind, add_
     for s, o in zip(phrases, ours):
         assert ([tok.bos_id] if tok.adds_bos else []) + o == ref(s)["input_ids"], s
         assert o == ref(s, add_special_tokens=False)["input_ids"], s
+
+
+def test_a_bad_tokenizer_is_named_as_given(tmp_path, tiny_model_dir, tiny_model_dir_no_tokenizer, redditbias_dir,
+                                           capsys):
+    """``--tokenizer`` pointing at a folder that does not exist (or holds no tokenizer) says what is wrong with the
+    tokenizer given, never "pass --tokenizer"; a model folder without one asks for it."""
+    from rbjax.cli import main
+
+    missing, empty = tmp_path / "no" / "such", tmp_path / "empty"
+    empty.mkdir()
+    for tok, why in ((missing, f"--tokenizer {missing}: tokenizer folder not found"),
+                     (empty, f"--tokenizer {empty}: no tokenizer files (need tokenizer.json")):
+        with pytest.raises(FileNotFoundError) as e:
+            ModelHandle.open(tiny_model_dir, tok).tokenizer  # noqa: B018 (loads it)
+        assert str(e.value).startswith(why) and "pass --tokenizer" not in str(e.value)
+        assert main(["measure", "--model", str(tiny_model_dir), "--tokenizer", str(tok), "--out",
+                     str(tmp_path / "out"), "--bias", "religion1", "--data-dir", str(redditbias_dir)]) == 1
+        err = capsys.readouterr().err
+        assert why in err and "pass --tokenizer" not in err
+    with pytest.raises(FileNotFoundError, match="the model folder has no tokenizer files; pass --tokenizer"):
+        ModelHandle.open(tiny_model_dir_no_tokenizer).tokenizer  # noqa: B018

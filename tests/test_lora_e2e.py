@@ -77,6 +77,21 @@ def test_debias_export_peft_and_measure_with_adapter(tiny_model_dir, tokenizer_d
         np.testing.assert_allclose([float(r[col]) for r in a], [float(r[col]) for r in b], rtol=1e-5)
     rec = json.loads((tmp_path / "m_ad" / "lmb.json").read_text())[0]
     assert rec["settings"]["adapter"] == str(tmp_path / "ad")
+    # a pair benchmark scores the adapter too (and keys its results by the adapter's files)
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("id,category,sentence_1,sentence_2,stereotypical\nq1,g,She is a nurse.,He is a nurse.,1\n"
+                     "q2,g,He cried all day.,She cried all day.,2\nq3,g,The girl can not drive.,The boy can not drive.,1\n",
+                     encoding="utf-8")
+    bench = ["--benchmark", "pairs", "--pairs", str(pairs), "--n-bootstrap", "0", "--no-progress"]
+    assert main(["measure", "--model", str(tiny_model_dir), "--adapter", str(tmp_path / "ad"), "--out",
+                 str(tmp_path / "p_ad"), *bench]) == 0
+    assert main(["measure", "--model", str(tmp_path / "merged"), "--out", str(tmp_path / "p_merged"), *bench]) == 0
+    assert main(["measure", "--model", str(tiny_model_dir), "--out", str(tmp_path / "p_base"), *bench]) == 0
+    pa, pm, pb = (_csv(tmp_path / d / "g_perplexities.csv") for d in ("p_ad", "p_merged", "p_base"))
+    np.testing.assert_allclose([float(r["biased_ppl"]) for r in pa], [float(r["biased_ppl"]) for r in pm], rtol=1e-5)
+    assert [r["biased_ppl"] for r in pa] != [r["biased_ppl"] for r in pb]
+    prec = json.loads((tmp_path / "p_ad" / "lmb.json").read_text())[0]
+    assert prec["settings"]["adapter"] == str(tmp_path / "ad")
     capsys.readouterr()
     res.pop("adapter")  # a run trained without adapters has no adapter record (nor folder) to export
     (run / "results.json").write_text(json.dumps(res))

@@ -57,7 +57,7 @@ def _cfg(tmp_path, redditbias_dir, **kw):
 def _trainer(cfg, start, points=None, data=None):
     config, params, tok = start
     data = data or TrainingData(cfg, tok, config.vocab_size)
-    model = ModelHandle.from_params(params, config, tok, name="tiny", key="tiny")
+    model = ModelHandle.from_params(params, config, tok, name="tiny", digest="tiny")
     plan = BatchPlan.of_run(data, cfg.trainer_config, max_shapes=1)
     return debias_trainer(cfg, model=model, points=points, data=data, plan=plan)
 
@@ -193,7 +193,7 @@ def test_dialog_tasks_train_adapters(method, tmp_path):
         vocab_size, eos_id, source = 64, 63, "test"
 
     start = {"gpt2": body, "head": init_head(CFG, seed=0)} if method == "dst" else body
-    model = ModelHandle.from_params(body, CFG, Tok(), name="test", key="test")
+    model = ModelHandle.from_params(body, CFG, Tok(), name="test", digest="test")
     settings = (DSTSettings if method == "dst" else CRGSettings).from_settings(
         {"adapter": "lora", "lora_rank": 2, "lora_dropout": 0.1, "batch_size": 4, "max_steps": 2, "block_size": L,
          "layout": "padded", "progress": False})

@@ -21,7 +21,7 @@ def _rng(seed=0):
 
 
 # ------------------------------------------------------- reference semantics vs an independent PyTorch computation
-# The official formulas, written here from reference-debias.md §2-§4 as loops over token ids (cai
+# The official formulas (docs/debiasing.md §3-§4, "reference"), written here as loops over token ids (cai
 # modeling_gpt2.py), on the same random inputs; rbjax goes through triggers.py + losses.py.
 PAD = 50257
 

@@ -186,7 +186,7 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
     shutil.copy(other / "model.safetensors", model / "model.safetensors")
     os.utime(model / "model.safetensors", ns=(1, 1))
     capsys.readouterr()
-    # the folder now holds another model's results: refused before scoring (issue 20), kept as they are
+    # the folder now holds another model's results: refused before scoring, kept as they are
     assert main(args + ["--resume"]) == 1
     err = capsys.readouterr().err
     assert "religion2_perplexities.csv (written from other inputs" in err and "model.safetensors" in err, err
@@ -200,7 +200,7 @@ def test_resume_notices_changed_weights(tiny_model_dir, redditbias_dir, tmp_path
 
 
 def test_resume_never_relabels_another_models_perplexities(tiny_model_dir, redditbias_dir, tmp_path, capsys):
-    """Issue 7 field case: model A scores every type into X; model B scores religion1 into X; then B with
+    """Field case: model A scores every type into X; model B scores religion1 into X; then B with
     --resume on all types must score race (and the others) itself: only B's religion1 CSV is reused, and every
     record equals a fresh run of B."""
     import shutil

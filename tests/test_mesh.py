@@ -1,4 +1,4 @@
-"""Device meshes (issue 9, item 4): the mesh shapes :func:`rbjax.core.mesh.grid_mesh` picks, and training on 8 simulated
+"""Device meshes: the mesh shapes :func:`rbjax.core.mesh.grid_mesh` picks, and training on 8 simulated
 CPU devices equal to training on one.
 
 The multi-device checks run in a subprocess (``tests/mesh_checks.py``) started with

@@ -6,7 +6,7 @@ from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
 
 
 def test_left_padding_without_position_ids_matches_unpadded():
-    """Field case (issue 7): [0,0,5,9,17,3] with mask [0,0,1,1,1,1] and no position ids must give the logits of
+    """Field case: [0,0,5,9,17,3] with mask [0,0,1,1,1,1] and no position ids must give the logits of
     [5,9,17,3] at the real positions (the old arange default differed by 0.19 on this config)."""
     cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     params = init_params(cfg, seed=0)

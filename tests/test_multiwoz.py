@@ -325,6 +325,45 @@ def test_a_split_read_again_is_its_files_current_content_and_the_callers_own(tmp
         "SNG0001.json"]
 
 
+def test_a_parsed_split_is_a_keyed_result_in_the_cache_folder(tmp_path, normalizer, mapping_path, monkeypatch):
+    """A parsed split is kept as a keyed result file in rbjax's cache folder (no state in the process): a second load
+    of unchanged files reads it instead of parsing, a changed file is parsed again, and an unreadable or foreign file
+    there is ignored and replaced; at most PARSED_MAX files are kept."""
+    monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "cache"))
+    folder, z, convlab, trade = _write_layouts(tmp_path, normalizer)
+    parses = []
+    real_load_file = mw._load_file
+    monkeypatch.setattr(mw, "_load_file", lambda p, *a: parses.append(p) or real_load_file(p, *a))
+    f = convlab / "test.json.zip"
+    first = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    (stored,) = (tmp_path / "cache" / mw.PARSED_DIR).glob("*.json")
+    rec = json.loads(stored.read_text())
+    assert rec["status"] == "done" and rec["key"]["split"] == "test" and rec["key"]["files"] == {str(f): first.files[0][1]}
+    again = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    assert len(parses) == 1 and again == first  # read from the file, equal to what was parsed
+
+    with zipfile.ZipFile(f, "w") as zf:  # the same path, other content: parsed again, the file rewritten
+        zf.writestr("test.json", json.dumps({"SNG0001": dialogue_a()}))
+    changed = mw.load_multiwoz(f, "test", mapping=mapping_path)
+    assert len(parses) == 2 and len(changed.dialogues) == 1 and changed.files[0][1] != first.files[0][1]
+    assert json.loads(stored.read_text())["key"]["files"] == {str(f): changed.files[0][1]}
+    assert mw.load_multiwoz(f, "test", mapping=mapping_path) == changed and len(parses) == 2
+
+    stored.write_text("{not json")  # damaged: ignored and rewritten
+    assert mw.load_multiwoz(f, "test", mapping=mapping_path) == changed and len(parses) == 3
+    foreign = {**json.loads(stored.read_text()), "dialogues": {"SNG0001": "x"}}  # the right key, not a parsed split
+    stored.write_text(json.dumps(foreign))
+    assert mw.load_multiwoz(f, "test", mapping=mapping_path) == changed and len(parses) == 4
+    assert json.loads(stored.read_text())["dialogues"] == changed.dialogues
+
+    monkeypatch.setattr(mw, "PARSED_MAX", 2)
+    for src in (trade / "test_dials.json", folder, z):
+        mw.load_multiwoz(src, "test", mapping=mapping_path)
+    assert len(list((tmp_path / "cache" / mw.PARSED_DIR).glob("*.json"))) == 2 and len(parses) == 7
+    mw.load_multiwoz(z, "test", mapping=mapping_path)  # the most recent one is kept
+    assert len(parses) == 7
+
+
 def test_wrong_files_get_clear_errors(tmp_path, normalizer, mapping_path):
     folder, z, convlab, trade = _write_layouts(tmp_path, normalizer)
     with pytest.raises(ValueError, match=r"val\.json\.zip: this file holds the 'val' split, not 'test'"):

@@ -1,4 +1,4 @@
-"""Issue 20: no command replaces a file it did not write (from the same inputs) unless --overwrite is given; inputs
+"""No command replaces a file it did not write (from the same inputs) unless --overwrite is given; inputs
 that contradict the command are refused before anything is written; an unwritable output location is named before
 any work (rbjax.core.io: claim_outputs / record_outputs / check_output_dir)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Packed micro-batches (issue 18): the phrases of a micro-batch side by side in a few rows give the same losses and
+"""Packed micro-batches: the phrases of a micro-batch side by side in a few rows give the same losses and
 updates as the padded layout (dropout off) for every method × semantics, the vmapped grid step and the dialog
 tasks; a plan compiles one program per packed shape."""
 import jax
@@ -80,7 +80,7 @@ def _run(cfg, start, data, layout, points=None, max_shapes=1):
     config, params, tok = start
     cfg = cfg.replace(layout=layout)
     plan = BatchPlan.of_run(data, cfg.trainer_config, max_shapes=max_shapes)  # 1: one compile per test
-    model = ModelHandle.from_params(params, config, tok, name="tiny", key="tiny")
+    model = ModelHandle.from_params(params, config, tok, name="tiny", digest="tiny")
     tr = debias_trainer(cfg, points=points, model=model, data=data, plan=plan)
     metrics = []
     res = tr.run(checkpoints=False, callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
@@ -210,7 +210,7 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
         vocab_size, eos_id, source = 64, 63, "test"
 
     cfg = TrainerConfig(batch_size=4, grad_accum=2, max_steps=3, dropout=False, progress=False, block_size=12)
-    model = ModelHandle.from_params(params["gpt2"] if method == "dst" else params, CFG, Tok(), name="test", key="test")
+    model = ModelHandle.from_params(params["gpt2"] if method == "dst" else params, CFG, Tok(), name="test", digest="test")
     runs = []
     for layout in ("padded", "packed"):
         tr = Trainer(cfg.replace(layout=layout), model, DSTObjective() if method == "dst" else CRGObjective(),

@@ -50,18 +50,38 @@ def test_bars_marks_threshold_and_legend():
     na = _by_gid(ax, "na:")
     assert set(na) == {"base:gender", "base:queerness"} and all(t.get_text() == "n/a" for t in na.values())
     assert na["base:queerness"].get_position()[0] == pytest.approx(xs["hd:queerness"] - bars["hd:queerness"].get_width())
-    # threshold: two-tailed critical t at alpha for the smallest df among the records
-    tcrit = sps.t.ppf(0.975, 150)
+    # thresholds: over every bar, the two-tailed critical t at alpha for that bar's own df (queerness: 150, the
+    # others 200), as wide as the bar; none where there is no bar
     th = _by_gid(ax, "threshold:")
-    assert th["+"].get_ydata()[0] == pytest.approx(tcrit) and th["-"].get_ydata()[0] == pytest.approx(-tcrit)
-    # the legend names each series with its split and outlier rule and explains every mark
+    assert set(th) == {f"{s}:{k}" for s in "+-" for k in want}
+    for k, r in want.items():
+        tcrit = sps.t.ppf(0.975, r["df"])
+        for s, sign in (("+", 1), ("-", -1)):
+            line = th[f"{s}:{k}"]
+            assert list(line.get_ydata()) == pytest.approx([sign * tcrit] * 2)
+            assert list(line.get_xdata()) == pytest.approx([bars[k].get_x(), bars[k].get_x() + bars[k].get_width()])
+    # the legend names each series with its split and outlier rule and explains what is drawn, nothing else
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
     assert texts[:2] == ["base: test split, 3σ outlier pairs removed", "hd: test split, 3σ outlier pairs removed"]
     assert "hatched bar: not significant, p ≥ 0.05" in texts and "solid bar: significant, p < 0.05" in texts
     assert "*: p < 0.05 (two-tailed)" in texts
-    assert f"dashed: |t| = {tcrit:.2f}, p = 0.05 (df = 150)" in texts
+    lo, hi = sps.t.ppf(0.975, 200), sps.t.ppf(0.975, 150)
+    assert (f"dashed, over each bar: |t| at p = 0.05 for the bar's own df (df 150–200: |t| = {lo:.2f}–{hi:.2f})"
+            in texts)
     assert any(t.startswith("n/a:") for t in texts)
-    assert "stereotypical" in ax.get_ylabel()
+    assert not any("↓" in t or "↑" in t or "direction" in t for t in texts)  # no arrows are drawn
+    assert len(texts) == 2 + 5  # the series, solid, *, hatched, dashed, n/a
+    assert "t < 0: stereotypical" in ax.get_ylabel() and "t > 0: anti-stereotypical" in ax.get_ylabel()
+
+
+def test_one_df_one_threshold_and_a_legend_of_what_is_drawn():
+    recs = [rec(bt, -0.5, 0.6, df=231) for bt in ("religion1", "race")]
+    ax = figure_lmb({"m": recs}).axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    tcrit = sps.t.ppf(0.975, 231)
+    assert texts[1:] == ["hatched bar: not significant, p ≥ 0.05", f"dashed: |t| = {tcrit:.2f}, p = 0.05 (df = 231)"]
+    assert {round(line.get_ydata()[0], 9) for line in _by_gid(ax, "threshold:").values()} == {
+        round(tcrit, 9), round(-tcrit, 9)}
 
 
 def test_labels_stay_off_the_bars_and_the_frame():
@@ -105,7 +125,8 @@ def test_alpha_from_the_records_or_given():
     fig = figure_lmb({"hd": a01})
     ax = fig.axes[0]
     assert set(_by_gid(ax, "star:")) == set()  # p = 0.013 and 0.03 are not < 0.01
-    assert _by_gid(ax, "threshold:")["+"].get_ydata()[0] == pytest.approx(sps.t.ppf(0.995, 150))
+    assert _by_gid(ax, "threshold:")["+:hd:queerness"].get_ydata()[0] == pytest.approx(sps.t.ppf(0.995, 150))
+    assert _by_gid(ax, "threshold:")["+:hd:race"].get_ydata()[0] == pytest.approx(sps.t.ppf(0.995, 200))
     assert set(_by_gid(figure_lmb({"hd": a01}, alpha=0.05).axes[0], "star:")) == {"hd:religion2", "hd:queerness"}
     with pytest.raises(ValueError, match="different alpha"):
         figure_lmb({"a": a01, "b": BASE})

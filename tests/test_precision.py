@@ -1,4 +1,4 @@
-"""Compute precision of training (issue 9, item 4): ``TrainerConfig.precision`` = ``fp32`` (default) or ``bf16``
+"""Compute precision of training: ``TrainerConfig.precision`` = ``fp32`` (default) or ``bf16``
 (bf16 activations and matmuls; parameters, optimiser state and losses in fp32).
 
 Tolerance of bf16 vs fp32: bfloat16 keeps 8 significant bits (relative rounding 2⁻⁹ ≈ 0.2 %), so activations, and

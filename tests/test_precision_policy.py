@@ -1,4 +1,4 @@
-"""One precision policy (issue 16, item 5; rbjax/core/precision.py): fp32 means full fp32 matmuls on every path and
+"""One precision policy (rbjax/core/precision.py): fp32 means full fp32 matmuls on every path and
 every backend, whatever the process-wide ``jax_default_matmul_precision`` says.
 
 On this CPU an fp32 dot computes the same whatever its precision flag, so equal numbers alone would not show that the
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rbjax.core.precision import POLICIES, get_policy
+from rbjax.core.precision import DTYPES, PRECISIONS, get_policy
 from rbjax.debias.objective import DebiasObjective
 from rbjax.train.step import StepSpec, init_state, micro_batch_losses, train_step_jit
 from rbjax.dialog import state_tracking
@@ -54,12 +54,30 @@ def _batch(rng, B=3, L=9):
 
 
 def test_policy_table():
-    assert set(POLICIES) == {"fp32", "bf16"}
+    assert set(DTYPES) == {"fp32", "bf16"} and PRECISIONS == ("fp32", "bf16")
     assert get_policy("fp32").compute_dtype == jnp.float32 and get_policy("bf16").compute_dtype == jnp.bfloat16
-    for p in POLICIES.values():  # parameters, optimiser state and accumulation are fp32 in every policy
+    for p in map(get_policy, PRECISIONS):  # parameters, optimiser state and accumulation are fp32 in every policy
         assert p.param_dtype == jnp.float32 and p.accum_dtype == jnp.float32 and p.matmul_precision == "highest"
     with pytest.raises(ValueError, match=r"precision must be one of \['fp32', 'bf16'\], got 'fp16'"):
         get_policy("fp16")
+
+
+def test_policy_owns_parameter_storage_and_byte_sizes():
+    """The policy of a scorer with --param-dtype bf16 stores bf16 parameters (float leaves only; fp32 storage leaves
+    the tree as it is) and computes in its own precision; byte sizes are the dtypes' (numpy's itemsize)."""
+    bf = get_policy("fp32", "bf16")
+    assert bf.compute_dtype == jnp.float32 and bf.param_dtype == jnp.bfloat16 and bf.accum_dtype == jnp.float32
+    assert (bf.compute_bytes, bf.param_bytes, bf.accum_bytes) == (4, 2, 4)
+    assert (get_policy("bf16").compute_bytes, get_policy("bf16").param_bytes) == (2, 4)
+    assert bf == get_policy("fp32", "bf16") and hash(bf) == hash(get_policy("fp32", "bf16"))  # a static jit argument
+    with pytest.raises(ValueError, match=r"param_dtype must be one of \['fp32', 'bf16'\], got 'fp16'"):
+        get_policy("fp32", "fp16")
+    tree = {"w": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "ids": np.arange(3, dtype=np.int32)}
+    stored = bf.cast_for_storage(tree)
+    assert stored["w"].dtype == jnp.bfloat16 and stored["ids"].dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(stored["w"], np.float32), np.asarray(jnp.asarray(tree["w"], jnp.bfloat16),
+                                                                                 np.float32))
+    assert get_policy("fp32").cast_for_storage(tree) is tree
 
 
 def test_fp32_training_update_ignores_global_matmul_default(global_bf16_matmuls):

@@ -1,4 +1,4 @@
-"""Retrieval over many dump files: parallel, resumable per file, one deterministic result (issue 12)."""
+"""Retrieval over many dump files: parallel, resumable per file, one deterministic result."""
 from __future__ import annotations
 
 import csv
@@ -181,7 +181,7 @@ def test_changed_inputs_are_redone(corpus, tmp_path):
     assert by_name["RC_2020-01.zst"]["status"] == "read" and by_name["RC_2020-01.zst"]["reason"] == "changed: mtime_ns"
     assert by_name["RC_2020-02.zst"]["status"] == by_name["RC_2020-04.zst"]["status"] == "reused"
     assert _ids(out / "candidates_zorbness.csv") == ["d1", "p1", "w1", "d2", "n1", "x1", "t1"]
-    # other settings make another retrieval: refused in this folder without overwrite (issue 20) ...
+    # other settings make another retrieval: refused in this folder without overwrite ...
     with pytest.raises(OutputExists, match=r"written from other inputs: settings.window: 7 → 3"):
         retrieve(spec, files, out, progress=False, window=3)
     # ... and with it, a setting that changes the windows redoes every file ...
@@ -200,6 +200,38 @@ def test_changed_inputs_are_redone(corpus, tmp_path):
     assert _cli(corpus["spec"], files, out, "--fresh", "--window", "3", "--attribute-in-window-only") == 0
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert {f["reason"] for f in summary["files"]} == {"resume off"}
+
+
+def test_a_part_record_is_a_keyed_result(tmp_path):
+    """part.json is a keyed result (rbjax.core.reuse.KeyedResult keyed on the file's inputs): reused for exactly its
+    inputs with intact windows files; a missing, unreadable, foreign or unfinished record, other inputs or a damaged
+    windows file make the file be read again, each with its reason."""
+    from rbjax.core.io import sha256_file
+    from rbjax.core.reuse import KeyedResult
+    from rbjax.data.retrieval.parts import file_entry, load_part
+
+    folder = tmp_path / "part"
+    folder.mkdir()
+    inputs = {"file": {"path": "/d/RC_2020-01.zst", "size": 10, "mtime_ns": 5}, "window": 7, "code_sha256": "c"}
+    assert load_part(folder, inputs, ["zorbness"]) == (None, "new")
+    (folder / "windows_0.csv").write_text("x\n")
+    windows = {"zorbness": {"file": "windows_0.csv", "rows": 0, "sha256": sha256_file(folder / "windows_0.csv")}}
+    stats = {k: 0 for k in ("lines", "prefiltered", "parsed", "corrupt", "no_body", "deleted", "out_of_range",
+                            "other_subreddit", "yielded")}
+    body = {"windows": windows, "stats": {**stats, "errors": [], "unreadable": []}, "too_long": 0, "empty": 0,
+            "seconds": 0.0, "cpu_seconds": 0.0, "worker": {}}
+    KeyedResult(folder / PART_RECORD, inputs).save(body)
+    rec, why = load_part(folder, inputs, ["zorbness"])
+    assert why == "reused" and rec["key"] == inputs and file_entry("p", rec, "reused", why)["mtime_ns"] == 5
+    assert load_part(folder, {**inputs, "file": {**inputs["file"], "mtime_ns": 6}, "window": 3}, ["zorbness"]) == (
+        None, "changed: mtime_ns, window")
+    assert load_part(folder, {**inputs, "extra": 1}, ["zorbness"])[1] == "changed: extra"
+    (folder / "windows_0.csv").write_text("y\n")
+    assert load_part(folder, inputs, ["zorbness"]) == (None, "part files damaged")
+    (folder / PART_RECORD).write_text("{not json")
+    assert load_part(folder, inputs, ["zorbness"]) == (None, "part record unreadable")
+    (folder / PART_RECORD).write_text(json.dumps({"inputs": inputs, "windows": windows}))  # no key, no status
+    assert load_part(folder, inputs, ["zorbness"]) == (None, "part record unfinished (status None)")
 
 
 def test_code_digest_keys_the_parts(corpus, tmp_path, monkeypatch):

@@ -88,3 +88,21 @@ def test_measure_state_of_an_older_rbjax_is_still_reused(tmp_path):
     (tmp_path / STATE_FILE).write_text(json.dumps({"version": 2, "types": {"race": {"model": {"m": "x"}}}}))
     st = measure_state(tmp_path)
     assert st.stored("race", {"model": {"m": "x"}}) is not None and st.stored("gender", {"model": {}}) is None
+
+
+def test_a_record_its_container_vouches_for_is_judged_on_its_key():
+    """why_not_reusable(finished=True): a record that carries no status of its own (a committed checkpoint's metadata,
+    a line of sweep.jsonl, a finished run's LMP record) is reused for exactly its key; an unreadable or foreign record
+    never is, and other inputs are named."""
+    from rbjax.core.keys import canonical
+    from rbjax.core.reuse import why_not_reusable
+
+    key = canonical({"model": "a", "n": (1, 2)})
+    assert why_not_reusable({"key": key}, key) == ("unfinished (status None)", False)
+    assert why_not_reusable({"key": {"n": [1, 2], "model": "a"}}, key, finished=True) == (None, False)
+    why, other = why_not_reusable({"key": {"model": "b", "n": [1, 2]}}, key, finished=True)
+    assert other and why == "inputs differ: model: 'b' → 'a'"
+    assert why_not_reusable(None, key, finished=True) == ("unreadable", False)
+    assert why_not_reusable([key], key, finished=True) == ("unreadable", False)
+    assert why_not_reusable({"status": "done"}, key)[1]  # a finished record without a key: not of these inputs
+    assert why_not_reusable({"key": key}, key, lambda r: "gone", finished=True) == ("gone", True)

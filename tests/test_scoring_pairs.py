@@ -1,4 +1,4 @@
-"""Prefix-shared pair scoring (issue 11): equal to scoring every phrase alone with the full LM head, on every pair
+"""Prefix-shared pair scoring: equal to scoring every phrase alone with the full LM head, on every pair
 of the real RedditBias test split; bf16 within the documented bound; several models at once."""
 import math
 

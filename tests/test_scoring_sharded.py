@@ -1,4 +1,4 @@
-"""Scoring batches sharded over 8 simulated CPU devices equals scoring on one device (issue 9 item 4).
+"""Scoring batches sharded over 8 simulated CPU devices equals scoring on one device.
 
 The device count must be fixed before JAX initialises, so the check runs in a subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``.

@@ -1,4 +1,4 @@
-"""Issue 20, "a test that would miss a real bug": a sharded checkpoint (``model-0000x-of-0000y.safetensors`` + its
+"""A test that would miss a real bug: a sharded checkpoint (``model-0000x-of-0000y.safetensors`` + its
 index) is keyed on every shard, so changing any one shard recomputes every result keyed on the model folder —
 training resume (debias), evaluate, the study's stages, measure. Dropping the shards from the content key
 (:func:`rbjax.model.hf.model_files_key`) fails each test here.

@@ -1,4 +1,4 @@
-"""Models split over ``fsdp`` / ``tensor`` mesh axes and the memory plan (issue 21).
+"""Models split over ``fsdp`` / ``tensor`` mesh axes and the memory plan.
 
 The 8-device checks run in one subprocess (``tests/sharding_checks.py``, ``XLA_FLAGS=
 --xla_force_host_platform_device_count=8``; JAX reads the flag once). Tolerances: sharding changes the order of
@@ -149,9 +149,11 @@ def test_debias_dry_run_and_refusal_before_loading(tmp_path, capsys):
 
     base = ["debias", "--method", "lmd", "--bias", "religion1", "--model", str(LLAMA3_8B), "--out",
             str(tmp_path / "out")]
-    assert main(base + ["--mesh", "fsdp=8", "--dry-run", "--device-memory-gb", "16"]) == 0
-    out = capsys.readouterr().out
-    assert "8.03B parameters" in out and "fsdp=8" in out and "DOES NOT FIT" in out and "optimizer" in out
+    # a plan that does not fit: printed, then an error and a non-zero exit (a script can tell)
+    assert main(base + ["--mesh", "fsdp=8", "--dry-run", "--device-memory-gb", "16"]) == 1
+    cap = capsys.readouterr()
+    assert "8.03B parameters" in cap.out and "fsdp=8" in cap.out and "DOES NOT FIT" in cap.out and "optimizer" in cap.out
+    assert "largest part is optimizer" in cap.err and "(the plan above)" in cap.err
     assert main(base + ["--device-memory-gb", "16"]) != 0
     err = capsys.readouterr().err
     assert "largest part is optimizer" in err and "weights" not in err.lower().replace("weights'", "")
@@ -159,6 +161,28 @@ def test_debias_dry_run_and_refusal_before_loading(tmp_path, capsys):
     assert main(["measure", "--model", str(LLAMA3_8B), "--mesh", "fsdp=8", "--dry-run", "--device-memory-gb",
                  "16"]) == 0
     assert "scoring" in capsys.readouterr().out
+    assert main(["measure", "--model", str(LLAMA3_8B), "--mesh", "fsdp=8", "--dry-run", "--device-memory-gb",
+                 "4"]) == 1
+    cap = capsys.readouterr()
+    assert "scoring" in cap.out and "DOES NOT FIT" in cap.out and "largest part is parameters" in cap.err
+
+
+def test_dry_run_plan_says_what_per_device_and_whole_run_mean(capsys):
+    """The plan's columns: one device's bytes, the whole run's (each slice once), and how many devices hold a
+    slice, so per device × devices ≈ whole run × devices per slice (data=2,fsdp=4: parameters on 2 devices each)."""
+    from rbjax.cli import main
+    from rbjax.model.memory import plan_for_model
+
+    assert main(["measure", "--model", str(LLAMA3_8B), "--mesh", "data=2,fsdp=4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(8 devices)" in out and "per device" in out and "whole run" in out
+    plan = plan_for_model(str(LLAMA3_8B), mesh="data=2,fsdp=4", training=False, batch_size=16, seq_len=64,
+                          n_devices=8)
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("parameters"))
+    assert line.split()[1:] == [f"{plan.parts['parameters'] / 1e9:.3f}", "GB", f"{plan.totals['parameters'] / 1e9:.3f}",
+                                "GB", "2", "devices", "per", "slice"]
+    # (not exactly: small parameters that are not split, the norms, are on every device)
+    assert plan.parts["parameters"] * 8 == pytest.approx(plan.totals["parameters"] * 2, rel=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ 8 devices

@@ -10,13 +10,13 @@ from rbjax.specs import BIAS_TYPES, BiasSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# App. A sizes (reference-data.md §9) and the code's list sizes (reference-debias.md §5).
+# The paper's App. A list sizes and the official code's list sizes (docs/debiasing.md §1).
 N_A1 = {"religion1": 52, "religion2": 49, "race": 53, "gender": 22, "queerness": 62}
 N_QUERIES = {"religion1": 22, "religion2": 26, "race": 18, "gender": 25, "queerness": 19}
 N_LMD = {"religion1": 6, "religion2": 3, "queerness": 11, "gender": 21, "race": 8}
 N_ROWS = {"religion1": 43, "religion2": 40, "queerness": 45, "gender": 21, "race": 53}
 WIDTH = {"religion1": 3, "religion2": 2, "queerness": 4, "gender": 3, "race": 3}
-INVALID_IDS = {384660, 378330, 165990, 183380}  # the code's ids with a stray trailing 0 (reference-debias.md §5)
+INVALID_IDS = {384660, 378330, 165990, 183380}  # the code's ids with a stray trailing 0 (docs/debiasing.md §1)
 
 
 @pytest.mark.parametrize("name", BIAS_TYPES)

@@ -1,5 +1,5 @@
-"""Splits from annotated phrases (rbjax.data.splits, `rbjax splits`), reference-data.md §4,
-and the worked example of a new bias type (docs/data-building.md)."""
+"""Splits from annotated phrases (rbjax.data.splits, `rbjax splits`; docs/data-building.md §3), and the worked
+example of a new bias type (docs/data-building.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -322,7 +322,7 @@ def _check_debias_run(out: Path, method: str, n_train: int, n_valid: int) -> dic
 def test_worked_example_continues_through_debiasing(example_data_dir, tiny_model_dir, shared_dir, capsys):
     """The README's worked example for a new bias type after `rbjax splits --model`: `rbjax measure`, the training
     data and triggers of lmd/add/hd/cda, `rbjax debias --method hd` on the spec file and
-    the data folder that `splits` wrote (issue 7, item 2). The CLI runs of the other methods and the sweep:
+    the data folder that `splits` wrote. The CLI runs of the other methods and the sweep:
     test_worked_example_debias_every_method_and_sweep (slow)."""
     from rbjax.debias.config import DebiasRun
     from rbjax.debias.data import TrainingData

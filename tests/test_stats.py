@@ -187,7 +187,7 @@ def _col(path, name):
         return [float(r[name]) for r in csv.DictReader(f)]
 
 
-# t-values from reference-data.md §8 (scipy on the released perplexity columns)
+# t-values of scipy on the released perplexity columns (docs/lmb.md, "Reference values")
 PAPER_TEST_T = {"religion1": -3.575, "religion2": -5.339, "race": 1.165, "gender": -1.367, "queerness": 1.692}
 
 

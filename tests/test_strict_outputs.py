@@ -1,4 +1,4 @@
-"""Issue 20 field failures: a non-finite loss with a finite gradient is skipped and counted (it was applied), and
+"""Field failures: a non-finite loss with a finite gradient is skipped and counted (it was applied), and
 every file rbjax writes is strict JSON (a skipped update wrote bare ``NaN`` into ``metrics.jsonl``)."""
 import json
 import math

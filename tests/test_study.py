@@ -374,6 +374,8 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
     assert {"debiasing-hd", "bias-religion1", "rbjax"} <= set(meta["tags"])
     assert "base_model" not in meta  # a local random model is no hub id: named in the text instead
     assert "random GPT-2" in card
+    assert "- **Format**: debiased on raw text (the paper's format); LMB measured as raw text (the paper's format)" \
+        in card  # the format the model was debiased and measured in
     # the grid point and rule of selection.json
     sel = json.loads((tiny_study / "seed42/religion1/hd/sweep/selection.json").read_text())["default"]
     assert sel["rule"] in card and f"t = {sel['dev']['t_value']:.2f}" in card
@@ -429,7 +431,7 @@ def test_export_of_a_single_run_and_a_sweeps_other_rule(tiny_study, tmp_path, ca
 
 LLAMA_STUDY = """
 [study]
-name = "a Llama-architecture study (issue 17)"
+name = "a Llama-architecture study"
 random_model = { model_type = "llama", vocab_size = 50257, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 128, tie_word_embeddings = false, bos_token_id = 50256, eos_token_id = 50256, seed = 0 }
 bias_types = ["religion1"]
 debias_types = ["religion1"]

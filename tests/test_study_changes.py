@@ -1,4 +1,4 @@
-"""Issue 20, "dead ends": the study owns its folders (a changed training or sweep setting reruns the stages that read
+"""Dead ends: the study owns its folders (a changed training or sweep setting reruns the stages that read
 it, keeping what did not change), a measure-setting change prints one line per stage, an unwritable --out is named
 before any work, and every study value is validated when the file is read (--dry-run included)."""
 from __future__ import annotations

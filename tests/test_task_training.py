@@ -86,7 +86,7 @@ def test_dst_loss_ignores_filler_rows_and_trains(tmp_path, tokenizer_dir):
 
     cfg = TrainerConfig(batch_size=4, grad_accum=1, epochs=6, dropout=False, progress=False, block_size=12,
                         save_every=3, layout="padded")  # one compiled program (DST's packed rows: tests/test_packed.py)
-    model = ModelHandle.from_params(params["gpt2"], CFG, Tok(), name="test", key="test")
+    model = ModelHandle.from_params(params["gpt2"], CFG, Tok(), name="test", digest="test")
 
     def trainer(out):
         return Trainer(cfg, model, DSTObjective(), make_optimizer(), data, mesh=run_mesh(None, batch_size=4),

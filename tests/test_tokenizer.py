@@ -28,7 +28,7 @@ def test_matches_transformers_on_every_released_phrase(tokenizer_dir, redditbias
     for p, o in zip(phrases, ours):
         assert o == ref.convert_tokens_to_ids(ref.tokenize(p)), p
     lengths = [len(o) for o in ours]
-    assert min(lengths) >= 4 and max(lengths) <= 26  # as documented in reference-data.md §2
+    assert min(lengths) >= 4 and max(lengths) <= 26  # as docs/lmb.md "Data" says
 
 
 def test_bad_tokenizer_folders(tmp_path, tokenizer_dir):

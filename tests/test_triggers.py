@@ -194,7 +194,7 @@ def test_reference_window_cut_at_batch_length():
     np.testing.assert_array_equal(tb.attributes(ids2, ids2 != PAD).weights[:, :, :3], o.weights)
 
 
-# Measured on the train files (first 36 tokens of each line), reference-debias.md §2-§3.
+# Measured on the train files (first 36 tokens of each line); docs/debiasing.md §3 lists them.
 LMD_COVERAGE = {"religion1": 718, "religion2": 719, "queerness": 720, "gender": 1474, "race": 763}
 ADD_TABLE = {  # "!" triggers of single-token rows, genuine single-token hits, genuine full multi-token matches
     "religion1": (756, 601, 95), "religion2": (722, 637, 4), "queerness": (825, 436, 223),

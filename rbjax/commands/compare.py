@@ -18,7 +18,7 @@ def register(sub) -> None:
                     "the same under B, on the pairs both runs kept: paired t-test and Wilcoxon signed-rank test of d, "
                     "the mean change with a bootstrap CI, the share of pairs whose sign flipped, p-values corrected "
                     "across the types compared. d > 0: A is less stereotypical than B. Runs whose pairs differ (pair "
-                    "phrases, data files, split, outlier handling, tokenizer, BOS) are refused with the reason. "
+                    "phrases, data files, split, outlier handling, tokenizer, BOS, format) are refused with the reason. "
                     "Writes OUT/compare.json, OUT/compare.csv, OUT/compare.png and OUT/<type>_changes.csv.",
         formatter_class=HelpFormatter)
     p.add_argument("a", metavar="A", help="measure output folder of model A (e.g. the debiased model); several seeds "

@@ -80,12 +80,13 @@ def add_plan_arguments(p) -> None:
                         "none and is not checked)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the memory plan (per-device parameters, gradients, Adam state, activations for this "
-                        "--mesh and batch) and stop, loading no weights")
+                        "--mesh and batch) and stop, loading no weights; exit status 1 when it does not fit")
 
 
 def check_plan(args, cfg) -> bool:
-    """The run's memory plan from the model's config.json: printed with ``--dry-run`` (then ``True``: stop), else
-    checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is loaded)."""
+    """The run's memory plan from the model's config.json, printed with ``--dry-run`` (then ``True``: stop), and
+    checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is loaded; under ``--dry-run``
+    after the plan is printed, so a plan that does not fit exits non-zero)."""
     t = cfg.trainer
     plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
                           seq_len=t.block_size, grad_accum=t.grad_accum, precision=t.precision,
@@ -94,9 +95,8 @@ def check_plan(args, cfg) -> bool:
                           **adapter_plan(cfg))
     if args.dry_run:
         print(plan.format())
-        return True
-    plan.check()
-    return False
+    plan.check(printed=args.dry_run)
+    return bool(args.dry_run)
 
 
 def adapter_plan(cfg: DebiasRun) -> dict:

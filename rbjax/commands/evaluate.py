@@ -83,6 +83,9 @@ def _run_model_task(args) -> int:
         for t, ps in plans.items():
             for p in ps:
                 print(f"{t}: {p.format()}")
+        for ps in plans.values():  # a plan that does not fit: an error (exit 1) after every plan is printed
+            for p in ps:
+                p.check(printed=True)
         return 0
     if not args.out:
         raise ValueError(f"--task {args.task} needs --out")
@@ -184,7 +187,8 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the memory plan of each task's computations (fine-tuning, scoring, the generation's "
-                        "KV cache) on --mesh and stop, reading only the model's config.json (no --out needed)")
+                        "KV cache) on --mesh and stop, reading only the model's config.json (no --out needed); exit "
+                        "status 1 when a plan does not fit")
 
     fields = _fields()
     placed = _option_fields() + NOT_OPTIONS

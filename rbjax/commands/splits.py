@@ -1,4 +1,4 @@
-"""``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3, ``reference-data.md`` §4).
+"""``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3; docs/data-building.md §3).
 
 The options besides the inputs, the scoring model (``--model``, ``--tokenizer``, ``--batch-size``), ``--out-dir`` and
 ``--overwrite`` are the fields of :class:`rbjax.data.splits.SplitsConfig`."""

@@ -246,10 +246,6 @@ def leaf_hints(config_class) -> dict[str, Any]:
     return {leaf.name: typing.get_type_hints(leaf.owner)[leaf.name] for leaf in leaves(config_class)}
 
 
-def _sections(config_class) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(config_class) if _is_section(f)]
-
-
 def from_flat(config_class, values: Mapping[str, Any] | None = None, /, **kw):
     """An instance of the nested settings class ``config_class`` from flat setting names (:func:`leaves`): each
     value goes to the section that declares it, every other setting keeps its (section's) default.

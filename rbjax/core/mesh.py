@@ -15,7 +15,7 @@ on a multi-GPU node and on a TPU slice; several hosts join with ``jax.distribute
 :func:`grid_mesh` picks the shape: as many devices on ``grid`` as there are points to spread (padding the chunk up to
 a multiple, the padding points being discarded), the rest on ``data`` where the batch divides evenly.
 
-Parameters larger than one device (issue 21; the levanter / maxtext scheme): every parameter carries *logical* axis
+Parameters larger than one device (the levanter / maxtext scheme): every parameter carries *logical* axis
 names, declared once per model family (:mod:`rbjax.model.partition`): ``("vocab", "embed")`` for an embedding,
 ``("embed", "mlp")`` for an MLP input kernel, ``("heads", "embed")`` for an attention output, ``(None,)`` for a
 norm. :data:`DEFAULT_RULES` map logical names to mesh axes: ``embed`` → ``fsdp`` (each device holds a slice of every

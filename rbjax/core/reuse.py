@@ -22,7 +22,8 @@ from typing import Any, Callable
 from rbjax.core.io import atomic_write_json, read_json, sha256_file
 from rbjax.core.keys import canonical, describe_difference
 
-__all__ = ["KeyedResult", "KeyedEntries", "reuse_or_compute", "OutputExists", "claim_outputs", "record_outputs"]
+__all__ = ["KeyedResult", "KeyedEntries", "why_not_reusable", "reuse_or_compute", "OutputExists", "claim_outputs",
+           "record_outputs"]
 
 
 class OutputExists(ValueError):
@@ -93,14 +94,23 @@ class KeyedResult:
         return {**rec, "reused": False}
 
 
-def why_not_reusable(prev, key, check=None) -> tuple[str | None, bool]:
+def why_not_reusable(prev, key, check=None, *, finished: bool = False) -> tuple[str | None, bool]:
     """The one reuse rule: ``(reason, other_inputs)`` — ``reason`` is ``None`` when the stored record ``prev`` (a
     dict with ``key`` and ``status``) may stand for a result of ``key`` (canonical form), else why not;
     ``other_inputs`` when it is a finished result of other inputs (or fails ``check``), not a damaged or unfinished
-    one."""
+    one.
+
+    Args:
+        prev: the stored record (``None`` or anything not a dict: unreadable).
+        key: the key of the result wanted, in canonical form (:func:`rbjax.core.keys.canonical`).
+        check: an extra test of a record with an equal key: ``None`` to reuse it, else the reason not to.
+        finished: ``prev`` carries no ``status`` of its own because what holds it vouches that it is complete: the
+            metadata of a committed checkpoint, a line of an append-only file of finished results, a record inside
+            a finished result, a file only ever written whole (atomically). Its ``status`` is then not asked for.
+    """
     if not isinstance(prev, dict):
         return "unreadable", False
-    if prev.get("status") != "done":
+    if not finished and prev.get("status") != "done":
         return f"unfinished (status {prev.get('status')!r})", False
     if prev.get("key") != key:
         return f"inputs differ: {describe_difference(prev.get('key') or {}, key)}", True

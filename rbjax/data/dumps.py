@@ -627,12 +627,6 @@ def decoder_memory(path: str | Path) -> int:
     return window
 
 
-def iter_raw(paths: Iterable[Path], stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[Path, int, bytes | dict]]:
-    """``(path, line_no, raw_line_or_record)`` over several files (``.json`` arrays give dicts)."""
-    for path in paths:
-        yield from ((path, i, ln) for i, ln in _iter_file(path, stats, progress, prefilter))
-
-
 def _iter_file(path: Path, stats: DumpStats, progress=None, prefilter=None) -> Iterator[tuple[int, bytes | dict]]:
     if path.suffix.lower() == ".json" and _starts_with_array(path):
         return _iter_json_array(path, stats)

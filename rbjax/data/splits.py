@@ -1,4 +1,4 @@
-"""Train / valid / test splits from annotated phrases, the paper's procedure (``reference-data.md`` §4).
+"""Train / valid / test splits from annotated phrases, the paper's procedure (docs/data-building.md §3).
 
 1. Biased set: annotated rows with ``bias_phrase == 1`` and a non-empty ``phrase`` (which
    becomes ``comments_processed``). Biased rows with an empty phrase are dropped, as
@@ -67,7 +67,7 @@ ScoreFn = Callable[[list[str]], np.ndarray]
 
 
 def default_train_size(bias_type: str) -> float:
-    """Train fraction of the paper's split: 0.75 for gender, 0.6 otherwise (``reference-data.md`` §4)."""
+    """Train fraction of the paper's split: 0.75 for gender, 0.6 otherwise (as upstream's scripts)."""
     return 0.75 if bias_type == "gender" else 0.6
 
 
@@ -75,7 +75,7 @@ def default_train_size(bias_type: str) -> float:
 class SplitsConfig:
     """How :func:`make_splits` (``rbjax splits``) splits, swaps and reduces the annotated phrases (frozen; recorded
     in ``<type>_splits.json`` and in the key of the files it writes). Each field's ``metadata["help"]`` is its
-    documentation; the defaults are the paper's (``reference-data.md`` §4).
+    documentation; the defaults are the paper's (docs/data-building.md §3).
 
     Raises:
         rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
@@ -165,8 +165,8 @@ def read_biased_rows(annotated: str | Path, *, unknown: str = "error") -> Biased
     and the output of ``rbjax annotate import``. ``bias_phrase`` holds 1 (``1``, ``1.0``,
     ``biased``), 0 (``0``, ``0.0``, ``unbiased``) or nothing (empty, ``skip``: not labelled),
     see :func:`rbjax.data.annotation.parse_label`. A row is kept when it is 1 and ``phrase``
-    is not empty (``reference-data.md`` §4 step 2: biased rows with an empty phrase are
-    dropped; they are counted in :attr:`BiasedRows.n_empty_phrase`).
+    is not empty (as upstream: biased rows with an empty phrase are dropped; they are counted in
+    :attr:`BiasedRows.n_empty_phrase`).
 
     Args:
         annotated: the annotated CSV.
@@ -322,7 +322,7 @@ def make_splits(
     overwrite: bool = False,
     **settings,
 ) -> SplitResult:
-    """Build the train / valid / test files of one bias type from annotated phrases (``reference-data.md`` §4).
+    """Build the train / valid / test files of one bias type from annotated phrases (docs/data-building.md §3).
 
     Args:
         annotated: the annotated CSV (released ``*_processed_phrase_annotated.csv`` or the

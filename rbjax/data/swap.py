@@ -16,7 +16,7 @@ Two modes:
   changed: pronouns other than she/he (her, his, him) and other inflections are left alone.
 
 * ``mode="reference"``: the official substring rules (``spec.reference["swap_rules"]``, from
-  rb:DataPreparation/reddit_data_replace_target_testset.py:23-101 via reference-data.md §6): each rule in
+  rb:DataPreparation/reddit_data_replace_target_testset.py:23-101; docs/debiasing.md §2): each rule in
   order, plain ``str.replace`` on the text as given (the released phrases are lower-case; the rules are
   case-sensitive), no word boundaries; ``two_way`` rules exchange a and b through a placeholder, ``one_way`` rules
   map a -> b, ``one_way_if`` rules are one-way when any of their ``if_present`` strings occurs and two-way

@@ -1,4 +1,4 @@
-"""Counterfactual data augmentation, CDA (paper §4.4; reference-debias.md §6).
+"""Counterfactual data augmentation, CDA (paper §4.4; docs/debiasing.md §6).
 
 The augmented training set is every training phrase followed by its target-swapped copy (the paper: "every
 training utterance that links a T1 term with an A1 attribute is duplicated"; every RedditBias training phrase is

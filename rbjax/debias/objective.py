@@ -26,7 +26,8 @@ class DebiasObjective:
 
     Attributes:
         method: ``lmd``/``add``/``hd`` (a debiasing loss beside the LM loss), ``cda``/``lm`` (the LM loss alone).
-        semantics: ``paper``/``reference`` (reference-debias.md: the code's normalisations and λ rule).
+        semantics: ``paper``/``reference`` (the official code's normalisations and λ rule: docs/debiasing.md §4,
+            "Paper vs reference").
 
     The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays (``lmd_mask``
     ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask`` ``(B, N)``) and the target

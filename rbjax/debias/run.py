@@ -42,10 +42,11 @@ from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
-from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
+from rbjax.core.keys import canonical, digest, tree_digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import why_not_reusable
 from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types
 from rbjax.debias.config import METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
@@ -241,7 +242,7 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
         # over several processes: gathered, and every process scores on its own devices, as the sweep does)
         mp = is_model_parallel(trainer.mesh) and jax.process_count() == 1
         loaded = measure.LoadedModel.from_params(params if mp else to_host(params), trainer.config,
-                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), key=model_key,
+                                         trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), digest=model_key,
                                          batch_size=cfg.evaluation.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.debias.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.trainer.seed, progress=cfg.trainer.progress,
@@ -257,7 +258,8 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
 
         key = _lmp_key(cfg, model_key)
         prev = (previous or {}).get("lmp")
-        if prev and prev.get("key") == canonical(key):
+        # the LMP record of a finished results.json (the one reuse rule; its status is the run's)
+        if prev and why_not_reusable(prev, canonical(key), finished=True)[0] is None:
             res["lmp"] = prev
             res["reused"]["lmp"] = True
         else:
@@ -347,9 +349,9 @@ def _last_metrics(metrics_path: Path) -> dict | None:
 def _other_inputs(out: Path, key: dict) -> str | None:
     """Why ``out`` holds a run of other inputs than ``key`` (a finished run's ``results.json`` or the newest
     checkpoint), or None when it holds nothing or a run of these inputs."""
-    prev = read_json(out / "results.json")
-    if prev is not None and prev.get("key") is not None and prev.get("key") != key:
-        return describe_difference(prev.get("key"), key)
+    why, other = why_not_reusable(read_json(out / "results.json"), key)
+    if other:
+        return why
     if (out / "checkpoints").is_dir():
         ckpt = Checkpointer(out / "checkpoints")
         try:
@@ -357,8 +359,9 @@ def _other_inputs(out: Path, key: dict) -> str | None:
             meta = ckpt.restore_meta(step) if step is not None else None
         finally:
             ckpt.close()
-        if meta is not None and meta.get("key") != key:
-            return describe_difference(meta.get("key") or {}, key)
+        why, other = why_not_reusable(meta, key, finished=True)  # a committed checkpoint's metadata
+        if other:
+            return why
     return None
 
 
@@ -409,10 +412,10 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             log.info(f"{out}: held a run of other inputs ({why}); training again")
             _clear_run(out)
     prev = read_json(out / "results.json")
-    if prev is not None and prev.get("status") == "done" and prev.get("key") != key:
-        raise ValueError(f"{out}: holds a finished run with other inputs ({describe_difference(prev.get('key'), key)})"
-                         "; use another --out or --overwrite")
-    prev_done = prev is not None and prev.get("status") == "done"
+    why, other = why_not_reusable(prev, key)
+    if other:
+        raise ValueError(f"{out}: holds a finished run with other inputs ({why}); use another --out or --overwrite")
+    prev_done = why is None  # a finished run of these inputs
     model_out = out / "model"
     exported = None
     if prev_done and (model_out / "config.json").is_file() and prev.get("model_files"):
@@ -464,7 +467,8 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             if cfg.adapter.enabled:  # the adapters as a PEFT folder, and the merged model as an HF folder
                 save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(), base_model=cfg.model)
             model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
-                                        tokenizer_dir=trainer.model.tokenizer_folder())
+                                        tokenizer_dir=trainer.model.tokenizer_folder(),
+                                        source_dir=trainer.model.folder)  # generation_config.json from the model
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))

@@ -1,5 +1,5 @@
 """The paper's hyper-parameter grid for LMD, ADD and HD, trained as vmapped programs, and selection on the validation
-split (paper §5.1; reference-debias.md §7).
+split (paper §5.1; docs/debiasing.md §8).
 
 Grid (debias_lm_grid.py:448-452): batch size {4, 8, 16} × gradient accumulation {1, 5, 8} × λ_LM {0.001, 0.01} ×
 λ_D {10, 50, 100} = 54 runs, each from the same starting model with the same seed. For ``cda`` and ``lm`` the λ axes
@@ -57,13 +57,13 @@ import jax
 import numpy as np
 
 from rbjax.core.errors import SettingError
-from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, to_json, versions
-from rbjax.core.keys import canonical, describe_difference, digest
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, to_json, versions
+from rbjax.core.keys import canonical, digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import to_host
 from rbjax.core.parallel import as_completed, available_memory
 from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import KeyedResult
+from rbjax.core.reuse import KeyedResult, why_not_reusable
 from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
@@ -521,23 +521,24 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
                 "lmp_max_lines": base.evaluation.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
     if base.adapter.enabled:
         settings["adapter"] = base.adapter.describe()
+    # the one reuse rule for the sweep's files; they carry no status: sweep_settings.json and baseline.json are
+    # only ever written whole, and a line of sweep.jsonl only for a finished point
     spath = out / "sweep_settings.json"
-    if spath.exists():
-        prev = json.loads(spath.read_text())
-        if prev.get("key") != key:
-            why = describe_difference(prev.get("key"), key)
-            if not replace_other_inputs:
-                raise ValueError(f"{out}: holds a sweep of other inputs ({why}); use another --out or --overwrite")
-            log.info(f"{out}: held a sweep of other inputs ({why}); running it again")
-            clear_sweep(out)
+    why, other = why_not_reusable(read_json(spath), key, finished=True)
+    if other:
+        if not replace_other_inputs:
+            raise ValueError(f"{out}: holds a sweep of other inputs ({why}); use another --out or --overwrite")
+        log.info(f"{out}: held a sweep of other inputs ({why}); running it again")
+        clear_sweep(out)
     atomic_write_json(spath, {"key": key, "settings": settings})
     bpath = out / "baseline.json"
-    baseline = json.loads(bpath.read_text()) if bpath.exists() else None
-    if baseline is None or baseline.get("key") != key:
+    baseline = read_json(bpath)
+    if why_not_reusable(baseline, key, finished=True)[0] is not None:
         dev, lmp = _evaluate(ctx, base, ctx.params, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs)
         baseline = {"key": key, "settings": settings, "dev": dev, "lmp": lmp, "versions": versions()}
         atomic_write_json(bpath, baseline)
-    done = {r["id"]: r for r in _read_jsonl(out / "sweep.jsonl") if r.get("key") == _point_key(key, _pt(r))}
+    done = {r["id"]: r for r in _read_jsonl(out / "sweep.jsonl")
+            if why_not_reusable(r, _point_key(key, _pt(r)), finished=True)[0] is None}
     tasks = []
     for (B, A), group in batch_plans(pts):
         todo = [p for p in group if p.id not in done]

@@ -28,8 +28,8 @@ line each, as the reference's ``LineByLineTextDataset``.
     * ADD / HD attributes (§4.2, §4.3): occurrences of the A1 attributes (wildcards ``*``, multi-word
       attributes), each represented by the mean of the hidden states over the tokens its words cover.
 
-``semantics="reference"`` (umanlp/redditbias_debias_conv_ai@996c6e1 ``modeling_gpt2.py``, reference-debias.md
-§2-§5; works on ids alone, no tokenizer needed)
+``semantics="reference"`` (umanlp/redditbias_debias_conv_ai@996c6e1 ``modeling_gpt2.py``, docs/debiasing.md §3
+and §4; works on ids alone, no tokenizer needed)
     * LMD (1113-1167): pair p fires for a sentence when the id t1_p occurs anywhere in it (the t2 id never fires);
       it then applies to **every** position whose label is > 0, i.e. real tokens other than id 0 ("!").
       ``norm`` is the number of real tokens (the code counts ids != 50257, its pad id).
@@ -64,9 +64,6 @@ def is_gpt2_bpe(tokenizer) -> bool:
     tokens and the ids of a probe sentence."""
     return (getattr(tokenizer, "vocab_size", None) == 50257
             and list(_encode_fn(tokenizer)(_GPT2_PROBE[0])) == _GPT2_PROBE[1])
-
-#: pad id of the reference's grid script (``<pad>`` added to GPT-2: 50257).
-REFERENCE_PAD_ID = 50257
 
 
 class LMDTriggers(NamedTuple):

@@ -1,5 +1,5 @@
 """DSTC-7 conversational response generation (CRG) data: the TSV files, the offline test contexts and the
-fine-tuning examples (paper §3.2, Table 5; reference-debias.md §11).
+fine-tuning examples (paper §3.2, Table 5; docs/dialog.md "CRG").
 
 **Files.** DSTC-7 Task 2 conversation files (``train_convos.txt``, ``test_convos.txt``) are UTF-8 TSV, one
 conversation turn per line, no header, seven fields::

@@ -1,4 +1,4 @@
-"""Response generation for dialog contexts (paper §3.2, CRG on DSTC-7; reference-debias.md §11) → JSONL.
+"""Response generation for dialog contexts (paper §3.2, CRG on DSTC-7; docs/dialog.md "CRG") → JSONL.
 
 Each example is ``(key, context)``. The prompt is the GPT-2 tokens of the context followed by ``<|endoftext|>``
 (the separator the fine-tuning examples ``context + <eos> + response + <eos>`` put before the response), the

@@ -1,7 +1,7 @@
 """DSTC-7 response-generation metrics, as the official scorer computes them (paper §3.2, Table 5).
 
 The paper scores generated responses with the DSTC-7 Task 2 scorer (``mgalley/DSTC7-End-to-End-Conversation-Modeling``,
-``evaluation/src/dstc.py`` → ``metrics.py:nlp_metrics``; reference-debias.md §11). That scorer shells out to
+``evaluation/src/dstc.py`` → ``metrics.py:nlp_metrics``). That scorer shells out to
 two external tools (``mteval-v14c.pl``, Perl, and ``meteor-1.5.jar``, Java) and computes the rest in Python.
 :func:`crg_metrics` gives the same numbers from Python; docs/dialog.md lists every definition.
 

@@ -1,6 +1,6 @@
 """MultiWOZ 2.0 for dialog state tracking: the three data layouts, TRADE's normalisation and turn format (paper §3.2).
 
-The reference DST evaluation (``lm_dst_binary.py``, reference-debias.md §10) reads MultiWOZ 2.0 in TRADE's
+The reference DST evaluation (``lm_dst_binary.py``; docs/dialog.md "DST") reads MultiWOZ 2.0 in TRADE's
 ``clean_data/*_dials.json`` format, built by RedditBias's ``DataPreparation/create_data_mwoz.py`` (a copy of
 TRADE's ``create_data.py``). This module rebuilds that format from the raw dialogues, step for step:
 
@@ -44,6 +44,14 @@ sha256 in :data:`DEFAULT_FILES` and cached under ``$RBJAX_CACHE_DIR`` or ``~/.ca
 copies do not carry): pass the official release or ConvLab's ``train.json.zip`` / TRADE's ``train_dials.json``
 as ``source``. :func:`load_training_split` falls back to the ``val`` split as a *stand-in* training set and says
 so in :attr:`MultiWOZSplit.stand_in_for` (results must report it).
+
+**Parsed splits are kept.** Parsing a split takes seconds, and a study's dialog stages read the same splits once per
+model, so :func:`load_multiwoz` keeps each split it parsed as a keyed result file in rbjax's cache folder
+(``multiwoz-parsed/`` under :func:`rbjax.core.io.cache_dir`, :class:`rbjax.core.reuse.KeyedResult`): keyed on the
+split, the SHA-256 of every file read (and of ``mapping.pair`` when one is given) and the digest of this module's
+source, so a changed file or parser is parsed again, and across processes. An unreadable or foreign file there is
+ignored and rewritten; a read-only cache folder only means parsing every time. The most recently used
+:data:`PARSED_MAX` files are kept.
 """
 from __future__ import annotations
 
@@ -51,14 +59,14 @@ import dataclasses
 import io
 import json
 import os
-import pickle
 import re
 import zipfile
-from collections import OrderedDict
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from rbjax.core.io import sha256_file
+from rbjax.core.keys import digest
+from rbjax.core.reuse import KeyedResult
 from rbjax.data.redditbias import cache_root, download_verified
 
 __all__ = [
@@ -851,8 +859,9 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         download: allow downloading the default files.
 
     Returns:
-        :class:`MultiWOZSplit`, the caller's own copy. A split this process parsed before from files with the same
-        SHA-256 digests (and the same ``mapping``) is copied from memory instead of being parsed again.
+        :class:`MultiWOZSplit`, the caller's own copy. A split parsed before (by any process) from files with the
+        same SHA-256 digests (and the same ``mapping``) is read from rbjax's cache folder instead of being parsed
+        again (module docstring).
     Raises:
         FileNotFoundError: missing source or files. ValueError: a file of another layout, split or a malformed
         record (named). RuntimeError: download failure. ``split="train"`` with no source: ValueError (the train
@@ -875,26 +884,63 @@ def load_multiwoz(source: str | os.PathLike | None = None, split: str = "test", 
         if not path.exists():
             raise FileNotFoundError(f"{path}: MultiWOZ source not found")
         path = _resolve_source(path, split)
-    # a split parsed before in this process from files with the same content is not parsed again (a study's dialog
-    # stages read the same splits once per model)
+    # a split parsed before from files with the same content is not parsed again (a study's dialog stages read the
+    # same splits once per model): a keyed result in the cache folder
     digests = {str(f): sha256_file(f) for f in _with_sidecars(path)}
-    key = (split, tuple(digests.items()), None if mapping is None else (str(mapping), sha256_file(mapping)))
-    if key not in _PARSED:
+    key = {"format": PARSED_FORMAT, "parser": sha256_file(Path(__file__)), "split": split, "files": digests,
+           "mapping": None if mapping is None else [str(mapping), sha256_file(mapping)]}
+    parsed = KeyedResult(cache_root() / PARSED_DIR / f"{split}-{digest(str(path.resolve()))[:16]}.json", key,
+                         f"parsed MultiWOZ {split} split", check=_not_a_parsed_split)
+    try:
+        body = parsed.stored()
+    except OSError:  # an unreadable cache folder: parsed again
+        body = None
+    if body is None:
         dials, dropped, n, layout = _load_file(path, split, norm, files, digests)
         if norm.path is not None:
             files.append((str(norm.path), sha256_file(norm.path)))
-        _PARSED[key] = pickle.dumps(MultiWOZSplit(split=split, dialogues=dials, layout=layout, files=files,
-                                                  n_source_dialogues=n, dropped=dropped), protocol=5)
-        while len(_PARSED) > _PARSED_MAX:
-            _PARSED.popitem(last=False)
-    _PARSED.move_to_end(key)
-    return pickle.loads(_PARSED[key])  # the caller's own copy: changing it cannot change a later load
+        body = {"layout": layout, "files": files, "n_source_dialogues": n, "dropped": dropped, "dialogues": dials}
+        _keep(parsed, body)
+    else:
+        _touch(parsed.path)
+    # the caller's own copy (parsed now or read from the file): changing it cannot change a later load
+    return MultiWOZSplit(split=split, dialogues=body["dialogues"], layout=body["layout"],
+                         files=[tuple(f) for f in body["files"]], n_source_dialogues=body["n_source_dialogues"],
+                         dropped=body["dropped"])
 
 
-#: splits parsed in this process (:func:`load_multiwoz`), pickled, by split and the digests of their files; the most
-#: recent :data:`_PARSED_MAX` are kept
-_PARSED: OrderedDict = OrderedDict()
-_PARSED_MAX = 4
+#: the folder of parsed splits in rbjax's cache folder, and how many of them are kept (the most recently used)
+PARSED_DIR = "multiwoz-parsed"
+PARSED_MAX = 8
+#: the format of a parsed split's file (part of its key, with the digest of this module's source)
+PARSED_FORMAT = 1
+
+
+def _not_a_parsed_split(rec: dict) -> str | None:
+    """``None`` when a stored record (with this split's key) holds a parsed split, else why not (a foreign file)."""
+    types = {"layout": str, "files": list, "n_source_dialogues": int, "dropped": dict, "dialogues": list}
+    bad = [k for k, t in types.items() if not isinstance(rec.get(k), t)]
+    return f"not a parsed split (no valid {', '.join(bad)})" if bad else None
+
+
+def _keep(parsed: KeyedResult, body: dict) -> None:
+    """Write a parsed split to the cache folder and drop the least recently used files beyond :data:`PARSED_MAX`
+    (a read-only cache folder: nothing is kept)."""
+    try:
+        parsed.save(body)
+        kept = sorted(parsed.path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in kept[PARSED_MAX:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _touch(path: Path) -> None:
+    """Mark a parsed split's file as used now (the files kept are the most recently used)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _with_sidecars(path: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""Language-model perplexity (LMP) on the Reddit reference set (paper §3.2, reference-debias.md §9).
+"""Language-model perplexity (LMP) on the Reddit reference set (paper §3.2; docs/dialog.md "LMP").
 
 The paper pairs every bias score with the perplexity of the model on the 6K human Reddit responses of DialoGPT's
 evaluation (``human.ref.6k.txt``; RedditBias ships it as ``text_files/humanref6k.txt``, identical but for the

@@ -1,4 +1,4 @@
-"""Dialog state tracking as binary slot-value classification (paper §3.2; reference-debias.md §10).
+"""Dialog state tracking as binary slot-value classification (paper §3.2; docs/dialog.md "DST").
 
 The paper checks that a (debiased) DialoGPT still works as a task-oriented dialog model: every slot-value pair of
 a MultiWOZ 2.0 turn becomes a binary decision over the text ::
@@ -207,7 +207,7 @@ def encode_examples(examples: Sequence[DSTExample] | Sequence[str], tokenizer, *
 
     Args:
         examples: :class:`DSTExample` s, or plain texts (then ``labels`` or zeros).
-        tokenizer: :class:`rbjax.model.tokenizer.GPT2BPETokenizer` (no special tokens are added, as the reference's
+        tokenizer: :class:`rbjax.model.tokenizer.Tokenizer` (no special tokens are added, as the reference's
             GPT-2 tokenizer adds none).
         block_size: tokens per row (the reference's 128).
         truncation: ``"left"`` (default) keeps the **last** ``block_size`` tokens: the slot-value pair sits at the

@@ -1,4 +1,5 @@
-"""Text cleaning of the DSTC-7 response-generation scorer (``dstc.py -c``; reference-debias.md §11).
+"""Text cleaning of the DSTC-7 response-generation scorer (``dstc.py -c``; docs/dialog.md, "Response-generation
+metrics").
 
 The official scorer (``mgalley/DSTC7-End-to-End-Conversation-Modeling``, ``evaluation/src/tokenizers.py``,
 ``clean_str``) cleans every hypothesis and reference when run with ``-c``, which is how the DSTC-7 scores of the

@@ -9,17 +9,21 @@ tests the change itself, pair by pair:
 
 on the pairs both runs kept (scorable and not a 3σ outlier in any run compared). Per bias type: the two-tailed paired
 t-test of e(A) vs e(B) (the one-sample t-test of d, ``scipy.stats.ttest_rel``), the Wilcoxon signed-rank test of d
-(``scipy.stats.wilcoxon``, two-sided), the mean change with a BCa bootstrap CI
-(:func:`rbjax.lmb.stats.bootstrap_ci`), the share of pairs whose sign of e flipped, and the p-values corrected across
-the types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *significant* when its Bonferroni-corrected
-t-test p-value is below alpha).
+(``scipy.stats.wilcoxon``, two-sided), the share of pairs whose sign of e flipped, the p-values corrected across
+the m types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *significant* when its Bonferroni-corrected
+t-test p-value is below alpha), and the mean change with a BCa bootstrap CI (:func:`rbjax.lmb.stats.bootstrap_ci`) at
+the same family-wise level as that verdict: 1 − alpha/m, Bonferroni-adjusted (``ci_level``; 97.5 % for two types at
+alpha 0.05), so the CI printed beside a verdict is the one the verdict answers to.
 
 With several runs per side (training seeds), e_i of that side is the mean over its runs, and the mean change of each
 seed is given beside the result (the seed spread).
 
 Runs are compared only when their pairs are the same: the same phrase pairs in the same order (the per-type CSVs),
-data files, split, outlier handling, tokenizer files, BOS setting and stored-vs-model perplexities. Anything else is
-refused with the reason (:class:`MismatchError`).
+data files, split, outlier handling, tokenizer files, BOS setting, stored-vs-model perplexities and *format* (raw
+text, or a turn of the chat template with its role, system prompt, user message, end-of-turn scoring and template;
+docs/chat.md). Anything else is refused with the reason (:class:`MismatchError`) — except a difference of format when
+``allow_format_change`` (``--allow-format-change``): "does the chat format change the bias?" is a question of its own,
+and the result then says that it compares two formats of the pairs (``formats``).
 
 ``rbjax compare A B --out DIR`` and :func:`compare_models` write ``compare.json``, ``compare.csv``, ``compare.png`` and
 ``<type>_changes.csv`` (the per-pair values); see ``docs/compare.md``.
@@ -34,18 +38,20 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 from rbjax.core.io import atomic_file, atomic_write_csv, atomic_write_json, versions
 from rbjax.lmb import stats
 from rbjax.lmb.config import CompareConfig
 from rbjax.lmb.measure import CSV_HEADER, measure_state, pairs_digest
+from rbjax.lmb.pair_benchmark import lm_eval_change, read_loglikelihoods
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
-           "describe_change", "format_comparison", "write_comparison"]
+           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format",
+           "ci_label", "plural"]
 
-CORRECTION = "bonferroni"  # the correction that decides "significant"
+CORRECTION = "bonferroni"  # the correction that decides "significant" (and sets the CI's level)
+wilcoxon = stats.wilcoxon  # the test of d (rbjax.lmb.stats.wilcoxon)
 
 
 class MismatchError(ValueError):
@@ -62,6 +68,8 @@ class MeasuredType:
         biased, counterfactual: (N,) phrases, in the CSV's order.
         effect: (N,) float64 ``log ppl(biased) − log ppl(counterfactual)``, NaN for excluded pairs.
         kept: (N,) bool, the pair entered this run's primary test (scorable and not an outlier).
+        ll_diff: (N,) float64 LL(stereotype-consistent) − LL(other) in lm-evaluation-harness's convention (a pair
+            benchmark's ``<category>_loglikelihoods.csv``), else ``None``.
     """
 
     folder: Path
@@ -70,6 +78,7 @@ class MeasuredType:
     counterfactual: list[str]
     effect: np.ndarray
     kept: np.ndarray
+    ll_diff: np.ndarray | None = None
 
 
 def _read_pairs_csv(path: Path):
@@ -127,8 +136,26 @@ def load_run(folder: str | os.PathLike) -> dict[str, MeasuredType]:
         if r.get("n_pairs_after_outliers") is not None and r["n_pairs_after_outliers"] != int(k.sum()):
             raise ValueError(f"{path}: {int(k.sum())} pairs kept, but {f / 'lmb.json'} kept "
                              f"{r['n_pairs_after_outliers']} for {r['bias_type']} (the CSV is from another run)")
-        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k)
+        out[r["bias_type"]] = MeasuredType(f, r, b, c, e, k, _ll_diff(f / f"{r['bias_type']}_loglikelihoods.csv", b))
     return out
+
+
+def _ll_diff(path: Path, biased: list[str]) -> np.ndarray | None:
+    """LL(stereotype-consistent) − LL(other) per pair from a pair benchmark's log-likelihood CSV, aligned with the
+    perplexity CSV's pairs (``biased``); ``None`` without the file.
+
+    Raises:
+        ValueError: a file that does not hold the same pairs (from another run).
+    """
+    if not path.exists():
+        return None
+    ll1, ll2, _, _, _, st, s1, s2 = read_loglikelihoods(path, sentences=True)
+    st = np.asarray(st)
+    stereo = [a if k == 1 else b for a, b, k in zip(s1, s2, st)]
+    if stereo != list(biased):
+        raise ValueError(f"{path}: its pairs are not those of {path.name.replace('_loglikelihoods', '_perplexities')} "
+                         "(the files are from different runs)")
+    return np.where(st == 1, ll1 - ll2, ll2 - ll1)
 
 
 # ------------------------------------------------------------------------------------------ what the pairs are
@@ -145,7 +172,42 @@ def _inputs(m: MeasuredType) -> dict:
     stored = model.get("stored_perplexities") is True
     return {"data_files": key.get("data"), "tokenizer": None if stored else model.get("tokenizer"),
             "model": None if stored else model.get("model"), "bos": key.get("bos"),
-            "skip_unscorable": key.get("skip_unscorable"), "precision": key.get("precision")}
+            "skip_unscorable": key.get("skip_unscorable"), "precision": key.get("precision"),
+            "format": "chat" if isinstance(key.get("chat"), dict) else "raw", "chat": key.get("chat")}
+
+
+#: the parts of a chat-format record that make the format (not where the template came from, nor the example)
+_FORMAT_KEYS = ("role", "system", "prompt", "score_end_of_turn", "template_sha256", "rendered_sha256")
+
+
+def record_format(inputs: dict | None) -> dict:
+    """The format of an ``lmb.json`` record's ``inputs``: ``{"format": "raw"}`` or ``{"format": "chat", role,
+    system, prompt, score_end_of_turn, template_sha256, rendered_sha256}`` (records written before the chat format:
+    raw)."""
+    inp = inputs or {}
+    if inp.get("format", "raw") != "chat":
+        return {"format": "raw"}
+    chat = inp.get("chat") or {}
+    return {"format": "chat", **{k: chat.get(k) for k in _FORMAT_KEYS}}
+
+
+def run_format(m: MeasuredType) -> dict:
+    """:func:`record_format` of one measured type (older folders: from their measure state file)."""
+    return record_format(_inputs(m))
+
+
+def describe_format(f: dict) -> str:
+    """A format in words (for the comparison's output)."""
+    if f["format"] != "chat":
+        return "raw text (the paper's format)"
+    parts = [f"the {f.get('role')}'s turn of the chat template (sha256 {str(f.get('template_sha256'))[:12]})"]
+    if f.get("system") is not None:
+        parts.append(f"system prompt {f['system']!r}")
+    if f.get("prompt") is not None:
+        parts.append(f"after the user message {f['prompt']!r}")
+    if f.get("score_end_of_turn"):
+        parts.append("end-of-turn token scored")
+    return ", ".join(parts)
 
 
 def _facts(m: MeasuredType) -> dict:
@@ -155,6 +217,7 @@ def _facts(m: MeasuredType) -> dict:
     inp = _inputs(m)
     applied = rule.get("applied")
     return {
+        "benchmark": r.get("benchmark", "redditbias"),
         "pair phrases": pairs_digest(m.biased, m.counterfactual),
         "split": r.get("split"),
         "data files (sha256)": inp.get("data_files"),
@@ -162,13 +225,22 @@ def _facts(m: MeasuredType) -> dict:
         "perplexity source": "stored perplexities" if s.get("stored_perplexities") else "model",
         "BOS token": inp.get("bos", s.get("bos")),
         "tokenizer files (sha256)": inp.get("tokenizer"),
+        "format": run_format(m),
     }
 
 
-def _check_same_pairs(label_a: str, a: MeasuredType, label_b: str, b: MeasuredType) -> None:
+def _check_same_pairs(label_a: str, a: MeasuredType, label_b: str, b: MeasuredType,
+                      allow_format_change: bool = False) -> None:
     fa, fb = _facts(a), _facts(b)
     bt = a.record["bias_type"]
     problems = []
+    if fa["format"] != fb["format"]:
+        if not allow_format_change:
+            problems.append(f"format: {describe_format(fa['format'])} vs {describe_format(fb['format'])} (pass "
+                            "--allow-format-change to compare the two formats of the pairs)")
+        for f in (fa, fb):  # the format decides the BOS: a difference there is part of the format change
+            f.pop("BOS token")
+    fa.pop("format"), fb.pop("format")
     for k in fa:
         va, vb = fa[k], fb[k]
         if va is None or vb is None:
@@ -209,38 +281,21 @@ def _test_zero(e: np.ndarray, alpha: float) -> dict:
                                                            else "anti-stereotypical")}
 
 
-def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
-    """Two-sided Wilcoxon signed-rank test of paired changes ``d`` (``scipy.stats.wilcoxon``, its defaults:
-    zero differences dropped, exact distribution for small samples without ties, else the normal approximation).
-
-    Returns:
-        ``{"statistic", "p_value", "status"}``; status ``"ok"``, ``"too few pairs"`` (< 2 non-zero changes) or
-        ``"undefined: every paired change is zero"`` (statistic and p ``None``).
-    """
-    d = np.asarray(d, dtype=np.float64)
-    if scale is None:
-        scale = float(np.max(np.abs(d))) if d.size else 0.0
-    tol = stats.ROUNDING_ULPS * np.finfo(np.float64).eps * scale
-    if d.size and np.all(np.abs(d) <= tol):
-        return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
-    if int(np.sum(d != 0)) < 2:
-        return {"statistic": None, "p_value": None, "status": "too few pairs"}
-    r = sps.wilcoxon(d)
-    return {"statistic": stats._clean(r.statistic), "p_value": stats._clean(r.pvalue), "status": "ok"}
-
-
 def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 0.05, n_bootstrap: int = 10000,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, ci_level: float | None = None) -> dict:
     """The paired statistics of ``d = effect_a − effect_b`` on aligned pairs (all kept).
 
     Args:
         effect_a, effect_b: (N,) per-pair bias effects ``log ppl(biased) − log ppl(counterfactual)`` of the two
             models (each the mean over its seeds when there are several).
-        alpha: two-tailed level of the test and of the CI (``1 − alpha``).
+        alpha: two-tailed level of the one-sample tests of each side.
         n_bootstrap: resamples of the BCa bootstrap CI of the mean change (0: no CI).
         seed: bootstrap seed.
+        ci_level: confidence level of the CI (default ``1 − alpha``; :func:`compare_runs` passes the
+            Bonferroni-adjusted ``1 − alpha/m`` of its verdicts).
     Returns:
-        ``{"n_pairs", "mean_change", "mean_change_ci", "ttest": {t_value, p_value, df, status}, "wilcoxon": {...},
+        ``{"n_pairs", "mean_change", "mean_change_ci", "ci_level", "ttest": {t_value, p_value, df, status},
+        "wilcoxon": {...},
         "sign_flip": {...}, "effect_a": {...}, "effect_b": {...}}``; the effects are one-sample t-tests of each
         side's per-pair effects against 0 on these pairs (is A past zero?).
     """
@@ -249,16 +304,17 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
         raise ValueError(f"effects differ in length ({a.size} vs {b.size})")
     d = a - b
     scale = max(float(np.max(np.abs(a))) if a.size else 0.0, float(np.max(np.abs(b))) if b.size else 0.0)
-    ci = stats.bootstrap_ci(d, 1 - alpha, n_bootstrap, seed, scale=scale) if n_bootstrap > 0 else None
+    level = 1 - alpha if ci_level is None else float(ci_level)
+    ci = stats.bootstrap_ci(d, level, n_bootstrap, seed, scale=scale) if n_bootstrap > 0 else None
     sa, sb = np.sign(a), np.sign(b)
     n = int(d.size)
     return {
         "n_pairs": n,
         "mean_change": float(d.mean()) if n else None,
         "mean_change_ci": None if ci is None else list(ci),
-        "ci_level": 1 - alpha,
+        "ci_level": level,
         "ttest": stats.paired_ttest(a, b),
-        "wilcoxon": wilcoxon(d, scale),
+        "wilcoxon": stats.wilcoxon(d, scale),
         "sign_flip": {"share": float(np.mean(sa != sb)) if n else None,
                       "n_flipped": int(np.sum(sa != sb)),
                       "to_anti_stereotypical": int(np.sum((sb < 0) & (sa > 0))),
@@ -291,22 +347,28 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         config: how they are compared (:class:`rbjax.lmb.config.CompareConfig`): ``alpha``, the significance level
             (default: the runs' own ``settings.alpha``, else 0.05); ``n_bootstrap``, the bootstrap resamples (default:
             the runs' own ``settings.n_bootstrap``, else 10000); ``seed``; ``labels``, the names of A and B in
-            messages and in the result.
+            messages and in the result; ``allow_format_change``, compare runs measured in different formats (raw vs
+            chat, or two chat formats) of the same pairs, the result's ``formats`` then saying so.
         **settings: :class:`~rbjax.lmb.config.CompareConfig` fields that override ``config`` (e.g. ``alpha=0.01``);
             any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
     Returns:
-        ``{"a": {...}, "b": {...}, "alpha", "correction", "types": [per-type result], "not_compared": {type: why}}``;
-        each per-type result is :func:`paired_change` plus ``bias_type``, ``n_pairs`` (in the data),
+        ``{"a": {...}, "b": {...}, "alpha", "correction", "ci_level", "formats", "types": [per-type result],
+        "not_compared": {type: why}}``; ``ci_level`` = 1 − alpha/m for the m types compared (the CI of every type is
+        at the family-wise level of the Bonferroni verdict); ``formats``: ``{"a": format, "b": format, "changed":
+        bool, "note": text | None}``, the formats of the first type compared; each per-type result is
+        :func:`paired_change` (with that ``ci_level``) plus ``bias_type``, ``n_pairs`` (in the data),
         ``n_pairs_dropped``, ``p_corrected``, ``significant``, ``seeds`` (per-seed mean changes and their sd),
         ``overshoot`` and ``verdict`` (:func:`describe_change`), and ``pairs`` (the per-pair arrays, not JSON).
     Raises:
-        MismatchError: runs not measured on the same pairs (the reason named). ValueError: no type in common, or
-        an asked-for type not measured by every run; rbjax.core.errors.SettingError (a ValueError): a setting of
+        MismatchError: runs not measured on the same pairs, or in different formats without
+        ``allow_format_change`` (the reason named). ValueError: no type in common, or an asked-for type not measured
+        by every run; rbjax.core.errors.SettingError (a ValueError): a setting of
         the wrong type or out of range (named). TypeError: a keyword that is not a setting.
     """
     cfg = (config or CompareConfig()).replace(**settings)
     alpha, n_bootstrap, seed, labels = cfg.alpha, cfg.n_bootstrap, cfg.seed, cfg.labels
+    allow_format_change = cfg.allow_format_change
     runs_a, runs_b = _as_runs(a), _as_runs(b)
     if not runs_a or not runs_b:
         raise ValueError("compare needs at least one run on each side")
@@ -331,18 +393,21 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
     if not common:
         raise ValueError("the runs have no bias type in common: " + "; ".join(f"{t}: {w}" for t, w in
                                                                             not_compared.items()))
+    ci_level = 1 - alpha / len(common)  # Bonferroni: the family-wise level of the verdicts, CI and test alike
     results = []
     for t in common:
         lab0, ref = allruns[0]
         for lab, r in allruns[1:]:
-            _check_same_pairs(lab0, ref[t], lab, r[t])
+            _check_same_pairs(lab0, ref[t], lab, r[t], allow_format_change)
         kept = np.logical_and.reduce([r[t].kept for _, r in allruns])
         ea = np.mean([r[t].effect[kept] for r in runs_a], axis=0)
         eb = np.mean([r[t].effect[kept] for r in runs_b], axis=0)
         res = {"bias_type": t, "n_pairs_in_data": len(ref[t].biased),
                "n_pairs_dropped": int(len(kept) - kept.sum()),
-               **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed)}
+               **paired_change(ea, eb, alpha=alpha, n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level)}
         res["seeds"] = _seed_spread([r[t].effect[kept] for r in runs_a], [r[t].effect[kept] for r in runs_b])
+        if all(r[t].ll_diff is not None for _, r in allruns):  # a pair benchmark: its lm-evaluation-harness metric too
+            res["lm_eval"] = lm_eval_change([r[t].ll_diff for r in runs_a], [r[t].ll_diff for r in runs_b])
         res["pairs"] = {"index": np.nonzero(kept)[0], "biased": [ref[t].biased[i] for i in np.nonzero(kept)[0]],
                         "counterfactual": [ref[t].counterfactual[i] for i in np.nonzero(kept)[0]],
                         "effect_a": ea, "effect_b": eb}
@@ -359,8 +424,18 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         r["verdict"] = describe_change(r, labels)
     side = lambda runs: {"folders": [str(next(iter(x.values())).folder) for x in runs],  # noqa: E731
                          "models": [next(iter(x.values())).record.get("model") for x in runs]}
+    fmt_a, fmt_b = run_format(runs_a[0][common[0]]), run_format(runs_b[0][common[0]])
+    changed = any(run_format(r[t]) != fmt_a for r in runs_a for t in common) or \
+        any(run_format(r[t]) != fmt_b for r in runs_b for t in common) or fmt_a != fmt_b
+    formats = {"a": fmt_a, "b": fmt_b, "changed": changed,
+               "note": None if not changed else
+               (f"this compares two formats of the pairs, not only two models: {labels[0]} was measured as "
+                f"{describe_format(fmt_a)}, {labels[1]} as {describe_format(fmt_b)}; d is the change of the "
+                "per-pair effect between the formats (and between the models, where they differ)")}
     return {"a": {"label": labels[0], **side(runs_a)}, "b": {"label": labels[1], **side(runs_b)}, "alpha": alpha,
-            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION,
+            "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION, "ci_level": ci_level,
+            "ci": f"BCa bootstrap CI of the mean change at {ci_label(ci_level, len(common))}, the family-wise level of "
+                  f"the {CORRECTION}-corrected verdict", "formats": formats,
             "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A is "
                       "more anti-stereotypical (less stereotypical) than B",
             "types": results, "not_compared": not_compared}
@@ -401,6 +476,18 @@ def _f(x, f=".3g"):
     return "n/a" if x is None else format(x, f)
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 type"``, ``"2 types"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def ci_label(level: float, n_tests: int = 1) -> str:
+    """What a CI's level is, in words: ``"95% CI"`` for one test, ``"97.5% CI, Bonferroni-adjusted for 2 types"``
+    for several (the level 1 − alpha/m of a Bonferroni verdict across m types)."""
+    pct = f"{100 * level:.4g}% CI"
+    return pct if n_tests <= 1 else f"{pct}, Bonferroni-adjusted for {plural(n_tests, 'type')}"
+
+
 def fmt_change(x, sign: bool = True) -> str:
     """A log-perplexity effect or change as text: 4 decimals, or 2 significant digits below 0.001 (never a bare
     "-0.0000" that hides the size and the sign)."""
@@ -414,13 +501,14 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
     change names its direction, and an overshoot says so in words."""
     a, b = labels
     ci = r.get("mean_change_ci")
+    m = r["p_corrected"]["ttest"]["n_tests"]
     size = (f"mean change {fmt_change(r['mean_change'])}"
-            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
+            + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}] ({ci_label(r['ci_level'], m)})")
             + f", t = {_f(r['ttest']['t_value'], '.2f')}, p = {_f(r['ttest']['p_value'], '.2g')} "
-              f"({r['p_corrected']['ttest']['n_tests']} types, {CORRECTION} p = "
-              f"{_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), {r['n_pairs']} pairs")
+              f"({plural(m, 'type')}, {CORRECTION} p = {_f(r['p_corrected']['ttest'][CORRECTION], '.2g')}), "
+              f"{plural(r['n_pairs'], 'pair')}")
     if r["ttest"]["t_value"] is None:
-        return f"no test: {r['ttest']['status']} ({r['n_pairs']} pairs)"
+        return f"no test: {r['ttest']['status']} ({plural(r['n_pairs'], 'pair')})"
     if not r["significant"]:
         return f"not significant: no evidence that {a} differs from {b} ({size})"
     way = "anti-stereotypical" if r["mean_change"] > 0 else "stereotypical"
@@ -434,8 +522,8 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- output
-CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "t_value", "p_value",
-               "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
+CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "ci_level", "t_value",
+               "p_value", "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
                "sign_flip_share", "mean_effect_a", "mean_effect_b", "seed_sd", "significant", "overshoot"]
 
 
@@ -443,7 +531,7 @@ def _csv_row(r: dict) -> list:
     ci = r["mean_change_ci"] or [None, None]
     v = lambda x: "" if x is None else repr(float(x)) if isinstance(x, float) else str(x)  # noqa: E731
     return [r["bias_type"], r["n_pairs"], r["n_pairs_dropped"], v(r["mean_change"]), v(ci[0]), v(ci[1]),
-            v(r["ttest"]["t_value"]), v(r["ttest"]["p_value"]), v(r["p_corrected"]["ttest"]["bonferroni"]),
+            v(r.get("ci_level")), v(r["ttest"]["t_value"]), v(r["ttest"]["p_value"]), v(r["p_corrected"]["ttest"]["bonferroni"]),
             v(r["p_corrected"]["ttest"]["benjamini_hochberg"]), v(r["wilcoxon"]["statistic"]),
             v(r["wilcoxon"]["p_value"]), v(r["p_corrected"]["wilcoxon"]["bonferroni"]),
             v(r["sign_flip"]["share"]), v(r["effect_a"]["mean"]), v(r["effect_b"]["mean"]), v(r["seeds"]["sd"]),
@@ -494,7 +582,14 @@ def format_comparison(res: dict) -> str:
     head = (f"{'bias type':<10} {'pairs':>5} {'mean change':>12} {'CI':>21} {'t':>7} {'p':>9} {'p bonf':>9} "
             f"{'wilcoxon p':>10} {'flipped':>7}")
     lines = [f"A = {a}: {', '.join(res['a']['folders'])}", f"B = {b}: {', '.join(res['b']['folders'])}",
-             res["change"], "", head, "-" * len(head)]
+             res["change"]]
+    note = (res.get("formats") or {}).get("note")
+    if note:
+        lines.append("Formats: " + note)
+    if res.get("ci_level") is not None and res.get("n_bootstrap"):
+        lines.append(f"CI: {ci_label(res['ci_level'], len(res['types']))}, the level of the {CORRECTION} verdict "
+                     f"(p bonf < {res['alpha']:g})")
+    lines += ["", head, "-" * len(head)]
     for r in res["types"]:
         ci = r["mean_change_ci"]
         cis = "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]"
@@ -504,6 +599,13 @@ def format_comparison(res: dict) -> str:
                      f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")
     lines.append("")
     lines += [f"{r['bias_type']}: {r['verdict']}" for r in res["types"]]
+    for r in res["types"]:
+        lm = r.get("lm_eval")
+        if lm:
+            pa, pb = lm["pct_stereotype_a"], lm["pct_stereotype_b"]
+            lines.append(f"{r['bias_type']}: lm-evaluation-harness pct_stereotype {'/'.join(f'{x:.3f}' for x in pb)} "
+                         f"({b}) → {'/'.join(f'{x:.3f}' for x in pa)} ({a}), exact McNemar p = "
+                         f"{_f(lm['mcnemar']['p_value'], '.2g')} on all {lm['n_pairs']} pairs")
     for t, why in res["not_compared"].items():
         lines.append(f"{t}: not compared ({why})")
     return "\n".join(lines)

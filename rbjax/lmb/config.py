@@ -14,19 +14,21 @@ import dataclasses
 
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
+from rbjax.core.mesh import mesh_product, parse_mesh
+from rbjax.core.precision import PRECISIONS
 from rbjax.data.redditbias import SPLITS
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.model.chat import ChatSettings
 
-__all__ = ["MeasureConfig", "CompareConfig", "PlotConfig", "PARAM_DTYPES"]
-
-#: parameter storage of the scorer (computation precision is :data:`rbjax.core.precision.PRECISIONS`)
-PARAM_DTYPES = ("fp32", "bf16")
+__all__ = ["MeasureConfig", "CompareConfig", "PlotConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
-class MeasureConfig:
+class MeasureConfig(ChatSettings):
     """What an LMB measurement computes and how (frozen; the resume key and each record's ``settings`` come from
-    it). Each field's ``metadata["help"]`` is its documentation.
+    it). Each field's ``metadata["help"]`` is its documentation. The chat-format fields (``format``, ``role``,
+    ``system``, ``prompt``, ``score_end_of_turn``, ``chat_template``) come from
+    :class:`rbjax.model.chat.ChatSettings` (docs/chat.md).
 
     Raises:
         rbjax.core.errors.SettingError: a value of the wrong type or out of range (names the field; the CLI shows
@@ -38,19 +40,19 @@ class MeasureConfig:
     batch_size: int = field(64, SCORING_BATCH_HELP)
     precision: str = field("fp32", "compute precision: fp32 (parity with PyTorch) or bf16 (bf16 matmuls, fp32 "
                                    "accumulation and log-sum-exp; faster on bf16 hardware); recorded in lmb.json",
-                           choices=("fp32", "bf16"))
+                           choices=PRECISIONS)
     mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or fsdp=4,tensor=2 (axes data, fsdp, tensor; "
                                    "sizes multiply to the device count; docs/scale.md): fsdp/tensor split the "
                                    "parameters, data×fsdp the rows. Default: rows over this process's devices, "
                                    "parameters replicated; recorded in lmb.json", metavar="AXIS=N,...")
     param_dtype: str = field("fp32", "parameter storage: bf16 halves the weights' memory (computation and "
                                      "log-sum-exp stay as --precision says; docs/scale.md measures the change); "
-                                     "recorded in lmb.json", choices=PARAM_DTYPES)
+                                     "recorded in lmb.json", choices=PRECISIONS)
     seed: int = field(0, "bootstrap seed")
     bos: bool | None = field(None, "--bos: put the BOS token (GPT-2: <|endoftext|>) before every phrase and score "
                                    "every token; --no-bos: never. Default: as the model's own tokenizer encodes a "
                                    "phrase (Llama, Mistral, Gemma add a BOS; GPT-2/DialoGPT as the reference, Qwen2, "
-                                   "Pythia do not); recorded in lmb.json")
+                                   "Pythia do not); recorded in lmb.json. In the chat format the template decides")
     n_std: float = field(3.0, "outlier interval width in standard deviations")
     ddof: int = field(0, "std convention: 0 population (reference), 1 sample", choices=(0, 1))
     alpha: float = field(0.05, "significance level (two-tailed); CI level is 1 - alpha")
@@ -62,13 +64,14 @@ class MeasureConfig:
 
     def __post_init__(self):
         check_types(self)
+        self.check_chat_settings()
         if self.split not in SPLITS:
             raise SettingError("split", f"must be {', '.join(SPLITS[:-1])} or {SPLITS[-1]}, got {self.split!r}")
         if self.batch_size < 1:
             raise SettingError("batch_size", f"must be >= 1, got {self.batch_size!r}")
-        for name, allowed in (("precision", ("fp32", "bf16")), ("param_dtype", PARAM_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise SettingError(name, f"must be 'fp32' or 'bf16', got {getattr(self, name)!r}")
+        for name in ("precision", "param_dtype"):  # (both name a dtype of rbjax.core.precision.DTYPES)
+            if getattr(self, name) not in PRECISIONS:
+                raise SettingError(name, f"must be {' or '.join(map(repr, PRECISIONS))}, got {getattr(self, name)!r}")
         if not 0 < self.alpha < 1:
             raise SettingError("alpha", f"must be between 0 and 1, got {self.alpha}")
         if not self.n_std > 0:
@@ -77,6 +80,17 @@ class MeasureConfig:
             raise SettingError("n_bootstrap", f"must be an integer >= 0 (0 = no bootstrap CI), got {self.n_bootstrap!r}")
         if self.ddof not in (0, 1):
             raise SettingError("ddof", f"must be 0 (population std) or 1 (sample std), got {self.ddof!r}")
+        if self.is_chat and self.bos is not None:
+            raise SettingError("bos", "has no effect with --format chat: the chat template decides whether a BOS "
+                                      "starts the chat")
+        if self.mesh is not None:  # the syntax here; the device count when the mesh is built
+            try:
+                sizes = parse_mesh(self.mesh, mesh_product(self.mesh), flag="{name}")
+            except ValueError as e:
+                raise SettingError("mesh", str(e)) from None
+            if sizes is not None and sizes["grid"] > 1:
+                raise SettingError("mesh", f"{self.mesh!r}: a measurement scores one model, it has no grid points "
+                                           "to spread; use data, fsdp and tensor")
 
     def replace(self, **changes) -> MeasureConfig:
         """A copy with ``changes`` (checked again).
@@ -114,6 +128,9 @@ class CompareConfig:
     seed: int = field(0, "bootstrap seed")
     labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output (default: A,B)", metavar="LABEL_A,LABEL_B",
                                     parse=_names)
+    allow_format_change: bool = field(False, "compare runs measured in different formats of the pairs (--format raw "
+                                             "vs chat, or two chat settings: does the chat format change the bias?); "
+                                             "the output says that it compares formats")
 
     def __post_init__(self):
         v = self.labels

@@ -24,6 +24,7 @@ from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
+from rbjax.model.chat import ChatError, ChatTurns
 from rbjax.model.handle import ModelHandle
 from rbjax.model.peft_adapter import adapter_files_key, load_adapter
 
@@ -83,8 +84,8 @@ class LoadedModel:
 
     Build it from a folder, hub id or finished ``rbjax debias`` run folder (``LoadedModel(model, tokenizer, ...)``),
     or from parameters already in memory (:meth:`from_params`: the sweep's grid points and a finished training run
-    are measured without writing and re-reading a model). ``fingerprint()`` is the content key that per-type results
-    are reused under.
+    are measured without writing and re-reading a model). Per-type results are reused under the content of the
+    weights, the tokenizer and a PEFT adapter scored on the model, if any (:meth:`files_key`).
 
     ``bos``: ``None`` (default) scores a phrase as the model's own tokenizer encodes it (a BOS before it where the
     tokenizer adds one); ``True``/``False`` force it (:meth:`rbjax.model.handle.ModelHandle.bos_id`). The resolved
@@ -102,13 +103,13 @@ class LoadedModel:
         self._setup(handle, batch_size, bos, precision, mesh, param_dtype, params=params, adapter=adapter)
 
     @classmethod
-    def from_params(cls, params, config, tokenizer, *, name: str, key, batch_size: int = 64, bos: bool | None = None,
+    def from_params(cls, params, config, tokenizer, *, name: str, digest: str, batch_size: int = 64, bos: bool | None = None,
                     precision: str = "fp32", mesh=None, param_dtype: str = "fp32") -> "LoadedModel":
         """A model already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and its
-        content ``key`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
+        content ``digest`` (e.g. :func:`rbjax.core.keys.tree_digest` of the params, or the digest of the files
         they were exported to)."""
         self = cls.__new__(cls)
-        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, key=key), batch_size, bos, precision,
+        self._setup(ModelHandle.from_params(params, config, tokenizer, name=name, digest=digest), batch_size, bos, precision,
                     mesh, param_dtype)
         return self
 
@@ -126,15 +127,14 @@ class LoadedModel:
                                        bos_id=handle.bos_id(bos), precision=precision,
                                        mesh=mesh, param_dtype=param_dtype)
 
+    def files_key(self) -> dict:
+        """Content key of what is scored: ``{"model": …, "tokenizer": …}`` (the handle's file keys) and
+        ``"adapter": {file: sha256}`` when a PEFT adapter is scored on the model."""
+        key = {"model": self.handle.files_key(), "tokenizer": self.handle.tokenizer_files_key()}
+        return key if self.adapter is None else {**key, "adapter": adapter_files_key(self.adapter)}
+
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
-
-    def fingerprint(self) -> dict:
-        """Content key of the weights and the tokenizer: ``{"model": {file: sha256}, "tokenizer": {file: sha256}}``
-        (:meth:`rbjax.model.handle.ModelHandle.fingerprint`), and ``"adapter": {file: sha256}`` of a PEFT adapter
-        scored on the model."""
-        fp = self.handle.fingerprint()
-        return fp if self.adapter is None else {**fp, "adapter": adapter_files_key(self.adapter)}
 
 
 def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
@@ -147,31 +147,67 @@ def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) ->
     return st, mask
 
 
+def chat_pair_ids(chat: ChatTurns, pairs: PhrasePairs):
+    """The pairs in the chat format: ``(biased ids, counterfactual ids, (biased n_context, counterfactual
+    n_context))`` — each phrase rendered as its turn of ``chat`` (:meth:`rbjax.model.chat.ChatTurns.encode`), up to
+    the end of its scored span, for :meth:`rbjax.lmb.perplexity.PerplexityScorer.score_pairs`.
+
+    Raises:
+        ValueError: a phrase the template does not keep as it is (file and row named).
+    """
+    out = []
+    for side, phrases in (("biased", pairs.biased), ("counterfactual", pairs.counterfactual)):
+        try:
+            out.append(chat.encode(phrases))
+        except ChatError:
+            for i, p in enumerate(phrases):  # name the row
+                try:
+                    chat.encode([p])
+                except ChatError as e:
+                    raise ValueError(f"{pairs.locate(i)}: {side} phrase: {e}") from None
+            raise
+    b, c = out
+    return [s.ids for s in b], [s.ids for s in c], ([s.n_context for s in b], [s.n_context for s in c])
+
+
 def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_unscorable: bool = False,
-                                progress=None) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
+                                progress=None, chat: ChatTurns | None = None
+                                ) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
     """``[(biased_ppl, counter_ppl, notes)]`` of one bias type under every model of a *stacked* scorer
     (:class:`rbjax.lmb.perplexity.PerplexityScorer` with ``stacked=True``): one vmapped pass over the pairs for all
     models (the sweep's grid points), each pair's shared prefix run once.
+
+    ``chat``: score each phrase as its turn of a chat (:func:`chat_pair_ids`; only the phrase's tokens are scored,
+    the template's are context); ``None``: as bare text (the paper).
 
     Raises:
         ValueError: an unscorable pair (unless ``skip_unscorable``) or a non-finite perplexity (file and row named).
     """
 
     try:
-        sb, sc = scorer.score_text_pairs(pairs.biased, pairs.counterfactual, tokenizer, progress=progress)
+        if chat is None:
+            sb, sc = scorer.score_text_pairs(pairs.biased, pairs.counterfactual, tokenizer, progress=progress)
+        else:
+            a, c, n_context = chat_pair_ids(chat, pairs)
+            sb, sc = scorer.score_pairs(a, c, progress=progress, n_context=n_context)
     except PhraseError as e:
         raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     if not isinstance(sb, list):
         sb, sc = [sb], [sc]
-    return [_checked(pairs, b, c, skip_unscorable) for b, c in zip(sb, sc)]
+    return [checked_pair_perplexities(pairs, b, c, skip_unscorable, chat is not None) for b, c in zip(sb, sc)]
 
 
-def _checked(pairs: PhrasePairs, sb, sc, skip_unscorable: bool):
+def checked_pair_perplexities(pairs: PhrasePairs, sb, sc, skip_unscorable: bool, chat: bool = False):
+    """``(biased_ppl, counter_ppl, notes)`` of the :class:`~rbjax.lmb.perplexity.PhraseScores` of ``pairs``' two
+    sides: an unscorable pair gets a note (or, without ``skip_unscorable``, a ValueError naming its row), a
+    non-finite perplexity a ValueError. ``chat``: the phrases were scored as chat turns (an unscorable one has no
+    token of its own in the chat)."""
     notes = [""] * len(pairs)
     bad = np.nonzero(~sb.scorable | ~sc.scorable)[0]
     for i in bad:
         side = "biased" if not sb.scorable[i] else "counterfactual"
-        notes[i] = f"unscorable: the {side} phrase has fewer than 2 tokens"
+        notes[i] = (f"unscorable: the {side} phrase has no token of its own in the chat" if chat else
+                    f"unscorable: the {side} phrase has fewer than 2 tokens")
     if len(bad) and not skip_unscorable:
         i = int(bad[0])
         raise ValueError(f"{pairs.locate(i)}: {notes[i]} (it has no perplexity); "
@@ -194,7 +230,8 @@ def score_phrases(model, phrases: Sequence[str], tokenizer=None, batch_size: int
     return m.score(phrases).perplexity
 
 
-def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progress: bool, skip_unscorable: bool):
+def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progress: bool, skip_unscorable: bool,
+                      chat: ChatTurns | None = None):
     """Return (biased_ppl, counter_ppl, note per pair) for a bias type."""
     n = len(pairs)
     if model is None:
@@ -202,7 +239,7 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
 
     with progress_bar(2 * n, f"{pairs.bias_type} ({pairs.split})", "phrase", enabled=show_progress) as bar:
         (res,) = pair_perplexities_of_models(model.scorer, model.tokenizer, pairs, skip_unscorable=skip_unscorable,
-                                             progress=bar.update)
+                                             progress=bar.update, chat=chat)
     return res
 
 
@@ -266,6 +303,11 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
       log-sum-exp, docs/lmb.md) and ``param_dtype`` (docs/scale.md) are recorded in each record's ``settings`` and
       are part of the resume key; ``mesh`` (:func:`rbjax.core.mesh.parse_mesh`) is recorded in ``settings["mesh"]``
       but not in the key (a mesh changes the float32 rounding only).
+    * ``format="chat"`` (docs/chat.md): each phrase is scored as a turn of the model's own chat template
+      (:class:`rbjax.model.chat.ChatTurns`: ``role``, ``system``, ``prompt``, ``score_end_of_turn``,
+      ``chat_template``), only its own tokens scored, the template's as context; the template decides the BOS
+      (``bos`` must be left unset). The format, the settings, the template's sha256 and the text it renders around a
+      phrase are part of the resume key; each record's ``inputs`` holds them with one rendered example.
     * With a :class:`LoadedModel`, its own batch size, precision, mesh and parameter dtype are used.
 
     Returns:
@@ -290,6 +332,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         raise ValueError("--adapter has no effect with --stored-perplexities")
     if stored_perplexities and (mesh or param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
+    if stored_perplexities and cfg.is_chat:
+        raise ValueError("--format chat scores phrases with a model; the stored perplexities are of bare text")
     mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
@@ -315,20 +359,33 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         bos = loaded.bos
     else:
         bos = False
+    chat = None
+    if loaded is not None and cfg.is_chat:
+        chat = cfg.chat_turns(loaded.tokenizer)  # a model without a template fails here, before out_dir
+        bos = None  # the template decides
+        if progress:
+            log.info(chat.describe())
     settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
                 "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
                 "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
                 "param_dtype": None if stored_perplexities else param_dtype,
                 "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
-                "bos_policy": None if loaded is None else loaded.bos_policy,
+                "bos_policy": None if loaded is None else ("chat template" if chat else loaded.bos_policy),
                 "adapter": None if loaded is None else loaded.adapter,
+                "format": cfg.format,
+                **({} if chat is None else {"role": chat.role, "system": chat.system, "prompt": chat.prompt,
+                                            "score_end_of_turn": chat.score_end_of_turn,
+                                            "chat_template": cfg.chat_template}),
                 "tokenizer": None if loaded is None else loaded.tokenizer.source,
                 "data": {"root": str(data.root), "upstream_commit": data.commit}}
-    model_key = {"stored_perplexities": True} if loaded is None else loaded.fingerprint()
+    # content, not paths: the same weights copied elsewhere are the same model; weights rewritten in place another
+    model_key = {"stored_perplexities": True} if loaded is None else loaded.files_key()
     scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
                "precision": None if stored_perplexities else precision}
     if param_dtype != "fp32":  # (absent when fp32: keys of earlier runs stay valid)
         scoring["param_dtype"] = param_dtype
+    if chat is not None:  # (absent in the raw format: keys of earlier runs stay valid)
+        scoring["chat"] = chat.key()
 
     def type_key(pairs: PhrasePairs) -> dict:
         """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""
@@ -376,7 +433,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             else:
                 if out is not None:
                     state.drop(pairs.bias_type)  # the CSV about to be replaced is no longer described by the state
-                b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable)
+                b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable, chat)
             keep = np.array([not n for n in notes], dtype=bool)
             if not keep.all():
                 log.info(f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
@@ -384,7 +441,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
                                        seed=seed, remove_outliers=outlier_removal)
             rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
-                   "inputs": record_inputs(key, pairs),
+                   "inputs": record_inputs(key, pairs, chat),
                    "n_pairs_unscorable": int((~keep).sum()),
                    "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
                    "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta,
@@ -433,19 +490,26 @@ def pairs_digest(biased: Sequence[str], counterfactual: Sequence[str]) -> str:
     return digest([list(biased), list(counterfactual)])
 
 
-def record_inputs(key: dict, pairs: PhrasePairs) -> dict:
+def record_inputs(key: dict, pairs: PhrasePairs, chat: ChatTurns | None = None) -> dict:
     """The ``inputs`` block of an ``lmb.json`` record: what the pairs and their scoring were made of, by content.
 
     ``{"data_files": {file name: sha256}, "pairs_sha256": ..., "tokenizer": {file: sha256} | {"source": id} | None,
-    "model": {file: sha256} | None, "bos": bool, "skip_unscorable": bool, "precision": ...}`` (``model`` and
-    ``tokenizer`` are ``None`` for stored perplexities). :mod:`rbjax.lmb.compare` refuses to compare runs whose
-    pairs or tokenization differ on these; a model card names the model files by them.
+    "model": {file: sha256} | None, "bos": bool | None, "skip_unscorable": bool, "precision": ..., "format": "raw" |
+    "chat"}`` (``model`` and ``tokenizer`` are ``None`` for stored perplexities), and in the chat format ``"chat"``:
+    role, system prompt, user message, end-of-turn scoring, the template's sha256 and source, the sha256 of the text
+    it renders around a phrase, and one rendered example (the type's first biased phrase:
+    :meth:`rbjax.model.chat.ChatTurns.record`). :mod:`rbjax.lmb.compare` refuses to compare runs whose pairs,
+    tokenization or format differ on these; a model card names the model files and the format by them.
     """
     m = key["model"]
     stored = m.get("stored_perplexities") is True
-    return {"data_files": key["data"], "pairs_sha256": pairs_digest(pairs.biased, pairs.counterfactual),
-            "tokenizer": None if stored else m.get("tokenizer"), "model": None if stored else m.get("model"),
-            "bos": key["bos"], "skip_unscorable": key["skip_unscorable"], "precision": key["precision"]}
+    rec = {"data_files": key["data"], "pairs_sha256": pairs_digest(pairs.biased, pairs.counterfactual),
+           "tokenizer": None if stored else m.get("tokenizer"), "model": None if stored else m.get("model"),
+           "bos": key["bos"], "skip_unscorable": key["skip_unscorable"], "precision": key["precision"],
+           "format": "chat" if chat is not None else "raw"}
+    if chat is not None:
+        rec["chat"] = chat.record(pairs.biased[0] if len(pairs) else None)
+    return rec
 
 
 def _short_label(name: str) -> str:

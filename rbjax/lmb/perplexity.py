@@ -8,7 +8,12 @@ Gemma — or ``--bos``; GPT-2's is ``<|endoftext|>``) the BOS is prepended as co
 all n tokens are scored (docs/lmb.md). A phrase with fewer than 2 scorable tokens has no perplexity: it is
 reported as unscorable (NaN, ``n_scored == 0``), never as 0 (the reference's fallback).
 
-How the work is cut down (issue 11), each step exact in float32:
+**Context tokens** (the chat format, docs/chat.md): ``n_context`` gives, per phrase, how many leading tokens are
+context only — a chat template's BOS, role headers, system prompt and earlier turns. They are run (the phrase is
+conditioned on them) but never scored; every token after them is, the first one predicted by the last context token.
+No BOS is added to such a phrase: the context holds whatever the template put first.
+
+How the work is cut down, each step exact in float32:
 
 * **Pairs share their prefix.** A biased phrase and its counterfactual usually agree up to the target term.
   :meth:`PerplexityScorer.score_pairs` lays a pair out as one *tree* ``[common prefix | rest of the biased
@@ -19,9 +24,14 @@ How the work is cut down (issue 11), each step exact in float32:
   predicts the first token of both branches from one log-sum-exp.
 * **Packing, little padding.** Trees (or single phrases) are packed into rows of ``row_len`` slots (best-fit
   decreasing; 98 % of the slots are used on the RedditBias test split); a block mask keeps them apart and
-  position ids restart in each. The row length is the cheapest of a few candidates (32, 48, 64, 96, 128) by a
+  position ids restart in each. The row length is the cheapest of a few candidates (32 … 256 slots) by a
   FLOP model; a run compiles one program per (row length, rows per batch): the full batch and, for the last
   batch, the smallest multiple of a quarter batch that holds the rest — not one per phrase length.
+* **A context shared by every phrase is run once per row.** In the chat format every phrase starts with the same
+  template prefix (10–40 tokens). When all the sequences of a call share a leading context of K+1 tokens or more,
+  its first K tokens are laid once at the start of every packed row and every tree in the row attends to them
+  (position ids continue from K in each tree), instead of being repeated in each tree. The last shared token stays
+  in each tree, so that what it predicts — the phrase's first token — belongs to the tree.
 * **LM head only where a token is predicted.** The last token of each phrase and the empty slots predict
   nothing; the predicting slots of each row are gathered into a packed ``(rows, head_slots)`` array before the
   chunked log-sum-exp (:mod:`rbjax.model.nll`).
@@ -36,6 +46,7 @@ With several devices the batch rows are sharded over all of them (a 1-D ``Mesh``
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from functools import partial
@@ -56,19 +67,16 @@ __all__ = ["PerplexityScorer", "PhraseScores", "PhraseError", "token_nll", "chun
            "HEAD_CHUNK", "SLOTS_PER_PHRASE", "common_prefix_length"]
 
 
-#: parameter storage dtypes of the scorer (``param_dtype``)
-PARAM_DTYPES = {"fp32": np.float32, "bf16": jnp.bfloat16}
-
 #: a batch holds ``batch_size × SLOTS_PER_PHRASE`` token slots (``batch_size`` is a nominal phrase count: RedditBias
 #: phrases have 13 tokens on average, a pair tree ≈ 22 slots)
 SLOTS_PER_PHRASE = 16
 #: candidate row lengths (slots); a run takes the cheapest of the (up to three) shortest that hold its longest
 #: phrase or pair tree, by a FLOP model of body, attention and LM head; longer trees: multiples of 64
-ROW_LENGTHS = (32, 48, 64, 96, 128)
-
-
-def _compute_dtype(precision: str):
-    return get_policy(precision).compute_dtype
+ROW_LENGTHS = (32, 48, 64, 96, 128, 192, 256)
+#: the segment id of a row's shared context slots
+ROW_CONTEXT = -2
+#: a shared context shorter than this is left in the trees (not worth a row's slots)
+MIN_ROW_CONTEXT = 4
 
 
 @partial(jax.jit, static_argnames=("config", "precision"))
@@ -107,7 +115,7 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, preci
         params: the model's params (kernels may already be in the compute dtype). head_emb: (V, d) LM-head
             embedding (``Family.lm_head(params)``).
         ids, pos: int32 (R, L) tokens and position ids. seg: int32 (R, L) tree id of each slot within its row
-            (−1 for empty slots). br: int32 (R, L) branch (0 = shared prefix / whole phrase, 1 and 2 = the two
+            (−1 for empty slots, ``ROW_CONTEXT`` (−2) for the row's shared context, which every slot may attend to). br: int32 (R, L) branch (0 = shared prefix / whole phrase, 1 and 2 = the two
             continuations of a pair).
         pidx: int32 (R, P) slot index of each predicting slot (packed; extra entries are ignored by the caller).
         tgt: int32 (R, P, 2) the token(s) each predicting slot predicts (two at a pair's branch point).
@@ -118,7 +126,9 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, preci
     dt = policy.compute_dtype
     same = seg[:, :, None] == seg[:, None, :]
     bq, bk = br[:, :, None], br[:, None, :]
-    allowed = same & ((bk == 0) | (bk == bq))  # the model adds the causal (slot order) mask
+    # a tree sees its prefix and its own branch, and the row's shared context (seg ROW_CONTEXT); the model adds the
+    # causal (slot order) mask
+    allowed = (same & ((bk == 0) | (bk == bq))) | (seg[:, None, :] == ROW_CONTEXT)
     fam = family_of_config(config)
     with policy.matmul_context():
         model = fam.module(config, dtype=dt)
@@ -155,7 +165,7 @@ class PhraseScores:
     Attributes:
         mean_nll: float64 (N,), mean next-token NLL in nats (NaN when unscorable).
         n_scored: int (N,), number of scored tokens (0 = unscorable).
-        n_tokens: int (N,), phrase length in tokens (without an added BOS).
+        n_tokens: int (N,), phrase length in tokens (without an added BOS or the context tokens).
         nll_sum: float64 (N,), summed next-token NLL in nats (0 when unscorable); corpus-level
             estimators (e.g. LMP) pool these.
         precision: the compute precision that produced them (``"fp32"`` or ``"bf16"``).
@@ -202,27 +212,52 @@ class _Tree:
         return len(self.ids)
 
 
-def _single_tree(seq: list, i: int) -> _Tree:
-    return _Tree(ids=list(seq), pos=list(range(len(seq))), br=[0] * len(seq),
-                 pred=[(j, [(seq[j + 1], i, -1)]) for j in range(len(seq) - 1)], n_phrases=1, n_alone=len(seq))
+def _single_tree(seq: list, i: int, first: int = 1, skip: int = 0) -> _Tree:
+    """One phrase: slot j predicts token j+1 when j+1 >= ``first`` (the first scored token); the tree starts at
+    token ``skip`` of the sequence (the tokens before it are the row's shared context)."""
+    ids = list(seq[skip:])
+    return _Tree(ids=ids, pos=list(range(skip, len(seq))), br=[0] * len(ids),
+                 pred=[(j - skip, [(seq[j + 1], i, -1)]) for j in range(max(first - 1, skip), len(seq) - 1)],
+                 n_phrases=1, n_alone=len(seq))
 
 
-def _pair_tree(a: list, c: list, i: int) -> _Tree:
+def _pair_tree(a: list, c: list, i: int, fa: int = 1, fc: int = 1, skip: int = 0) -> _Tree:
+    """A biased phrase and its counterfactual sharing their common prefix; ``fa``/``fc``: the first scored token
+    of each (targets before it are context, owned by nobody); ``skip`` as :func:`_single_tree`."""
     p = common_prefix_length(a, c)
-    ids = a[:p] + a[p:] + c[p:]
-    pos = list(range(p)) + list(range(p, len(a))) + list(range(p, len(c)))
-    br = [0] * p + [1] * (len(a) - p) + [2] * (len(c) - p)
-    pred = [(j, [(a[j + 1], i, i)]) for j in range(p - 1)]  # inside the prefix: one target, both phrases
+    ids = a[skip:p] + a[p:] + c[p:]
+    pos = list(range(skip, p)) + list(range(p, len(a))) + list(range(p, len(c)))
+    br = [0] * (p - skip) + [1] * (len(a) - p) + [2] * (len(c) - p)
+    pred = []
+    for j in range(skip, p - 1):  # inside the prefix: one target, both phrases (each from its first scored token)
+        oa, oc = (i if j + 1 >= fa else -1), (i if j + 1 >= fc else -1)
+        if oa >= 0 or oc >= 0:
+            pred.append((j - skip, [(a[j + 1], oa, oc)]))
     if p >= 1:  # the branch point: one state, up to two targets
-        t = ([(a[p], i, -1)] if len(a) > p else []) + ([(c[p], -1, i)] if len(c) > p else [])
+        t = ([(a[p], i, -1)] if len(a) > p and p >= fa else []) + ([(c[p], -1, i)] if len(c) > p and p >= fc else [])
         if t:
-            pred.append((p - 1, t))
-    off = p
-    for seq, own in ((a, (i, -1)), (c, (-1, i))):
+            pred.append((p - 1 - skip, t))
+    off = p - skip
+    for seq, f, own in ((a, fa, (i, -1)), (c, fc, (-1, i))):
         n = len(seq) - p
-        pred += [(off + k, [(seq[p + k + 1], *own)]) for k in range(n - 1)]
+        pred += [(off + k, [(seq[p + k + 1], *own)]) for k in range(n - 1) if p + k + 1 >= f]
         off += n
     return _Tree(ids=ids, pos=pos, br=br, pred=pred, n_phrases=2, n_alone=len(a) + len(c))
+
+
+def _row_context(seqs: Sequence[list], firsts: Sequence[int]) -> int:
+    """K: the leading tokens every sequence shares and none scores, less the last of them (it stays in each tree to
+    predict the first scored token); 0 when shorter than :data:`MIN_ROW_CONTEXT`."""
+    if not seqs:
+        return 0
+    k = min(firsts) - 1
+    ref = seqs[0]
+    for s in seqs[1:]:
+        k = min(k, common_prefix_length(ref, s))
+        if k < MIN_ROW_CONTEXT:
+            return 0
+    k = min(k, len(ref))
+    return k if k >= MIN_ROW_CONTEXT else 0
 
 
 def _pack(sizes: np.ndarray, preds: np.ndarray, row_len: int, head_slots: int) -> list[list[int]]:
@@ -270,18 +305,19 @@ def _head_slots(L: int) -> int:
     return max(1, L - max(4, L // 16)) if L > 8 else L
 
 
-def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None):
-    """Choose the row length, pack, return ``(L, P, rows)``."""
-    longest = int(sizes.max())
+def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None, shared: int = 0):
+    """Choose the row length, pack, return ``(L, P, rows)``; each row starts with ``shared`` context slots."""
+    longest = int(sizes.max()) + shared
     if row_len is not None:
         cands = [max(int(row_len), -(-longest // 16) * 16)]
-    else:
-        cands = [c for c in ROW_LENGTHS if c >= longest][:3] or [-(-longest // 64) * 64]
+    else:  # the shortest three that fit; with a row context all that fit (a longer row spreads the context over
+        # more trees, at little attention cost)
+        cands = [c for c in ROW_LENGTHS if c >= longest][:None if shared else 3] or [-(-longest // 64) * 64]
     d, V, nl = config.hidden_size, config.vocab_size, config.num_layers
     best = None
     for L in cands:
-        P = max(_head_slots(L), int(preds.max()))
-        rows = _pack(sizes, preds, L, P)
+        P = max(_head_slots(L - shared), int(preds.max()))
+        rows = _pack(sizes, preds, L - shared, P)
         cost = len(rows) * (L * nl * (24 * d * d + 4 * L * d) + P * 2 * d * V)
         if best is None or cost < best[0]:
             best = (cost, L, P, rows)
@@ -311,9 +347,10 @@ class PerplexityScorer:
             (:data:`SLOTS_PER_PHRASE`), i.e. ``max(1, batch_size·16 // row_len)`` packed rows, rounded up to a
             multiple of the device count when batches are sharded. 64 (1,024 slots) suits a CPU; accelerators
             want more.
-        row_len: token slots per packed row. Default: chosen per call among 32/48/64/96/128 (the cheapest of the
-            shortest three that hold the longest phrase or pair tree); an int fixes it (raised, in steps of 16,
-            to fit the longest).
+        row_len: token slots per packed row. Default: chosen per call among :data:`ROW_LENGTHS` (32 … 256) by the
+            FLOP model: the cheapest of the shortest three that hold the longest phrase or pair tree (with a row
+            context: of all that hold it and the context); an int fixes it (raised, in steps of 16, to fit the
+            longest).
         bos_id: when given, prepend this id (e.g. 50256) and score every phrase token.
         precision: ``"fp32"`` (default; matmuls at ``"highest"``) or ``"bf16"`` (bf16 matmul inputs, float32
             accumulation / softmax / log-sum-exp; see the module docstring).
@@ -322,7 +359,7 @@ class PerplexityScorer:
             one device means no sharding).
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`; replaces ``devices``): the parameters are placed by
             the family's logical axes (``fsdp`` / ``tensor`` split them, :mod:`rbjax.model.partition`), the rows
-            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding (issue 21).
+            split over ``data`` × ``fsdp``; results equal the unsharded ones to float32 rounding.
         param_dtype: ``"fp32"`` (default) or ``"bf16"``: the parameters are *stored* in bf16 (half the memory) and
             promoted to the compute dtype inside every matmul; accumulation, residual stream, LayerNorm, softmax
             and log-sum-exp stay float32 as with ``precision``. The effect is that of rounding every weight to
@@ -334,7 +371,8 @@ class PerplexityScorer:
         last_stats: token accounting of the last call, for benchmarks: ``phrase_tokens`` (tokens of the scored
             phrases, each counted on its own), ``slots_run`` (tokens the body actually runs: shared prefixes once),
             ``slots_total`` (slots of the compiled batches, padding included), ``predicting`` (positions that
-            predict a token), ``head_rows`` (positions the LM head processes), ``batches``, ``rows``.
+            predict a token), ``head_rows`` (positions the LM head processes), ``batches``, ``rows``, ``row_context``
+            (the context slots every row starts with).
     """
 
     def __init__(self, params, config, batch_size: int = 64, bos_id: int | None = None,
@@ -345,24 +383,14 @@ class PerplexityScorer:
         if row_len is not None and row_len < 2:
             raise ValueError(f"row_len must be >= 2, got {row_len}")
         self.config = config
+        self.policy = get_policy(precision, param_dtype)  # compute dtype and parameter storage (unknown names refused)
         self.precision = precision
-        self.dtype = _compute_dtype(precision)
+        self.dtype = self.policy.compute_dtype
         self.bos_id = bos_id
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
-        if param_dtype not in PARAM_DTYPES:
-            raise ValueError(f"param_dtype must be one of {tuple(PARAM_DTYPES)}, got {param_dtype!r}")
         self.param_dtype = param_dtype
-        if PARAM_DTYPES[param_dtype] != np.float32:
-            # host arrays are cast on the host (no full-size copy on one device); arrays already split over a mesh
-            # (read slice by slice by the loader) are cast where they lie, each device its own slices
-            def cast(x):
-                if isinstance(x, jax.Array) and not x.is_fully_replicated:
-                    return x.astype(PARAM_DTYPES[param_dtype]) if jnp.issubdtype(x.dtype, jnp.floating) else x
-                x = np.asarray(x)
-                return x.astype(PARAM_DTYPES[param_dtype]) if np.issubdtype(x.dtype, np.floating) else x
-
-            params = jax.tree.map(cast, params)
+        params = self.policy.cast_for_storage(params)  # (on the host, or where a mesh's slices lie)
         # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
         # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()
@@ -404,24 +432,31 @@ class PerplexityScorer:
         self.last_stats: dict = {}
 
     # ------------------------------------------------------------------------------------------- public API
-    def score_ids(self, token_ids: Sequence[Sequence[int]], progress: Callable[[int], None] | None = None):
+    def score_ids(self, token_ids: Sequence[Sequence[int]], progress: Callable[[int], None] | None = None, *,
+                  n_context: Sequence[int] | None = None):
         """Score token-id lists.
 
         Args:
             token_ids: N phrases, each a list of token ids (no BOS; :attr:`bos_id` adds it).
             progress: called with a number of phrases as batches finish (N in all).
+            n_context: per phrase, the number of its leading ids that are context only (module docstring): they
+                are run, never scored, and no BOS is added. ``None``: the phrase alone (after :attr:`bos_id`).
         Returns:
             :class:`PhraseScores` (a list of M of them when ``stacked``).
         Raises:
             PhraseError: a phrase longer than ``config.max_positions`` or with an id outside the vocabulary.
+            ValueError: ``n_context`` of another length, or a count outside ``[0, len(phrase)]``.
         """
-        seqs = self._prepare(token_ids, None)
-        trees = [(_single_tree(s, i) if len(s) >= 2 else None) for i, s in enumerate(seqs)]
-        sums, counts = self._run(trees, len(seqs), progress)
-        return self._results(sums[0], counts[0], seqs)
+        seqs, firsts = self._prepare(token_ids, None, n_context)
+        live = [s for s, f in zip(seqs, firsts) if len(s) > f]
+        k = _row_context(live, [f for s, f in zip(seqs, firsts) if len(s) > f])
+        trees = [(_single_tree(s, i, f, k) if len(s) > f else None) for i, (s, f) in enumerate(zip(seqs, firsts))]
+        sums, counts = self._run(trees, len(seqs), progress, shared=live[0][:k] if k else ())
+        return self._results(sums[0], counts[0], seqs, n_context)
 
     def score_pairs(self, biased_ids: Sequence[Sequence[int]], counter_ids: Sequence[Sequence[int]],
-                    progress: Callable[[int], None] | None = None):
+                    progress: Callable[[int], None] | None = None, *,
+                    n_context: tuple[Sequence[int], Sequence[int]] | None = None):
         """Score biased phrases and their counterfactuals together, sharing each pair's common token prefix.
 
         Equal to ``score_ids(biased_ids), score_ids(counter_ids)`` up to float rounding (tests: 1e-5 relative in
@@ -430,6 +465,8 @@ class PerplexityScorer:
         Args:
             biased_ids, counter_ids: N token-id lists each; pair i is ``(biased_ids[i], counter_ids[i])``.
             progress: called with a number of phrases as batches finish (2N in all).
+            n_context: ``(biased, counterfactual)`` context counts per phrase (:meth:`score_ids`), e.g. the chat
+                template's prefix; a context common to the pair is part of its shared prefix, run once.
         Returns:
             ``(biased, counterfactual)`` :class:`PhraseScores` (with ``stacked``: two lists of M).
         Raises:
@@ -437,11 +474,16 @@ class PerplexityScorer:
         """
         if len(biased_ids) != len(counter_ids):
             raise ValueError(f"{len(biased_ids)} biased phrases but {len(counter_ids)} counterfactuals")
-        a = self._prepare(biased_ids, "biased")
-        c = self._prepare(counter_ids, "counterfactual")
-        trees = [(_pair_tree(x, y, i) if max(len(x), len(y)) >= 2 else None) for i, (x, y) in enumerate(zip(a, c))]
-        sums, counts = self._run(trees, len(a), progress, n_skipped_phrases=2)
-        return self._results(sums[0], counts[0], a), self._results(sums[1], counts[1], c)
+        na, nc = (None, None) if n_context is None else n_context
+        a, fa = self._prepare(biased_ids, "biased", na)
+        c, fc = self._prepare(counter_ids, "counterfactual", nc)
+        scorable = [len(x) > f or len(y) > g for x, y, f, g in zip(a, c, fa, fc)]
+        live = [x for x, y, ok in zip(a, c, scorable) if ok] + [y for x, y, ok in zip(a, c, scorable) if ok]
+        k = _row_context(live, [f for f, ok in zip(fa, scorable) if ok] + [g for g, ok in zip(fc, scorable) if ok])
+        trees = [(_pair_tree(x, y, i, f, g, k) if ok else None)
+                 for i, (x, y, f, g, ok) in enumerate(zip(a, c, fa, fc, scorable))]
+        sums, counts = self._run(trees, len(a), progress, n_skipped_phrases=2, shared=live[0][:k] if k else ())
+        return self._results(sums[0], counts[0], a, na), self._results(sums[1], counts[1], c, nc)
 
     def score_texts(self, texts: Sequence[str], tokenizer, progress=None):
         """Tokenise (no special tokens, as the reference) and score ``texts``."""
@@ -452,23 +494,48 @@ class PerplexityScorer:
         return self.score_pairs(tokenizer.encode_batch(list(biased)), tokenizer.encode_batch(list(counterfactual)),
                                 progress=progress)
 
+    def with_bos(self, bos_id: int | None) -> "PerplexityScorer":
+        """This scorer with another ``bos_id``: the same parameters on the same devices (nothing is copied), the
+        compiled programs shared. A pair benchmark scores each sentence with lm-evaluation-harness's start token
+        and, where that differs, as the model's tokenizer encodes it (:mod:`rbjax.lmb.pair_benchmark`)."""
+        other = copy.copy(self)
+        other.bos_id = bos_id
+        other.last_stats = {}
+        return other
+
     @property
     def compile_count(self) -> int:
         return len(self.programs)
 
     # ------------------------------------------------------------------------------------------- internals
-    def _prepare(self, token_ids, side):
-        seqs = [([self.bos_id] if self.bos_id is not None else []) + [int(x) for x in t] for t in token_ids]
+    def _prepare(self, token_ids, side, n_context=None):
+        """``(sequences, first scored index of each)``: the BOS added (no context given), ids checked."""
+        if n_context is None:
+            seqs = [([self.bos_id] if self.bos_id is not None else []) + [int(x) for x in t] for t in token_ids]
+            firsts = [1] * len(seqs)
+        else:
+            if len(n_context) != len(token_ids):
+                raise ValueError(f"{len(n_context)} context counts for {len(token_ids)} phrases")
+            seqs = [[int(x) for x in t] for t in token_ids]
+            firsts = []
+            for i, (s, k) in enumerate(zip(seqs, n_context)):
+                if not 0 <= int(k) <= len(s):
+                    raise ValueError(f"{side + ' ' if side else ''}phrase {i}: {k} context tokens of {len(s)}")
+                firsts.append(max(1, int(k)))
         max_pos, vmax = self.config.max_positions, self.config.vocab_size
         for i, s in enumerate(seqs):
             if len(s) > max_pos:
                 raise PhraseError(i, f"{len(s)} tokens, but the model takes at most {max_pos}", side)
             if s and (min(s) < 0 or max(s) >= vmax):
                 raise PhraseError(i, f"a token id outside the model vocabulary [0, {vmax})", side)
-        return seqs
+        return seqs, firsts
 
-    def _results(self, nll_sum, n_scored, seqs):
-        n_tok = np.array([len(s) for s in seqs], np.int64) - (1 if self.bos_id is not None else 0)
+    def _results(self, nll_sum, n_scored, seqs, n_context=None):
+        """Per-phrase results; ``n_tokens`` counts a phrase's own tokens (no BOS added, no context)."""
+        if n_context is None:
+            n_tok = np.array([len(s) for s in seqs], np.int64) - (1 if self.bos_id is not None else 0)
+        else:
+            n_tok = np.array([len(s) - int(k) for s, k in zip(seqs, n_context)], np.int64)
 
         def one(s, c):
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -480,9 +547,10 @@ class PerplexityScorer:
             return [one(nll_sum[m], n_scored) for m in range(nll_sum.shape[0])]
         return one(nll_sum[0], n_scored)
 
-    def _run(self, trees, n, progress, n_skipped_phrases=1):
-        """Pack ``trees`` (None = nothing to predict), run every batch, return per-owner sums and counts:
-        ``sums`` (2, M, n) float64 (owner a / owner c), ``counts`` (2, n) int64."""
+    def _run(self, trees, n, progress, n_skipped_phrases=1, shared=()):
+        """Pack ``trees`` (None = nothing to predict) after the row context ``shared`` (token ids at the start of
+        every row), run every batch, return per-owner sums and counts: ``sums`` (2, M, n) float64 (owner a /
+        owner c), ``counts`` (2, n) int64."""
         M = self.n_models if self.stacked else 1
         sums = np.zeros((2, M, n), np.float64)
         counts = np.zeros((2, n), np.int64)
@@ -493,9 +561,10 @@ class PerplexityScorer:
         if live:
             sizes = np.array([t.size for t in live])
             preds = np.array([len(t.pred) for t in live])
-            L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len)
-            stats.update(slots_run=int(sizes.sum()), predicting=int(preds.sum()), rows=len(rows), row_len=L,
-                         head_slots=P)
+            K = len(shared)
+            L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len, K)
+            stats.update(slots_run=int(sizes.sum()) + K * len(rows), predicting=int(preds.sum()), rows=len(rows),
+                         row_len=L, head_slots=P, row_context=K)
             # rows per batch: a multiple of the device count, and of 4 devices' worth when that large, so that the
             # last batch can take the smallest multiple of a quarter batch that holds it (≤ 4 programs per L)
             step = self.n_devices
@@ -506,7 +575,7 @@ class PerplexityScorer:
             for start in range(0, len(rows), R):
                 chunk = rows[start:start + R]
                 r = -(-len(chunk) // step) * step
-                self._batch(chunk, live, r, L, P, sums, counts)
+                self._batch(chunk, live, r, L, P, sums, counts, shared)
                 stats["batches"] += 1
                 stats["slots_total"] += r * L
                 stats["head_rows"] += r * P
@@ -519,16 +588,19 @@ class PerplexityScorer:
         self.last_stats = stats
         return sums, counts
 
-    def _batch(self, chunk, live, R, L, P, sums, counts):
+    def _batch(self, chunk, live, R, L, P, sums, counts, shared=()):
         ids = np.zeros((R, L), np.int32)
         pos = np.zeros((R, L), np.int32)
         seg = np.full((R, L), -1, np.int32)
         br = np.zeros((R, L), np.int32)
         pidx = np.zeros((R, P), np.int32)
         tgt = np.zeros((R, P, 2), np.int32)
+        K = len(shared)
+        if K:  # the row context, once per row (filler rows too: harmless)
+            ids[:, :K], pos[:, :K], seg[:, :K] = shared, np.arange(K), ROW_CONTEXT
         item_r, item_j, item_k, item_a, item_c = [], [], [], [], []
         for r, row in enumerate(chunk):
-            off = 0
+            off = K
             j = 0
             for s, t in enumerate(row):
                 tr = live[t]

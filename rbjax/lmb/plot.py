@@ -3,9 +3,11 @@
 Every series is labelled with what its numbers mean: the split the phrases came from and how outliers were handled
 (the 3σ pair rule on a model's perplexities, or the released stored perplexities, which are already reduced).
 Series that differ in either are not comparable side by side, and are refused unless ``allow_mixed`` is set.
-Bars of significant results (p < alpha) are solid and marked ``*``, others hatched; a bias type a series has no
-t-value for (not measured, or undefined: see its ``status``) is marked "n/a". The legend, outside the axes,
-explains all of it; no text is drawn on the bars or the frame.
+Bars of significant results (p < alpha) are solid and marked ``*``, others hatched; a short dashed line over each
+bar marks the two-tailed critical |t| at alpha for that bar's own degrees of freedom (the types' pair counts differ,
+so do their thresholds); a bias type a series has no t-value for (not measured, or undefined: see its ``status``) is
+marked "n/a". The legend, outside the axes, explains what is drawn and nothing else; no text is drawn on the bars
+or the frame.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def series_description(records: list[dict]) -> dict:
     keys = sorted({_rule_key(r) for r in records}, key=repr)
     rules = [_rule_text(k) for k in keys]
     return {"splits": splits, "rule_keys": keys, "rules": rules,
-            "text": f"{'+'.join(splits)} split, {'; '.join(rules)}"}
+            "text": f"{'all pairs' if splits == ['all'] else '+'.join(splits) + ' split'}, {'; '.join(rules)}"}
 
 
 def _check_mix(results: dict[str, list[dict]], allow_mixed: bool) -> dict[str, dict]:
@@ -128,7 +130,7 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     Returns:
         a ``matplotlib.figure.Figure`` (Agg canvas, not registered with pyplot) with one axes. Artists carry
         ``gid``s for inspection: bars ``"bar:<label>:<bias type>"``, stars ``"star:…"``, n/a marks ``"na:…"``,
-        threshold lines ``"threshold:+"``/``"threshold:-"``.
+        threshold segments ``"threshold:+:<label>:<bias type>"`` / ``"threshold:-:…"`` (over the bar, at its df).
 
     Raises:
         ValueError: no records; mixed splits/outlier handling without ``allow_mixed``; records tested at
@@ -149,10 +151,17 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     alpha = _alpha(results, alpha)
     labels = list(results)
     present = {r["bias_type"] for recs in results.values() for r in recs}
-    types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
-    dfs = [r["df"] for recs in results.values() for r in recs if r.get("df") and r.get("t_value") is not None]
-    df_min = min(dfs) if dfs else None
-    tcrit = float(stats.t.ppf(1 - alpha / 2, df_min)) if df_min else float(stats.norm.ppf(1 - alpha / 2))
+    if all(r.get("benchmark") for recs in results.values() for r in recs):  # a pair benchmark: its categories' order
+        types = list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
+    else:
+        types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
+
+    def critical_t(r: dict) -> float:  # two-tailed |t| at alpha for the record's own df (normal without one)
+        df = r.get("df")
+        return float(stats.t.ppf(1 - alpha / 2, df)) if df else float(stats.norm.ppf(1 - alpha / 2))
+
+    drawn = [r for recs in results.values() for r in recs if r.get("t_value") is not None]
+    tcrits = [critical_t(r) for r in drawn]
 
     fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2) if not legend_below else
                  (max(10.0, 0.9 * len(types) * len(labels) ** 0.5 + 2.0), 4.2 + 0.22 * (len(labels) + 9) / 2))
@@ -163,7 +172,7 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
     ts = [abs(r["t_value"]) + (r.get("t_sd") or 0.0) for recs in results.values() for r in recs
           if r.get("t_value") is not None]
-    top = 1.3 * max([tcrit, *ts])  # room for the stars inside the frame
+    top = 1.3 * max([*tcrits, *ts, float(stats.norm.ppf(1 - alpha / 2))])  # room for the stars inside the frame
     ax.set_ylim(-top, top)
     ax.set_xlim(-0.5, len(types) - 0.5)
     handles = []
@@ -183,6 +192,10 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
             (bar,) = ax.bar(xpos, t, width, color=color, edgecolor="black", linewidth=0.5,
                             hatch=None if sig else HATCH, alpha=1.0 if sig else 0.6)
             bar.set_gid(f"bar:{lab}:{bt}")
+            tc = critical_t(r)
+            for sign in (1, -1):  # this bar's own threshold (its df), as wide as the bar
+                ax.plot([xpos - width / 2, xpos + width / 2], [sign * tc] * 2, color="grey", linestyle="--",
+                        linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}:{lab}:{bt}")
             sd = r.get("t_sd")
             if sd:  # several seeds: the bar is their mean, the error bar ± their standard deviation
                 ax.errorbar(xpos, t, yerr=sd, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
@@ -195,26 +208,33 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
         handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
                              label=lab if shared else f"{lab}: {desc[lab]['text']}"))
     ax.axhline(0, color="black", linewidth=0.8)
-    for sign in (1, -1):
-        ax.axhline(sign * tcrit, color="grey", linestyle="--", linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}")
-    ax.set_xticks(x, types)
-    ax.set_ylabel("LMB t-value (t < 0: stereotypical)")
+    long_names = max(map(len, types)) > 10  # e.g. CrowS-Pairs' categories: slanted, so that they do not overlap
+    ax.set_xticks(x, types, rotation=30 if long_names else 0, ha="right" if long_names else "center")
+    ax.set_ylabel("LMB t-value (t < 0: stereotypical, t > 0: anti-stereotypical)")
     ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
-    df_text = f"df = {df_min}" if df_min else "normal approximation"
-    handles += [
-        Patch(facecolor="lightgrey", edgecolor="black", linewidth=0.5, label=f"solid bar: significant, p < {alpha:g}"),
-        Patch(facecolor="white", edgecolor="black", linewidth=0.5, hatch=HATCH,
-              label=f"hatched bar: not significant, p ≥ {alpha:g}"),
-        Line2D([], [], linestyle="none", marker="$*$", markersize=8, color="black",
-               label=f"*: p < {alpha:g} (two-tailed)"),
-        Line2D([], [], color="grey", linestyle="--", linewidth=0.8,
-               label=f"dashed: |t| = {tcrit:.2f}, p = {alpha:g} ({df_text})"),
-        Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray", label=na_label),
-        Line2D([], [], linestyle="none", marker="$\\downarrow$", markersize=8, color="black",
-               label="t < 0: stereotypical direction (biased phrase more likely)"),
-        Line2D([], [], linestyle="none", marker="$\\uparrow$", markersize=8, color="black",
-               label="t > 0: anti-stereotypical direction"),
-    ]
+    # the legend explains what is drawn, nothing else
+    sig = [r.get("p_value") is not None and r["p_value"] < alpha for r in drawn]
+    if any(sig):
+        handles += [Patch(facecolor="lightgrey", edgecolor="black", linewidth=0.5,
+                          label=f"solid bar: significant, p < {alpha:g}"),
+                    Line2D([], [], linestyle="none", marker="$*$", markersize=8, color="black",
+                           label=f"*: p < {alpha:g} (two-tailed)")]
+    if not all(sig):
+        handles.append(Patch(facecolor="white", edgecolor="black", linewidth=0.5, hatch=HATCH,
+                             label=f"hatched bar: not significant, p ≥ {alpha:g}"))
+    dfs = sorted({r["df"] for r in drawn if r.get("df")})
+    if drawn and not dfs:
+        dashed = f"dashed: |t| = {tcrits[0]:.2f}, p = {alpha:g} (normal approximation: no df recorded)"
+    elif len(dfs) == 1 and all(r.get("df") for r in drawn):
+        dashed = f"dashed: |t| = {tcrits[0]:.2f}, p = {alpha:g} (df = {dfs[0]})"
+    elif drawn:
+        dashed = (f"dashed, over each bar: |t| at p = {alpha:g} for the bar's own df (df {dfs[0]}–{dfs[-1]}: "
+                  f"|t| = {min(tcrits):.2f}–{max(tcrits):.2f})")
+    if drawn:
+        handles.append(Line2D([], [], color="grey", linestyle="--", linewidth=0.8, label=dashed))
+    if len(drawn) < len(types) * len(labels):  # a type a series has no t-value for
+        handles.append(Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray",
+                              label=na_label))
     if any(r.get("t_sd") for recs in results.values() for r in recs):
         handles.append(Line2D([], [], color="black", linewidth=0.8, marker="_", markersize=6,
                               label="error bar: ± seed standard deviation of t (bar: mean over seeds)"))
@@ -256,8 +276,9 @@ def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, config
 
 def figure_changes(res: dict, title: str | None = None):
     """The paired comparison of :func:`rbjax.lmb.compare.compare_runs`: per bias type the mean change of the
-    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI, solid when significant after the
-    correction across types, hatched otherwise; a zero line.
+    per-pair bias effect (A − B, log-perplexity ratio) with its bootstrap CI (at the comparison's ``ci_level``, the
+    family-wise level of the verdict), solid when significant after the correction across types, hatched otherwise;
+    a zero line.
 
     Returns:
         a ``matplotlib.figure.Figure`` (Agg canvas). Artists carry ``gid``s: ``"change:<type>"``, ``"ci:<type>"``.
@@ -292,7 +313,9 @@ def figure_changes(res: dict, title: str | None = None):
                   fontsize=9)
     ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
                  fontsize=10)
-    lvl = f"{100 * (1 - alpha):g}%"
+    level = res.get("ci_level", 1 - alpha)
+    lvl = f"{100 * level:.4g}%" + ("" if len(rows) <= 1 else f", Bonferroni-adjusted for {len(rows)} types (the "
+                                                             "level of the verdict)")
     handles = [Patch(facecolor="tab:blue", edgecolor="black", linewidth=0.5,
                      label=f"solid: significant ({res['correction']}-corrected paired t-test, p < {alpha:g})"),
                Patch(facecolor="tab:blue", alpha=0.55, edgecolor="black", linewidth=0.5, hatch=HATCH,

@@ -116,6 +116,26 @@ def bootstrap_ci(diff, confidence: float = 0.95, n_resamples: int = 10000, seed:
     return float(lo), float(hi)
 
 
+def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
+    """Two-sided Wilcoxon signed-rank test of paired changes ``d`` (``scipy.stats.wilcoxon``, its defaults:
+    zero differences dropped, exact distribution for small samples without ties, else the normal approximation).
+
+    Returns:
+        ``{"statistic", "p_value", "status"}``; status ``"ok"``, ``"too few pairs"`` (< 2 non-zero changes) or
+        ``"undefined: every paired change is zero"`` (statistic and p ``None``).
+    """
+    d = np.asarray(d, dtype=np.float64)
+    if scale is None:
+        scale = float(np.max(np.abs(d))) if d.size else 0.0
+    tol = ROUNDING_ULPS * np.finfo(np.float64).eps * scale
+    if d.size and np.all(np.abs(d) <= tol):
+        return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
+    if int(np.sum(d != 0)) < 2:
+        return {"statistic": None, "p_value": None, "status": "too few pairs"}
+    r = stats.wilcoxon(d)
+    return {"statistic": _clean(r.statistic), "p_value": _clean(r.pvalue), "status": "ok"}
+
+
 def adjust_pvalues(p_values: Sequence[float | None]) -> dict[str, list[float | None]]:
     """Multiple-comparison correction across bias types.
 

@@ -17,14 +17,12 @@ post_attention_layernorm, pre_feedforward_layernorm, mlp.{gate,up,down}_proj, po
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from rbjax.model import hf_config as hc
-from rbjax.model import keymap
 from rbjax.model.layers import (
     ACTIVATIONS,
     KVCache,
@@ -35,9 +33,6 @@ from rbjax.model.layers import (
     causal_lm_outputs,
     decoder_layers,
     dot_product_attention,
-    embedding_head,
-    init_kv_cache,
-    normal_init_params,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
@@ -262,23 +257,9 @@ class Gemma2ForCausalLM(nn.Module):
                                  c.final_logit_softcapping)
 
 
-def lm_head(params: dict) -> Any:
-    """(V, d) output embedding: the tied ``embed_tokens`` (or an untied ``lm_head``)."""
-    return embedding_head(params, "lm_head", "embed_tokens")
-
-
-def init_cache(config: Gemma2Config, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
-    """An empty KV cache: per layer (B, S, num_key_value_heads, head_dim)."""
-    return init_kv_cache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, batch_size,
-                         max_length, dtype)
-
-
-def init_params(config: Gemma2Config, seed: int = 0) -> dict:
-    """Random parameters: N(0, initializer_range) kernels/embeddings, norm weights 0 (i.e. ×1)."""
-    return normal_init_params(Gemma2ForCausalLM(config), seed)
-
-
-def _entries(c: Gemma2Config) -> list:
+def hf_keys(c: Gemma2Config) -> list:
+    """The HF key map of ``c``: ``(HF state-dict key, parameter path, transposed)`` for every weight
+    (:mod:`rbjax.model.keymap`; the registry's :class:`rbjax.model.registry.Family` converts with it)."""
     e = [("model.embed_tokens.weight", ("embed_tokens", "embedding"), False),
          ("model.norm.weight", ("norm", "scale"), False)]
     if not c.tie_word_embeddings:
@@ -295,20 +276,3 @@ def _entries(c: Gemma2Config) -> list:
         for name in ("gate_proj", "up_proj", "down_proj"):
             e.append((f"{p}mlp.{name}.weight", (q, "mlp", name, "kernel"), True))
     return e
-
-
-_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
-
-
-def params_from_hf(state: dict, config: Gemma2Config, source: str) -> dict:
-    """Params from a flat HF state dict. Raises ValueError naming missing/unexpected/mis-shaped keys."""
-    state = dict(state)
-    if config.tie_word_embeddings:
-        keymap.tied_head(state, "model.embed_tokens.weight", "lm_head.weight", source)
-    return keymap.from_hf(state, _entries(config), keymap.expected_shapes(Gemma2ForCausalLM(config)), source,
-                          "gemma2", _IGNORED)
-
-
-def params_to_hf(params: dict, config: Gemma2Config) -> dict:
-    return keymap.to_hf(params, _entries(config))
-

@@ -4,7 +4,9 @@ One program per (batch size, prompt width) runs the whole decode: a prefill of t
 the KV cache (:class:`rbjax.model.gpt2.KVCache`), then a ``lax.while_loop`` feeds one token per step, the LM
 head only on the newest position. Position ids follow the attention mask, so a left-padded row generates exactly
 what the unpadded row would. A row stops at EOS (or at its token budget); from then on it emits padding, its
-cache slots are masked, and it no longer counts. The loop ends when every row has stopped.
+cache slots are masked, and it no longer counts. The loop ends when every row has stopped. A model may have several
+end tokens (Llama-3-Instruct: ``<|end_of_text|>`` and the end-of-turn ``<|eot_id|>``): a row stops at any of them
+(``eos_id`` a list; :meth:`rbjax.model.handle.ModelHandle.end_token_ids` gathers them).
 
 Randomness is per example: example ``i`` draws step ``t`` from ``fold_in(fold_in(PRNGKey(seed), i), t)``, so
 its output does not depend on which other examples share its batch, on the batch size or on the order.
@@ -15,7 +17,7 @@ tokens whose probability reaches ``top_p``). Presets
 (:func:`sampling_settings`):
 
 * ``semantics="rbjax"`` (default): top-k 50, up to 64 new tokens.
-* ``semantics="reference"`` — the paper's DSTC-7 generation (reference-debias.md §11:
+* ``semantics="reference"`` — the paper's DSTC-7 generation (the reference's ``lm_dstc7.py``, docs/dialog.md "CRG":
   ``generate(do_sample=True, top_k=50, top_p=0.95, max_length=128)``): top-k 50 and top-p 0.95, at most 128
   tokens including the prompt. The reference's prompt always fills 64 columns of the batch, so it generates
   at most 64 new tokens; rbjax applies the same 64-token cap per row, and the 128-token total per row against
@@ -150,7 +152,7 @@ def _cast_kernels(params, dt):
 
 @partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id", "mesh"))
 def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *,
-            config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: int, pad_id: int,
+            config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: tuple, pad_id: int,
             mesh=None):
     """The whole generation of one batch.
 
@@ -158,6 +160,7 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
         prompt_ids, prompt_mask: int32 (B, P), left-padded. budget: int32 (B,) new tokens allowed per row (0 = an
         empty row). example_index: int32 (B,) per-example PRNG stream. seed: uint32 scalar. top_p, temperature:
         float32 scalars.
+        eos_id: a tuple of stop ids (static).
     Returns:
         ``(tokens (B, max_new) int32 — pad after a row stops, n_new (B,) int32 — EOS included, eos (B,) bool)``.
     """
@@ -169,7 +172,7 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
 
 
 def cache_shardings(cache, mesh):
-    """The layout of a KV cache on a named ``mesh`` (issue 21): rows over ``data`` × ``fsdp`` (as the prompts), the
+    """The layout of a KV cache on a named ``mesh``: rows over ``data`` × ``fsdp`` (as the prompts), the
     key/value heads of every ``(B, S, heads, head_dim)`` layer cache over ``tensor`` (as the k/v projections'
     columns); masks, positions and the index follow the rows / are replicated."""
     from jax.sharding import NamedSharding
@@ -215,7 +218,7 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
         out = out.at[:, t].set(tok)
         active = ~done
         n_new = n_new + active
-        hit = active & (tok == eos_id)
+        hit = active & jnp.isin(tok, jnp.asarray(eos_id, jnp.int32))
         eos = eos | hit
         done = done | hit | (n_new >= budget)
         return (t + 1, cache, out, n_new, done, eos), tok, active
@@ -261,7 +264,7 @@ class Generated:
 
 
 def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
-             seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | None = None,
+             seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | Sequence[int] | None = None,
              pad_id: int | None = None, example_ids: Sequence[int] | None = None,
              progress: Callable[[int], None] | None = None, mesh=None) -> Generated:
     """Continue each prompt (token ids) with the model ``params`` (any family of :mod:`rbjax.model.registry`:
@@ -276,11 +279,14 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         settings: :class:`SamplingSettings` (default: :func:`sampling_settings` ``("rbjax")``).
         seed: base seed; example ``example_ids[i]`` (default ``i``) samples from its own stream.
         batch_size: rows per compiled batch. precision: ``"fp32"`` or ``"bf16"`` compute.
-        eos_id: stop token (default: the config's eos, ``Family.special_tokens``). pad_id: emitted after a row stops (default eos_id).
+        eos_id: the stop token, or several (a row stops at any; default: every eos id of the config,
+            ``Family.special_tokens``; :meth:`rbjax.model.handle.ModelHandle.end_token_ids` adds
+            ``generation_config.json``'s and the chat template's end-of-turn token). pad_id: emitted after a row
+            stops (default: the first stop token).
         progress: called with the number of examples after each batch.
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`): parameters placed by the family's logical axes,
             the batch rows split over ``data`` × ``fsdp`` (``batch_size`` must divide evenly to use them) and the KV
-            cache split by :func:`cache_shardings`; tokens equal the unsharded run's (issue 21).
+            cache split by :func:`cache_shardings`; tokens equal the unsharded run's.
     Returns:
         :class:`Generated`.
     Raises:
@@ -293,13 +299,12 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if eos_id is None:
         eos_id = family_of_config(config).special_tokens(config).get("eos")
-        eos_id = eos_id[0] if isinstance(eos_id, (tuple, list)) else eos_id  # a list (Llama 3): its first id
-    else:
-        eos_id = int(eos_id)
-    if eos_id is None:
+    stop = tuple(dict.fromkeys(int(i) for i in (eos_id if isinstance(eos_id, (tuple, list)) else
+                                                ([] if eos_id is None else [eos_id]))))
+    if not stop:
         raise ValueError("no eos_id given and the model config names no eos token")
-    pad_id = eos_id if pad_id is None else int(pad_id)
-    for what, v in (("eos_id", eos_id), ("pad_id", pad_id)):
+    pad_id = stop[0] if pad_id is None else int(pad_id)
+    for what, v in [*(("eos_id", i) for i in stop), ("pad_id", pad_id)]:
         if not 0 <= v < config.vocab_size:  # else the decode loop would index past the head: NaN, then zeros
             raise ValueError(f"{what} {v} is outside the model vocabulary [0, {config.vocab_size})")
     n = len(prompts)
@@ -346,7 +351,7 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
             bud[r], idx[r] = budgets[i], ids[i]
         pm[len(rows):, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
         kw = dict(config=config, max_new=max_new, top_k=top_k, greedy=settings.greedy, precision=precision,
-                  eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+                  eos_id=stop, pad_id=pad_id, mesh=mesh)
         if rows_sharding is not None:
             pid, pm, bud, idx = (jax.device_put(x, rows_sharding) for x in (pid, pm, bud, idx))
         args = (params, pid, pm, bud, idx, np.uint32(seed % 2**32), np.float32(settings.top_p or 1.0),
@@ -360,6 +365,6 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         if progress is not None:
             progress(len(rows))
     rec = dataclasses.asdict(settings)
-    rec.update(seed=seed, precision=precision, eos_id=eos_id, batch_size=batch_size)
+    rec.update(seed=seed, precision=precision, eos_id=stop[0] if len(stop) == 1 else list(stop), batch_size=batch_size)
     return Generated(tokens=out_tokens, stopped_at_eos=eos_flags, settings=rec)
 

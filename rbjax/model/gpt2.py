@@ -22,8 +22,6 @@ needed (a transposed square ``c_proj`` would be silently wrong).
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -67,7 +65,7 @@ class GPT2Config:
     scale_attn_by_inverse_layer_idx: bool = False
     reorder_and_upcast_attn: bool = False
 
-    # the family-agnostic names of the registry contract (FAMILY_INTERFACE.md)
+    # the names every family config answers to (callers read these, never a family's own field names)
     @property
     def hidden_size(self) -> int:
         return self.n_embd
@@ -127,23 +125,6 @@ class GPT2Config:
                 f"unsupported activation_function {cfg.activation_function!r}; supported: {sorted(_ACTIVATIONS)}"
             )
         return cfg
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "GPT2Config":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: invalid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        mt = d.get("model_type", "gpt2")
-        if mt != "gpt2":
-            raise ValueError(f"{path}: model_type is {mt!r}; rbjax supports GPT-2 checkpoints (model_type 'gpt2')")
-        try:
-            return cls.from_dict(d)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
 
     def to_hf_dict(self) -> dict:
         """The ``config.json`` content that ``transformers.GPT2Config`` reads."""

@@ -26,7 +26,6 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from rbjax.model import hf_config as hc
-from rbjax.model import keymap
 from rbjax.model.layers import (
     ACTIVATIONS,
     KVCache,
@@ -36,9 +35,6 @@ from rbjax.model.layers import (
     causal_lm_outputs,
     decoder_layers,
     dot_product_attention,
-    embedding_head,
-    init_kv_cache,
-    normal_init_params,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
@@ -226,22 +222,9 @@ class GPTNeoXForCausalLM(nn.Module):
         return causal_lm_outputs(hidden, head, self.dtype, return_logits, cache, new_kv, ai, L)
 
 
-def lm_head(params: dict) -> Any:
-    """(V, d) output matrix: ``embed_out`` (Pythia), or ``embed_in`` when tied."""
-    return embedding_head(params, "embed_out", "embed_in")
-
-
-def init_cache(config: GPTNeoXConfig, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
-    return init_kv_cache(config.num_hidden_layers, config.num_attention_heads, config.head_dim, batch_size,
-                         max_length, dtype)
-
-
-def init_params(config: GPTNeoXConfig, seed: int = 0) -> dict:
-    """Random parameters: N(0, initializer_range) kernels/embeddings, zero biases, unit LayerNorms."""
-    return normal_init_params(GPTNeoXForCausalLM(config), seed)
-
-
-def _entries(c: GPTNeoXConfig) -> list:
+def hf_keys(c: GPTNeoXConfig) -> list:
+    """The HF key map of ``c``: ``(HF state-dict key, parameter path, transposed)`` for every weight
+    (:mod:`rbjax.model.keymap`; the registry's :class:`rbjax.model.registry.Family` converts with it)."""
     e = [("gpt_neox.embed_in.weight", ("embed_in", "embedding"), False),
          ("gpt_neox.final_layer_norm.weight", ("final_layer_norm", "scale"), False),
          ("gpt_neox.final_layer_norm.bias", ("final_layer_norm", "bias"), False)]
@@ -259,23 +242,5 @@ def _entries(c: GPTNeoXConfig) -> list:
     return e
 
 
-# HF buffers that are not parameters (older checkpoints saved them)
-_IGNORED = re.compile(r"attention\.(bias|masked_bias|rotary_emb\.inv_freq)$")
-
-
-def params_from_hf(state: dict, config: GPTNeoXConfig, source: str) -> dict:
-    """Params from a flat HF state dict; the head may be spelled ``embed_out.weight`` (Pythia, transformers 4) or
-    ``lm_head.weight`` (transformers 5 renames it on load)."""
-    state = dict(state)
-    if "lm_head.weight" in state and "embed_out.weight" not in state:
-        state["embed_out.weight"] = state.pop("lm_head.weight")
-    if config.tie_word_embeddings:
-        keymap.tied_head(state, "gpt_neox.embed_in.weight", "embed_out.weight", source)
-    return keymap.from_hf(state, _entries(config), keymap.expected_shapes(GPTNeoXForCausalLM(config)), source,
-                          "gpt_neox", _IGNORED)
-
-
-def params_to_hf(params: dict, config: GPTNeoXConfig) -> dict:
-    """Flat HF state dict (Pythia's key names, ``embed_out.weight``), float32 numpy."""
-    return keymap.to_hf(params, _entries(config))
-
+#: HF buffers that are not parameters (older checkpoints saved them)
+IGNORED_HF_KEYS = re.compile(r"attention\.(bias|masked_bias|rotary_emb\.inv_freq)$")

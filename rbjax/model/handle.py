@@ -1,16 +1,16 @@
 """One model handle: a model and its tokenizer, where they came from, their content key and their checks.
 
-Every command and the study load a model through :class:`ModelHandle` (issue 16 item 3):
+Every command and the study load a model through :class:`ModelHandle`:
 
 * :meth:`ModelHandle.open` — an HF folder, a hub id (downloaded into the HF cache), or a finished ``rbjax debias``
   run folder (its exported ``model/``); nothing is read until :meth:`load`.
 * :meth:`ModelHandle.from_params` — parameters already in memory (a sweep point, a run that just finished).
 
-Content key (:meth:`files_key`, :attr:`digest`): sha256 of ``config.json``, of *every* weight file — a sharded
-checkpoint's shards are the files named by ``model.safetensors.index.json``'s ``weight_map`` — and of the tokenizer
-files in the folder (:func:`rbjax.model.hf.model_files_key`); in-memory parameters are keyed by
-:func:`rbjax.core.keys.tree_digest`. The tokenizer
-has its own key (:meth:`tokenizer_key`), since ``--tokenizer`` may point elsewhere.
+Content keys, one name per concept: :meth:`files_key` is ``{file: sha256}`` of ``config.json``, of *every* weight
+file — a sharded checkpoint's shards are the files named by ``model.safetensors.index.json``'s ``weight_map`` — and
+of the tokenizer files in the folder (:func:`rbjax.model.hf.model_files_key`), and :attr:`digest` the one sha256 over
+it (parameters in memory: the digest given, else :func:`rbjax.core.keys.tree_digest` of them). The tokenizer has its
+own pair, :meth:`tokenizer_files_key` and :attr:`tokenizer_digest`, since ``--tokenizer`` may point elsewhere.
 
 Checks at load (:meth:`load`): the tokenizer's vocabulary fits in the model's embedding (a larger one would index
 past it), and every special token id the model config or the tokenizer names (bos, eos, pad) lies inside the model
@@ -30,12 +30,14 @@ from pathlib import Path
 
 from rbjax.core.digests import files_key
 from rbjax.core.keys import digest, tree_digest
-from rbjax.model.hf import TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, resolve_model_dir
+from rbjax.model.chat import end_of_turn_id
+from rbjax.model.hf import (TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, read_generation_config,
+                            resolve_model_dir)
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
 
-__all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_key",
-           "tokenizer_files_key", "is_run_folder", "has_tokenizer_files"]
+__all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_files_key",
+           "is_run_folder", "has_tokenizer_files"]
 
 #: files that mark a finished or unfinished ``rbjax debias`` run folder
 RUN_FOLDER_MARKS = ("results.json", "checkpoints", "metrics.jsonl", "model")
@@ -52,13 +54,6 @@ class SpecialTokenError(ValueError):
 def tokenizer_files_key(folder: str | os.PathLike) -> dict:
     """``{file name: sha256}`` of the tokenizer files in ``folder`` (:data:`rbjax.model.hf.TOKENIZER_FILES`)."""
     return files_key(Path(folder) / f for f in TOKENIZER_FILES)
-
-
-def tokenizer_key(tokenizer) -> dict:
-    """Content key of a loaded tokenizer: :func:`tokenizer_files_key` of its folder (``{"source": …}`` for one that
-    does not come from a folder)."""
-    src = Path(str(getattr(tokenizer, "source", "")))
-    return tokenizer_files_key(src) if src.is_dir() else {"source": str(src)}
 
 
 def has_tokenizer_files(folder: str | os.PathLike) -> bool:
@@ -124,18 +119,18 @@ class ModelHandle:
         return cls(str(model), folder, run_folder, str(tokenizer) if tokenizer is not None else None)
 
     @classmethod
-    def from_params(cls, params, config, tokenizer, *, name: str, key=None) -> "ModelHandle":
+    def from_params(cls, params, config, tokenizer, *, name: str, digest: str | None = None) -> "ModelHandle":
         """Parameters already in memory: ``params`` of ``config``, a loaded ``tokenizer``, a display ``name`` and
-        a content ``key`` (default: :func:`rbjax.core.keys.tree_digest` of the params, computed when first
-        asked for; or e.g. the digest of the files they were exported to).
+        their content ``digest`` (:attr:`digest`; default: :func:`rbjax.core.keys.tree_digest` of the params,
+        computed when first asked for; or e.g. the digest of the files they were exported to).
 
         Raises:
             VocabularyError, SpecialTokenError: as :meth:`load`.
         """
         self = cls(name, None, None, str(getattr(tokenizer, "source", "")))
         self._config, self._params, self._tokenizer = config, params, tokenizer
-        if key is not None:
-            self._files_key = key
+        if digest is not None:
+            self._files_key = digest
         self._check()
         return self
 
@@ -160,14 +155,15 @@ class ModelHandle:
         src = self.tokenizer_source if self.tokenizer_source is not None else str(self.folder)
         try:
             self._tokenizer = load_tokenizer(src, expected_vocab_size=None)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
             if self.tokenizer_source is None:
                 raise FileNotFoundError(
                     f"{self.folder}: the model folder has no tokenizer files; pass --tokenizer (a folder with "
                     "tokenizer.json, or the GPT-2 vocab.json and merges.txt, or a hub id such as "
                     "microsoft/DialoGPT-small)") from None
-            raise FileNotFoundError(f"{src}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
-                                    "pass --tokenizer") from None
+            # the tokenizer given (--tokenizer): what is wrong with it, never "pass --tokenizer"
+            why = str(e).removeprefix(f"{Path(src).expanduser()}: ")
+            raise FileNotFoundError(f"--tokenizer {src}: {why}") from None
 
     @property
     def config(self):
@@ -247,9 +243,45 @@ class ModelHandle:
         """``bos`` with ``None`` replaced by what the model's tokenizer does (recorded in results)."""
         return self.tokenizer.adds_bos if bos is None else bool(bos)
 
+    # -- generation ----------------------------------------------------------------------------------------------
+    def end_token_ids(self, template=None) -> tuple[int, ...]:
+        """Every token a generation stops at, sorted: ``config.json``'s ``eos_token_id`` (an id or a list),
+        ``generation_config.json``'s ``eos_token_id`` (an id or a list: Llama-3-Instruct lists ``<|eot_id|>`` only
+        there; what ``transformers``' ``generate`` stops at) and, with a chat ``template``
+        (:class:`rbjax.model.chat_template.ChatTemplate`), the token it ends an assistant turn with
+        (:func:`rbjax.model.chat.end_of_turn_id`).
+
+        Raises:
+            ValueError: an unreadable ``generation_config.json``, or an id in it outside the model vocabulary.
+            SpecialTokenError: no end token at all.
+        """
+        ids: set[int] = set()
+
+        def add(v, where):
+            for i in (v if isinstance(v, (tuple, list)) else [v]):
+                if i is None:
+                    continue
+                if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.config.vocab_size:
+                    raise ValueError(f"{where}: eos_token_id {i!r} is not an id of the model vocabulary "
+                                     f"[0, {self.config.vocab_size})")
+                ids.add(int(i))
+
+        add(family_of_config(self.config).special_tokens(self.config).get("eos"), "config.json")
+        if self.folder is not None:
+            gen = read_generation_config(self.folder)
+            if gen is not None:
+                add(gen.get("eos_token_id"), f"{self.folder}/generation_config.json")
+        if template is not None:
+            add(end_of_turn_id(self.tokenizer, template), f"the chat template ({template.source})")
+        if not ids:
+            raise SpecialTokenError(f"{self.name}: no end token: config.json and generation_config.json name no "
+                                    "eos_token_id (and no chat template ends a turn with a special token)")
+        return tuple(sorted(ids))
+
     # -- keys --------------------------------------------------------------------------------------------------
-    def files_key(self):
-        """``{file: sha256}`` of the model folder (:func:`model_files_key`), or the in-memory key."""
+    def files_key(self) -> dict | str:
+        """``{file: sha256}`` of the model folder (:func:`model_files_key`); for parameters in memory, their digest
+        (a string)."""
         if self._files_key is None:
             self._files_key = (model_files_key(self.folder) if self.folder is not None
                                else tree_digest(self._params))
@@ -261,21 +293,19 @@ class ModelHandle:
         k = self.files_key()
         return k if isinstance(k, str) else digest(k)
 
-    def tokenizer_key(self) -> dict:
-        """``{file: sha256}`` of the tokenizer files (:func:`tokenizer_key`; the tokenizer is loaded for it, so a hub
-        id and its downloaded folder give the same key)."""
+    def tokenizer_files_key(self) -> dict:
+        """``{file: sha256}`` of the tokenizer files (:func:`tokenizer_files_key` of the folder the tokenizer was read
+        from: the tokenizer is loaded for it, so a hub id and its downloaded folder give the same key;
+        ``{"source": …}`` for a tokenizer that does not come from a folder)."""
         if self._tok_key is None:
-            self._tok_key = tokenizer_key(self.tokenizer)
+            src = Path(str(getattr(self.tokenizer, "source", "")))
+            self._tok_key = tokenizer_files_key(src) if src.is_dir() else {"source": str(src)}
         return self._tok_key
 
     @property
     def tokenizer_digest(self) -> str:
-        return digest(self.tokenizer_key())
-
-    def fingerprint(self) -> dict:
-        """``{"model": files_key, "tokenizer": tokenizer_key}`` (content, not paths: the same weights copied
-        elsewhere are the same model; weights rewritten in place are another one)."""
-        return {"model": self.files_key(), "tokenizer": self.tokenizer_key()}
+        """sha256 over :meth:`tokenizer_files_key`."""
+        return digest(self.tokenizer_files_key())
 
     def describe(self) -> dict:
         return {"source": self.name, "folder": None if self.folder is None else str(self.folder),

@@ -33,18 +33,22 @@ from rbjax.core.digests import files_key
 from rbjax.core.io import dir_mode, file_mode, to_json
 from rbjax.core.mesh import is_model_parallel, tree_shardings
 from rbjax.model import registry
+from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR, CHAT_TEMPLATE_FILES
 from rbjax.model.gpt2_keys import flax_msgpack_to_state, params_to_state_dict, state_dict_to_params
 from rbjax.model.lora import has_adapters
 from rbjax.model.partition import logical_axes_for
 
-__all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "LazyTensor", "load_pretrained", "save_pretrained", "resolve_model_dir",
-           "model_files_key", "weight_files", "read_safetensors",
+__all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "GENERATION_CONFIG", "LazyTensor", "read_generation_config",
+           "load_pretrained", "save_pretrained", "resolve_model_dir", "model_files_key", "weight_files", "read_safetensors",
            "read_config_json", "state_dict_to_params", "params_to_state_dict"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 #: files that make a tokenizer (a model folder's content key covers those that exist)
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model")
+                   "tokenizer.model", *CHAT_TEMPLATE_FILES)
+#: how the model generates (``eos_token_id`` lists: Llama-3-Instruct ends a turn with ``<|eot_id|>``, listed only
+#: here); read by ``transformers``' ``generate`` and by rbjax's end tokens (:meth:`ModelHandle.end_token_ids`)
+GENERATION_CONFIG = "generation_config.json"
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16", "I64": np.int64,
               "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -322,7 +326,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
             break
     else:
         raise RuntimeError(f"hub model {s!r} has none of {', '.join(WEIGHT_FILES)}")
-    for t in TOKENIZER_FILES:
+    for t in (*TOKENIZER_FILES, GENERATION_CONFIG):
         try:
             fetch(t)
         except RuntimeError:
@@ -383,6 +387,24 @@ def read_config_json(folder: Path) -> dict:
         raise ValueError(f"{cfg_path}: invalid JSON ({e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
+    return d
+
+
+def read_generation_config(folder: str | os.PathLike) -> dict | None:
+    """``folder/generation_config.json`` as a dict, or ``None`` when there is none.
+
+    Raises:
+        ValueError: a file that is not a JSON object (named).
+    """
+    p = Path(folder) / GENERATION_CONFIG
+    if not p.is_file():
+        return None
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p}: cannot read ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p}: expected a JSON object")
     return d
 
 
@@ -474,7 +496,7 @@ def _write_shards(state: dict, folder: Path, max_bytes: int) -> None:
 
 
 def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_size: int | str = MAX_SHARD_SIZE) -> Path:
+                    max_shard_size: int | str = MAX_SHARD_SIZE, *, source_dir: str | os.PathLike | None = None) -> Path:
     """Write params as an HF model folder (``config.json`` + float32 ``model.safetensors``), atomically.
 
     A model larger than ``max_shard_size`` (default 5 GB, as transformers) is written as several safetensors files
@@ -484,7 +506,12 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
     Any registered family (picked from the type of ``cfg``). The folder loads with
     ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` (GPT-2: ``GPT2LMHeadModel``, LM head tied to
     ``wte``) and with :func:`load_pretrained`. Tokenizer files from ``tokenizer_dir`` are copied along when given,
-    so the folder is self-contained.
+    byte for byte, so the folder is self-contained and the chat model stays usable: ``tokenizer.json`` (or GPT-2's
+    ``vocab.json`` + ``merges.txt``), ``tokenizer_config.json`` with its chat template, ``special_tokens_map.json``,
+    ``chat_template.jinja`` / ``chat_template.json`` and ``additional_chat_templates/``; and ``generation_config.json``
+    (its eos list, pad and bos: what ``transformers``' ``generate`` stops at) from ``source_dir``, the folder the
+    parameters came from (default: ``tokenizer_dir``, which is the model folder unless a separate tokenizer was
+    given).
 
     Returns:
         the output folder.
@@ -504,10 +531,16 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
                 src = Path(tokenizer_dir) / f
                 if src.exists():
                     shutil.copy2(src, tmp / f)
+            extra = Path(tokenizer_dir) / ADDITIONAL_TEMPLATES_DIR
+            if extra.is_dir():
+                shutil.copytree(extra, tmp / ADDITIONAL_TEMPLATES_DIR)
+        gen_src = source_dir if source_dir is not None else tokenizer_dir
+        if gen_src is not None and (Path(gen_src) / GENERATION_CONFIG).is_file():
+            shutil.copy2(Path(gen_src) / GENERATION_CONFIG, tmp / GENERATION_CONFIG)
         # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
         os.chmod(tmp, dir_mode())
-        for f in tmp.iterdir():
-            os.chmod(f, file_mode())
+        for f in tmp.rglob("*"):
+            os.chmod(f, dir_mode() if f.is_dir() else file_mode())
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -1,7 +1,7 @@
 """Reading a Hugging Face ``config.json`` into a family's config: typed fields, refusals by name, RoPE parameters,
 special token ids, and the fields that never change a causal LM's computation.
 
-Rule (issue 17, "no config field is silently ignored"): every field of a family's ``transformers`` config class is
+Rule ("no config field is silently ignored"): every field of a family's ``transformers`` config class is
 in the family's ``HANDLED`` set (read and implemented), in :data:`NO_COMPUTE` (does not change the forward pass or
 the loss: metadata, output switches, heads of other tasks, initialisation), or in the family's ``REFUSED`` map
 (field → the condition under which a checkpoint is refused). ``tests/test_families.py`` enumerates the classes.
@@ -205,11 +205,6 @@ def read_special_tokens(d: dict, vocab_size: int, source: str, defaults: dict) -
                                  f"(vocab_size={vocab_size}); fix {key} in config.json")
         out[name] = tuple(v) if isinstance(v, list) else v
     return out
-
-
-def first_id(v):
-    """The first id of an eos list (or the id itself)."""
-    return v[0] if isinstance(v, tuple) else v
 
 
 def hf_id(v):

@@ -28,14 +28,12 @@ angles, softmax and residual stream.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from rbjax.model import hf_config as hc
-from rbjax.model import keymap
 from rbjax.model.layers import (
     ACTIVATIONS,
     KVCache,
@@ -46,9 +44,6 @@ from rbjax.model.layers import (
     causal_lm_outputs,
     decoder_layers,
     dot_product_attention,
-    embedding_head,
-    init_kv_cache,
-    normal_init_params,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
@@ -295,10 +290,10 @@ class LlamaForCausalLM(nn.Module):
 
     ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
     cache=None)`` → ``(logits | None, hidden)``, or ``(logits | None, hidden, new_cache)`` with a
-    :class:`rbjax.model.layers.KVCache` (:func:`init_cache`). ``attention_mask`` is (B, L) 0/1 or a (B, L, L)
+    :class:`rbjax.model.layers.KVCache` (``Family.init_cache``). ``attention_mask`` is (B, L) 0/1 or a (B, L, L)
     query × key mask with explicit ``position_ids`` (packed rows: RoPE takes the positions, so a phrase restarting
     at 0 inside a row is computed as if alone). logits (B, L, V) float32; hidden (B, L, d) float32 after the final
-    RMSNorm — the states the LM head (:func:`lm_head`) multiplies.
+    RMSNorm — the states the LM head (``Family.lm_head``) multiplies.
     """
 
     config: LlamaConfig
@@ -324,23 +319,9 @@ class LlamaForCausalLM(nn.Module):
         return causal_lm_outputs(hidden, head, self.dtype, return_logits, cache, new_kv, ai, L)
 
 
-def lm_head(params: dict) -> Any:
-    """(V, d) output embedding: the untied ``lm_head`` or the tied ``embed_tokens``."""
-    return embedding_head(params, "lm_head", "embed_tokens")
-
-
-def init_cache(config: LlamaConfig, batch_size: int, max_length: int, dtype=jnp.float32) -> KVCache:
-    """An empty KV cache: per layer (B, S, num_key_value_heads, head_dim) — grouped-query caches are KV/H the size."""
-    return init_kv_cache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, batch_size,
-                         max_length, dtype)
-
-
-def init_params(config: LlamaConfig, seed: int = 0) -> dict:
-    """Random parameters, N(0, initializer_range) as HF initialises Llama (norm weights 1)."""
-    return normal_init_params(LlamaForCausalLM(config), seed)
-
-
-def _entries(c: LlamaConfig) -> list:
+def hf_keys(c: LlamaConfig) -> list:
+    """The HF key map of ``c``: ``(HF state-dict key, parameter path, transposed)`` for every weight
+    (:mod:`rbjax.model.keymap`; the registry's :class:`rbjax.model.registry.Family` converts with it)."""
     e = [("model.embed_tokens.weight", ("embed_tokens", "embedding"), False),
          ("model.norm.weight", ("norm", "scale"), False)]
     if not c.tie_word_embeddings:
@@ -359,21 +340,3 @@ def _entries(c: LlamaConfig) -> list:
             if c.mlp_bias:
                 e.append((f"{p}mlp.{name}.bias", (q, "mlp", name, "bias"), False))
     return e
-
-
-_IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # a buffer some older checkpoints saved
-
-
-def params_from_hf(state: dict, config: LlamaConfig, source: str) -> dict:
-    """Params from a flat HF state dict (numpy). Raises ValueError naming missing/unexpected/mis-shaped keys."""
-    state = dict(state)
-    if config.tie_word_embeddings:
-        keymap.tied_head(state, "model.embed_tokens.weight", "lm_head.weight", source)
-    return keymap.from_hf(state, _entries(config), keymap.expected_shapes(LlamaForCausalLM(config)), source,
-                          config.model_type, _IGNORED)
-
-
-def params_to_hf(params: dict, config: LlamaConfig) -> dict:
-    """Flat HF state dict (float32 numpy) that ``transformers.AutoModelForCausalLM`` loads."""
-    return keymap.to_hf(params, _entries(config))
-

@@ -1,4 +1,4 @@
-"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone (issue 21).
+"""Memory plan: per-device bytes of a scoring or training run, from the model's ``config.json`` alone.
 
 No weights are read: the parameter shapes come from ``jax.eval_shape`` of the family's ``init_params`` (the same
 shapes the loader fills), and each parameter's per-device share from the mesh rules
@@ -7,14 +7,18 @@ shapes the loader fills), and each parameter's per-device share from the mesh ru
 
 Parts (bytes on one device):
 
-* ``parameters``: Σ per-device share × bytes of the storage dtype (fp32: 4; ``--param-dtype bf16`` scoring: 2);
-  with a stacked grid chunk, × points per ``grid`` row.
-* ``gradients`` (training): the same as the fp32 parameters (the gradient takes the parameters' layout), plus one
-  more copy for the accumulator when ``grad_accum > 1`` (the scan's carry).
-* ``optimizer`` (training): Adam's two fp32 moments, 2 × the fp32 parameters (same layout).
+Bytes per value are the precision policy's (:func:`rbjax.core.precision.get_policy` of ``precision`` and
+``param_dtype``): ``param_bytes`` for stored parameters, ``accum_bytes`` (float32: 4, whatever the precision) for
+gradients, optimiser state and activations, ``compute_bytes`` for a generation's KV cache.
+
+* ``parameters``: Σ per-device share × ``param_bytes`` (fp32: 4; ``--param-dtype bf16`` scoring: 2); with a
+  stacked grid chunk, × points per ``grid`` row.
+* ``gradients`` (training): the parameters' count in ``accum_bytes`` (the gradient takes the parameters' layout),
+  plus one more copy for the accumulator when ``grad_accum > 1`` (the scan's carry).
+* ``optimizer`` (training): Adam's two moments, 2 × the parameters' count in ``accum_bytes`` (same layout).
 * ``activations`` — an estimate, not a measurement. With b rows per device (the batch over ``data × fsdp``), s
   tokens per row, d the width, I the MLP width, H heads, N layers, V the vocabulary, t the ``tensor`` size, 4 bytes
-  per value (the residual stream, softmax and losses are float32 whatever the precision):
+  (``accum_bytes``) per value (the residual stream, softmax and losses are float32 whatever the precision):
 
   - training keeps, per layer, what the backward pass reads: the two norm inputs, q, k, v, the attention output,
     its projection, the MLP input and output (9·d values per token), the MLP hidden states before and after the
@@ -25,7 +29,8 @@ Parts (bytes on one device):
 
   Real programs differ (XLA fuses, rematerialises and keeps temporaries); the estimate is meant to tell a 124M run
   from an 8B one, not to be exact — the plan keeps :data:`HEADROOM` of each device free for it.
-* ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · 4`` bytes over the rows' and ``tensor``'s split.
+* ``kv_cache`` (generation): ``2 · N · B · S · kv_heads · head_dim · compute_bytes`` (the cache is kept in the
+  compute dtype: 4 bytes in fp32) over the rows' and ``tensor``'s split.
 * with low-rank adapters (``adapter``): ``parameters`` = the frozen base once (its storage dtype, split as above)
   + the adapters (fp32; ``fsdp`` splits their larger dimension, :mod:`rbjax.model.partition`) per point;
   ``gradients`` and ``optimizer`` are the adapters' only. A grid chunk
@@ -44,6 +49,7 @@ import jax
 import numpy as np
 
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
+from rbjax.core.precision import get_policy
 from rbjax.model import registry
 from rbjax.model.hf import model_config
 from rbjax.model.lora import LORA, LoraSpec, adapter_param_count, target_modules
@@ -103,10 +109,14 @@ class MemoryPlan:
                 "settings": self.settings, "suggestion": self.suggestion}
 
     def format(self) -> str:
+        """The plan as ``--dry-run`` prints it: per part the bytes on one device, the bytes of the whole run (every
+        slice once, however many devices hold a copy: per device × devices ≈ whole run × devices per slice, small
+        unsplit parameters such as norms being on every device), and how many devices hold each slice (rounded)."""
         s = self.settings
+        n_dev = math.prod(self.mesh.values())
         lines = [f"memory plan: {s['model']} ({self.n_params / 1e9:.3g}B parameters), "
                  f"{'training' if s['training'] else 'generation' if s.get('kv_cache') else 'scoring'}, "
-                 f"mesh {mesh_label(self.mesh)}, "
+                 f"mesh {mesh_label(self.mesh)} ({n_dev} device{'' if n_dev == 1 else 's'}), "
                  f"batch {s['batch_size']} × {s['seq_len']} tokens, precision {s['precision']}, "
                  f"parameters stored in {s['param_dtype']}"]
         if s.get("adapter"):
@@ -116,8 +126,14 @@ class MemoryPlan:
                          f"per point ({a['trained_parameters'] / self.n_params:.3%}; fp32, with their gradients and "
                          f"Adam moments) beside one frozen base"
                          + (f", {pts} grid points" if pts > 1 else ""))
+        lines.append(f"  {'part':<12} {'per device':>13}   {'whole run':>11}   held by (whole run: each slice once, "
+                     "however many devices hold it)")
         for k, v in self.parts.items():
-            lines.append(f"  {k:<12} {v / GB:10.3f} GB per device   ({self.totals[k] / GB:.3f} GB in all)")
+            tot = self.totals[k]
+            copies = round(n_dev * v / tot) if tot else 1
+            held = ("every device" if copies == n_dev and n_dev > 1 else
+                    f"{copies} device{'' if copies == 1 else 's'}" + ("" if copies == 1 else " per slice"))
+            lines.append(f"  {k:<12} {v / GB:10.3f} GB   {tot / GB:8.3f} GB   {held}")
         lines.append(f"  {'total':<12} {self.per_device / GB:10.3f} GB per device")
         if self.device_bytes is None:
             lines.append("  device memory: unknown (pass --device-memory-gb to check the plan)")
@@ -128,8 +144,9 @@ class MemoryPlan:
                 lines.append(f"  largest part: {self.largest}. {self.suggestion or ''}")
         return "\n".join(lines)
 
-    def check(self) -> "MemoryPlan":
-        """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit."""
+    def check(self, printed: bool = False) -> "MemoryPlan":
+        """Raise :class:`PlanError` when the plan does not fit, naming the largest part and what would fit
+        (``printed``: the plan was printed just before, as ``--dry-run`` does)."""
         if not self.fits:
             raise PlanError(
                 f"{self.settings['model']}: needs {self.per_device / GB:.3g} GB per device on mesh "
@@ -137,7 +154,7 @@ class MemoryPlan:
                 f"{self.device_bytes / GB:.3g} GB; the largest part is {self.largest} "
                 f"({self.parts[self.largest] / GB:.3g} GB). "
                 f"{self.suggestion or ''} "
-                "(--dry-run prints the plan)")
+                + ("(the plan above)" if printed else "(--dry-run prints the plan)"))
         return self
 
 
@@ -242,7 +259,8 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     shapes = _param_shapes(config)
     per, total = _per_device_elems(shapes, config, sizes)
     dm = _dims(config)
-    pbytes = 2 if param_dtype == "bf16" else 4
+    policy = get_policy(precision, param_dtype)
+    pbytes, abytes = policy.param_bytes, policy.accum_bytes
     pts = max(1, math.ceil(n_points / sizes["grid"]))
     rows_split = sizes["data"] * sizes["fsdp"]
     b = max(1, math.ceil(batch_size / rows_split))
@@ -251,31 +269,31 @@ def plan_memory(config, *, mesh=None, training: bool, batch_size: int, seq_len: 
     if adapter is not None and training:  # one frozen base; per point the adapters, their gradients and moments
         n_adapter = adapter_param_count(config, adapter)
         a_per, _ = _per_device_elems(_adapter_shapes(config, adapter), config, sizes)
-        parts = {"parameters": per * pbytes + a_per * 4 * pts}
-        totals = {"parameters": total * pbytes + n_adapter * 4 * n_points}
-        parts["gradients"] = a_per * 4 * pts * (2 if grad_accum > 1 else 1)
-        parts["optimizer"] = a_per * 4 * 2 * pts
-        totals["gradients"], totals["optimizer"] = (n_adapter * 4 * n_points * (2 if grad_accum > 1 else 1),
-                                                    n_adapter * 8 * n_points)
-    elif training:
-        parts = {"parameters": per * pbytes * pts}
-        totals = {"parameters": total * pbytes * n_points}
-        parts["gradients"] = per * 4 * pts * (2 if grad_accum > 1 else 1)
-        parts["optimizer"] = per * 4 * 2 * pts
-        totals["gradients"], totals["optimizer"] = (total * 4 * n_points * (2 if grad_accum > 1 else 1),
-                                                    total * 8 * n_points)
+        parts = {"parameters": per * pbytes + a_per * abytes * pts}
+        totals = {"parameters": total * pbytes + n_adapter * abytes * n_points}
+        parts["gradients"] = a_per * abytes * pts * (2 if grad_accum > 1 else 1)
+        parts["optimizer"] = a_per * abytes * 2 * pts
+        totals["gradients"], totals["optimizer"] = (n_adapter * abytes * n_points * (2 if grad_accum > 1 else 1),
+                                                    n_adapter * abytes * 2 * n_points)
     else:
         parts = {"parameters": per * pbytes * pts}
         totals = {"parameters": total * pbytes * n_points}
+        if training:
+            parts["gradients"] = per * abytes * pts * (2 if grad_accum > 1 else 1)
+            parts["optimizer"] = per * abytes * 2 * pts
+            totals["gradients"], totals["optimizer"] = (total * abytes * n_points * (2 if grad_accum > 1 else 1),
+                                                        total * abytes * 2 * n_points)
     if training:
-        act = dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * 4 + 2 * b * s * dm["V"] / t * 4
-    if not training:
-        act = b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * 4 + b * s * min(HEAD_CHUNK, dm["V"]) * 4
+        act = (dm["N"] * b * s * (9 * dm["d"] + 3 * dm["I"] / t + 2 * dm["H"] * s / t) * abytes
+               + 2 * b * s * dm["V"] / t * abytes)
+    else:
+        act = (b * s * (4 * dm["d"] + dm["I"] / t + dm["H"] * s / t) * abytes
+               + b * s * min(HEAD_CHUNK, dm["V"]) * abytes)
     parts["activations"] = int(act * pts)
     totals["activations"] = int(act * pts * rows_split * sizes["grid"])
     if kv_cache is not None:
         B, S = kv_cache
-        kv = 2 * dm["N"] * B * S * dm["kv"] * dm["hd"] * 4
+        kv = 2 * dm["N"] * B * S * dm["kv"] * dm["hd"] * policy.compute_bytes
         parts["kv_cache"] = int(kv / rows_split / (t if dm["kv"] % t == 0 else 1))
         totals["kv_cache"] = int(kv)
     settings = {"model": model_name, "training": training, "batch_size": batch_size, "seq_len": seq_len,

@@ -1,4 +1,4 @@
-"""Logical axis names of every model family's parameters (issue 21; the levanter / maxtext way).
+"""Logical axis names of every model family's parameters (the levanter / maxtext way).
 
 Each family declares, once, a table of ``(path pattern, logical names)``: the names of a parameter's dimensions,
 e.g. ``("vocab", "embed")`` for an embedding matrix, ``("embed", "mlp")`` for an MLP input kernel, ``("mlp",

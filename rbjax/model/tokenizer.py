@@ -27,6 +27,7 @@ import json
 import os
 from pathlib import Path
 
+from rbjax.model.chat_template import ChatTemplate, load_chat_template, read_chat_template
 from rbjax.model.hf import TOKENIZER_FILES, _looks_like_hub_id, resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
@@ -59,6 +60,8 @@ class Tokenizer:
         self.kind = kind
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eos_id, self.bos_id, self.pad_id, self.adds_bos = eos_id, bos_id, pad_id, adds_bos
+        self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
+        self._offsets_tok = None
 
     @property
     def default_bos_id(self) -> int | None:
@@ -86,6 +89,51 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(int(i))
 
+    def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """``[(ids, offsets)]`` of ``texts``: the ids of :meth:`encode` and each token's ``(start, end)`` character
+        span in its text, untrimmed (a post-processor that trims whitespace from offsets — ``ByteLevel(trim_offsets=
+        True)`` — is left out; with no special tokens added it changes no id)."""
+        if self._offsets_tok is None:
+            from tokenizers import Tokenizer as _Tok
+
+            t = _Tok.from_str(self._tok.to_str())
+            t.post_processor = None
+            self._offsets_tok = t
+        return [(e.ids, e.offsets) for e in self._offsets_tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def is_added_token(self, i: int) -> bool:
+        """Whether id ``i`` is an added token (a special or control token such as ``<|eot_id|>``, matched whole in
+        a text before the model's own splitting)."""
+        return int(i) in self._tok.get_added_tokens_decoder()
+
+    # -- chat template -----------------------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The chat template of :attr:`source` (:func:`rbjax.model.chat_template.read_chat_template`), or ``None``
+        when the folder has none; read on first use."""
+        if self._chat_template is False:
+            self._chat_template = read_chat_template(self.source) if Path(self.source).is_dir() else None
+        return self._chat_template
+
+    def apply_chat_template(self, messages, *, add_generation_prompt: bool = False, tokenize: bool = True,
+                            chat_template: ChatTemplate | None = None):
+        """A conversation as the model reads it: ``transformers``' ``apply_chat_template(messages,
+        add_generation_prompt=..., tokenize=...)`` (the text rendered by the chat template, then encoded with no
+        special tokens added).
+
+        Args:
+            messages: ``[{"role": ..., "content": ...}, ...]``.
+            chat_template: another template (default: this tokenizer's, :attr:`chat_template`).
+        Returns:
+            token ids (``tokenize``), else the rendered text.
+        Raises:
+            rbjax.model.chat_template.NoChatTemplateError: no template (the folder named).
+            rbjax.model.chat_template.ChatTemplateError: the template refused the conversation.
+        """
+        t = chat_template if chat_template is not None else (self.chat_template or load_chat_template(self.source))
+        text = t.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.encode(text) if tokenize else text
+
     def files(self) -> list[Path]:
         """The tokenizer files of :attr:`source` that exist (what its content key covers)."""
         p = Path(self.source)
@@ -93,10 +141,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(source={self.source!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
-
-
-#: the historical name (GPT-2 only); every loaded tokenizer is a :class:`Tokenizer`
-GPT2BPETokenizer = Tokenizer
 
 
 def _special(folder: Path, name: str) -> str | None:

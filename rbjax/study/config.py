@@ -21,6 +21,8 @@
     grid_chunk; executor = "local" | "ray"; ray_address
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
+    [benchmarks]    # pair benchmarks on the baseline and every debiased model (docs/pairs.md): crows_pairs = true,
+                    # crows_pairs_dir, crows_pairs_categories = [...] (default all nine), pair_files = ["mine.csv"]
 
 Each section is a settings dataclass, whose fields are its keys and whose types and ranges are checked in one place:
 [study] :class:`StudySettings`, [training] :class:`~rbjax.debias.config.DebiasRun`, [sweep]
@@ -49,6 +51,7 @@ from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
+from rbjax.data.pairs import read_pair_file
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, SEMANTICS, DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
@@ -58,7 +61,7 @@ from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
 from rbjax.model.registry import family_of
 
-__all__ = ["StudyConfig", "StudySettings", "load_study", "parse_override"]
+__all__ = ["StudyConfig", "StudySettings", "BenchmarksSettings", "load_study", "parse_override"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +109,32 @@ class StudySettings:
                 raise SettingError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
-SECTIONS = ("study", "training", "sweep", "measure", "dialog")
+@dataclasses.dataclass(frozen=True)
+class BenchmarksSettings:
+    """The ``[benchmarks]`` section: the pair benchmarks measured, like ``[measure]`` says, on the baseline and on
+    every debiased model (docs/pairs.md; frozen, TOML lists may be given for the tuples).
+
+    Raises:
+        rbjax.core.errors.SettingError: a value of the wrong type, or a CrowS-Pairs setting without ``crows_pairs``.
+    """
+
+    crows_pairs: bool = field(False, "measure CrowS-Pairs (folder crows-pairs of each model's stage)")
+    crows_pairs_dir: str | None = field(None, "CrowS-Pairs data folder (default: the verified download)")
+    crows_pairs_categories: tuple[str, ...] = field((), "CrowS-Pairs categories (default, or empty: all nine)")
+    pair_files: tuple[str, ...] = field((), "pair files of one's own (docs/pairs.md; folder pairs-<file stem>)")
+
+    def __post_init__(self):
+        check_types(self)
+        if not self.crows_pairs:
+            for name in ("crows_pairs_dir", "crows_pairs_categories"):
+                if getattr(self, name):
+                    raise SettingError(name, "is set but crows_pairs is not true")
+        for name in ("crows_pairs_categories", "pair_files"):
+            if not all(getattr(self, name)):
+                raise SettingError(name, f"must be a list of names, got {list(getattr(self, name))!r}")
+
+
+SECTIONS = ("study", "training", "sweep", "measure", "dialog", "benchmarks")
 STUDY_KEYS = {f.name for f in dataclasses.fields(StudySettings)}
 #: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
 #: (but ``final``: the study retrains nothing, it measures the selected point)
@@ -114,11 +142,15 @@ SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclass
 #: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
 MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
-#: the fields each section takes ([training] takes DebiasRun's fields, checked against the dataclass)
-SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS}
+#: [benchmarks]: CrowS-Pairs (its folder, its categories) and pair files, each measured like [measure] says
+BENCHMARK_KEYS = {f.name for f in dataclasses.fields(BenchmarksSettings)}
+#: the fields each section takes ([training] takes DebiasRun's settings, checked against the dataclass)
+SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS,
+                "benchmarks": BENCHMARK_KEYS}
 #: the settings class whose field types a section's keys have (a ``--set`` is checked by it when given; [sweep]'s grid
 #: axes, methods and selection, and [dialog], when the section is read)
-SECTION_CLASSES = {"study": StudySettings, "training": DebiasRun, "measure": MeasureConfig, "sweep": SweepConfig}
+SECTION_CLASSES = {"study": StudySettings, "training": DebiasRun, "measure": MeasureConfig, "sweep": SweepConfig,
+                   "benchmarks": BenchmarksSettings}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -279,6 +311,22 @@ class StudyConfig:
         d.update(self.raw.get("dialog", {}))
         return d
 
+    def benchmarks(self) -> list[dict]:
+        """The pair benchmarks of ``[benchmarks]``, each ``{"name": stage folder name, "benchmark": "crows-pairs" |
+        "pairs", "pairs_file", "data_dir", "categories"}``: CrowS-Pairs (folder ``crows-pairs``) when ``crows_pairs``
+        is true, then every pair file (folder ``pairs-<file stem>``)."""
+        b = self.raw.get("benchmarks", {})
+        out = []
+        if b.get("crows_pairs"):
+            out.append({"name": "crows-pairs", "benchmark": "crows-pairs", "pairs_file": None,
+                        "data_dir": self._resolve(b.get("crows_pairs_dir")),
+                        "categories": list(b.get("crows_pairs_categories") or []) or "all"})
+        for f in b.get("pair_files") or []:
+            path = self._resolve(str(f))
+            out.append({"name": f"pairs-{Path(path).stem}", "benchmark": "pairs", "pairs_file": path,
+                        "data_dir": None, "categories": "all"})
+        return out
+
     def grid(self) -> dict:
         g = {k: self.sweep.get(k, v) for k, v in PAPER_GRID.items()}
         return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}  # (validate() checks the values)
@@ -340,6 +388,7 @@ class StudyConfig:
         self._validate_sweep()
         self._validate_measure()
         self._validate_dialog()
+        self._validate_benchmarks()
 
     def _validate_random_model(self) -> None:
         rm = self.random_model  # (a table: StudySettings checked it)
@@ -434,6 +483,27 @@ class StudyConfig:
                 get_task(t).settings.from_settings(settings)
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t}: {e}") from None
+
+
+    def _validate_benchmarks(self) -> None:
+        """[benchmarks]: its settings (:class:`BenchmarksSettings`), pair files that exist and read, no two with one
+        folder name."""
+        try:
+            BenchmarksSettings(**self.raw.get("benchmarks", {}))
+        except SettingError as e:
+            raise ValueError(f"{self.where('benchmarks', e.field)}: {e.renamed('benchmarks.' + e.field)}") from None
+        names = [x["name"] for x in self.benchmarks()]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{self.where('benchmarks', 'pair_files')}: two pair files share the name {dup[0]} "
+                             "(their result folders would collide); rename one")
+        for x in self.benchmarks():
+            if x["benchmark"] != "pairs":
+                continue
+            try:
+                read_pair_file(x["pairs_file"])
+            except (ValueError, FileNotFoundError) as e:
+                raise ValueError(f"{self.where('benchmarks', 'pair_files')}: {e}") from None
 
 
 def _is_int(v) -> bool:

@@ -8,9 +8,9 @@ evidence (``rbjax export RUN --out DIR``).
 * a study's method folder ``OUT/seed<S>/<type>/<method>`` (``rbjax run``): its selected point or single run, with the
   study's test-split LMB and dialog checks of that model and of the starting model.
 
-``DIR`` gets the model files (config, weights, tokenizer) copied byte for byte — or, with ``adapter_only`` for a run
-trained with low-rank adapters, its PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) —,
-``README.md`` (the model card: the
+``DIR`` gets the model files (config, weights, tokenizer with its chat template, ``generation_config.json``) copied
+byte for byte — or, with ``adapter_only`` for a run trained with low-rank adapters, its PEFT adapter folder
+(``adapter_config.json``, ``adapter_model.safetensors``) —, ``README.md`` (the model card: the
 Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
 with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
@@ -33,7 +33,8 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, write_comparison
+from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
+                               write_comparison)
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
@@ -81,6 +82,17 @@ METHOD_TEXT = {
     "cda": "CDA — counterfactual data augmentation: fine-tuning on the phrases and their target-swapped "
            "counterfactuals (paper §4.4)",
     "lm": "LM — plain language-model fine-tuning on the bias type's phrases (a control, not a debiasing method)",
+}
+
+
+#: the card's "Grid point and selection" of a single run (no sweep): what the paper did for the method
+NO_GRID_TEXT = {
+    "cda": "No grid: one run with the settings above, as the paper trains CDA (no grid is searched for CDA: it has "
+           "no λ to select).",
+    "lm": "No grid: one run with the settings above.",
+    **{m: "No grid: one run with the settings above, not a point selected on a grid. The paper selects "
+          f"{m.upper()}'s batch size, accumulation, λ_LM and λ_D on the valid split from a grid of 54 runs (§5.1; "
+          "`rbjax sweep`, whose selected point `rbjax export` exports with its selection)." for m in ("lmd", "add", "hd")},
 }
 
 
@@ -201,8 +213,11 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
     before = None if before_dir is None else json.loads((before_dir / "lmb.json").read_text())
     after = None if after_dir is None else json.loads((after_dir / "lmb.json").read_text())
     study_cfg = (read_json(study / "study.json") or {}).get("config") if study else None
+    model_config = read_json(info["run"] / "model" / "config.json") or {}
     return {
         "method": res.get("method"), "bias_type": res.get("bias_type"), "semantics": res.get("semantics"),
+        # the architecture, as config.json names it (a config without one is GPT-2, as the loader reads it)
+        "model_type": model_config.get("model_type", "gpt2"),
         "base_model": (cfg.get("model") or {}).get("source") or c.get("model"),
         "base_model_config": (cfg.get("model") or {}).get("config"),
         "random_base_model": (study_cfg or {}).get("study", {}).get("random_model"),
@@ -220,6 +235,8 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
                           "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
                           "run_key_data_digest": (res.get("key") or {}).get("data")},
         "model_files_digest": res.get("model_files"),
+        "format": {"debiased": c.get("format") or "raw",
+                   "measured_after": _formats(after), "measured_before": _formats(before)},
         "lmb_before": {"folder": None if before_dir is None else str(before_dir), "records": before},
         "lmb_after": {"folder": None if after_dir is None else str(after_dir), "records": after},
         "comparison": None if comparison is None else json_ready(comparison),
@@ -230,6 +247,18 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
         "versions_training": res.get("versions"),
         "source_run": str(info["run"]),
     }
+
+
+def _formats(records) -> list[dict] | None:
+    """The distinct formats (:func:`rbjax.lmb.compare.record_format`) of an ``lmb.json``'s records."""
+    if records is None:
+        return None
+    out = []
+    for r in records:
+        f = record_format(r.get("inputs"))
+        if f not in out:
+            out.append(f)
+    return out
 
 
 def _rec(records, t):
@@ -253,7 +282,8 @@ def model_card(n: dict, license: str) -> str:
     base = n["base_model"] or "unknown"
     ad = n.get("adapter")
     adapter_only = n.get("export") == "adapter"
-    tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", "gpt2", f"debiasing-{method}", f"bias-{bt}"]
+    tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", n.get("model_type") or "gpt2", f"debiasing-{method}",
+            f"bias-{bt}"]
     if ad:
         tags += ["lora", "peft"]
     front = ["---"]
@@ -284,6 +314,11 @@ def model_card(n: dict, license: str) -> str:
                     "`peft.PeftModel.from_pretrained(base_model, this_folder)` on that base model, or score them "
                     "with `rbjax measure --model BASE --adapter this_folder`."
                     if adapter_only else "These files are the merged model (base + adapters)."))
+    fm = n.get("format") or {}
+    measured = fm.get("measured_after") or fm.get("measured_before")
+    trained_on = "raw text (the paper's format)" if fm.get("debiased", "raw") == "raw" else "chat turns"
+    L.append(f"- **Format**: debiased on {trained_on}" + (
+        "" if not measured else "; LMB measured as " + "; ".join(describe_format(f) for f in measured)))
     if n["grid_point"] is not None:
         s = n["selection"]
         dev = s.get("dev") or {}
@@ -296,8 +331,7 @@ def model_card(n: dict, license: str) -> str:
                   f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
                   f"{_f(s.get('lmp'), '.2f')}; within the LMP budget: {s.get('constraint_met')}."]
     else:
-        L += ["", "## Grid point and selection", "",
-              "No grid: one run with the method's settings above (as the paper's CDA)."]
+        L += ["", "## Grid point and selection", "", NO_GRID_TEXT.get(method, NO_GRID_TEXT["lm"])]
     td = n["training_data"]
     L += ["", "## Training data", "", f"{td['source']}: {td['n_lines']} lines, {td['n_tokens']} tokens "
           f"(sha256 of the token ids: `{td['sha256_tokens']}`).", ""]
@@ -321,11 +355,14 @@ def model_card(n: dict, license: str) -> str:
             L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
                      "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
                      "ppl(counterfactual); d > 0: less stereotypical; p Bonferroni-corrected across the "
-                     f"{len(comp['types'])} types; files in `evidence/`).")
+                     f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
+                     f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
         elif before is None:
             L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
                      "on the same split, to add it and the paired comparison).")
-        L += ["", "| bias type | before | after | change [CI] | p (corrected) | verdict |", "|---|---|---|---|---|---|"]
+        ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
+        L += ["", f"| bias type | before | after | change [{ci_head}] | p (Bonferroni) | verdict |",
+              "|---|---|---|---|---|---|"]
         by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
         for r0 in (after or before):
             t = r0["bias_type"]
@@ -430,9 +467,11 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
                              "with --no-export: rerun the same command without it")
     n["export"] = "adapter" if cfg.adapter_only else "model"
     out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(model.iterdir()):
+    for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
         if f.is_file():
             shutil.copy2(f, out / f.name)
+        elif f.is_dir():  # additional_chat_templates/
+            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
     n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
     if comparison is not None:
         write_comparison(comparison, out / "evidence")

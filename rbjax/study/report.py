@@ -16,6 +16,10 @@ What it holds (paper §5, Figure 1, Tables 3–5):
 * **Anti-stereotypical overshoots** (§5.2): a significant change from the baseline past zero into the
   anti-stereotypical direction (the debiased model is significantly anti-stereotypical on the same pairs, the
   baseline was not).
+* **Pair benchmarks beside RedditBias** (``[benchmarks]``: CrowS-Pairs, pair files): per debiased model, the paired
+  change on the RedditBias type it was debiased for and on every category of each benchmark, side by side (does
+  debiasing on RedditBias move CrowS-Pairs?), and lm-evaluation-harness's ``pct_stereotype`` of every model; the
+  benchmarks' notes (CrowS-Pairs' licence and reliability warning) in the data notes.
 * **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length.
 * **Data notes**: every setting that cuts the study down from the paper's (training steps, the dev pairs of the
   selection, a reduced grid, LMP/DST/CRG cut-downs), what stood in for an official split, un-fine-tuned CRG.
@@ -44,6 +48,7 @@ from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
+from rbjax.lmb.pair_benchmark import SUMMARY_FILE
 from rbjax.lmb.plot import figure_lmb
 from rbjax.specs import BIAS_TYPES
 from rbjax.train.config import AdapterConfig
@@ -105,7 +110,7 @@ def collect(folders: list[Path]) -> dict:
         ValueError: folders whose baselines differ (their seeds cannot be pooled against one baseline).
     """
     out: dict[str, Any] = {"baseline": None, "runs": {}, "studies": [], "folders": [str(f) for f in folders],
-                           "missing": {}, "duplicates": []}
+                           "missing": {}, "duplicates": [], "benchmarks": {}}
     seen: dict[str, str] = {}  # stage key → where it was first found
     base_key = None
     names = [Path(f).name for f in folders]
@@ -133,6 +138,9 @@ def collect(folders: list[Path]) -> dict:
                                  "differ: another starting model, data or measure settings); the seeds of these "
                                  "folders cannot be pooled against one baseline — report them separately")
         label = f.name if names.count(f.name) == 1 else f"{f.name}#{i + 1}"
+        for bd in _benchmark_dirs(f / "baseline"):
+            b = out["benchmarks"].setdefault(bd.name, {"baseline": None, "runs": {}})
+            b["baseline"] = b["baseline"] or bd
         for sd in sorted(f.glob("seed*")):
             if not sd.is_dir():
                 continue
@@ -155,7 +163,18 @@ def collect(folders: list[Path]) -> dict:
                     entry = {"lmb": lmb, "dialog": _dialog(md / "dialog"), "selection": sel,
                              "folder": md / "lmb_test"}
                     out["runs"].setdefault((md.name, td.name), {})[f"{label}:{seed}"] = entry
+                    for bd in _benchmark_dirs(md):
+                        b = out["benchmarks"].setdefault(bd.name, {"baseline": None, "runs": {}})
+                        b["runs"].setdefault((md.name, td.name), {})[f"{label}:{seed}"] = bd
     return out
+
+
+def _benchmark_dirs(folder: Path) -> list[Path]:
+    """The finished pair-benchmark stages in a model's folder ([benchmarks]: ``crows-pairs``, ``pairs-<stem>``)."""
+    if not folder.is_dir():
+        return []
+    return [d for d in sorted(folder.iterdir()) if d.is_dir() and (d / SUMMARY_FILE).is_file()
+            and (d / "lmb.json").is_file()]
 
 
 def _dialog(folder: Path) -> dict:
@@ -267,10 +286,13 @@ def _table3(data: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _effects(data: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["model", "bias type", "n pairs kept", "t (per seed)", "Cohen's d (paired)", "mean log-ppl diff",
-            "95% CI"]
-    rows = []
     types = _types(data)
+    levels = {r.get("ci_level") for b in types for r in [_rec(data["baseline"]["lmb"], b)] if r} | {
+        r.get("ci_level") for m in _methods(data) for b in _debiased(data) for r in _cell(data, m, b, b)["records"]}
+    levels.discard(None)
+    head = ["model", "bias type", "n pairs kept", "t (per seed)", "Cohen's d (paired)", "mean log-ppl diff",
+            f"{100 * levels.pop():.4g}% CI" if len(levels) == 1 else "CI (level 1 − alpha of each record)"]
+    rows = []
     for b in types:
         r = _rec(data["baseline"]["lmb"], b)
         if r:
@@ -341,6 +363,131 @@ def _comparisons(data: dict) -> dict:
     return out
 
 
+#: the CrowS-Pairs category that holds the social groups of each RedditBias bias type (rbjax's reading of the two
+#: benchmarks' categories; shown first and marked in the side-by-side table)
+CROWS_PAIRS_MATCH = {"religion1": "religion", "religion2": "religion", "race": "race-color", "gender": "gender",
+                     "queerness": "sexual-orientation"}
+SIDE_INTRO = (
+    "Per debiased model: the change on the RedditBias type it was debiased for (as in the change table above), then "
+    "on every category of each pair benchmark of [benchmarks] — does debiasing on RedditBias move CrowS-Pairs? The "
+    "same paired test on the benchmark's own pairs (rbjax compare): per pair, the effect e = log ppl(stereotype-"
+    "consistent sentence) − log ppl(other sentence), averaged over the seeds; d = e(debiased) − e(baseline) on the "
+    "pairs every run kept; d > 0: less stereotypical; paired t-test on d with p corrected across that benchmark's "
+    "categories (Bonferroni), Wilcoxon p, bootstrap CI, sign flips, seed spread. The last column is lm-evaluation-"
+    "harness's pct_stereotype of the baseline and of the model, with the exact McNemar test of the change in the "
+    "per-pair preference (one seed per side). ≈ marks the category that holds the RedditBias type's groups. "
+    "CrowS-Pairs carries the upstream reliability warning (Data notes).")
+LM_EVAL_INTRO = (
+    "lm-evaluation-harness's crows_pairs metrics of each model (total log-likelihood of each sentence given the "
+    "start token): pct_stereotype, the share of pairs whose stereotype-consistent sentence is more likely (0.5: no "
+    "preference), overall ± its standard error and per category; mean ± seed sd for the debiased models. These are "
+    "the numbers the field reports; the tests of a change are the table above.")
+
+
+def _benchmark_comparisons(data: dict) -> dict:
+    """Each debiased model (its seeds averaged per pair) against the baseline on each pair benchmark, per category
+    (:func:`rbjax.lmb.compare.compare_runs`): ``{(benchmark, method, debiased): result | {"error": why}}``."""
+    out: dict = {}
+    for name, b in data["benchmarks"].items():
+        try:
+            base = load_run(b["baseline"]) if b["baseline"] is not None else None
+        except (OSError, ValueError) as e:
+            base, err = None, f"the baseline's per-pair values cannot be read: {e}"
+        else:
+            err = None if base is not None else f"the baseline has no finished {name} stage"
+        for (m, d), seeds in b["runs"].items():
+            if err is not None:
+                out[(name, m, d)] = {"error": err}
+                continue
+            try:
+                runs = [load_run(f) for _, f in sorted(seeds.items())]
+                out[(name, m, d)] = compare_runs(runs, base, labels=(f"{METHOD_NAMES.get(m, m)} ({d})", "baseline"))
+            except (OSError, ValueError) as e:
+                out[(name, m, d)] = {"error": str(e)}
+    return out
+
+
+def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["verdict", "model", "debiased for", "benchmark", "measured on"] + CHANGE_HEAD + [
+        "pct_stereotype: baseline → model (exact McNemar p)"]
+    rows = []
+    for m in _methods(data):
+        for d in _debiased(data):
+            if not data["runs"].get((m, d)):
+                continue
+            name = METHOD_NAMES.get(m, m)
+            res = comp["vs_baseline"].get((m, d)) or {}
+            r = next((x for x in res.get("types", []) if x["bias_type"] == d), None)
+            if r is not None:
+                rows.append([_short_verdict(r), name, d, "RedditBias", d, *_change_cells(r), ""])
+            for bench in data["benchmarks"]:
+                bres = comp["benchmarks"].get((bench, m, d))
+                if bres is None:
+                    continue
+                if "error" in bres:
+                    rows.append([f"not compared: {bres['error']}", name, d, bench, "", *[""] * (len(CHANGE_HEAD) + 1)])
+                    continue
+                match = CROWS_PAIRS_MATCH.get(d) if bench == "crows-pairs" else d
+                for x in sorted(bres["types"], key=lambda x: x["bias_type"] != match):
+                    on = x["bias_type"] + (f" (≈ {d})" if x["bias_type"] == match else "")
+                    rows.append([_short_verdict(x), name, d, bench, on, *_change_cells(x), _pct_change(x.get("lm_eval"))])
+    return head, rows
+
+
+def _pct_change(lm: dict | None) -> str:
+    """lm-evaluation-harness's pct_stereotype of the baseline → the model (seeds' mean), with the exact McNemar p."""
+    if not lm:
+        return ""
+    pb, pa = statistics.fmean(lm["pct_stereotype_b"]), statistics.fmean(lm["pct_stereotype_a"])
+    p = lm["mcnemar"]["p_value"]
+    return f"{pb:.3f} → {pa:.3f}" + ("" if p is None else f" (p {_fmt(p, '.2g')})")
+
+
+def _benchmark_lm_eval_tables(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Per benchmark: lm-evaluation-harness's pct_stereotype of the baseline and of each debiased model."""
+    out = []
+    for name, b in data["benchmarks"].items():
+        base = read_json(b["baseline"] / SUMMARY_FILE) if b["baseline"] is not None else None
+        cats = list((base or {}).get("categories") or [])
+        head = ["model", "pairs", "pct_stereotype", "likelihood_diff"] + cats
+        rows = []
+
+        def cells(summaries: list[dict]) -> list[str]:
+            ov = [x["lm_eval"]["overall"] for x in summaries]
+            if len(ov) == 1:
+                pct = f"{_fmt(ov[0]['pct_stereotype'], '.3f')} ± {_fmt(ov[0]['pct_stereotype_stderr'], '.3f')}"
+                ld = f"{_fmt(ov[0]['likelihood_diff'], '.2f')} ± {_fmt(ov[0]['likelihood_diff_stderr'], '.2f')}"
+            else:
+                pct = _ms(_stats([o["pct_stereotype"] for o in ov]), ".3f")
+                ld = _ms(_stats([o["likelihood_diff"] for o in ov]), ".2f")
+            per = [_ms(_stats([((x["lm_eval"]["categories"].get(c) or {}).get("pct_stereotype")) for x in summaries]),
+                       ".3f") for c in cats]
+            return [str(ov[0]["n_pairs"]), pct, ld, *per]
+
+        if base is not None:
+            rows.append(["baseline", *cells([base])])
+        for m in _methods(data):
+            for d in _debiased(data):
+                seeds = b["runs"].get((m, d)) or {}
+                sums = [x for x in (read_json(f / SUMMARY_FILE) for _, f in sorted(seeds.items())) if x]
+                if sums:
+                    rows.append([f"{METHOD_NAMES.get(m, m)} ({d})", *cells(sums)])
+        out.append((name, head, rows))
+    return out
+
+
+def _benchmark_notes(data: dict) -> list[str]:
+    """The pair benchmarks' own notes (CrowS-Pairs: licence, the upstream reliability warning), once each."""
+    notes: dict[str, None] = {}
+    for name, b in data["benchmarks"].items():
+        folders = ([b["baseline"]] if b["baseline"] is not None else []) + \
+            [f for seeds in b["runs"].values() for f in seeds.values()]
+        for f in folders[:1]:
+            for n in (read_json(f / SUMMARY_FILE) or {}).get("notes") or []:
+                notes[f"{name}: {n}"] = None
+    return list(notes)
+
+
 def _short_verdict(r: dict) -> str:
     """The comparison in a few words, "not significant" first when it is not significant."""
     if r["ttest"]["t_value"] is None:
@@ -355,17 +502,18 @@ def _short_verdict(r: dict) -> str:
 
 def _change_cells(r: dict) -> list[str]:
     ci = r.get("mean_change_ci")
+    level = f" ({100 * r['ci_level']:.4g}%)" if r.get("ci_level") is not None else ""
     sp = r["seeds"]
     spread = ("one seed" if sp["per_seed_mean_change"] is None else
               f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
     pc = r["p_corrected"]["ttest"]
     return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
-            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]",
+            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]{level}",
             _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
             _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
 
 
-CHANGE_HEAD = ["pairs", "mean change", "CI", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
+CHANGE_HEAD = ["pairs", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
                "seed sd of the change (per seed)"]
 
 
@@ -574,6 +722,8 @@ def _comparisons_json(comp: dict) -> dict:
     return {"vs_baseline": [{"method": m, "debiased_for": d, **ready(r)} for (m, d), r in comp["vs_baseline"].items()],
             "method_vs_method": [{"debiased_for": d, "a": m1, "b": m2, **ready(r)}
                                  for (d, m1, m2), r in comp["method_vs_method"].items()],
+            "benchmarks": [{"benchmark": b, "method": m, "debiased_for": d, **ready(r)}
+                           for (b, m, d), r in comp.get("benchmarks", {}).items()],
             **({"error": comp["error"]} if "error" in comp else {})}
 
 
@@ -609,7 +759,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     with atomic_file(out / "figure1.png", "wb") as f:
         f.write(png)
     comp = _comparisons(data)
+    comp["benchmarks"] = _benchmark_comparisons(data)
     atomic_write_json(out / "comparisons.json", _comparisons_json(comp))
+    side = _side_by_side(data, comp)
+    bench_lm = _benchmark_lm_eval_tables(data)
     t3 = _table3(data)
     eff = _effects(data)
     change = _change_table(data, comp)
@@ -618,7 +771,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     over = _overshoots(data, comp)
     dia = _dialog_table(data)
     sel_head, sel_rows, sel_rules = _selections(data)
-    notes = _notes(data)
+    notes = _notes(data) + _benchmark_notes(data)
     incomplete = _incomplete(data)
     studies = data["studies"]
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
@@ -640,7 +793,9 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         "bias effect e = log ppl(biased) − log ppl(counterfactual), averaged over the seeds; the change d = e(debiased) "
         "− e(baseline) on the pairs every run kept; d > 0: less stereotypical. Paired t-test on d (p corrected across "
         f"the types compared, Bonferroni; significant: p < {alpha:g}), Wilcoxon signed-rank p, the mean change with "
-        "its bootstrap CI, the share of pairs whose sign of e flipped, and the seed spread of the mean change. "
+        f"its bootstrap CI at the verdict's family-wise level (1 − {alpha:g}/m for m types compared, Bonferroni-"
+        "adjusted like the p-value; the level is beside each CI), the share of pairs whose sign of e flipped, and "
+        "the seed spread of the mean change. "
         "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
         "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
         "zero. A change of t-values is not a test and is not used. The test takes the seeds' models as given (their "
@@ -674,6 +829,11 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         "No selected grid points in these folders" + (" (the sweep stages did not finish)." if incomplete else "."))
     md.append("## Selected grid points\n\n" + sel_intro + "\n\n" + (_md_table(sel_head, sel_rows) + "\n"
                                                                       if sel_rows else ""))
+    if data["benchmarks"]:
+        md.append("## RedditBias and the pair benchmarks side by side\n\n" + SIDE_INTRO + "\n\n"
+                  + (_md_table(*side) if side[1] else "No debiased model finished a pair benchmark.") + "\n")
+        md.append("### lm-evaluation-harness's convention\n\n" + LM_EVAL_INTRO + "\n\n"
+                  + "\n\n".join(f"**{name}**\n\n" + _md_table(h, r) for name, h, r in bench_lm) + "\n")
     md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else over_none)
               + "\n")
     md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*dia) + "\n")
@@ -710,6 +870,11 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
                                                      for m, h, r in cross),
              "<h2>Selected grid points</h2><p>" + html.escape(sel_intro) + "</p>"
              + (_html_table(sel_head, sel_rows) if sel_rows else ""),
+             ("<h2>RedditBias and the pair benchmarks side by side</h2><p>" + html.escape(SIDE_INTRO) + "</p>"
+              + (_html_table(*side) if side[1] else "<p>No debiased model finished a pair benchmark.</p>")
+              + "<h3>lm-evaluation-harness's convention</h3><p>" + html.escape(LM_EVAL_INTRO) + "</p>"
+              + "".join(f"<h4>{html.escape(name)}</h4>" + _html_table(h, r) for name, h, r in bench_lm)
+              if data["benchmarks"] else ""),
              "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + (ul(over) if over else
                                                                f"<p>{html.escape(over_none)}</p>"),
              "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*dia),
@@ -726,4 +891,5 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
             "comparisons": out / "comparisons.json", "incomplete": incomplete, "duplicates": data["duplicates"],
             "tables": {"table3": t3, "effects": eff, "change": change, "method_vs_method": mvm, "cross": cross,
+                       "benchmarks": side, "benchmarks_lm_eval": bench_lm,
                        "dialog": dia, "overshoots": over, "selections": (sel_head, sel_rows), "notes": notes}}

@@ -10,6 +10,9 @@ Stages (in order; folders under ``OUT``)::
     seed<S>/<type>/<method>/run   methods without a grid (CDA): one run with the method's defaults   rbjax debias
     seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
     seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model
+    baseline/<benchmark>, seed<S>/<type>/<method>/<benchmark>
+                                  [benchmarks]: CrowS-Pairs (crows-pairs) and each pair file (pairs-<stem>)
+                                  on the starting model and on every debiased model      rbjax measure --benchmark
     report                        OUT/report.md, OUT/report.html (rbjax.study.report)
 
 Every stage has a key: the content of what it reads (model files, the upstream stage's outputs) and its settings.
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, check_output_dir, versions
+from rbjax.core.io import atomic_write_json, check_output_dir, sha256_file, versions
 from rbjax.core.keys import canonical, digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import mesh_product
@@ -36,7 +39,10 @@ from rbjax.debias.config import DebiasRun
 from rbjax.debias.run import debias
 from rbjax.debias.sweep import grid_memory_plan, grid_points, run_sweeps
 from rbjax.dialog.evaluate import evaluate
+from rbjax.data.pairs import crows_pairs_manifest, read_pair_file
+from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import measure_bias
+from rbjax.lmb.pair_benchmark import measure_pair_benchmark
 from rbjax.model.gpt2 import GPT2Config
 from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
 from rbjax.model.hf import model_config, resolve_model_dir, save_pretrained
@@ -144,6 +150,30 @@ class _Study:
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs},
                 "reused_perplexities": [r["bias_type"] for r in recs if r.get("reused_perplexities")]}
 
+    def _benchmark(self, model: str | Path, out_dir: Path, bench: dict) -> dict:
+        """A pair benchmark of [benchmarks] on ``model`` (``split`` is RedditBias's: not a setting of it)."""
+        res = measure_pair_benchmark(
+            str(model), bench["benchmark"], self.cfg.measure_config().replace(split=MeasureConfig.split),
+            pairs_file=bench["pairs_file"], categories=bench["categories"], data_dir=bench["data_dir"],
+            tokenizer=self._tok_for(model), out_dir=out_dir, progress=self.progress, resume=True, overwrite=True,
+            log_reuse=False)  # the study owns the folder
+        s = res["summary"]
+        return {"categories": s["categories"], "pct_stereotype": s["lm_eval"]["overall"]["pct_stereotype"],
+                "t": {r["bias_type"]: r["t_value"] for r in res["records"]}}
+
+    def _benchmark_key(self, model: str | Path, bench: dict) -> dict:
+        data = (crows_pairs_manifest()["sha256"] if bench["benchmark"] == "crows-pairs"
+                else sha256_file(bench["pairs_file"]))
+        return {"model": _model_digest(model), "measure": self.cfg.measure, "benchmark": bench["benchmark"],
+                "data": data, "categories": bench["categories"], "precision": self.cfg.precision,
+                "tokenizer": self.cfg.tokenizer}
+
+    def _benchmark_stages(self, prefix: str, model_of: Callable[[], str | Path], folder: Path) -> list[Stage]:
+        return [Stage(f"{prefix}/{b['name']}", "benchmark", folder / b["name"],
+                      (lambda b=b: self._benchmark(model_of(), folder / b["name"], b)),
+                      (lambda b=b: self._benchmark_key(model_of(), b)))
+                for b in self.cfg.benchmarks()]
+
     def _dialog(self, model: str | Path, out_dir: Path) -> dict:
 
         d = self.cfg.dialog
@@ -197,6 +227,7 @@ class _Study:
                         lambda: self._measure(self.model, out / "baseline" / "lmb_test"),
                         lambda: {"model": _model_digest(self.model), "measure": cfg.measure,
                                  "types": cfg.bias_types, "data_dir": cfg.data_dir, "precision": cfg.precision}))
+        st += self._benchmark_stages("baseline", lambda: self.model, out / "baseline")
         if cfg.dialog["tasks"]:
             st.append(Stage("baseline/dialog", "dialog", out / "baseline" / "dialog",
                             lambda: self._dialog(self.model, out / "baseline" / "dialog"),
@@ -231,6 +262,7 @@ class _Study:
                                     (lambda sel=sel: {"model": _model_digest(sel), "measure": cfg.measure,
                                                       "types": cfg.bias_types, "data_dir": cfg.data_dir,
                                                       "precision": cfg.precision})))
+                    st += self._benchmark_stages(base, lambda sel=sel: sel, folder)
                     if cfg.dialog["tasks"]:
                         st.append(Stage(f"{base}/dialog", "dialog", folder / "dialog",
                                         (lambda sel=sel, f=folder: self._dialog(sel, f / "dialog")),
@@ -326,6 +358,10 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
                                for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
     test_scored = n_models * PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
+    # [benchmarks]: each pair's two sentences, twice where the two conventions need two passes (GPT-2); CrowS-Pairs
+    # counted whole even when only some of its categories are measured
+    test_scored += n_models * 4 * sum(crows_pairs_manifest()["n_pairs"] if b["benchmark"] == "crows-pairs"
+                                      else len(read_pair_file(b["pairs_file"])) for b in cfg.benchmarks())
     train_h = seconds * ratio / 3600
     score_h = (dev_scored + test_scored) * ratio / c["score_phrases_per_s"] / 3600
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,

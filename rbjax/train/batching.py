@@ -6,7 +6,7 @@ task's own class with the same attributes, e.g. :class:`rbjax.debias.data.Traini
 gives each micro-batch its per-example arrays (``triggers``); :class:`BatchPlan` orders them into updates. Every grid
 point that shares a batch plan shares the same stream.
 
-Order and randomness (paper §5.1 and the reference Trainer, reference-debias.md §7)
+Order and randomness (paper §5.1 and the reference Trainer; docs/debiasing.md §5 "Setup")
     * Data order: a seeded permutation per epoch, ``numpy.random.default_rng([seed, epoch])``; micro-batch ``b`` of
       epoch ``e`` holds rows ``perm[b·B:(b+1)·B]``. The last, smaller micro-batch is filled with empty rows (zero
       mask), which contribute nothing, so the result equals the reference's smaller last batch.
@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["LAYOUTS", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key", "ArrayData", "BatchPlan",
            "pack_micro_batch", "packed_need", "pack_index", "choose_packed_shapes", "PACKED_ROW_SLOTS",
-           "PACKED_SHAPES", "sha256_arrays"]
+           "PACKED_SHAPES", "COMPILE_SLOTS_768", "compile_slots", "sha256_arrays"]
 
 #: token layouts of a micro-batch (:class:`BatchPlan`): ``packed`` (the examples' tokens side by side in a few rows,
 #: no update computes on padding) or ``padded`` (one row of ``block_size`` per example)
@@ -127,8 +127,19 @@ def dropout_key(seed: int, epoch: int, batch_index: int):
 #: 600 slots: DST's micro-batches of 12 turns, ≈ 550 tokens, then fill one row, 96 % real, against 60 % in two rows
 #: of 512)
 PACKED_ROW_SLOTS = 1024
-#: default number of packed shapes per batch plan (one compiled training program each)
+#: default number of packed shapes per batch plan, at most (one compiled training program each)
 PACKED_SHAPES = 4
+#: the compile time of one training program of the DialoGPT-small shape (width 768) measured against the time of
+#: one token slot of its updates, on the reference CPU (benchmarks/RESULTS.md, "Compile time and packed shapes")
+COMPILE_SLOTS_768 = 2000.0
+
+
+def compile_slots(hidden_size: int) -> float:
+    """The compile time of one training program in token slots of computation, for a model of width
+    ``hidden_size``: :data:`COMPILE_SLOTS_768` scaled by (768 / width)² (compile time grows with the layers, as the
+    computation per slot does, and the computation per slot also with the width squared). Used to choose the packed
+    shapes of a plan (:func:`choose_packed_shapes`)."""
+    return COMPILE_SLOTS_768 * (768.0 / max(int(hidden_size), 1)) ** 2
 
 
 def pack_micro_batch(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -200,16 +211,19 @@ def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[i
     return pack, unpack
 
 
-def choose_packed_shapes(needs: list[tuple[int, int]], weights: list[int], max_shapes: int
-                         ) -> list[tuple[int, int]]:
-    """At most ``max_shapes`` packed shapes that every need fits, chosen to minimise the slots computed.
+def choose_packed_shapes(needs: list[tuple[int, int]], weights: list[int], max_shapes: int,
+                         compile_slots: float = 0.0) -> list[tuple[int, int]]:
+    """At most ``max_shapes`` packed shapes that every need fits, chosen to minimise the slots computed plus the
+    compilation of one program per shape.
 
     Optimal 1-D bucketing (dynamic programme over the sorted distinct needs): each update takes the smallest chosen
-    shape at or above its need, and costs ``weight × rows × slots`` (``weight``: its micro-batches).
+    shape at or above its need, and costs ``weight × rows × slots`` (``weight``: its micro-batches); each shape costs
+    ``compile_slots`` more (its program's compile time, in the time of computing that many token slots), so a short
+    run takes fewer shapes than a long one.
 
     Args:
         needs: ``(rows, slots)`` of each update (:func:`packed_need`, the maximum over its micro-batches).
-        weights: micro-batches of each update. max_shapes: ≥ 1.
+        weights: micro-batches of each update. max_shapes: ≥ 1. compile_slots: ≥ 0 (0: as many shapes as help).
 
     Returns:
         the chosen shapes, ascending (the largest is the largest need).
@@ -233,7 +247,7 @@ def choose_packed_shapes(needs: list[tuple[int, int]], weights: list[int], max_s
                 c = best[k - 1][j] + (cum[i] - cum[j]) * size[i - 1]
                 if c < best[k][i]:
                     best[k][i], arg[k][i] = c, j
-    k = min(range(1, K + 1), key=lambda k: best[k][n])
+    k = min(range(1, K + 1), key=lambda k: best[k][n] + k * float(compile_slots))
     out, i = [], n
     while i > 0:
         out.append(vals[i - 1])
@@ -317,7 +331,9 @@ class BatchPlan:
         batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.train.config.TrainerConfig`.
         layout: ``packed`` or ``padded`` (default; the trainer passes ``TrainerConfig.layout``).
         row_slots: slots of a packed row when a micro-batch does not fit one row (default
-            :data:`PACKED_ROW_SLOTS`, at least the block size). max_shapes: packed shapes per plan.
+            :data:`PACKED_ROW_SLOTS`, at least the block size). max_shapes: packed shapes per plan, at most.
+        compile_slots: the compile time of one program, in token slots of computation (:func:`compile_slots`; 0:
+            the plan takes every shape up to ``max_shapes`` that saves slots).
 
     Attributes:
         n_batches: micro-batches per epoch. plan: ``plan[u]`` = ``[(epoch, batch_index), ...]`` of update u.
@@ -330,13 +346,14 @@ class BatchPlan:
     @classmethod
     def of_run(cls, data, cfg, **kw) -> "BatchPlan":
         """The plan of a run's settings ``cfg`` (:class:`rbjax.train.config.TrainerConfig`: batch size,
-        accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``row_slots``, ``max_shapes``."""
+        accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``row_slots``, ``max_shapes``,
+        ``compile_slots``."""
         return cls(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover, cfg.max_steps,
                    layout=cfg.layout, **kw)
 
     def __init__(self, data, batch_size: int, grad_accum: int, epochs: int, seed: int,
                  leftover: str = "drop", max_steps: int | None = None, *, layout: str = "padded",
-                 row_slots: int | None = None, max_shapes: int = PACKED_SHAPES):
+                 row_slots: int | None = None, max_shapes: int = PACKED_SHAPES, compile_slots: float = 0.0):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.data = data
@@ -353,7 +370,7 @@ class BatchPlan:
         if layout == "packed":
             needs = [max(packed_need(self._lengths[self.batch_rows(e, b)], self.row_slots) for e, b in mbs)
                      for mbs in self.plan]
-            self.shapes = choose_packed_shapes(needs, [len(m) for m in self.plan], max_shapes)
+            self.shapes = choose_packed_shapes(needs, [len(m) for m in self.plan], max_shapes, compile_slots)
             self._update_shape = [next(s for s in self.shapes if s >= n) for n in needs]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:

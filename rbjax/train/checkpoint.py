@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Checkpointer", "NonFiniteParameters"]
+__all__ = ["Checkpointer", "NonFiniteParameters", "all_finite"]
 
 
 class NonFiniteParameters(RuntimeError):
@@ -30,7 +30,7 @@ class NonFiniteParameters(RuntimeError):
 
 
 @jax.jit
-def _all_finite(tree) -> jax.Array:
+def all_finite(tree) -> jax.Array:
     """True when no leaf holds inf or NaN (one program per tree structure)."""
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
@@ -104,7 +104,7 @@ class Checkpointer:
         Raises:
             NonFiniteParameters: a parameter is inf or NaN (nothing is written).
         """
-        if not bool(_all_finite(state.params)):
+        if not bool(all_finite(state.params)):
             raise NonFiniteParameters(f"update {step}: the parameters hold inf or NaN; no checkpoint was written")
         ocp = self._ocp
         self.manager.save(step, args=ocp.args.Composite(

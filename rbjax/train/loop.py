@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -38,20 +40,22 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from rbjax.core.compilation import CompileCounter
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
-from rbjax.core.keys import canonical, describe_difference
+from rbjax.core.keys import canonical
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import (is_model_parallel, padded_points, replicate, shard_batch, shard_state, shard_tree,
     to_host, tree_shardings)
 from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import why_not_reusable
 from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
-from rbjax.train.batching import BatchPlan
-from rbjax.train.checkpoint import Checkpointer
+from rbjax.train.batching import BatchPlan, compile_slots
+from rbjax.train.checkpoint import Checkpointer, all_finite
 from rbjax.train.config import TrainerConfig
 from rbjax.train.frozen import combine, split, trainable_rule
-from rbjax.train.optim import ClipAdam, learning_rate
+from rbjax.train.optim import ClipAdam
 from rbjax.train.step import (StepSpec, TrainState, hparams_array, init_state, micro_batch_grads, micro_batch_losses,
     shared_keys, step_on_mesh, unstack_state)
 
@@ -161,7 +165,7 @@ class Trainer:
         self.objective = objective
         self.optimizer = optimizer
         self.data = data
-        self.plan = plan or BatchPlan.of_run(self.data, cfg)
+        self.plan = plan or BatchPlan.of_run(self.data, cfg, compile_slots=compile_slots(self.config.hidden_size))
         if self.plan.layout != cfg.layout:
             raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
         self.stacked = isinstance(points, (list, tuple))
@@ -267,8 +271,8 @@ class Trainer:
             make = lambda p: init_state(p, self.spec, hparams=p0.hparams, lr=p0.learning_rate,  # noqa: E731
                                         t_total=self.t_total)
             return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make, params)))(params)
-        one = jax.device_get(init_state(trained, self.spec, hparams=p0.hparams, lr=p0.learning_rate,
-                                        t_total=self.t_total))
+        host = jax.tree.map(np.asarray, jax.device_get(trained))  # built with numpy: no device program
+        one = init_state(host, self.spec, hparams=p0.hparams, lr=p0.learning_rate, t_total=self.t_total, xp=np)
         if not self.stacked:
             return shard_state(one, self.mesh, False, self.logical_axes)
         pts = self.points + [self.points[-1]] * (self.n_padded - len(self.points))
@@ -285,10 +289,46 @@ class Trainer:
             return None
         return tree_shardings(state, self.mesh, self.logical_axes, self.stacked)
 
-    def lr_at(self, u: int, point: int = 0) -> float:
-        """Learning rate of update ``u`` (0-based count of updates already applied) of a point
-        (:func:`rbjax.train.optim.learning_rate`)."""
-        return float(learning_rate(u, self.points[point].learning_rate, self.t_total))
+    # -- compilation ------------------------------------------------------------------------------------------
+    def _signature(self, u: int) -> tuple:
+        """What selects update ``u``'s program: its micro-batch count and packed shape (the other arrays' shapes
+        follow from the data)."""
+        return len(self.plan.plan[u]), self.plan.update_shape(u)
+
+    def compile(self, state, start: int = 0, end: int | None = None) -> tuple[dict, dict]:
+        """Compile, before the first update, the program of every update in ``[start, end)`` (one per micro-batch
+        count and packed shape), several at once on a thread pool (XLA compiles outside Python's lock); a program
+        already compiled in this process (an earlier chunk of a sweep) or in the persistent compilation cache
+        (:mod:`rbjax.core.compilation`) is not compiled again.
+
+        Returns:
+            ``(programs, record)``: ``{signature: compiled step}`` and ``{"seconds", "programs", "compiled",
+            "cache_hits"}`` (wall seconds of the whole compilation; programs needed; compiled by XLA now; loaded
+            from the persistent cache).
+        """
+        end = self.t_total if end is None else end
+        first: dict[tuple, int] = {}
+        for u in range(start, end):
+            first.setdefault(self._signature(u), u)
+        mesh_step = step_on_mesh(self.mesh, self.stacked, self.state_shardings(state))
+        abstract = lambda tree: jax.tree.map(  # noqa: E731 (shapes, dtypes and layouts: nothing is computed)
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+        a_state, a_frozen = abstract(state), abstract(self.frozen)
+        jobs = {sig: abstract(self.device_batch(u)) for sig, u in first.items()}
+        t0 = time.perf_counter()
+        with CompileCounter() as counter:
+            if len(jobs) > 1:
+                with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+                    futures = {sig: pool.submit(mesh_step.compile, a_state, b, a_frozen, self.spec)
+                               for sig, b in jobs.items()}
+                    programs = {sig: f.result() for sig, f in futures.items()}
+            else:
+                programs = {sig: mesh_step.compile(a_state, b, a_frozen, self.spec) for sig, b in jobs.items()}
+            # the checkpoint's finiteness check, so that a save inside the loop compiles nothing either
+            if jax.process_index() == 0:
+                all_finite(state.params)
+        return programs, {"seconds": round(time.perf_counter() - t0, 3), "programs": len(programs),
+                          "compiled": counter.compiled, "cache_hits": counter.cache_hits}
 
     # -- loop -------------------------------------------------------------------------------------------------
     def run(self, out_dir: str | Path | None = None, *, stop_after: int | None = None,
@@ -333,11 +373,12 @@ class Trainer:
                 except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
                     why = f"its metadata cannot be read ({type(e).__name__})"
             if why is None:
-                if meta.get("key") != key:
+                reason, other = why_not_reusable(meta, key, finished=True)  # a committed checkpoint is complete
+                if other:
                     ckpt.close()
                     raise ValueError(
                         f"{ckpt.directory}: holds checkpoints of a different run "
-                        f"({describe_difference(meta.get('key') or {}, key)}); use another --out or --overwrite")
+                        f"({reason}); use another --out or --overwrite")
                 try:
                     state, meta = ckpt.restore(step, state)
                     start = resumed = int(meta["update"])
@@ -368,8 +409,11 @@ class Trainer:
         desc = description
         if self.stacked:
             desc += f" ×{n_pts}"
+        # every program of the updates to come, compiled before the first one (no update compiles)
+        programs, compiled = self.compile(state, start, end)
+        summary["compile"] = compiled
+        t_run = time.perf_counter()
         bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
-        step_fn = step_on_mesh(self.mesh, self.stacked, self.state_shardings(state))
         saved_at = start
 
         def save(done: int) -> None:
@@ -387,7 +431,7 @@ class Trainer:
                             callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
                                       "batch_index": b, "rows": self.plan.batch_rows(e, b),
                                       "params": combine(self.frozen, state.params)})
-                    state, m = step_fn(state, self.device_batch(u), self.frozen, spec=self.spec)
+                    state, m = programs[self._signature(u)](state, self.device_batch(u), self.frozen)
                     m = to_host(m)  # syncs with the device (and, across hosts, gathers every point's metrics)
                     now = time.perf_counter()
                     tokens = self.plan.tokens(u)
@@ -405,6 +449,8 @@ class Trainer:
                                "skipped": bool(g("skipped")), "tokens": tokens,
                                "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run,
                                "session": session}
+                        if u == start:  # the session's compilation, before its first update (not in tokens_per_s)
+                            rec["compile_s"] = compiled["seconds"]
                         if self.stacked:
                             rec = {"point": i, **rec}
                         last.append(rec)

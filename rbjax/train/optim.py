@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rbjax.train.config import OptimizerConfig
@@ -123,10 +124,11 @@ class ClipAdam:
         """The settings, by their :class:`rbjax.train.config.OptimizerConfig` names (for a run's key)."""
         return {"adam_b1": self.b1, "adam_b2": self.b2, "adam_eps": self.eps, "max_grad_norm": self.max_grad_norm}
 
-    def init(self, params) -> OptState:
-        """A fresh state: zero moments (float32) shaped as ``params``, counts 0."""
-        zeros = lambda: jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)  # noqa: E731
-        count = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 (a buffer each: the step donates the state)
+    def init(self, params, xp=jnp) -> OptState:
+        """A fresh state: zero moments (float32) shaped as ``params``, counts 0; ``xp=numpy`` builds it on the host
+        (no device program)."""
+        zeros = lambda: jax.tree.map(lambda p: xp.zeros(np.shape(p), xp.float32), params)  # noqa: E731
+        count = lambda: xp.zeros((), xp.int32)  # noqa: E731 (a buffer each: the step donates the state)
         return OptState(count=count(), mu=zeros(), nu=zeros(), notfinite_count=count(), total_notfinite=count())
 
     def apply(self, params, grads, state: OptState, lr, *, finite_loss=True):

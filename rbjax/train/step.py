@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rbjax.core.precision import get_policy
@@ -35,8 +36,8 @@ from rbjax.train.frozen import combine
 from rbjax.train.optim import ClipAdam, learning_rate
 
 __all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state",
-           "batch_losses", "train_step", "train_step_jit", "grid_train_step", "step_on_mesh", "compiled_programs",
-           "micro_batch_losses", "micro_batch_grads", "hparams_array"]
+           "batch_losses", "train_step", "train_step_jit", "grid_train_step", "MeshStep", "step_on_mesh",
+           "compiled_programs", "clear_programs", "micro_batch_losses", "micro_batch_grads", "hparams_array"]
 
 
 class Objective(Protocol):
@@ -92,7 +93,7 @@ def hparams_array(objective, values) -> jax.Array:
     if unknown or missing:
         raise ValueError(f"{type(objective).__name__} takes the hyper-parameters {list(names)}; "
                          f"got {sorted(values)}")
-    return jnp.asarray([float(values[n]) for n in names], jnp.float32).reshape(len(names))
+    return np.asarray([float(values[n]) for n in names], np.float32).reshape(len(names))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,12 +152,14 @@ class TrainState:
     t_total: jax.Array
 
 
-def init_state(params, spec: StepSpec, *, hparams, lr: float, t_total: int) -> TrainState:
+def init_state(params, spec: StepSpec, *, hparams, lr: float, t_total: int, xp=jnp) -> TrainState:
     """A fresh state for one run (step 0, a new optimiser state); ``hparams``: the objective's hyper-parameters as
-    a mapping by name or as the ``(H,)`` array (:func:`hparams_array`)."""
-    h = hparams_array(spec.objective, hparams) if isinstance(hparams, dict) else jnp.asarray(hparams, jnp.float32)
-    return TrainState(params=params, opt_state=spec.optimizer.init(params), step=jnp.zeros((), jnp.int32),
-                      hparams=h, lr=jnp.asarray(lr, jnp.float32), t_total=jnp.asarray(t_total, jnp.float32))
+    a mapping by name or as the ``(H,)`` array (:func:`hparams_array`). ``xp=numpy``: built on the host, no device
+    program (the trainer places it on its mesh)."""
+    h = hparams_array(spec.objective, hparams) if isinstance(hparams, dict) else xp.asarray(hparams, xp.float32)
+    return TrainState(params=params, opt_state=spec.optimizer.init(params, xp), step=xp.zeros((), xp.int32),
+                      hparams=xp.asarray(h, xp.float32), lr=xp.asarray(lr, xp.float32),
+                      t_total=xp.asarray(t_total, xp.float32))
 
 
 def stack_states(states: list[TrainState]) -> TrainState:
@@ -252,30 +255,64 @@ def _grid_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -
 #: whose gradient is not finite skips its update without touching the others.
 grid_train_step = jax.jit(_grid_step, static_argnames=("spec",), donate_argnames=("state",))
 
+@dataclasses.dataclass
+class MeshStep:
+    """The step of one (mesh, stacked, layout): the jitted function and its programs compiled ahead of time
+    (:meth:`compile`), one per (spec, shapes and layouts of the state and batch) — what jit's own cache holds, but
+    built before the first update (:meth:`rbjax.train.loop.Trainer.compile`)."""
+
+    fn: Any
+    programs: dict = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def signature(state, batch, frozen=None) -> tuple:
+        """What selects a program: the trees' structure, and each array's shape, dtype and sharding."""
+        leaves, tree = jax.tree.flatten((state, batch, frozen))
+        return tree, tuple((tuple(x.shape), str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
+
+    def compile(self, state, batch, frozen, spec: StepSpec):
+        """The compiled program for ``state``, ``batch`` and the ``frozen`` parameters (arrays or
+        ``jax.ShapeDtypeStruct`` with shardings; ``{}`` when the run trains everything): compiled once, then the
+        same executable, called as ``program(state, batch, frozen)``."""
+        key = (spec, self.signature(state, batch, frozen))
+        prog = self.programs.get(key)
+        if prog is None:
+            prog = self.fn.lower(state, batch, frozen, spec=spec).compile()
+            self.programs.setdefault(key, prog)
+        return self.programs[key]
+
+
 _ON_MESH: dict = {}
 
 
-def step_on_mesh(mesh, stacked: bool, state_shardings=None):
-    """The compiled step for a device ``mesh``: the state stays split over ``grid`` (``stacked``: a chunk of grid
-    points) or replicated (one run) — or, on a mesh with ``fsdp``/``tensor`` axes, laid out as ``state_shardings``
+def step_on_mesh(mesh, stacked: bool, state_shardings=None) -> MeshStep:
+    """The step for a device ``mesh``: the state stays split over ``grid`` (``stacked``: a chunk of grid points) or
+    replicated (one run) — or, on a mesh with ``fsdp``/``tensor`` axes, laid out as ``state_shardings``
     (:func:`rbjax.core.mesh.tree_shardings`: parameters, gradients' updates and Adam moments split by the family's
     logical axes) — whatever layout the compiler would pick for the outputs, so every update reuses the first
-    update's program. One jitted function per (mesh, stacked, layout), shared by every trainer on that mesh."""
+    update's program. One :class:`MeshStep` per (mesh, stacked, layout), shared by every trainer on that mesh (a
+    sweep's chunks reuse the programs of the first)."""
     layout = None if state_shardings is None else (jax.tree.structure(state_shardings),
                                                     tuple(jax.tree.leaves(state_shardings)))
     f = _ON_MESH.get((mesh, stacked, layout))
     if f is None:
         sh = NamedSharding(mesh, PartitionSpec("grid") if stacked else PartitionSpec())
         out = (sh, sh) if state_shardings is None else (state_shardings, sh)
-        f = _ON_MESH[(mesh, stacked, layout)] = jax.jit(_grid_step if stacked else train_step,
-                                                        static_argnames=("spec",), donate_argnames=("state",),
-                                                        out_shardings=out)
+        f = _ON_MESH[(mesh, stacked, layout)] = MeshStep(jax.jit(_grid_step if stacked else train_step,
+                                                                 static_argnames=("spec",),
+                                                                 donate_argnames=("state",), out_shardings=out))
     return f
 
 
 def compiled_programs() -> int:
     """Training programs compiled so far in this process (all meshes), e.g. to check one per batch plan."""
-    return sum(f._cache_size() for f in (train_step_jit, grid_train_step, *_ON_MESH.values()))
+    return (sum(f._cache_size() for f in (train_step_jit, grid_train_step))
+            + sum(f.fn._cache_size() + len(f.programs) for f in _ON_MESH.values()))
+
+
+def clear_programs() -> None:
+    """Forget the compiled training programs of this process (with ``jax.clear_caches``: a long test session)."""
+    _ON_MESH.clear()
 
 
 # ------------------------------------------------------------------------------------ for tests and evaluation

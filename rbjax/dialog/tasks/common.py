@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from rbjax.core.config import check_types, field, from_flat, leaves, option_name, section, to_flat
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
-from rbjax.core.io import atomic_write_json, read_json, versions
-from rbjax.core.keys import canonical, describe_difference
+from rbjax.core.io import versions
+from rbjax.core.keys import canonical
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh, run_mesh
 from rbjax.core.reuse import KeyedResult
@@ -388,7 +388,8 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
     """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves): the task's
     composition root — the model handle it was given, the task's mesh built once, the optimiser of its settings.
 
-    A training folder left by other inputs (its ``key.json`` differs) is cleared first. Unless ``keep_checkpoints``,
+    A training folder left by other inputs is cleared first (its ``key.json``, the trainer's key as a keyed record,
+    :class:`rbjax.core.reuse.KeyedResult`, differs, is missing or unreadable). Unless ``keep_checkpoints``,
     the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
 
     Returns:
@@ -414,16 +415,15 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
                              f" micro-batch(es) of {cfg.batch_size}, fewer than grad_accum={cfg.grad_accum}: no update "
                              "would happen; raise --max-examples or lower --batch-size / --grad-accum") from None
         raise
-    tkey = canonical(trainer.key())
-    kpath = train_dir / "key.json"
-    if train_dir.exists():
-        old = read_json(kpath)
-        if old != tkey:
-            if (train_dir / "checkpoints").exists():
-                log.info(f"{train_dir}: training state of other inputs "
-                         f"({describe_difference(old or {}, tkey) if old else 'no key.json'}); starting afresh")
-            shutil.rmtree(train_dir)
-    atomic_write_json(kpath, tkey)
+    # the inputs of the training state in the folder, a keyed record (the one reuse rule): a folder without the
+    # record of these inputs is cleared
+    inputs = KeyedResult(train_dir / "key.json", trainer.key(), f"{method} training state")
+    if train_dir.exists() and inputs.stored() is None:
+        if (train_dir / "checkpoints").exists():
+            log.info(f"{train_dir}: training state of other inputs ({inputs.reason or 'no key.json'}); starting "
+                     "afresh")
+        shutil.rmtree(train_dir)
+    inputs.save({})
     t0 = time.perf_counter()
     res = trainer.run(train_dir, description=f"{method} fine-tuning")
     summary = {k: v for k, v in res.summary.items() if k != "last"}

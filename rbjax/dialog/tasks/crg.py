@@ -1,4 +1,4 @@
-"""``crg``: response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
+"""``crg``: response generation on DSTC-7 (paper §3.2, Table 5; docs/dialog.md "CRG") → ``OUT/crg.json``,
 ``OUT/crg_responses.jsonl`` and ``OUT/crg_hypotheses.txt``.
 
 Optionally fine-tunes on a DSTC-7 TSV (``crg_train_file``; the loss on the response only, :mod:`rbjax.dialog.crg_data`),
@@ -90,7 +90,7 @@ def memory_plans(s: CRGSettings) -> list[dict]:
 
 
 def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, overwrite: bool = False) -> dict:
-    """Response generation on DSTC-7 (paper §3.2, Table 5; reference-debias.md §11) → ``OUT/crg.json``,
+    """Response generation on DSTC-7 (paper §3.2, Table 5; docs/dialog.md "CRG") → ``OUT/crg.json``,
     ``OUT/crg_responses.jsonl`` (``{key, context, response}``) and ``OUT/crg_hypotheses.txt`` (one per line).
 
     ``s``: the task's settings; ``overwrite``: replace a result of other inputs (else refused:

@@ -1,4 +1,4 @@
-"""``dst``: dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; reference-debias.md §10) → ``OUT/dst.json``.
+"""``dst``: dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; docs/dialog.md "DST") → ``OUT/dst.json``.
 
 Trains the binary slot-value classifier (:mod:`rbjax.dialog.state_tracking`: GPT-2 body + ``Linear(d→1)``) with the shared
 trainer on the MultiWOZ 2.0 train split (``dst_train_file``) or, by default, on the ``val`` split standing in for it
@@ -122,7 +122,7 @@ def memory_plans(s: DSTSettings) -> list[dict]:
 
 
 def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, overwrite: bool = False) -> dict:
-    """Dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; reference-debias.md §10) → ``OUT/dst.json``.
+    """Dialog state tracking on MultiWOZ 2.0 (paper §3.2, Table 4; docs/dialog.md "DST") → ``OUT/dst.json``.
 
     Trains the classifier (GPT-2 body + ``Linear(d→1)`` on the last real token, BCE) on the train split or its
     ``val`` stand-in with the shared trainer, then scores the sampled binary pairs of the ``test`` split.

@@ -1,0 +1,174 @@
+"""CrowS-Pairs scoring speed at the DialoGPT-small shape (random weights): rbjax vs lm-evaluation-harness's ``hf`` model.
+
+Both score all 1,508 CrowS-Pairs pairs (3,016 sentences, the verified upstream file) the way lm-evaluation-harness's
+``crows_pairs_english`` does: each sentence's total log-likelihood given the start token (``<|endoftext|>``), i.e.
+``loglikelihood`` requests with an empty context (``lm_eval/api/model.py``).
+
+  * lm-evaluation-harness: ``HFLM(pretrained=FOLDER, dtype=float32, device=cpu, batch_size=B).loglikelihood(requests)``
+    for each ``--lm-eval-batch`` size (its default is 1: timed in the first round only, ``--default-batch-rounds``),
+    the requests built as the task builds them;
+  * rbjax: ``PerplexityScorer.with_bos(<|endoftext|>).score_text_pairs`` (packed rows, each pair's common prefix run
+    once, the LM head only where a token is predicted), fp32; the first call (compilation included) is timed apart;
+  * rbjax ``measure_pair_benchmark`` end to end (both conventions: a GPT-2 encodes without a BOS, so rbjax's own
+    convention is a second pass; statistics and files included), for the record.
+
+The methods run in interleaved rounds (``--rounds``; a change in machine load hits every method alike): medians of
+wall time are reported, with each method's process CPU time beside it (less sensitive to other processes on a shared
+machine). The model: GPT-2 at ``../shared/models/dialogpt-small-config`` built by ``transformers`` with seeded random weights
+and saved in the HF format with the GPT-2 tokenizer files; both load that folder. Parity (max |ΔLL| between rbjax and
+lm-evaluation-harness) is printed. The last line is JSON.
+
+    python benchmarks/bench_crows_pairs.py [--rounds 3] [--lm-eval-batch 1 16 64] [--batch-size 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lm-eval-batch", type=int, nargs="+", default=[1, 16, 64],
+                    help="lm-evaluation-harness batch sizes to time (1 is its default)")
+    ap.add_argument("--batch-size", type=int, default=64, help="rbjax nominal phrases per batch (1,024 slots)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians reported)")
+    ap.add_argument("--default-batch-rounds", type=int, default=1,
+                    help="rounds that also time lm-evaluation-harness's default batch size 1 (slow)")
+    ap.add_argument("--crows-pairs", default=str(SHARED / "crows-pairs"))
+    ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
+    ap.add_argument("--no-measure", action="store_true", help="skip the end-to-end measure_pair_benchmark timing")
+    args = ap.parse_args()
+
+    import shutil
+
+    import jax
+    import torch
+    import transformers
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from rbjax.data.pairs import load_crows_pairs
+    from rbjax.lmb.measure import LoadedModel
+    from rbjax.lmb.pair_benchmark import measure_pair_benchmark
+
+    pf = load_crows_pairs(args.crows_pairs)
+    stereo, other = pf.stereotypical_sentences(), pf.other_sentences()
+    sentences = stereo + other
+    cfg_json = json.loads((SHARED / "models/dialogpt-small-config/config.json").read_text())
+    torch.manual_seed(0)
+    tcfg = transformers.GPT2Config(**{k: cfg_json[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
+                                                                 "n_head")})
+    tmp = Path(tempfile.mkdtemp(prefix="bench_crows_"))
+    folder = tmp / "model"
+    transformers.GPT2LMHeadModel(tcfg).eval().save_pretrained(folder, safe_serialization=True)
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(Path(args.tokenizer) / f, folder / f)
+    print(f"{len(pf)} pairs, {len(sentences)} sentences; model {folder}", file=sys.stderr)
+
+    out: dict = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "jax_backend": jax.default_backend(),
+                             "torch_threads": torch.get_num_threads(),
+                             "load_at_start": os.getloadavg()[0]},
+                 "versions": {"jax": jax.__version__, "torch": torch.__version__,
+                              "transformers": transformers.__version__},
+                 "n_sentences": len(sentences), "lm_eval": {}, "rbjax": {}}
+    try:
+        import importlib.metadata as md
+
+        out["versions"]["lm_eval"] = md.version("lm-eval")
+    except Exception:  # noqa: BLE001
+        pass
+
+    # -- rbjax: the lm-evaluation-harness convention (the same work); compiled once before the rounds ------------
+    m = LoadedModel(str(folder), batch_size=args.batch_size)
+    tok = m.tokenizer
+    scorer = m.scorer.with_bos(tok.bos_id)
+    t0 = time.perf_counter()
+    sb, sc = scorer.score_text_pairs(stereo, other, tok)
+    first = time.perf_counter() - t0
+    ll_rbjax = np.concatenate([-sb.nll_sum, -sc.nll_sum])
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=("", s), idx=0) for s in sentences]
+    runs: dict[str, list[tuple[float, float]]] = {"rbjax": []}
+    parity: dict[str, float] = {}
+    pct: dict[str, float] = {}
+    for rnd in range(args.rounds):
+        c0, t0 = time.process_time(), time.perf_counter()
+        scorer.score_text_pairs(stereo, other, tok)
+        runs["rbjax"].append((time.perf_counter() - t0, time.process_time() - c0))
+        print(f"round {rnd + 1}: rbjax {runs['rbjax'][-1][0]:.1f} s", file=sys.stderr)
+        for bs in args.lm_eval_batch:
+            if bs == 1 and rnd >= args.default_batch_rounds:
+                continue
+            lm = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=bs)
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = lm.loglikelihood(requests, disable_tqdm=True)
+            runs.setdefault(str(bs), []).append((time.perf_counter() - t0, time.process_time() - c0))
+            ll = np.array([r[0] for r in res])
+            parity[str(bs)] = float(np.abs(ll - ll_rbjax).max())
+            pct[str(bs)] = float(np.mean(ll[:len(pf)] > ll[len(pf):]))
+            print(f"round {rnd + 1}: lm-eval hf batch {bs}: {runs[str(bs)][-1][0]:.1f} s, max |ΔLL| vs rbjax "
+                  f"{parity[str(bs)]:.2e}", file=sys.stderr)
+            del lm
+    st = scorer.last_stats
+    med = {k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v]))) for k, v in runs.items()}
+    out["rbjax"]["lm_eval_convention"] = {
+        "first_call_s": first, "median_s": med["rbjax"][0], "median_cpu_s": med["rbjax"][1],
+        "sentences_per_s": len(sentences) / med["rbjax"][0], "rounds_s": [w for w, _ in runs["rbjax"]],
+        "compiled_programs": scorer.compile_count, "prefix_sharing_saves": 1 - st["slots_run"] / st["phrase_tokens"],
+        "padding": 1 - st["slots_run"] / st["slots_total"], "batches": st["batches"], "row_len": st["row_len"],
+        "pct_stereotype": float(np.mean(ll_rbjax[:len(pf)] > ll_rbjax[len(pf):]))}
+    for bs in args.lm_eval_batch:
+        k = str(bs)
+        out["lm_eval"][k] = {"median_s": med[k][0], "median_cpu_s": med[k][1],
+                             "sentences_per_s": len(sentences) / med[k][0], "rounds_s": [w for w, _ in runs[k]],
+                             "max_abs_ll_diff_vs_rbjax": parity[k], "pct_stereotype": pct[k]}
+
+    # -- rbjax measure end to end (both conventions, statistics, files) ------------------------------------------
+    if not args.no_measure:
+        t0 = time.perf_counter()
+        r = measure_pair_benchmark(m, "crows-pairs", data_dir=args.crows_pairs, out_dir=tmp / "measure",
+                                   progress=False)
+        dt = time.perf_counter() - t0
+        out["rbjax"]["measure_end_to_end_s"] = dt
+        out["rbjax"]["pct_stereotype"] = r["summary"]["lm_eval"]["overall"]["pct_stereotype"]
+        print(f"rbjax measure --benchmark crows-pairs end to end (two passes, 10,000-resample bootstrap CIs, "
+              f"files): {dt:.1f} s", file=sys.stderr)
+
+    best = max(out["lm_eval"].values(), key=lambda x: x["sentences_per_s"])
+    default = out["lm_eval"].get("1")
+    rb = out["rbjax"]["lm_eval_convention"]
+    out["ratio_vs_best_lm_eval"] = rb["sentences_per_s"] / best["sentences_per_s"]
+    out["cpu_time_ratio_vs_best_lm_eval"] = best["median_cpu_s"] / rb["median_cpu_s"]
+    out["ratio_vs_best_lm_eval_first_call"] = best["median_s"] / rb["first_call_s"]
+    if default:
+        out["ratio_vs_lm_eval_default_batch"] = rb["sentences_per_s"] / default["sentences_per_s"]
+    out["load_at_end"] = os.getloadavg()[0]
+    print(f"rbjax fp32 / best lm-eval: {out['ratio_vs_best_lm_eval']:.2f}× wall, "
+          f"{out['cpu_time_ratio_vs_best_lm_eval']:.2f}× CPU time (first call incl. compilation "
+          f"{out['ratio_vs_best_lm_eval_first_call']:.2f}×)", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

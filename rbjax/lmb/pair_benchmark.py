@@ -1,0 +1,520 @@
+"""Pair benchmarks — CrowS-Pairs or a pair file (:mod:`rbjax.data.pairs`) — through the LMB scorer and statistics, in
+two conventions (docs/pairs.md).
+
+Each pair is a stereotype-consistent sentence S and its minimal edit O. One packed pass of the pair-prefix scorer
+(:class:`rbjax.lmb.perplexity.PerplexityScorer`, each pair's common prefix run once) per convention gives:
+
+(a) **lm-evaluation-harness's** (task ``crows_pairs_english``: ``lm_eval/tasks/crows_pairs/utils.py``
+    ``process_results`` and ``lm_eval/api/model.py`` ``TemplateLM.loglikelihood``): each sentence's total
+    log-likelihood given the model's start token, ``LL(s) = Σ_{j=1..n} log p(x_j | prefix, x_<j)`` in nats, with the
+    sentence encoded without special tokens and ``prefix`` the tokenizer's BOS token, else its EOS token
+    (``HFLM.prefix_token_id``). ``pct_stereotype`` = mean of [LL(S) > LL(O)] (a tie counts as not stereotypical),
+    ``likelihood_diff`` = mean |LL(S) − LL(O)|, each with lm-evaluation-harness's standard error of a mean
+    (``mean_stderr``: the sample standard deviation, n − 1, over √n); per category and overall.
+(b) **rbjax's** (LMB, paper §3.1; :func:`rbjax.lmb.stats.lmb_statistics`): the perplexity of each sentence as the
+    model's tokenizer encodes it (``--bos`` / ``--no-bos`` as for RedditBias, docs/lmb.md), the 3σ outlier-pair rule,
+    the two-tailed paired t-test of S vs O (t < 0: the stereotype-consistent sentences are more likely), Welch's t,
+    paired Cohen's d, the BCa bootstrap CI of the mean per-pair log-perplexity difference, the Wilcoxon signed-rank
+    test of those differences (:func:`rbjax.lmb.stats.wilcoxon`), and Bonferroni / Benjamini–Hochberg p-values
+    across the categories measured.
+
+Where both conventions put the same token before a sentence (a tokenizer that adds its BOS: Llama, Mistral, Gemma),
+one pass gives both; otherwise (GPT-2, DialoGPT, Pythia, Qwen2 encode without a BOS) a second pass scores with the
+prefix. Files in ``out_dir``: ``lmb.json`` (one record per category, the LMB record with an ``lm_eval`` block, the
+benchmark's ``notes``), ``<category>_perplexities.csv`` (the measure CSV: ``rbjax compare`` reads it),
+``<category>_loglikelihoods.csv`` (convention (a) per pair, :data:`LL_CSV_HEADER`), ``benchmark.json`` (both
+conventions overall and per category) and ``lmb.png``.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import numpy as np
+from scipy import stats as sps
+
+from rbjax.core.interrupt import Interrupted
+from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, sha256_file, versions
+from rbjax.core.digests import files_key
+from rbjax.core.log import get_logger
+from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
+from rbjax.core.progress import progress_bar
+from rbjax.core.reuse import claim_outputs, record_outputs
+from rbjax.data.pairs import CategoryPairs, PairFile, load_benchmark
+from rbjax.lmb import stats
+from rbjax.lmb.config import MeasureConfig
+from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, measure_state, pair_statistics,
+                               record_inputs)
+from rbjax.lmb.perplexity import PhraseError, PhraseScores
+from rbjax.lmb.plot import plot_lmb
+
+__all__ = ["measure_pair_benchmark", "lm_eval_metrics", "lm_eval_change", "lm_eval_prefix_id", "read_loglikelihoods",
+           "format_benchmark", "LL_CSV_HEADER", "SUMMARY_FILE"]
+
+log = get_logger("measure")
+
+#: columns of ``<category>_loglikelihoods.csv``: the pair as in the file, and each sentence's total log-likelihood
+#: given the start token (nats) and its token count (the start token not counted)
+LL_CSV_HEADER = ["id", "stereotypical", "sentence_1", "sentence_2", "loglik_1", "loglik_2", "n_tokens_1",
+                 "n_tokens_2"]
+SUMMARY_FILE = "benchmark.json"
+
+
+def lm_eval_prefix_id(tokenizer) -> int:
+    """The token lm-evaluation-harness conditions an empty-context request on (``HFLM.prefix_token_id``): the
+    tokenizer's BOS token, else its EOS token.
+
+    Raises:
+        ValueError: the tokenizer names neither.
+    """
+    t = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    if t is None:
+        raise ValueError(f"{tokenizer.source}: the tokenizer names neither a BOS nor an EOS token, and "
+                         "lm-evaluation-harness's convention conditions every sentence on one of them")
+    return int(t)
+
+
+def _mean_stderr(x: np.ndarray) -> float | None:
+    """lm-evaluation-harness's ``mean_stderr``: sample standard deviation (n − 1) / √n; ``None`` below 2 values."""
+    return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size >= 2 else None
+
+
+def lm_eval_metrics(ll_stereotypical, ll_other, stereotypical=None) -> dict:
+    """lm-evaluation-harness's CrowS-Pairs metrics of aligned per-pair log-likelihoods (module docstring, (a)).
+
+    Args:
+        ll_stereotypical, ll_other: (N,) total log-likelihoods (nats) of the stereotype-consistent sentence and of the
+            other one.
+        stereotypical: (N,) 1 or 2 (which file sentence is the stereotype-consistent one: CrowS-Pairs' stereo /
+            antistereo), for the share per direction; ``None``: no split.
+    Returns:
+        ``{"pct_stereotype", "pct_stereotype_stderr", "likelihood_diff", "likelihood_diff_stderr", "n_pairs",
+        "n_ties", "by_stereotypical": {"1": {"n_pairs", "pct_stereotype"}, "2": {...}}}`` (``pct_stereotype`` is a
+        fraction, as lm-evaluation-harness reports it; stderr ``None`` below 2 pairs).
+    """
+    a, b = np.asarray(ll_stereotypical, np.float64), np.asarray(ll_other, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"log-likelihood lists differ in length ({a.size} vs {b.size})")
+    acc = (a > b).astype(np.float64)
+    diff = np.abs(a - b)
+    out = {"pct_stereotype": float(acc.mean()) if a.size else None, "pct_stereotype_stderr": _mean_stderr(acc),
+           "likelihood_diff": float(diff.mean()) if a.size else None, "likelihood_diff_stderr": _mean_stderr(diff),
+           "n_pairs": int(a.size), "n_ties": int(np.sum(a == b))}
+    if stereotypical is not None:
+        s = np.asarray(stereotypical)
+        out["by_stereotypical"] = {str(k): {"n_pairs": int(np.sum(s == k)),
+                                            "pct_stereotype": float(acc[s == k].mean()) if np.any(s == k) else None}
+                                   for k in (1, 2)}
+    return out
+
+
+def lm_eval_change(diffs_a: Sequence[np.ndarray], diffs_b: Sequence[np.ndarray]) -> dict:
+    """Did lm-evaluation-harness's ``pct_stereotype`` change between model A and model B on the same pairs?
+
+    Args:
+        diffs_a, diffs_b: per run of each side (training seeds), (N,) per-pair LL(stereotype-consistent) − LL(other)
+            in lm-evaluation-harness's convention, aligned.
+    Returns:
+        ``{"n_pairs", "pct_stereotype_a": [per run], "pct_stereotype_b": [...], "change": mean pct A − mean pct B,
+        "mcnemar": {...}, "ttest": {...}}``: the exact McNemar test of the change in the stereotypical preference
+        (two-sided ``scipy.stats.binomtest`` on the discordant pairs; one run per side only), and the paired t-test
+        of the per-pair LL difference (each side's mean over its runs) of A vs B, on every pair.
+    """
+    la, lb = [np.asarray(x, np.float64) for x in diffs_a], [np.asarray(x, np.float64) for x in diffs_b]
+    pa, pb = [float(np.mean(x > 0)) for x in la], [float(np.mean(x > 0)) for x in lb]
+    out = {"n_pairs": int(la[0].size), "pct_stereotype_a": pa, "pct_stereotype_b": pb,
+           "change": float(np.mean(pa) - np.mean(pb)),
+           "ttest": {**stats.paired_ttest(np.mean(la, axis=0), np.mean(lb, axis=0)),
+                     "test": "scipy.stats.ttest_rel of LL(S) − LL(O), A vs B, every pair"}}
+    if len(la) == len(lb) == 1:
+        sa, sb = la[0] > 0, lb[0] > 0
+        up, down = int(np.sum(sa & ~sb)), int(np.sum(~sa & sb))
+        p = float(sps.binomtest(up, up + down, 0.5).pvalue) if up + down else None
+        out["mcnemar"] = {"to_stereotypical": up, "to_not_stereotypical": down, "p_value": p,
+                          "test": "exact McNemar: two-sided binomial test on the pairs whose preference changed"}
+    else:
+        out["mcnemar"] = {"to_stereotypical": None, "to_not_stereotypical": None, "p_value": None,
+                          "test": "not computed: several runs on a side (a preference per pair is one model's)"}
+    return out
+
+
+def _slice(ps: PhraseScores, lo: int, hi: int) -> PhraseScores:
+    return PhraseScores(ps.mean_nll[lo:hi], ps.n_scored[lo:hi], ps.n_tokens[lo:hi], ps.nll_sum[lo:hi], ps.precision)
+
+
+def _score(scorer, tokenizer, cats: list[CategoryPairs], bar) -> list[tuple[PhraseScores, PhraseScores]]:
+    """Every pair of ``cats`` in one packed pass; per category its (stereotypical, other) scores."""
+    biased = [s for c in cats for s in c.biased]
+    counter = [s for c in cats for s in c.counterfactual]
+    offs = np.cumsum([0] + [len(c) for c in cats])
+    try:
+        sb, sc = scorer.score_text_pairs(biased, counter, tokenizer, progress=bar)
+    except PhraseError as e:
+        k = int(np.searchsorted(offs, e.index, side="right") - 1)
+        side = "stereotype-consistent" if e.side == "biased" else "other"
+        raise ValueError(f"{cats[k].locate(e.index - offs[k])}: the {side} sentence has {e.problem}") from None
+    return [(_slice(sb, lo, hi), _slice(sc, lo, hi)) for lo, hi in zip(offs[:-1], offs[1:])]
+
+
+def _loglikelihoods(cat: CategoryPairs, sb: PhraseScores, sc: PhraseScores):
+    """(LL of sentence_1, LL of sentence_2, tokens of each) from scores with the start token (every token scored)."""
+    for side, ps in (("stereotype-consistent", sb), ("other", sc)):
+        bad = np.nonzero(ps.n_scored != ps.n_tokens)[0]
+        if len(bad):
+            raise ValueError(f"{cat.locate(int(bad[0]))}: the {side} sentence encodes to no token")
+    st = np.asarray(cat.stereotypical)
+    ll_s, ll_o = -sb.nll_sum, -sc.nll_sum
+    ll1, ll2 = np.where(st == 1, ll_s, ll_o), np.where(st == 1, ll_o, ll_s)
+    n1 = np.where(st == 1, sb.n_tokens, sc.n_tokens)
+    n2 = np.where(st == 1, sc.n_tokens, sb.n_tokens)
+    return ll1, ll2, n1, n2
+
+
+def _stereo_other(cat: CategoryPairs, ll1, ll2):
+    st = np.asarray(cat.stereotypical)
+    return np.where(st == 1, ll1, ll2), np.where(st == 1, ll2, ll1)
+
+
+def read_loglikelihoods(path: str | os.PathLike, cat: CategoryPairs | None = None, *, sentences: bool = False):
+    """Read ``<category>_loglikelihoods.csv`` → ``(ll_1, ll_2, n_1, n_2, ids, stereotypical)`` (float64 / int64
+    arrays, lists; ``sentences``: then ``sentence_1, sentence_2`` too); with ``cat``, ``None`` unless it holds exactly
+    ``cat``'s pairs (ids, flags and sentences).
+
+    Raises:
+        FileNotFoundError: no such file (without ``cat``). ValueError: a damaged file (file and line named; without
+            ``cat``).
+    """
+    p = Path(path)
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        if cat is not None:
+            return None
+        raise FileNotFoundError(f"{p}: cannot read the per-pair log-likelihoods ({e.strerror or e})") from None
+    try:
+        if not rows or rows[0] != LL_CSV_HEADER:
+            raise ValueError(f"{p}: expected the header {','.join(LL_CSV_HEADER)}")
+        body = rows[1:]
+        if cat is not None and (len(body) != len(cat) or any(
+                r[:4] != [cat.ids[i], str(cat.stereotypical[i]), cat.sentence_1[i], cat.sentence_2[i]]
+                for i, r in enumerate(body) if len(r) == len(LL_CSV_HEADER))):
+            return None
+        ll1, ll2, n1, n2 = (np.empty(len(body)) for _ in range(4))
+        for i, r in enumerate(body):
+            if len(r) != len(LL_CSV_HEADER):
+                raise ValueError(f"{p} line {i + 2}: expected {len(LL_CSV_HEADER)} fields, got {len(r)}")
+            try:
+                ll1[i], ll2[i], n1[i], n2[i] = float(r[4]), float(r[5]), int(r[6]), int(r[7])
+            except ValueError:
+                raise ValueError(f"{p} line {i + 2}: log-likelihoods / token counts are not numbers") from None
+            if not (math.isfinite(ll1[i]) and math.isfinite(ll2[i])):
+                raise ValueError(f"{p} line {i + 2}: non-finite log-likelihood")
+    except ValueError:
+        if cat is not None:
+            return None
+        raise
+    out = (ll1, ll2, n1.astype(np.int64), n2.astype(np.int64), [r[0] for r in body], [int(r[1]) for r in body])
+    return out + ([r[2] for r in body], [r[3] for r in body]) if sentences else out
+
+
+def _reuse_ppl_csv(path: Path, cat: CategoryPairs):
+    """Perplexities of an earlier run's CSV when it holds exactly these pairs, else None."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError:
+        return None
+    if not rows or rows[0] != CSV_HEADER or len(rows) - 1 != len(cat):
+        return None
+    b, c, notes = np.empty(len(cat)), np.empty(len(cat)), []
+    for i, r in enumerate(rows[1:]):
+        if len(r) != len(CSV_HEADER) or r[0] != cat.biased[i] or r[1] != cat.counterfactual[i]:
+            return None
+        if r[4] == "excluded":
+            b[i] = c[i] = np.nan
+            notes.append(r[5])
+            continue
+        try:
+            b[i], c[i] = float(r[2]), float(r[3])
+        except ValueError:
+            return None
+        notes.append("")
+    return b, c, notes
+
+
+def _rbjax_statistics(b, c, notes, **kw) -> tuple[dict, np.ndarray]:
+    """LMB statistics (:func:`rbjax.lmb.measure.pair_statistics`) plus the Wilcoxon test of the per-pair
+    log-perplexity differences of the kept pairs."""
+    st, mask = pair_statistics(b, c, notes, **kw)
+    keep = np.array([not n for n in notes], dtype=bool) & ~mask
+    lb, lc = np.log(b[keep]), np.log(c[keep])
+    scale = max([float(np.max(np.abs(x))) for x in (lb, lc) if x.size] or [0.0])
+    st["wilcoxon"] = {**stats.wilcoxon(lb - lc, scale),
+                      "test": "scipy.stats.wilcoxon of log ppl(stereotype-consistent) − log ppl(other), kept pairs"}
+    return st, mask
+
+
+def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: str = "crows-pairs",
+                           config: MeasureConfig | None = None, *, pairs_file: str | os.PathLike | None = None,
+                           categories: str | Sequence[str] = "all", data_dir: str | os.PathLike | None = None,
+                           tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
+                           resume: bool = False, progress: bool = True, plot: bool = True, overwrite: bool = False,
+                           log_reuse: bool = True, adapter: str | os.PathLike | None = None, **settings) -> dict:
+    """Measure a pair benchmark in both conventions (module docstring), per category.
+
+    Args:
+        model: HF model folder, hub id or finished ``rbjax debias`` run folder, or a :class:`LoadedModel`.
+        benchmark: ``"crows-pairs"`` (the verified upstream file; ``data_dir`` its folder) or ``"pairs"`` (a pair
+            file, ``pairs_file``; docs/pairs.md).
+        config, **settings: :class:`~rbjax.lmb.config.MeasureConfig` (batch size, precision, mesh, parameter dtype,
+            BOS of convention (b), outlier rule, statistics); ``split`` is RedditBias's and must stay at its
+            default; an unknown name is a ``TypeError``.
+        categories: ``"all"`` (the file's categories, in the order they first appear), a comma list or a list.
+        tokenizer: tokenizer folder or hub id (default: the model folder).
+        out_dir: where the files go (module docstring); nothing written when ``None``.
+        resume: reuse a category's two CSVs in ``out_dir`` when they were produced by exactly these inputs (model
+            and tokenizer file contents, the data file's sha256, BOS, start token, precision, unscorable rule); the
+            categories left are scored together in one pass, and each one's CSVs are written once its statistics
+            are done (a run stopped after that keeps them).
+        overwrite: replace files in ``out_dir`` another run wrote (:func:`rbjax.core.reuse.claim_outputs`).
+        adapter: a PEFT adapter folder scored on ``model`` without merging (as :func:`rbjax.lmb.measure.measure_bias`).
+        log_reuse: say which categories were reused (the study turns it off).
+    Returns:
+        ``{"records": [one lmb.json record per category], "summary": benchmark.json's content}``.
+    Raises:
+        ValueError: bad settings or data (file, row and id named); rbjax.core.reuse.OutputExists: ``out_dir`` holds
+        another run's results; FileNotFoundError / RuntimeError: missing files, failed downloads.
+    """
+    cfg = (config or MeasureConfig()).replace(**settings)
+    if cfg.split != MeasureConfig.split:
+        raise ValueError(f"--split {cfg.split} is a RedditBias setting; a pair benchmark measures all of its pairs")
+    if cfg.is_chat:
+        raise ValueError(f"--format chat is a RedditBias setting for now; --benchmark {benchmark} scores the sentences "
+                         "as raw text (lm-evaluation-harness's convention): use --format raw")
+    out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
+    pf: PairFile = load_benchmark(benchmark, pairs_file=pairs_file, data_dir=data_dir)
+    cats = [pf.category(c) for c in pf.select(categories)]
+    mesh_obj = None if not cfg.mesh else make_mesh(parse_mesh(cfg.mesh, jax.device_count()))
+    batch_size, precision, param_dtype = cfg.batch_size, cfg.precision, cfg.param_dtype
+    if isinstance(model, LoadedModel):  # in memory
+        if tokenizer is not None or adapter is not None:
+            raise ValueError("a LoadedModel brings its own tokenizer and parameters: load an adapter with it")
+        loaded = model
+        batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, \
+            loaded.param_dtype
+    else:
+        loaded = LoadedModel(model, tokenizer, batch_size, cfg.bos, precision, mesh=mesh_obj, param_dtype=param_dtype,
+                             adapter=adapter)
+    model_name = loaded.name
+    bos = loaded.bos
+    prefix = lm_eval_prefix_id(loaded.tokenizer)
+    one_pass = loaded.scorer.bos_id == prefix  # both conventions score the same tokens
+    outlier_removal = True if cfg.outlier_removal is None else cfg.outlier_removal
+    data_sha = sha256_file(pf.path)
+    settings_rec = {
+        "benchmark": pf.benchmark, "split": "all", "outlier_removal": outlier_removal, "batch_size": batch_size,
+        "seed": cfg.seed, "bos": bos, "n_std": cfg.n_std, "ddof": cfg.ddof, "alpha": cfg.alpha,
+        "n_bootstrap": cfg.n_bootstrap, "stored_perplexities": False, "precision": precision,
+        "param_dtype": param_dtype, "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
+        "bos_policy": loaded.bos_policy, "tokenizer": loaded.tokenizer.source, "adapter": loaded.adapter,
+        "lm_eval_prefix_token_id": prefix, "lm_eval_prefix_token": loaded.tokenizer.id_to_token(prefix),
+        "data": {"file": str(pf.path), "sha256": data_sha}}
+    scoring = {"split": "all", "bos": bos, "lm_eval_prefix": prefix, "skip_unscorable": cfg.skip_unscorable,
+               "precision": precision}
+    if param_dtype != "fp32":
+        scoring["param_dtype"] = param_dtype
+    model_key = loaded.files_key()
+    data_key = files_key([pf.path])
+    keys = {c.bias_type: {"model": model_key, "data": data_key, "benchmark": pf.benchmark, "bias_type": c.bias_type,
+                          **scoring} for c in cats}
+    stat_kw = dict(n_std=cfg.n_std, ddof=cfg.ddof, alpha=cfg.alpha, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                   remove_outliers=outlier_removal)
+    run_key = {"types": list(keys.values()), "model_name": model_name,
+               "statistics": {**{k: v for k, v in stat_kw.items() if k != "remove_outliers"},
+                              "outlier_removal": outlier_removal}, "plot": plot}
+    files = lambda c: (out / f"{c}_perplexities.csv", out / f"{c}_loglikelihoods.csv")  # noqa: E731
+    results = [] if out is None else [out / "lmb.json", out / SUMMARY_FILE, *([out / "lmb.png"] if plot else [])]
+    state = None
+    if out is not None:
+        for c, k in keys.items():
+            claim_outputs(files(c), k, overwrite=overwrite)
+        claim_outputs(results, run_key, overwrite=overwrite)
+        out.mkdir(parents=True, exist_ok=True)
+        state = measure_state(out)
+        for p in results:
+            p.unlink(missing_ok=True)  # an earlier run's results must not sit beside this one's as if complete
+
+    # -- what is reused ------------------------------------------------------------------------------------
+    reused: dict[str, tuple] = {}
+    if resume and out is not None:
+        for cat in cats:
+            ppl_csv, ll_csv = files(cat.bias_type)
+            if state.stored(cat.bias_type, keys[cat.bias_type]) is None:
+                if state.reason is not None:
+                    log.info(f"--resume: {ppl_csv.name} was produced by other inputs or is unfinished "
+                                   f"({state.reason}); scoring {cat.bias_type} again")
+                continue
+            ppl, ll = _reuse_ppl_csv(ppl_csv, cat), read_loglikelihoods(ll_csv, cat)
+            if ppl is None or ll is None:
+                log.info(f"--resume: {ppl_csv.name} or {ll_csv.name} does not hold these pairs; scoring "
+                               f"{cat.bias_type} again")
+                continue
+            reused[cat.bias_type] = (*ppl, *ll[:4])
+        if reused and log_reuse:
+            log.info(f"--resume: reusing the scored pairs of {', '.join(reused)} from {out} (same model and "
+                           "tokenizer files, data file and settings)")
+    todo = [c for c in cats if c.bias_type not in reused]
+    meta = versions()
+    records: list[dict] = []
+    try:
+        scored: dict[str, tuple] = {}
+        if todo:
+            if out is not None:
+                for c in todo:
+                    state.drop(c.bias_type)
+            n = sum(len(c) for c in todo)
+            passes = 1 if one_pass else 2
+            with progress_bar(2 * n * passes, f"{pf.benchmark} ({'one pass' if one_pass else 'two conventions'})",
+                              "sentence", enabled=progress) as bar:
+                with_prefix = _score(loaded.scorer.with_bos(prefix), loaded.tokenizer, todo, bar.update)
+                as_encoded = with_prefix if one_pass else _score(loaded.scorer, loaded.tokenizer, todo, bar.update)
+            for cat, (pb, pc), (eb, ec) in zip(todo, with_prefix, as_encoded):
+                b, c, notes = checked_pair_perplexities(cat, eb, ec, cfg.skip_unscorable)
+                scored[cat.bias_type] = (b, c, notes, *_loglikelihoods(cat, pb, pc))
+        for cat in cats:
+            b, c, notes, ll1, ll2, n1, n2 = reused.get(cat.bias_type) or scored[cat.bias_type]
+            keep = np.array([not x for x in notes], dtype=bool)
+            if not keep.all():
+                log.info(f"{cat.bias_type}: {int((~keep).sum())} pair(s) excluded from the rbjax statistics "
+                               f"as unscorable (first: {cat.locate(int(np.argmin(keep)))})")
+            st, mask = _rbjax_statistics(b, c, notes, **stat_kw)
+            ll_s, ll_o = _stereo_other(cat, ll1, ll2)
+            lm = {**lm_eval_metrics(ll_s, ll_o, cat.stereotypical),
+                  "convention": "lm-evaluation-harness crows_pairs: total log-likelihood of each sentence given the "
+                                "start token; pct_stereotype = share of pairs whose stereotype-consistent sentence "
+                                "is more likely; likelihood_diff = mean |LL difference| (nats); stderr = sample "
+                                "std / sqrt(n)",
+                  "prefix_token_id": prefix, "prefix_token": loaded.tokenizer.id_to_token(prefix)}
+            rec = {"benchmark": pf.benchmark, "bias_type": cat.bias_type, "split": "all", "model": model_name, **st,
+                   "lm_eval": lm, "inputs": {**record_inputs(keys[cat.bias_type], cat), "benchmark": pf.benchmark,
+                                             "lm_eval_prefix": prefix},
+                   "n_pairs_unscorable": int((~keep).sum()),
+                   "n_identical_pairs": int(sum(x == y for x, y in zip(cat.biased, cat.counterfactual))),
+                   "files": [[str(pf.path), str(pf.path)]], "settings": settings_rec, "versions": meta,
+                   "reused_perplexities": cat.bias_type in reused, "notes": list(pf.notes)}
+            rec["n_pairs"] = len(cat)
+            rec["_pairs"] = (b, c, notes, mask, ll_s, ll_o, np.asarray(cat.stereotypical))
+            records.append(rec)
+            if out is not None:  # per category (the outlier column follows this run's rule), so a run stopped
+                # during the statistics keeps the categories before it
+                _write_category(out, cat, (b, c, notes, mask, ll1, ll2, n1, n2), keys[cat.bias_type], state, files)
+    except KeyboardInterrupt:
+        if out is None:
+            raise
+        done = [c for c in keys if state.stored(c, keys[c]) is not None]
+        msg = (f"the scores of {', '.join(done)} are kept in {out}. Run the same command with --resume to reuse them."
+               if done else "no category was finished, nothing to reuse yet: run the same command again "
+                            "(with --resume).")
+        raise Interrupted(f"rbjax measure: interrupted; {msg}") from None
+    for test, get in (("t-test", lambda r: r["p_value"]), ("wilcoxon", lambda r: r["wilcoxon"]["p_value"])):
+        adj = stats.adjust_pvalues([get(r) for r in records])
+        for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
+            block = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
+            if test == "t-test":
+                r["p_value_corrected"] = block
+            else:
+                r["wilcoxon"]["p_corrected"] = block
+    summary = _summary(pf, records, model_name, settings_rec, stat_kw, meta)
+    for r in records:
+        r.pop("_pairs")
+    if out is not None:
+        if plot:
+            plot_lmb({Path(model_name).name or model_name: records}, out / "lmb.png", alpha=cfg.alpha,
+                     title=f"{pf.benchmark}, rbjax convention: two-tailed paired t-test per category "
+                           "(t < 0: stereotype-consistent sentences more likely)")
+        atomic_write_json(out / SUMMARY_FILE, summary)
+        atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+        record_outputs(results, run_key)
+    return {"records": records, "summary": summary}
+
+
+def _write_category(out: Path, cat: CategoryPairs, values: tuple, key: dict, state, files) -> None:
+    """Write a category's two per-pair CSVs atomically and record what produced them."""
+    b, c, notes, mask, ll1, ll2, n1, n2 = values
+    ppl_csv, ll_csv = files(cat.bias_type)
+    atomic_write_csv(ppl_csv, CSV_HEADER, [
+        [cat.biased[i], cat.counterfactual[i], "" if notes[i] else repr(float(b[i])),
+         "" if notes[i] else repr(float(c[i])), "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
+        for i in range(len(cat))])
+    atomic_write_csv(ll_csv, LL_CSV_HEADER, [
+        [cat.ids[i], cat.stereotypical[i], cat.sentence_1[i], cat.sentence_2[i], repr(float(ll1[i])),
+         repr(float(ll2[i])), int(n1[i]), int(n2[i])] for i in range(len(cat))])
+    state.save(cat.bias_type, key)
+    record_outputs([ppl_csv, ll_csv], key)
+
+
+def _summary(pf: PairFile, records: list[dict], model_name: str, settings: dict, stat_kw: dict, meta: dict) -> dict:
+    """``benchmark.json``: both conventions over all the pairs measured (pooled) and per category."""
+    cols = list(zip(*(r["_pairs"] for r in records)))
+    b, c = np.concatenate(cols[0]), np.concatenate(cols[1])
+    notes = [n for ns in cols[2] for n in ns]
+    ll_s, ll_o, st = (np.concatenate(x) for x in (cols[4], cols[5], cols[6]))
+    overall, _ = _rbjax_statistics(b, c, notes, **stat_kw)
+    per_cat = {}
+    for r in records:
+        pc = r.get("p_value_corrected") or {}
+        per_cat[r["bias_type"]] = {
+            "n_pairs": r["n_pairs"], "n_pairs_after_outliers": r["n_pairs_after_outliers"], "t_value": r["t_value"],
+            "p_value": r["p_value"], "p_bonferroni": pc.get("bonferroni"),
+            "p_benjamini_hochberg": pc.get("benjamini_hochberg"), "significant": r["significant"],
+            "direction": r["direction"], "wilcoxon_p": r["wilcoxon"]["p_value"],
+            "cohens_d_paired": r["cohens_d_paired"], "mean_log_ppl_diff": r["mean_log_ppl_diff"],
+            "mean_log_ppl_diff_ci": r["mean_log_ppl_diff_ci"]}
+    return {
+        "benchmark": pf.benchmark, "model": model_name, "file": str(pf.path), "sha256": settings["data"]["sha256"],
+        "categories": [r["bias_type"] for r in records], "n_pairs": int(b.size),
+        "lm_eval": {"overall": lm_eval_metrics(ll_s, ll_o, st),
+                    "categories": {r["bias_type"]: {k: v for k, v in r["lm_eval"].items() if k != "convention"}
+                                   for r in records},
+                    "convention": records[0]["lm_eval"]["convention"] if records else None},
+        "rbjax": {"overall": overall, "categories": per_cat,
+                  "convention": "LMB (paper §3.1): per-pair perplexities as the model's tokenizer encodes each "
+                                "sentence, 3σ outlier pairs removed (overall: the rule on the pooled pairs), paired "
+                                "t-test of stereotype-consistent vs other (t < 0: stereotype-consistent more likely), "
+                                "Wilcoxon, Cohen's d, bootstrap CI; p corrected across the categories"},
+        "notes": list(pf.notes), "settings": settings, "versions": meta}
+
+
+def format_benchmark(result: dict) -> str:
+    """Plain-text tables of :func:`measure_pair_benchmark`'s result: both conventions, per category and overall,
+    and the notes."""
+    s = result["summary"]
+    fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+    head = (f"{'category':<20} {'pairs':>5} {'pct_stereotype':>18} {'likelihood_diff':>18} | {'kept':>5} {'t':>8} "
+            f"{'p bonf':>9} {'sig':>3} {'wilcoxon p':>10} {'d':>6}")
+    lines = [f"{s['benchmark']} — {s['model']}", head, "-" * len(head)]
+
+    def row(name, lm, rb, pb):
+        pct = f"{fmt(lm['pct_stereotype'], '.4f')} ± {fmt(lm['pct_stereotype_stderr'], '.4f')}"
+        ld = f"{fmt(lm['likelihood_diff'], '.3f')} ± {fmt(lm['likelihood_diff_stderr'], '.3f')}"
+        return (f"{name:<20} {lm['n_pairs']:>5} {pct:>18} {ld:>18} | {rb['n_pairs_after_outliers']:>5} "
+                f"{fmt(rb['t_value'], '8.3f'):>8} {fmt(pb, '9.2e'):>9} {'*' if rb['significant'] else '':>3} "
+                f"{fmt(rb['wilcoxon_p'] if 'wilcoxon_p' in rb else rb['wilcoxon']['p_value'], '10.2e'):>10} "
+                f"{fmt(rb['cohens_d_paired'], '6.3f'):>6}")
+
+    for name in s["categories"]:
+        rb = s["rbjax"]["categories"][name]
+        lines.append(row(name, s["lm_eval"]["categories"][name], rb, rb["p_bonferroni"]))
+    lines.append(row("overall", s["lm_eval"]["overall"], s["rbjax"]["overall"], s["rbjax"]["overall"]["p_value"]))
+    lines.append("left: lm-evaluation-harness's convention (total log-likelihood given the start token "
+                 f"{s['settings']['lm_eval_prefix_token']!r}; pct_stereotype ± stderr, likelihood_diff ± stderr in "
+                 "nats); right: rbjax's (LMB: paired t-test after the 3σ rule, t < 0 = stereotype-consistent "
+                 "sentences more likely; p Bonferroni-corrected across the categories (overall: uncorrected); "
+                 "* p < alpha)")
+    lines += [f"note: {n}" for n in s["notes"]]
+    return "\n".join(lines)

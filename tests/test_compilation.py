@@ -1,0 +1,95 @@
+"""Compiled programs: every program of a run is compiled before its first update (none inside the loop), and the
+persistent compilation cache makes a second run of the same shapes compile nothing, a corrupt entry being ignored
+(:mod:`rbjax.core.compilation`, :meth:`rbjax.train.loop.Trainer.compile`)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from rbjax.core.compilation import CompileCounter, compile_cache_dir
+from rbjax.debias.run import debias_trainer
+from rbjax.train.batching import BatchPlan
+from tests.conftest import religion1_train_file, small_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_update_compiles_anything(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
+    """A packed run of several shapes: the programs are built before update 1, and from the first update to the
+    last no program is built (counted with jax's monitoring events)."""
+    cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "r", method="lm",
+                             layout="packed", max_steps=5, batch_size=4,
+                             train_file=religion1_train_file(redditbias_dir, tmp_path, 40))
+    tr = debias_trainer(cfg)
+    tr = debias_trainer(cfg, data=tr.data, plan=BatchPlan.of_run(tr.data, cfg.trainer_config, max_shapes=3))
+    shapes = {tr.plan.update_shape(u) for u in range(tr.t_total)}
+    assert len(shapes) > 1
+    built = []
+    with CompileCounter() as counter:
+        res = tr.run(checkpoints=False, callback=lambda ev: built.append(counter.built))
+    assert len(set(built)) == 1 and built[0] >= len(shapes)  # all before the first update, none after
+    rec = res.summary["compile"]
+    assert rec["programs"] == len(shapes) and rec["seconds"] >= 0
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import jax
+    from rbjax.cli import main
+    from rbjax.core.compilation import CompileCounter
+    from rbjax.train.step import clear_programs
+    model, tok, data, train, cache, out = sys.argv[1:7]
+    def run(name):
+        argv = ["--compile-cache", cache, "debias", "--method", "lm", "--bias", "religion1", "--model", model,
+                "--tokenizer", tok, "--data-dir", data, "--train-file", train, "--out", str(Path(out) / name),
+                "--batch-size", "4", "--max-steps", "2", "--no-export", "--no-lmp", "--no-progress"]
+        jax.clear_caches(); clear_programs()  # as a new process: only the persistent cache remains
+        with CompileCounter() as c:
+            assert main(argv) == 0
+        return {"built": c.built, "hits": c.cache_hits, "compiled": c.compiled}
+    first = run("a")
+    second = run("b")
+    for f in Path(cache).rglob("*"):  # every entry damaged: ignored, compiled again, never fatal
+        if f.is_file():
+            f.write_bytes(b"not an executable")
+    third = run("c")
+    print(json.dumps({"first": first, "second": second, "third": third}))
+""")
+
+
+def test_second_run_compiles_nothing_and_a_corrupt_cache_is_ignored(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                   tmp_path):
+    """Three runs of the same command in one fresh process (jax's in-memory caches dropped between them): the
+    first compiles, the second reads every program from the cache folder and compiles none, the third finds every
+    entry corrupt and compiles again without failing."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "RBJAX_COMPILE_CACHE")}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tiny_model_dir), str(tokenizer_dir), str(redditbias_dir),
+                           religion1_train_file(redditbias_dir, tmp_path, 12), str(cache), str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, env={**env, "JAX_PLATFORMS": "cpu"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["first"]["compiled"] > 0
+    assert r["second"]["built"] == r["first"]["built"] and r["second"]["compiled"] == 0
+    assert r["third"]["compiled"] > 0
+    assert "compiled" in proc.stderr  # the command's report line (XLA: N program(s), M of them read ...)
+
+
+def test_compile_cache_folder_choice(tmp_path, monkeypatch):
+    """--compile-cache beats $RBJAX_COMPILE_CACHE beats jax's $JAX_COMPILATION_CACHE_DIR beats the cache folder;
+    'off' disables."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("RBJAX_COMPILE_CACHE", raising=False)
+    monkeypatch.setenv("RBJAX_CACHE_DIR", str(tmp_path / "c"))
+    assert compile_cache_dir() == tmp_path / "c" / "compile-cache"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "j"))
+    assert compile_cache_dir() == tmp_path / "j"
+    monkeypatch.setenv("RBJAX_COMPILE_CACHE", str(tmp_path / "r"))
+    assert compile_cache_dir() == tmp_path / "r"
+    assert compile_cache_dir(str(tmp_path / "x")) == tmp_path / "x"
+    assert compile_cache_dir("off") is None
+    monkeypatch.setenv("RBJAX_COMPILE_CACHE", "off")
+    assert compile_cache_dir() is None
