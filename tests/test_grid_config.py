@@ -53,7 +53,7 @@ def test_command_line_wins_over_the_file(tmp_path):
     assert merge(None, cli, {"lambda_d"}) == (cli, {})
 
 
-def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch):
+def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch, tiny_model_dir):
     """The one precedence rule (command line > file > default; given = written): ``--lr 5e-5``, the default value,
     written on the command line beats the grid file's learning_rate, as ``--lambda-ds 10,50,100`` (the paper's axis)
     beats the file's axis; an option not written (--epochs, --batch-sizes) leaves the file's value. Checked on what
@@ -75,7 +75,8 @@ def test_an_option_given_at_its_default_beats_the_file(tmp_path, monkeypatch):
         raise Stop
 
     monkeypatch.setattr(sweep_command, "run_sweeps", run_sweeps)
-    argv = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path / "o"), "--grid-config", str(f)]
+    argv = ["sweep", "--method", "lmd", "--bias", "religion1", "--out", str(tmp_path / "o"), "--grid-config", str(f),
+            "--model", str(tiny_model_dir)]  # (the memory plan reads its config.json before run_sweeps)
     with pytest.raises(Stop):
         main(argv + ["--lr", "5e-5", "--lambda-ds", "10,50,100"])
     assert seen["cfg"].optimizer.learning_rate == 5e-5 and seen["cfg"].trainer.epochs == 3
