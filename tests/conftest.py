@@ -80,6 +80,11 @@ def redditbias_dir(shared_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def crows_dir(shared_dir) -> Path:
+    return _need(shared_dir / "crows-pairs", "the CrowS-Pairs data")
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(shared_dir) -> Path:
     return _need(shared_dir / "tokenizers" / "gpt2", "the GPT-2 tokenizer files")
 

@@ -23,14 +23,6 @@ def _rows(path):
 
 
 @pytest.fixture(scope="module")
-def crows_dir(shared_dir):
-    d = shared_dir / "crows-pairs"
-    if not (d / "crows_pairs_anonymized.csv").exists():
-        pytest.skip("../shared/crows-pairs not found")
-    return d
-
-
-@pytest.fixture(scope="module")
 def pair_file(crows_dir, tmp_path_factory):
     """24 CrowS-Pairs pairs of two categories (antistereo rows among them) as a user's JSONL pair file."""
     pf = load_crows_pairs(crows_dir)

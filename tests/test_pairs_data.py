@@ -14,14 +14,6 @@ from rbjax.data.pairs import (CROWS_PAIRS_NOTES, PAIR_COLUMNS, crows_pairs_manif
 from rbjax.data.redditbias import load_pairs
 
 
-@pytest.fixture(scope="module")
-def crows_dir(shared_dir):
-    d = shared_dir / "crows-pairs"
-    if not (d / "crows_pairs_anonymized.csv").exists():
-        pytest.skip("../shared/crows-pairs not found")
-    return d
-
-
 def _upstream_rows(crows_dir):
     with open(crows_dir / "crows_pairs_anonymized.csv", newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -43,6 +44,28 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike):
+    """A temporary folder next to ``path`` to write a whole folder into (a model, an adapter), put in ``path``'s
+    place when the block succeeds (an existing folder there is replaced); on an exception the temporary folder is
+    removed and ``path`` is left untouched. The folder and its files get the permissions ``mkdir``/``open()`` would
+    give (``mkdtemp`` makes 0700). Creates ``path``'s parent."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, dir_mode())
+        for f in tmp.rglob("*"):
+            os.chmod(f, dir_mode() if f.is_dir() else file_mode())
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

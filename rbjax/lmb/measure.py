@@ -4,6 +4,7 @@ data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<
 """
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 from typing import Sequence
@@ -50,21 +51,21 @@ def measure_state(out: str | os.PathLike) -> KeyedEntries:
     return KeyedEntries(Path(out) / STATE_FILE, "types", STATE_VERSION, _upgrade_state)
 
 
-def _reuse_csv(out: Path, pairs: PhrasePairs):
-    """Perplexities from an earlier run's CSV when it holds exactly these pairs, else None."""
-    import csv
-
-    path = out / f"{pairs.bias_type}_perplexities.csv"
+def reuse_perplexities_csv(path: Path, biased: Sequence[str], counterfactual: Sequence[str]):
+    """The perplexities of an earlier run's per-pair CSV (:data:`CSV_HEADER`) when it holds exactly these pairs, in
+    this order: ``(biased (N,), counterfactual (N,), notes)`` (NaN and the note for an excluded pair), else ``None``
+    (no file, another header, other pairs, an unreadable value)."""
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
     except OSError:
         return None
-    if not rows or rows[0] != CSV_HEADER or len(rows) - 1 != len(pairs):
+    n = len(biased)
+    if not rows or rows[0] != CSV_HEADER or len(rows) - 1 != n:
         return None
-    b, c, notes = np.empty(len(pairs)), np.empty(len(pairs)), []
+    b, c, notes = np.empty(n), np.empty(n), []
     for i, r in enumerate(rows[1:]):
-        if len(r) != len(CSV_HEADER) or r[0] != pairs.biased[i] or r[1] != pairs.counterfactual[i]:
+        if len(r) != len(CSV_HEADER) or r[0] != biased[i] or r[1] != counterfactual[i]:
             return None
         if r[4] == "excluded":
             b[i] = c[i] = np.nan
@@ -419,7 +420,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             prev = None
             if resume and out is not None:
                 if state.stored(pairs.bias_type, key) is not None:
-                    prev = _reuse_csv(out, pairs)
+                    prev = reuse_perplexities_csv(out / f"{pairs.bias_type}_perplexities.csv", pairs.biased,
+                                                  pairs.counterfactual)
                     if prev is None:
                         log.info(f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
                 elif state.reason is not None:

@@ -48,7 +48,7 @@ from rbjax.data.pairs import CategoryPairs, PairFile, load_benchmark
 from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, measure_state, pair_statistics,
-                               record_inputs)
+                               record_inputs, reuse_perplexities_csv)
 from rbjax.lmb.perplexity import PhraseError, PhraseScores
 from rbjax.lmb.plot import plot_lmb
 
@@ -222,31 +222,6 @@ def read_loglikelihoods(path: str | os.PathLike, cat: CategoryPairs | None = Non
     return out + ([r[2] for r in body], [r[3] for r in body]) if sentences else out
 
 
-def _reuse_ppl_csv(path: Path, cat: CategoryPairs):
-    """Perplexities of an earlier run's CSV when it holds exactly these pairs, else None."""
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except OSError:
-        return None
-    if not rows or rows[0] != CSV_HEADER or len(rows) - 1 != len(cat):
-        return None
-    b, c, notes = np.empty(len(cat)), np.empty(len(cat)), []
-    for i, r in enumerate(rows[1:]):
-        if len(r) != len(CSV_HEADER) or r[0] != cat.biased[i] or r[1] != cat.counterfactual[i]:
-            return None
-        if r[4] == "excluded":
-            b[i] = c[i] = np.nan
-            notes.append(r[5])
-            continue
-        try:
-            b[i], c[i] = float(r[2]), float(r[3])
-        except ValueError:
-            return None
-        notes.append("")
-    return b, c, notes
-
-
 def _rbjax_statistics(b, c, notes, **kw) -> tuple[dict, np.ndarray]:
     """LMB statistics (:func:`rbjax.lmb.measure.pair_statistics`) plus the Wilcoxon test of the per-pair
     log-perplexity differences of the kept pairs."""
@@ -359,7 +334,7 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
                     log.info(f"--resume: {ppl_csv.name} was produced by other inputs or is unfinished "
                                    f"({state.reason}); scoring {cat.bias_type} again")
                 continue
-            ppl, ll = _reuse_ppl_csv(ppl_csv, cat), read_loglikelihoods(ll_csv, cat)
+            ppl, ll = reuse_perplexities_csv(ppl_csv, cat.biased, cat.counterfactual), read_loglikelihoods(ll_csv, cat)
             if ppl is None or ll is None:
                 log.info(f"--resume: {ppl_csv.name} or {ll_csv.name} does not hold these pairs; scoring "
                                f"{cat.bias_type} again")

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -30,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from rbjax.core.digests import files_key
-from rbjax.core.io import dir_mode, file_mode, to_json
+from rbjax.core.io import atomic_folder, to_json
 from rbjax.core.mesh import is_model_parallel, tree_shardings
 from rbjax.model import registry
 from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR, CHAT_TEMPLATE_FILES
@@ -519,10 +518,7 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
     if has_adapters(params):
         raise ValueError("save_pretrained: the parameters hold low-rank adapters; merge them first "
                          "(rbjax.model.lora.merge_adapters) or write them as a PEFT folder (rbjax.model.peft_adapter)")
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         family = registry.family_of_config(cfg)
         _write_shards(family.params_to_hf(params, cfg), tmp, parse_size(max_shard_size))
         (tmp / "config.json").write_text(to_json(family.config_to_hf(cfg), indent=2) + "\n")
@@ -537,17 +533,7 @@ def save_pretrained(params: dict, cfg, out_dir: str | os.PathLike, tokenizer_dir
         gen_src = source_dir if source_dir is not None else tokenizer_dir
         if gen_src is not None and (Path(gen_src) / GENERATION_CONFIG).is_file():
             shutil.copy2(Path(gen_src) / GENERATION_CONFIG, tmp / GENERATION_CONFIG)
-        # mkdtemp/mkstemp-style 0700/0600 would hide the model from other users: give what mkdir/open give
-        os.chmod(tmp, dir_mode())
-        for f in tmp.rglob("*"):
-            os.chmod(f, dir_mode() if f.is_dir() else file_mode())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(out_dir)
 
 
 def weight_files(folder: str | os.PathLike) -> list[Path]:

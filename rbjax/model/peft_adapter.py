@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from rbjax.core.io import dir_mode, file_mode, to_json
+from rbjax.core.io import atomic_folder, to_json
 from rbjax.core.digests import files_key
 from rbjax.model.hf import read_safetensors
 from rbjax.model.lora import (LORA, LoraSpec, adapter_modules, hf_module_name, module_path_of_hf, target_names)
@@ -75,22 +73,10 @@ def save_adapter(params: dict, config, folder: str | os.PathLike, spec: LoraSpec
            "fan_in_fan_out": fam == "gpt2", "inference_mode": True, "init_lora_weights": True,
            "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {},
            "use_dora": False}
-    out = Path(folder)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         save_file(state, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(to_json(cfg, indent=2) + "\n")
-        os.chmod(tmp, dir_mode())
-        for f in tmp.iterdir():
-            os.chmod(f, file_mode())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(folder)
 
 
 def read_adapter_config(folder: str | os.PathLike) -> dict:
