@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
+from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, digest, tree_digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
@@ -479,6 +479,10 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
                                         tokenizer_dir=trainer.model.tokenizer_folder(),
                                         source_dir=trainer.model.folder)  # generation_config.json from the model
+            if trainer.data.chat is not None and cfg.debias.chat_template is not None:
+                # trained with --chat-template: the export reads as it was trained (chat_template.jinja wins over
+                # the tokenizer_config.json entry, in transformers as in rbjax)
+                atomic_write_text(model_out / "chat_template.jinja", trainer.data.chat.template.text)
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))
