@@ -191,3 +191,47 @@ def test_sweep_dev_lmb_scores_chat_turns_as_pytorch_does(llama3, redditbias_dir)
     assert got["t_value"] != raw["t_value"]
     base = DebiasRun.from_flat(model=str(folder), format="chat")
     assert SweepContext.key_of(base) != SweepContext.key_of(base.replace(format="raw"))
+
+
+def test_sweep_cli_in_chat_format(llama3, redditbias_dir, tmp_path):
+    """`rbjax sweep --format chat`: the grid points train on chat turns and the dev LMB scores chat turns (equal to
+    dev_lmb's chat scoring of the start model for the baseline); the format is in the sweep's settings and key."""
+    from rbjax.cli import main
+    from rbjax.debias.sweep import dev_lmb
+
+    folder, (config, params, tok) = llama3
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--method", "hd", "--bias", "religion1", "--model", str(folder), "--format", "chat",
+                 "--prompt", "What do you think?", "--data-dir", str(redditbias_dir), "--out", str(out),
+                 "--train-file", religion1_train_file(redditbias_dir, tmp_path, 16), "--block-size", "64",
+                 "--batch-sizes", "4", "--grad-accums", "1", "--lambda-lms", "0.01", "--lambda-ds", "10",
+                 "--max-points", "1", "--max-steps", "1", "--no-lmp", "--dev-max-pairs", "8", "--n-bootstrap", "0",
+                 "--layout", "padded", "--no-progress"]) == 0
+    import json
+
+    settings = json.loads((out / "sweep_settings.json").read_text())
+    assert settings["settings"]["format"] == "chat" and settings["key"]["trajectory"]["chat"]["prompt"] == \
+        "What do you think?"
+    baseline = json.loads((out / "baseline.json").read_text())
+    chat = DebiasRun.from_flat(format="chat", prompt="What do you think?").debias.chat_turns(tok)
+    want = dev_lmb(params, config, tok, "religion1", str(redditbias_dir), n_bootstrap=0, max_pairs=8, chat=chat)
+    assert baseline["dev"]["t_value"] == pytest.approx(want["t_value"], rel=1e-5)
+
+
+def test_debias_with_a_chat_template_file_exports_it(llama3, redditbias_dir, tmp_path):
+    """A run trained with --chat-template exports that template (chat_template.jinja, read before the tokenizer
+    config's by transformers and rbjax), so the export is used as it was trained."""
+    transformers = pytest.importorskip("transformers")
+    from tests.conftest import chat_template_text
+
+    folder, _ = llama3
+    tpl = tmp_path / "mine.jinja"
+    tpl.write_text(chat_template_text("llama3").replace("<|start_header_id|>", "<|start_header_id|> "))
+    cfg = _cfg(tmp_path, redditbias_dir, model=str(folder), method="lm", chat_template=str(tpl), max_steps=1,
+               export=True)
+    from rbjax.debias.run import debias
+
+    res = debias(cfg)
+    assert res["chat"]["template_source"] == str(tpl)
+    exported = transformers.AutoTokenizer.from_pretrained(res["model_dir"])
+    assert exported.chat_template == tpl.read_text()
