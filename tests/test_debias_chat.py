@@ -235,3 +235,20 @@ def test_debias_with_a_chat_template_file_exports_it(llama3, redditbias_dir, tmp
     assert res["chat"]["template_source"] == str(tpl)
     exported = transformers.AutoTokenizer.from_pretrained(res["model_dir"])
     assert exported.chat_template == tpl.read_text()
+
+
+def test_dry_run_plans_the_template_tokens(llama3, tmp_path, redditbias_dir, capsys):
+    from rbjax.cli import main
+
+    folder, (config, _, tok) = llama3
+    raw = DebiasRun.from_flat(model=str(folder))
+    chat = DebiasRun.from_flat(model=str(folder), format="chat", prompt="What do you think?")
+    data = TrainingData(_cfg(tmp_path, redditbias_dir, block_size=36, prompt="What do you think?"), tok,
+                        config.vocab_size)
+    assert raw.plan_seq_len == 36 and chat.plan_seq_len >= data.ids.shape[1]  # an allowance, not below the real rows
+    printed = []
+    for fmt in (["--format", "chat"], []):
+        assert main(["debias", "--model", str(folder), "--method", "hd", "--bias", "religion1", *fmt, "--out",
+                     str(tmp_path / "o"), "--dry-run"]) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] != printed[1]  # the chat run's activations are planned for its wider rows

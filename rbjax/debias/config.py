@@ -36,6 +36,9 @@ __all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "DebiasConfig", "EvalConfig",
 METHODS = ("lmd", "add", "hd", "cda", "lm")
 LOSS_METHODS = ("lmd", "add", "hd")
 SEMANTICS = ("paper", "reference")
+#: the memory plan's allowance for a chat template's own tokens before a phrase (BOS, role headers, a default system
+#: prompt such as Qwen's ≈ 30 tokens), before the tokenizer is read (:attr:`DebiasRun.plan_seq_len`)
+CHAT_PLAN_CONTEXT = 48
 
 
 def resolve_bias_type(name: str) -> str:
@@ -233,3 +236,15 @@ class DebiasRun:
     def describe(self) -> str:
         """A few words naming the run on its progress bar."""
         return self.debias.name()
+
+    @property
+    def plan_seq_len(self) -> int:
+        """The tokens of a training row, for a memory plan made before the tokenizer is read: ``block_size`` in the
+        raw format; in the chat format also an allowance for the template's tokens before the phrase
+        (:data:`CHAT_PLAN_CONTEXT`, two tokens a word of the system prompt and user message) and its end-of-turn
+        token. The run itself trains on rows as wide as its longest rendered example."""
+        d = self.debias
+        if not d.is_chat:
+            return self.trainer.block_size
+        words = sum(len(str(v).split()) for v in (d.system, d.prompt) if v is not None)
+        return self.trainer.block_size + CHAT_PLAN_CONTEXT + 2 * words + 1

@@ -301,7 +301,7 @@ def grid_memory_plan(base: DebiasRun, points: Sequence[GridPoint], *, grid_chunk
     n = max(len(g) for _, g in groups)
     n = min(n, grid_chunk) if grid_chunk else n
     t, a = base.trainer, base.adapter
-    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=t.block_size,
+    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=base.plan_seq_len,
                           batch_size=max(p.batch_size for p in points),
                           grad_accum=max(p.grad_accum for p in points), n_points=n, precision=t.precision,
                           device_memory_gb=device_memory_gb, n_devices=n_devices,
@@ -569,7 +569,7 @@ def _chunk_costs(base: DebiasRun, ctx: SweepContext, group: list[GridPoint]) -> 
     if not base.adapter.enabled:
         return {}
     one = plan_memory(ctx.config, mesh=None, training=True, batch_size=group[0].batch_size,
-                      seq_len=base.trainer.block_size, grad_accum=group[0].grad_accum,
+                      seq_len=int(ctx.data.ids.shape[1]), grad_accum=group[0].grad_accum,  # the rows' width
                       precision=base.trainer.precision, adapter=base.adapter.lora_spec(),
                       param_dtype=base.adapter.param_dtype, suggest=False)
     return {"adapter_bytes": 4 * adapter_param_count(ctx.config, base.adapter.lora_spec()),
