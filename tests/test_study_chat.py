@@ -91,4 +91,5 @@ def test_chat_study_runs_every_stage_in_chat_format(chat_model_dirs, redditbias_
     # the exported model's card says it was trained on chat turns
     assert main(["export", str(folder), "--out", str(tmp_path / "exp")]) == 0
     card = (tmp_path / "exp" / "README.md").read_text()
-    assert "chat turns" in card
+    assert "debiased on chat turns (each phrase the assistant's turn, after the user message 'What do you think?'" \
+        in card
