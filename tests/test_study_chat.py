@@ -70,6 +70,12 @@ def test_what_has_no_chat_format_is_refused(tmp_path, redditbias_dir, capsys):
         f.write_text(text)
         assert main(["run", str(f), "--out", str(tmp_path / "o"), "--dry-run"]) == 1, msg
         assert msg in capsys.readouterr().err, msg
+    # a study trained on raw text may still measure in chat format ([measure] format, as before)
+    raw = base.replace('format = "chat"\nprompt = "What do you think?"\n', '').replace(
+        'tasks = ["crg"]', 'tasks = []').replace("[measure]\n", '[measure]\nformat = "chat"\n')
+    f.write_text(raw)
+    assert main(["run", str(f), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert load_study(f).measure_config().format == "chat" and "the LMB measured in chat format" in capsys.readouterr().out
 
 
 def test_chat_study_runs_every_stage_in_chat_format(chat_model_dirs, redditbias_dir, tmp_path):

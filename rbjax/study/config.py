@@ -147,8 +147,9 @@ STUDY_KEYS = {f.name for f in dataclasses.fields(StudySettings)}
 SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
 #: the format settings, which [study] sets for every stage (training, measure, dialog)
 CHAT_KEYS = {f.name for f in dataclasses.fields(ChatSettings)}
-#: [measure] takes MeasureConfig's fields but precision, mesh and the format, which [study] sets for every stage
-MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"} - CHAT_KEYS
+#: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage; its format keys
+#: (a study trained on raw text, measured in chat format) only when [study] leaves the format raw
+MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
 #: the dialog tasks that have a chat format (the others refuse it: a chat-format study leaves them out)
 CHAT_DIALOG_TASKS = ("crg",)
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
@@ -312,8 +313,10 @@ class StudyConfig:
         return d
 
     def measure_config(self) -> MeasureConfig:
-        """The :class:`MeasureConfig` of every measure stage: [measure] with [study]'s precision, mesh and format."""
-        return MeasureConfig(**self.measure, precision=self.precision, mesh=self.mesh, **self.chat)
+        """The :class:`MeasureConfig` of every measure stage: [measure] with [study]'s precision, mesh and (in a
+        chat-format study) format."""
+        return MeasureConfig(**self.measure, precision=self.precision, mesh=self.mesh,
+                             **(self.chat if self.is_chat else {}))
 
     @property
     def chat(self) -> dict:
@@ -401,11 +404,13 @@ class StudyConfig:
                 raise ValueError(f"{where}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
             if not isinstance(self.raw[sec], dict):
                 raise ValueError(f"{where}: [{sec}] must be a table")
-        for sec in ("training", "measure"):
+        study_chat = (self.raw.get("study") or {}).get("format") == "chat"
+        for sec in ("training", "measure") if study_chat else ("training",):
             here = sorted(set(self.raw.get(sec, {})) & CHAT_KEYS)
             if here:
-                raise ValueError(f"{where}: {', '.join(here)} in [{sec}]: the format of every stage (training, "
-                                 "measure, dialog) is set in [study]")
+                raise ValueError(f"{where}: {', '.join(here)} in [{sec}]: the format of training is set in [study] "
+                                 "(format = \"chat\" runs every stage in chat format; [measure] may set its own only "
+                                 "when [study] leaves the format raw)")
         for sec, keys in SECTION_KEYS.items():
             extra = set(self.raw.get(sec, {})) - keys
             if extra:

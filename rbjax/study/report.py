@@ -701,6 +701,8 @@ def _study_format(study: dict) -> str:
     """A study's format in words, from its study.json's config ([study] format, role, system, prompt)."""
     st = (study.get("config") or {}).get("study") or {}
     if st.get("format", "raw") != "chat":
+        if ((study.get("config") or {}).get("measure") or {}).get("format") == "chat":
+            return "raw text (the paper's format) for training; LMB measured in chat format"
         return "raw text (the paper's format)"
     bits = [f"chat turns ({st.get('role') or 'assistant'}"]
     for k, what in (("system", "system prompt"), ("prompt", "user message")):

@@ -378,6 +378,9 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
 def study_format(cfg: StudyConfig) -> str:
     """The study's format in words (the plan and the report say it)."""
     if not cfg.is_chat:
+        if cfg.measure.get("format") == "chat":
+            return ("raw text (the paper's) for training and dialog; the LMB measured in chat format ([measure] "
+                    "format)")
         return "raw text (the paper's): every phrase and dialog as bare text"
     c = cfg.chat
     parts = [f"the {c['role'] or 'assistant'}'s turn"]
