@@ -89,7 +89,7 @@ def check_plan(args, cfg) -> bool:
     after the plan is printed, so a plan that does not fit exits non-zero)."""
     t = cfg.trainer
     plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
-                          seq_len=t.block_size, grad_accum=t.grad_accum, precision=t.precision,
+                          seq_len=cfg.plan_seq_len, grad_accum=t.grad_accum, precision=t.precision,
                           device_memory_gb=args.device_memory_gb,
                           n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None,
                           **adapter_plan(cfg))

@@ -45,7 +45,8 @@ class Task:
 
 
 def _run_crg_metrics(args) -> int:
-    model_only = (("--dry-run", args.dry_run), ("--mesh", args.mesh), ("--device-memory-gb", args.device_memory_gb))
+    model_only = (("--dry-run", args.dry_run), ("--mesh", args.mesh), ("--device-memory-gb", args.device_memory_gb),
+                  ("--format", args.format), ("--system", args.system), ("--chat-template", args.chat_template))
     for opt, given in model_only:
         if given:
             raise ValueError(f"{opt} concerns a model task (lmp, dst, crg, all), not --task crg-metrics, which runs "
@@ -126,6 +127,7 @@ OPTION_GROUPS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
                                          "lora_rslora", "param_dtype")),
     ("lmp", ("data_dir", "lmp_file", "lmp_max_lines", "lmp_block_size")),
     ("dst", ("multiwoz", "ontology", "mapping", "joint_goal", "jga_max_dialogues")),
+    ("chat format (crg; lmp and dst refuse it)", ("format", "system", "chat_template")),
     ("crg and crg-metrics", ("test_file", "refs", "gen_batch_size", "greedy", "max_new_tokens", "clean", "meteor",
                              "meteor_jar", "meteor_norm", "java")),
 )

@@ -25,6 +25,7 @@ from rbjax.core.config import check_types, field, from_flat, replace_flat, secti
 from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.lmb import SCORING_BATCH_HELP
+from rbjax.model.chat import ChatSettings
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 from rbjax.train.config import AdapterConfig, OptimizerConfig, TrainerConfig
 
@@ -35,6 +36,9 @@ __all__ = ["METHODS", "LOSS_METHODS", "SEMANTICS", "DebiasConfig", "EvalConfig",
 METHODS = ("lmd", "add", "hd", "cda", "lm")
 LOSS_METHODS = ("lmd", "add", "hd")
 SEMANTICS = ("paper", "reference")
+#: the memory plan's allowance for a chat template's own tokens before a phrase (BOS, role headers, a default system
+#: prompt such as Qwen's ≈ 30 tokens), before the tokenizer is read (:attr:`DebiasRun.plan_seq_len`)
+CHAT_PLAN_CONTEXT = 48
 
 
 def resolve_bias_type(name: str) -> str:
@@ -57,9 +61,13 @@ def bias_spec(bias_type: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class DebiasConfig:
+class DebiasConfig(ChatSettings):
     """The debiasing method of a run and its training data (paper §4): the ``debias`` section of
-    :class:`DebiasRun`.
+    :class:`DebiasRun`. Its chat-format fields (``format``, ``role``, ``system``, ``prompt``,
+    ``score_end_of_turn``, ``chat_template``, from :class:`rbjax.model.chat.ChatSettings`) wrap each training
+    phrase as a turn of the model's chat template; the LM loss, the LMD triggers and the ADD/HD attribute
+    occurrences are then computed on the phrase's tokens only, and the post-training LMB is measured in the same
+    format (docs/chat.md, "Debiasing in chat format").
 
     Raises:
         rbjax.core.errors.SettingError (a ValueError) naming the field; ValueError: reference semantics for a bias
@@ -84,6 +92,7 @@ class DebiasConfig:
 
     def __post_init__(self):
         check_types(self)
+        self.check_chat_settings()
         for name, allowed in (("method", METHODS), ("semantics", SEMANTICS)):
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -94,6 +103,9 @@ class DebiasConfig:
             object.__setattr__(self, "bias_type", resolve_bias_type(self.bias_type))
         except ValueError as e:
             raise SettingError("bias_type", f"{self.bias_type!r}: {e}") from None
+        if self.is_chat and self.semantics == "reference":
+            raise SettingError("semantics", "reference reproduces the official code on DialoGPT's bare phrases; the "
+                                            "chat format trains with --semantics paper")
         if self.semantics == "reference" and self.method in LOSS_METHODS:
             spec = bias_spec(self.bias_type)
             if not spec.reference:
@@ -174,7 +186,13 @@ class DebiasRun:
                                    "gradients and Adam state; docs/scale.md). Default: grid × data chosen "
                                    "automatically, parameters replicated", metavar="AXIS=N,...")
     export: bool = field(True, "write OUT/model (an HF folder) after training", negate="--no-export")
-    debias: DebiasConfig = section(DebiasConfig)
+    debias: DebiasConfig = section(DebiasConfig, helps={
+        "format": "raw: train on each phrase as bare text (the paper); chat: as a turn of the model's own chat template "
+                  "(the template's tokens are context: no LM loss, triggers or attributes there; docs/chat.md); the "
+                  "post-training LMB is measured in the same format",
+        "score_end_of_turn": "chat format: the template's end-of-turn token after the phrase (e.g. <|eot_id|>) is a "
+                             "target of the LM loss and is scored in the post-training LMB; off: the phrase's own "
+                             "tokens only"})
     trainer: TrainerConfig = section(TrainerConfig, helps={
         "batch_size": "micro-batch size (default: 8; cda: 2, the reference's CDA run; the grid: 4, 8, 16)",
         "grad_accum": "micro-batches per update (the grid: 1, 5, 8)"})
@@ -218,3 +236,15 @@ class DebiasRun:
     def describe(self) -> str:
         """A few words naming the run on its progress bar."""
         return self.debias.name()
+
+    @property
+    def plan_seq_len(self) -> int:
+        """The tokens of a training row, for a memory plan made before the tokenizer is read: ``block_size`` in the
+        raw format; in the chat format also an allowance for the template's tokens before the phrase
+        (:data:`CHAT_PLAN_CONTEXT`, two tokens a word of the system prompt and user message) and its end-of-turn
+        token. The run itself trains on rows as wide as its longest rendered example."""
+        d = self.debias
+        if not d.is_chat:
+            return self.trainer.block_size
+        words = sum(len(str(v).split()) for v in (d.system, d.prompt) if v is not None)
+        return self.trainer.block_size + CHAT_PLAN_CONTEXT + 2 * words + 1

@@ -22,7 +22,46 @@ from rbjax.debias.config import LOSS_METHODS, DebiasRun, bias_spec
 from rbjax.debias.triggers import TriggerBuilder, is_gpt2_bpe, pad_occurrences
 from rbjax.train.batching import sha256_arrays, tokenize_lines
 
-__all__ = ["load_training_texts", "TrainingData"]
+__all__ = ["load_training_texts", "TrainingData", "chat_examples"]
+
+
+def chat_examples(texts: list[str], chat, block_size: int, pad_id: int):
+    """The training phrases as turns of a chat (:class:`rbjax.model.chat.ChatTurns`, docs/chat.md): each row is
+    the rendered chat up to the end of the phrase (and its end-of-turn token when ``chat.score_end_of_turn``),
+    whose leading template tokens are context only.
+
+    ``block_size`` counts the phrase's own tokens, as in the raw format (a longer phrase is cut to its first
+    ``block_size`` tokens, and then has no end-of-turn token); the rows are as wide as the longest example.
+
+    Returns:
+        ``(ids, mask, n_context, loss_mask, stats)``: int32 ``(N', W)`` ids and 0/1 mask, right padded; int32
+        ``(N',)`` context tokens of each row; int32 ``(N', W)`` 1 on the phrase's tokens (the LM loss's targets);
+        stats ``{"n_dropped_empty", "n_truncated", "n_tokens", "n_context_tokens", "n_loss_tokens"}``.
+
+    Raises:
+        ValueError: no phrase has a token. rbjax.model.chat.ChatError: a phrase the template changes.
+    """
+    spans = chat.encode(list(texts))
+    keep = [sp for sp in spans if len(sp.span) > 0]
+    if not keep:
+        raise ValueError("no training line has a token")
+    eot = 1 if chat.score_end_of_turn else 0
+    long = [len(sp.span) - eot > block_size for sp in keep]
+    cut = [sp.ids[:sp.n_context + block_size] if lg else sp.ids for sp, lg in zip(keep, long)]
+    W = max(len(c) for c in cut)
+    n = len(keep)
+    ids = np.full((n, W), pad_id, np.int32)
+    mask = np.zeros((n, W), np.int32)
+    loss = np.zeros((n, W), np.int32)
+    ctx = np.array([sp.n_context for sp in keep], np.int32)
+    for r, c in enumerate(cut):
+        ids[r, :len(c)] = c
+        mask[r, :len(c)] = 1
+        loss[r, ctx[r]:len(c)] = 1
+    n_trunc = sum(long)
+    return ids, mask, ctx, loss, {"n_dropped_empty": len(spans) - n, "n_truncated": int(n_trunc),
+                                  "n_tokens": int(mask.sum()), "n_context_tokens": int(ctx.sum()),
+                                  "n_loss_tokens": int(loss.sum())}
 
 
 # ----------------------------------------------------------------------------------------------------- texts
@@ -105,9 +144,20 @@ class TrainingData:
             texts, self.info = load_training_texts(cfg)
         else:
             self.info = {"source": "given texts", "n_lines": len(texts)}
-        self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.trainer.block_size, self.pad_id)
+        self.chat = cfg.debias.chat_turns(tokenizer)
+        #: (N,) leading context tokens of each example (a chat template's prefix; zeros in the raw format) and
+        #: (N, L) the targets of the LM loss (the phrase's tokens), or None in the raw format (every real token)
+        self.n_context: np.ndarray | None = None
+        self.loss_mask: np.ndarray | None = None
+        if self.chat is None:
+            self.ids, self.mask, tstats = tokenize_lines(texts, tokenizer, cfg.trainer.block_size, self.pad_id)
+        else:
+            self.ids, self.mask, self.n_context, self.loss_mask, tstats = chat_examples(
+                texts, self.chat, cfg.trainer.block_size, self.pad_id)
+            self.info["chat"] = self.chat.record(texts[0] if texts else None)
         self.info.update(tstats)
-        self.info["sha256_tokens"] = sha256_arrays(self.ids, self.mask)
+        self.info["sha256_tokens"] = sha256_arrays(self.ids, self.mask) if self.chat is None else sha256_arrays(
+            self.ids, self.mask, self.n_context, self.loss_mask)
         self.n_examples = len(self.ids)
         self.spec = bias_spec(cfg.debias.bias_type)
         self.shared: dict[str, np.ndarray] = {}
@@ -119,6 +169,7 @@ class TrainingData:
             self._setup_triggers(vocab_size)
 
         self.key = digest({"tokens": self.info["sha256_tokens"], "spec": dataclasses.asdict(self.spec),
+                           **({} if self.chat is None else {"chat": self.chat.key()}),
                            "triggers": None if self._per_example is None else sha256_arrays(
                                *[self._per_example[k] for k in sorted(self._per_example)]),
                            "shared": {k: v.tolist() for k, v in self.shared.items()}})
@@ -138,7 +189,7 @@ class TrainingData:
         # one pass over the whole training set: trigger coverage, the occurrence-axis size and (paper semantics,
         # where a phrase's triggers do not depend on its batch) the per-example trigger arrays themselves
         if cfg.debias.method == "lmd":
-            t = self.tb.lmd(self.ids, self.mask)
+            t = self.tb.lmd(self.ids, self.mask, context=self.n_context)
             fired = t.mask.sum(axis=(1, 2)) > 0
             self.trigger_stats = {"sentences_triggered": int(fired.sum()), "n_sentences": self.n_examples,
                                   "triggered_positions": int((t.mask.sum(-1) > 0).sum()),
@@ -146,7 +197,7 @@ class TrainingData:
             if cfg.debias.semantics == "paper":
                 self._per_example = {"lmd_mask": t.mask, "norm": t.norm}
         else:
-            o = self.tb.attributes(self.ids, self.mask, max_occurrences=None)
+            o = self.tb.attributes(self.ids, self.mask, max_occurrences=None, context=self.n_context)
             per = o.mask.sum(1)
             self.n_occ = pad_occurrences(int(per.max(initial=0)))
             self.trigger_stats = {"sentences_triggered": int((per > 0).sum()), "n_sentences": self.n_examples,
@@ -171,11 +222,16 @@ class TrainingData:
         Paper semantics: gathered from the per-example arrays computed once (filler rows get zeros); reference
         semantics: computed from the micro-batch itself (it depends on the batch's longest sentence).
         """
-        if self.tb is None:
-            return {}
         B = ids.shape[0]
+        out = {}
+        if self.loss_mask is not None:  # chat format: the LM loss is on the phrase's tokens only
+            if rows is None:
+                raise ValueError("the chat format's loss mask is gathered by example: give the micro-batch's rows")
+            out["loss_mask"] = np.zeros((B,) + self.loss_mask.shape[1:], self.loss_mask.dtype)
+            out["loss_mask"][:len(rows)] = self.loss_mask[rows]
+        if self.tb is None:
+            return out
         if self._per_example is not None and rows is not None:
-            out = {}
             for k, v in self._per_example.items():
                 a = np.zeros((B,) + v.shape[1:], v.dtype)
                 a[:len(rows)] = v[rows]
@@ -183,7 +239,7 @@ class TrainingData:
             return out
         if self.cfg.debias.method == "lmd":
             t = self.tb.lmd(ids, mask)
-            return {"lmd_mask": t.mask, "norm": t.norm}
+            return {**out, "lmd_mask": t.mask, "norm": t.norm}
         o = self.tb.attributes(ids, mask, max_occurrences=self.n_occ)
-        return {"occ_weights": o.weights, "occ_mask": o.mask}
+        return {**out, "occ_weights": o.weights, "occ_mask": o.mask}
 

@@ -31,7 +31,8 @@ class DebiasObjective:
 
     The micro-batch holds ``input_ids``/``attention_mask`` ``(B, L)``, the method's trigger arrays (``lmd_mask``
     ``(B, L, P)`` and ``norm`` ``(B,)``; or ``occ_weights`` ``(B, N, L)`` and ``occ_mask`` ``(B, N)``) and the target
-    pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``, shared by the micro-batches of an update. The hyper-parameters
+    pairs ``pair_ids``/``pair_mask`` ``(P, 2, W)``, shared by the micro-batches of an update; in the chat format also
+    ``loss_mask`` ``(B, L)``, 1 on the phrase's tokens, the only targets of the LM loss. The hyper-parameters
     are ``(λ_LM, λ_D)`` for LMD, ADD and HD (:attr:`hparam_names`), none for CDA and LM; the metrics are
     ``lm_loss`` and ``debias_loss`` (0 for CDA and LM).
 
@@ -59,7 +60,9 @@ class DebiasObjective:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {self.semantics!r}")
 
     def __call__(self, params, batch: dict, hparams, key, spec):
-        hidden, lm = forward_and_nll(params, batch, key, spec, batch["attention_mask"])
+        # chat format: the LM loss's targets are the phrase's tokens (``loss_mask``), never the template's
+        score = batch["attention_mask"] * batch["loss_mask"] if "loss_mask" in batch else batch["attention_mask"]
+        hidden, lm = forward_and_nll(params, batch, key, spec, score)
         if self.method not in LOSS_METHODS:
             return lm, {"lm_loss": lm, "debias_loss": jnp.zeros((), jnp.float32)}
         deb = self.debias_loss(spec.config, params, hidden, batch)

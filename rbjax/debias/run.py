@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, check_output_dir, read_json, versions
+from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
 from rbjax.core.keys import canonical, digest, tree_digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
@@ -53,6 +53,7 @@ from rbjax.debias.data import TrainingData
 from rbjax.debias.objective import DebiasObjective
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
+from rbjax.model.chat import ChatSettings
 from rbjax.model.handle import ModelHandle
 from rbjax.model.hf import model_files_key, save_pretrained
 from rbjax.model.lora import adapter_param_count, add_adapters, merge_adapters
@@ -64,7 +65,7 @@ from rbjax.train.config import AdapterConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 
-__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "METHODS"]
+__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "chat_fields", "METHODS"]
 
 log = get_logger("debias")
 
@@ -116,12 +117,20 @@ def debias_trainer(cfg: DebiasRun, *, model: ModelHandle | None = None, mesh=Non
     if points is None:
         points = TrainPoint(cfg.debias.hparams, cfg.optimizer.learning_rate)
     key_extra = {"bias_type": cfg.debias.bias_type, "train_file": cfg.debias.train_file}
+    if data.chat is not None:  # the template's text and the chat settings (the tokens are in data.key too)
+        key_extra["chat"] = data.chat.key()
     params = None
     if cfg.adapter.enabled:  # low-rank adapters on the frozen base (one base for every point of a chunk)
         params = adapted_params(cfg.adapter, model, cfg.trainer.seed)
         key_extra["adapter"] = cfg.adapter.describe()
     return Trainer(tcfg, model, objective, make_optimizer(cfg.optimizer), data, mesh=mesh, points=points,
                    params=params, plan=plan, key_extra=key_extra, out_dir=cfg.out_dir)
+
+
+def chat_fields(settings) -> dict:
+    """The chat-format settings (:class:`rbjax.model.chat.ChatSettings` fields) of ``settings`` by name, to pass on
+    to another command's settings (the post-training LMB is measured in the run's format)."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(ChatSettings)}
 
 
 def adapted_params(adapter: AdapterConfig, model: ModelHandle, seed: int, params=None) -> dict:
@@ -246,7 +255,8 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
                                          batch_size=cfg.evaluation.eval_batch_size, mesh=trainer.mesh if mp else None)
         recs = measure.measure_bias(model=loaded, bias_types=types, split="valid", data_dir=cfg.debias.data_dir,
                             out_dir=Path(cfg.out_dir) / "lmb_valid", seed=cfg.trainer.seed, progress=cfg.trainer.progress,
-                            resume=True, overwrite=True)  # the run owns lmb_valid (its key guards the folder)
+                            resume=True, overwrite=True,  # in the run's format: a chat-trained model as a chat
+                            **chat_fields(cfg.debias))  # the run owns lmb_valid (its key guards the folder)
         res["lmb_valid"] = {
             "debiased_type": next(_lmb_summary(r) for r in recs if r["bias_type"] == _type_name(cfg.debias.bias_type)),
             "all": [_lmb_summary(r) for r in recs],
@@ -469,6 +479,10 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
                                         tokenizer_dir=trainer.model.tokenizer_folder(),
                                         source_dir=trainer.model.folder)  # generation_config.json from the model
+            if trainer.data.chat is not None and cfg.debias.chat_template is not None:
+                # trained with --chat-template: the export reads as it was trained (chat_template.jinja wins over
+                # the tokenizer_config.json entry, in transformers as in rbjax)
+                atomic_write_text(model_out / "chat_template.jinja", trainer.data.chat.template.text)
         else:
             model_dir = model_out
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else tree_digest(to_host(params))
@@ -501,6 +515,7 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             kept = [r for r in prev["lmb_valid"]["all"] if r["bias_type"] not in new_types]
             evals["lmb_valid"]["all"] += kept
     res = {"status": "done", "method": cfg.debias.method, "bias_type": cfg.debias.bias_type, "semantics": cfg.debias.semantics,
+           "format": cfg.debias.format, "chat": trainer.data.info.get("chat"),
            "config": cfg.to_dict(), "key": key, "model_dir": None if model_dir is None else str(model_dir),
            "model_files": None if model_dir is None else model_key,
            "training": training, **evals, "reused": reused, "wall_s": time.perf_counter() - t0, "versions": versions()}

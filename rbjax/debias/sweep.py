@@ -67,7 +67,7 @@ from rbjax.core.reuse import KeyedResult, why_not_reusable
 from rbjax.data.redditbias import RedditBiasData, load_pairs
 from rbjax.debias.config import LOSS_METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
-from rbjax.debias.run import debias, debias_trainer, lmp_reference_file
+from rbjax.debias.run import chat_fields, debias, debias_trainer, lmp_reference_file
 from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
@@ -137,13 +137,15 @@ def grid_points(method: str, grid: dict[str, Sequence] | None = None) -> list[Gr
 
 
 def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str = "valid", batch_size: int = 64,
-            n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None, stacked: bool = False):
+            n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None, stacked: bool = False,
+            chat=None):
     """LMB of in-memory params on one bias type's dev (valid) pairs (paper §3.1), without exporting a model.
 
     The same path as :func:`rbjax.lmb.measure.measure_bias` (pair-prefix scoring →
     :func:`~rbjax.lmb.measure.pair_statistics`); with ``stacked`` the params carry a leading model axis and all
     models are scored in one vmapped pass. ``max_pairs`` scores only the first N pairs (smoke runs; not the paper's
-    statistic).
+    statistic). ``chat``: a :class:`rbjax.model.chat.ChatTurns`: each phrase scored as its turn of the chat (the
+    format the run trained in; only the phrase's tokens scored), ``None``: bare text.
 
     Returns:
         ``{t_value, p_value, n_pairs, n_pairs_after_outliers, significant, direction, cohens_d_paired,
@@ -158,10 +160,11 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     if max_pairs is not None:
         pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
     # phrases scored as the model's own tokenizer encodes them (a BOS before each where it adds one), as measure does
+    # (in the chat format the template writes the BOS where the model has one)
     scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
-                              bos_id=tokenizer.default_bos_id)
+                              bos_id=tokenizer.default_bos_id if chat is None else None)
     out = []
-    for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True):
+    for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True, chat=chat):
         st, _ = pair_statistics(b, c, notes, n_bootstrap=n_bootstrap, seed=seed)
         keys = ("n_pairs", "n_pairs_after_outliers", "t_value", "p_value", "significant", "direction",
                 "cohens_d_paired")
@@ -298,7 +301,7 @@ def grid_memory_plan(base: DebiasRun, points: Sequence[GridPoint], *, grid_chunk
     n = max(len(g) for _, g in groups)
     n = min(n, grid_chunk) if grid_chunk else n
     t, a = base.trainer, base.adapter
-    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=t.block_size,
+    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=base.plan_seq_len,
                           batch_size=max(p.batch_size for p in points),
                           grad_accum=max(p.grad_accum for p in points), n_points=n, precision=t.precision,
                           device_memory_gb=device_memory_gb, n_devices=n_devices,
@@ -333,7 +336,7 @@ class SweepContext:
                        "tokenizer": base.tokenizer, "data_dir": d.data_dir, "train_file": d.train_file,
                        "bias_type": d.bias_type, "method": d.method, "semantics": d.semantics,
                        "block_size": base.trainer.block_size, "lmp": e.lmp, "lmp_file": e.lmp_file,
-                       "lmp_max_lines": e.lmp_max_lines})
+                       "lmp_max_lines": e.lmp_max_lines, "chat": chat_fields(d)})
 
     @classmethod
     def load(cls, base: DebiasRun, key: str | None = None) -> SweepContext:
@@ -377,7 +380,7 @@ def _evaluate(ctx: SweepContext, base: DebiasRun, params, *, n_bootstrap: int, d
     params = jax.device_get(params)
     dev = dev_lmb(params, ctx.config, ctx.tokenizer, base.debias.bias_type, ctx.redditbias,
                   batch_size=base.evaluation.eval_batch_size, n_bootstrap=n_bootstrap, seed=base.trainer.seed, max_pairs=dev_max_pairs,
-                  stacked=stacked)
+                  stacked=stacked, chat=base.debias.chat_turns(ctx.tokenizer))
     lmp = [None] * len(dev) if stacked else None
     if ctx.lmp_lines is not None:
 
@@ -469,6 +472,8 @@ def _sweep_key(base: DebiasRun, ctx: SweepContext, dev_max_pairs, n_bootstrap) -
         traj.pop(k, None)
     if base.adapter.enabled:
         traj["adapter"] = base.adapter.describe()
+    if ctx.data.chat is not None:  # training phrases and dev pairs as chat turns
+        traj["chat"] = ctx.data.chat.key()
     return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": ctx.model.digest,
             "tokenizer": ctx.model.tokenizer_digest, "data": ctx.data.key,
             "evaluation": {"dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap, "lmp": base.evaluation.lmp,
@@ -521,6 +526,9 @@ def _prepare(base: DebiasRun, out: Path, contexts: ContextCache, *, grid, max_po
                 "lmp_max_lines": base.evaluation.lmp_max_lines, "dev_max_pairs": dev_max_pairs, "n_bootstrap": n_bootstrap}
     if base.adapter.enabled:
         settings["adapter"] = base.adapter.describe()
+    settings["format"] = base.debias.format
+    if ctx.data.chat is not None:
+        settings["chat"] = ctx.data.info["chat"]
     # the one reuse rule for the sweep's files; they carry no status: sweep_settings.json and baseline.json are
     # only ever written whole, and a line of sweep.jsonl only for a finished point
     spath = out / "sweep_settings.json"
@@ -561,7 +569,7 @@ def _chunk_costs(base: DebiasRun, ctx: SweepContext, group: list[GridPoint]) -> 
     if not base.adapter.enabled:
         return {}
     one = plan_memory(ctx.config, mesh=None, training=True, batch_size=group[0].batch_size,
-                      seq_len=base.trainer.block_size, grad_accum=group[0].grad_accum,
+                      seq_len=int(ctx.data.ids.shape[1]), grad_accum=group[0].grad_accum,  # the rows' width
                       precision=base.trainer.precision, adapter=base.adapter.lora_spec(),
                       param_dtype=base.adapter.param_dtype, suggest=False)
     return {"adapter_bytes": 4 * adapter_param_count(ctx.config, base.adapter.lora_spec()),

@@ -275,12 +275,15 @@ class TriggerBuilder:
         return full[len(pre):] if full[:len(pre)] == pre and len(full) > len(pre) else plain
 
     # ------------------------------------------------------------------------------------------------- LMD
-    def lmd(self, input_ids, attention_mask) -> LMDTriggers:
+    def lmd(self, input_ids, attention_mask, context=None) -> LMDTriggers:
         """Masks of the equalising loss for a batch (see the module docstring).
 
         Args:
             input_ids: ``(B, L)`` int token ids, right-padded.
             attention_mask: ``(B, L)`` 1 on real tokens (required).
+            context: ``(B,)`` leading tokens of each row that are context only (a chat template's prefix, paper
+                semantics): terms are searched in the tokens after them; a term on the first token after the
+                context is predicted by the context's last token. ``None``: no context.
 
         Returns:
             :class:`LMDTriggers` with ``mask`` ``(B, L, P)``.
@@ -297,6 +300,7 @@ class TriggerBuilder:
         mask = np.zeros((B, L, self.n_pairs), np.float32)
         unpred = np.zeros((B,), np.int32)
         norm = real.sum(axis=1).astype(np.float32)
+        ctx = _context(context, B, self.semantics)
         if self.semantics == "reference":
             for b in range(B):
                 present = set(ids[b, real[b]].tolist())
@@ -306,10 +310,10 @@ class TriggerBuilder:
             return LMDTriggers(mask, norm, unpred)
         _check_right_padded(real)
         for b in range(B):
-            n = int(real[b].sum())
-            text, starts = self._text.text(ids[b, :n].tolist())
+            n, c = int(real[b].sum()), int(ctx[b])
+            text, starts = self._text.text(ids[b, c:n].tolist())
             for m in self._term_rx.finditer(text):
-                i = bisect.bisect_right(starts, m.start()) - 1  # token holding the term's first character
+                i = c + bisect.bisect_right(starts, m.start()) - 1  # token holding the term's first character
                 if i == 0:
                     unpred[b] += 1
                     continue
@@ -318,12 +322,15 @@ class TriggerBuilder:
         return LMDTriggers(mask, norm, unpred)
 
     # ------------------------------------------------------------------------------------------ attributes
-    def attributes(self, input_ids, attention_mask, max_occurrences: int | None = None) -> Occurrences:
+    def attributes(self, input_ids, attention_mask, max_occurrences: int | None = None,
+                   context=None) -> Occurrences:
         """Attribute occurrences of ADD / HD for a batch (see the module docstring).
 
         Args:
             input_ids: ``(B, L)`` int token ids, right-padded.
             attention_mask: ``(B, L)`` 1 on real tokens (required).
+            context: ``(B,)`` leading context tokens of each row (a chat template's prefix, paper semantics):
+                attributes are searched only in the tokens after them. ``None``: no context.
             max_occurrences: size N of the occurrence axis; ``None`` rounds the batch's maximum up to a multiple
                 of 8 (:func:`pad_occurrences`). A fixed N avoids recompiling the step.
 
@@ -341,8 +348,9 @@ class TriggerBuilder:
         B, L = ids.shape
         if self.semantics == "paper":
             _check_right_padded(real)
+        ctx = _context(context, B, self.semantics)
         per_sent = [self._ref_occ(ids[b], real[b], int(real.sum(1).max(initial=0))) if self.semantics == "reference"
-                    else self._paper_occ(ids[b], real[b]) for b in range(B)]
+                    else self._paper_occ(ids[b], real[b], int(ctx[b])) for b in range(B)]
         most = max((len(o) for o in per_sent), default=0)
         N = pad_occurrences(most) if max_occurrences is None else int(max_occurrences)
         if most > N:
@@ -360,13 +368,13 @@ class TriggerBuilder:
                     weights[b, n, s:e] = 1.0 / (e - s)
         return Occurrences(weights, mask, spans, rows)
 
-    def _paper_occ(self, ids_b, real_b):
+    def _paper_occ(self, ids_b, real_b, c: int = 0):
         n = int(real_b.sum())
-        text, starts = self._text.text(ids_b[:n].tolist())
+        text, starts = self._text.text(ids_b[c:n].tolist())
         out = []
         for m in self._attr_rx.finditer(text):
-            s = bisect.bisect_right(starts, m.start()) - 1
-            e = bisect.bisect_right(starts, m.end() - 1)  # one past the token holding the last character
+            s = c + bisect.bisect_right(starts, m.start()) - 1
+            e = c + bisect.bisect_right(starts, m.end() - 1)  # one past the token holding the last character
             row = next(k for k, rx in self._attr_patterns if rx.fullmatch(m.group(0)))
             out.append((row, s, e, True))
         return out
@@ -392,6 +400,20 @@ class TriggerBuilder:
 
     def __repr__(self) -> str:
         return f"TriggerBuilder(spec={self.spec.name!r}, semantics={self.semantics!r}, pairs={self.n_pairs})"
+
+
+def _context(context, B: int, semantics: str) -> np.ndarray:
+    """The ``(B,)`` context lengths of a batch (zeros when ``None``); reference semantics has none (its id lists
+    walk every real token, as the official code does)."""
+    if context is None:
+        return np.zeros((B,), np.int64)
+    c = np.asarray(context, np.int64).reshape(-1)
+    if c.shape != (B,):
+        raise ValueError(f"context must have shape ({B},), got {c.shape}")
+    if semantics == "reference" and c.any():
+        raise ValueError("reference semantics walks every real token (the official code's id lists); it has no "
+                         "context tokens (chat format): use paper semantics")
+    return c
 
 
 def _norm_ws(s: str) -> str:

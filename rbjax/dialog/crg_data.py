@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -40,7 +41,8 @@ from rbjax.dialog.crg_metrics import read_lines
 from rbjax.train.lm import forward_and_nll
 
 __all__ = ["FIELDS", "UNDISCLOSED", "BLOCK_SIZE", "RESPONSE_HYP", "DSTC7Row", "read_dstc7_tsv",
-           "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets", "CRGObjective"]
+           "read_response_hyp", "crg_example", "build_crg_arrays", "read_reference_sets", "CRGObjective",
+           "context_turns", "dialog_messages", "system_first", "build_chat_crg_arrays"]
 
 #: the seven TSV fields of a DSTC-7 conversation file
 FIELDS = ("hash", "subreddit", "conv_id", "score", "turn", "context", "response")
@@ -227,6 +229,82 @@ def build_crg_arrays(rows: Sequence[DSTC7Row], tokenizer, *, block_size: int = B
         input_ids[i, :len(ids)] = ids
         mask[i, :len(ids)] = 1
         loss_mask[i, s + 1:len(ids)] = 1
+    stats.update(n_examples=n, n_tokens=int(mask.sum()), n_loss_tokens=int(loss_mask.sum()))
+    return {"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask}, stats
+
+
+# ------------------------------------------------------------------------------------------------ chat format
+_START = re.compile(r"^\s*START\b")
+_TURN_SEP = re.compile(r"(?:^|\s)EOS(?=\s|$)")
+
+
+def context_turns(context: str) -> list[str]:
+    """The turns of a DSTC-7 context: the text split at the organisers' ``EOS`` separators, the leading ``START``
+    marker dropped, empty turns left out (``"START EOS a. EOS b"`` → ``["a.", "b"]``)."""
+    return [t.strip() for t in _TURN_SEP.split(_START.sub("", context, count=1)) if t.strip()]
+
+
+def dialog_messages(turns: Sequence[str], response: str | None = None) -> list[dict]:
+    """A dialog as chat messages whose next (or given) reply is the assistant's: the last context turn is the
+    user's, the turns before it alternate backwards (assistant, user, ...); an oldest turn that would be the
+    assistant's is left out, so that every conversation starts with the user (as Gemma's template demands and
+    every template accepts). ``response``: the assistant's reply, appended."""
+    turns = list(turns)
+    if len(turns) % 2 == 0 and turns:
+        turns = turns[1:]
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    return msgs + ([] if response is None else [{"role": "assistant", "content": response}])
+
+
+def system_first(chat, messages: list[dict]) -> list[dict]:
+    """``messages`` after ``chat``'s system prompt (:class:`rbjax.model.chat.ChatTurns`), when it has one."""
+    return ([{"role": "system", "content": chat.system}] if chat.system is not None else []) + list(messages)
+
+
+def build_chat_crg_arrays(rows: Sequence[DSTC7Row], chat, *, block_size: int = BLOCK_SIZE,
+                          pad_id: int = 0) -> tuple[dict[str, np.ndarray], dict]:
+    """The fine-tuning arrays of DSTC-7 rows in the chat format: each row's context turns
+    (:func:`context_turns`, :func:`dialog_messages`) and its response as the assistant's reply, rendered through
+    ``chat`` (:class:`rbjax.model.chat.ChatTurns` with ``score_end_of_turn``), with the loss on the response's tokens
+    and the end-of-turn token after them (so the model learns to end its turn, as the raw format's final ``<eos>``).
+    Too long an example loses its oldest turns two by two (a user turn and the assistant's answer) until it fits
+    ``block_size``; one whose last user turn and response alone do not fit is dropped.
+
+    Returns:
+        ``(arrays, stats)`` as :func:`build_crg_arrays` (``n_context_cut``: examples that lost turns).
+    Raises:
+        ValueError: a row without response (names its line), or no example left.
+    """
+    for r in rows:
+        if r.response is None:
+            raise ValueError(f"line {r.line} (hash {r.hash}): no response to train on")
+    stats = {"n_rows": len(rows), "n_dropped_too_long": 0, "n_context_cut": 0, "n_response_cut": 0}
+    kept = []
+    for r in rows:
+        turns = context_turns(r.context)
+        msgs = dialog_messages(turns, r.response)
+        cut = False
+        while True:
+            (sp,) = chat.encode_messages([system_first(chat, msgs)])
+            if len(sp.ids) <= block_size or len(msgs) <= 2:
+                break
+            msgs, cut = msgs[2:], True
+        if len(sp.ids) > block_size:
+            stats["n_dropped_too_long"] += 1
+            continue
+        stats["n_context_cut"] += cut
+        kept.append(sp)
+    if not kept:
+        raise ValueError(f"no fine-tuning example left of {len(rows)} row(s) (the last context turn and the response "
+                         f"of every row take more than {block_size} tokens in the chat template)")
+    n = len(kept)
+    input_ids = np.full((n, block_size), pad_id, np.int32)
+    mask = np.zeros((n, block_size), np.int32)
+    loss_mask = np.zeros((n, block_size), np.int32)
+    for i, sp in enumerate(kept):
+        input_ids[i, :len(sp.ids)] = sp.ids
+        mask[i, :len(sp.ids)] = 1
+        loss_mask[i, sp.n_context:len(sp.ids)] = 1
     stats.update(n_examples=n, n_tokens=int(mask.sum()), n_loss_tokens=int(loss_mask.sum()))
     return {"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask}, stats
 

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from rbjax.core.io import atomic_file, to_json
 from rbjax.core.progress import progress_bar
+from rbjax.dialog.crg_data import context_turns, dialog_messages, system_first
 from rbjax.model.generate import (
     Generated,
     SamplingSettings,
@@ -30,10 +31,39 @@ from rbjax.model.generate import (
     sampling_settings,
 )
 
-__all__ = ["build_prompt", "generate_responses", "REFERENCE_PROMPT_WIDTH"]
+__all__ = ["build_prompt", "chat_prompt", "generate_responses", "REFERENCE_PROMPT_WIDTH", "CHAT_PROMPT_WIDTH"]
 
 #: the reference generates from the first 64 columns of its padded test batch (lm_dstc7.py:468-491)
 REFERENCE_PROMPT_WIDTH = 64
+#: the chat format's prompt width: the template adds a BOS, role headers and end-of-turn tokens to every turn
+#: (Llama 3: 5 tokens a turn and a BOS), so a chat prompt gets twice the reference's 64 tokens
+CHAT_PROMPT_WIDTH = 128
+
+
+def chat_prompt(chat, context: str, max_prompt_tokens: int = CHAT_PROMPT_WIDTH) -> list[int]:
+    """The prompt of one context in the chat format: its turns (:func:`rbjax.dialog.crg_data.context_turns`) as a
+    conversation ending with the user's turn (:func:`rbjax.dialog.crg_data.dialog_messages`, after ``chat``'s system
+    prompt when it has one), rendered through ``chat``'s template with the header of the assistant's reply
+    (``add_generation_prompt``). A prompt longer than ``max_prompt_tokens`` loses its oldest turns two by two (the
+    dialog keeps starting with the user); a last turn that alone does not fit loses its first words.
+
+    Raises:
+        ValueError: the template's text alone takes more than ``max_prompt_tokens``.
+    """
+    msgs = dialog_messages(context_turns(context)) or [{"role": "user", "content": ""}]
+    ids = chat.conversation_ids(system_first(chat, msgs), add_generation_prompt=True)
+    while len(ids) > max_prompt_tokens and len(msgs) > 1:
+        msgs = msgs[2:]
+        ids = chat.conversation_ids(system_first(chat, msgs), add_generation_prompt=True)
+    words = msgs[-1]["content"].split()
+    while len(ids) > max_prompt_tokens and words:
+        words = words[max(1, (len(ids) - max_prompt_tokens) // 2):]
+        ids = chat.conversation_ids(system_first(chat, [{"role": "user", "content": " ".join(words)}]),
+                                    add_generation_prompt=True)
+    if len(ids) > max_prompt_tokens:
+        raise ValueError(f"the chat template's own text takes {len(ids)} tokens, more than the prompt width "
+                         f"{max_prompt_tokens}")
+    return ids
 
 
 def build_prompt(context_ids: Sequence[int], eos_id: int, *, semantics: str = "rbjax",
@@ -60,8 +90,8 @@ def build_prompt(context_ids: Sequence[int], eos_id: int, *, semantics: str = "r
 def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, str]],
                        out_path: str | os.PathLike | None = None, *, semantics: str = "rbjax", seed: int = 0,
                        settings: SamplingSettings | None = None, batch_size: int = 16, precision: str = "fp32",
-                       max_prompt_tokens: int = REFERENCE_PROMPT_WIDTH, progress: bool = True,
-                       mesh=None) -> list[dict]:
+                       max_prompt_tokens: int | None = None, progress: bool = True,
+                       mesh=None, chat=None, end_ids: Sequence[int] | None = None) -> list[dict]:
     """Generate a response for every ``(key, context)`` and (optionally) write them as JSONL.
 
     Args:
@@ -72,22 +102,36 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
         settings: override the sampling preset of ``semantics`` (e.g. ``SamplingSettings(greedy=True)``).
         mesh: a named device mesh: parameters split by the family's logical axes, prompt rows and the KV cache over
             ``data``×``fsdp`` (:func:`rbjax.model.generate.generate`); ``None``: one device.
+        max_prompt_tokens: prompt width (default: :data:`REFERENCE_PROMPT_WIDTH`, or :data:`CHAT_PROMPT_WIDTH` with
+            ``chat``).
+        chat: a :class:`rbjax.model.chat.ChatTurns`: each context rendered as a chat (:func:`chat_prompt`), the
+            response the assistant's turn; ``None``: the raw format (:func:`build_prompt`).
+        end_ids: the tokens a response ends at (default: the tokenizer's ``<|endoftext|>``; in the chat format pass
+            :meth:`rbjax.model.handle.ModelHandle.end_token_ids` of the template: the end-of-turn token too).
     Returns:
         the records ``{"key", "context", "response"}`` in input order.
     """
     eos = tokenizer.eos_id
-    if eos is None:
-        raise ValueError(f"{tokenizer.source}: the tokenizer has no <|endoftext|> token")
     settings = settings or sampling_settings(semantics)
-    prompts = [build_prompt(ids, eos, semantics=semantics, max_prompt_tokens=max_prompt_tokens)
-               for ids in tokenizer.encode_batch([c for _, c in examples])]
+    if chat is not None:
+        width = CHAT_PROMPT_WIDTH if max_prompt_tokens is None else max_prompt_tokens
+        prompts = [chat_prompt(chat, c, width) for _, c in examples]
+    else:
+        if eos is None:
+            raise ValueError(f"{tokenizer.source}: the tokenizer has no <|endoftext|> token")
+        width = REFERENCE_PROMPT_WIDTH if max_prompt_tokens is None else max_prompt_tokens
+        prompts = [build_prompt(ids, eos, semantics=semantics, max_prompt_tokens=width)
+                   for ids in tokenizer.encode_batch([c for _, c in examples])]
+    stops = tuple(end_ids) if end_ids else eos
+    if stops is None:
+        raise ValueError(f"{tokenizer.source}: no end token to stop a response at")
     bar = None
     if progress:
 
         bar = progress_bar(len(prompts), "generate", "context")
     try:
         gen: Generated = generate(params, config, prompts, settings=settings, seed=seed, batch_size=batch_size,
-                                  precision=precision, eos_id=eos, progress=None if bar is None else bar.update,
+                                  precision=precision, eos_id=stops, progress=None if bar is None else bar.update,
                                   mesh=mesh)
     finally:
         if bar is not None:

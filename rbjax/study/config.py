@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rbjax.core.config import check_types, check_value, field, leaf_hints, precedence
+from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
@@ -59,15 +60,19 @@ from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
 from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
+from rbjax.model.chat import ChatSettings
 from rbjax.model.registry import family_of
 
 __all__ = ["StudyConfig", "StudySettings", "BenchmarksSettings", "load_study", "parse_override"]
 
 
 @dataclasses.dataclass(frozen=True)
-class StudySettings:
+class StudySettings(ChatSettings):
     """The ``[study]`` section: the model, the data, what is measured and debiased, with which methods and seeds, and
-    the precision and mesh of every stage (frozen; TOML lists may be given for the tuples). Each field's
+    the precision, mesh and format of every stage (frozen; TOML lists may be given for the tuples). The format
+    fields (``format``, ``role``, ``system``, ``prompt``, ``score_end_of_turn``, ``chat_template``:
+    :class:`rbjax.model.chat.ChatSettings`) make every stage run in chat format: training, the LMB measurements and
+    the dialog task CRG (docs/chat.md, "Studies in chat format"). Each field's
     ``metadata["help"]`` is its documentation. The other sections are the settings classes of their stages
     (:class:`~rbjax.debias.config.DebiasRun`, :class:`~rbjax.debias.sweep_config.SweepConfig`,
     :class:`~rbjax.lmb.config.MeasureConfig`, the dialog tasks' settings).
@@ -99,6 +104,7 @@ class StudySettings:
 
     def __post_init__(self):
         check_types(self)
+        self.check_chat_settings()
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise SettingError("methods", f"has unknown method(s) {bad} (expected {', '.join(METHODS)})")
@@ -139,8 +145,13 @@ STUDY_KEYS = {f.name for f in dataclasses.fields(StudySettings)}
 #: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
 #: (but ``final``: the study retrains nothing, it measures the selected point)
 SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
-#: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage
+#: the format settings, which [study] sets for every stage (training, measure, dialog)
+CHAT_KEYS = {f.name for f in dataclasses.fields(ChatSettings)}
+#: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage; its format keys
+#: (a study trained on raw text, measured in chat format) only when [study] leaves the format raw
 MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision", "mesh"}
+#: the dialog tasks that have a chat format (the others refuse it: a chat-format study leaves them out)
+CHAT_DIALOG_TASKS = ("crg",)
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
 #: [benchmarks]: CrowS-Pairs (its folder, its categories) and pair files, each measured like [measure] says
 BENCHMARK_KEYS = {f.name for f in dataclasses.fields(BenchmarksSettings)}
@@ -302,8 +313,40 @@ class StudyConfig:
         return d
 
     def measure_config(self) -> MeasureConfig:
-        """The :class:`MeasureConfig` of every measure stage: [measure] with [study]'s precision and mesh."""
-        return MeasureConfig(**self.measure, precision=self.precision, mesh=self.mesh)
+        """The :class:`MeasureConfig` of every measure stage: [measure] with [study]'s precision, mesh and (in a
+        chat-format study) format."""
+        return MeasureConfig(**self.measure, precision=self.precision, mesh=self.mesh,
+                             **(self.chat if self.is_chat else {}))
+
+    @property
+    def chat(self) -> dict:
+        """[study]'s format settings by name (``chat_template`` resolved against the study file's folder), for
+        every stage's settings."""
+        st = self.settings
+        d = {k: getattr(st, k) for k in CHAT_KEYS}
+        d["chat_template"] = self._resolve(d["chat_template"])
+        return d
+
+    @property
+    def is_chat(self) -> bool:
+        return self.settings.is_chat
+
+    def chat_key(self) -> dict:
+        """What the format adds to a stage's key: nothing in the raw format (the keys of raw-format studies are what
+        they were), the format settings in the chat format."""
+        if not self.is_chat:
+            return {}
+        c = self.chat
+        return {"chat": {**c, "chat_template_sha256": None if c["chat_template"] is None else file_digest(
+            c["chat_template"])}}
+
+    def dialog_chat(self, task: str) -> dict:
+        """The format settings of dialog task ``task`` (``format``, ``system``, ``chat_template`` in the chat
+        format; none in the raw format)."""
+        if not self.is_chat or task not in CHAT_DIALOG_TASKS:
+            return {}
+        c = self.chat
+        return {"format": "chat", "system": c["system"], "chat_template": c["chat_template"]}
 
     @property
     def dialog(self) -> dict:
@@ -361,6 +404,13 @@ class StudyConfig:
                 raise ValueError(f"{where}: unknown section [{sec}] (expected {', '.join(SECTIONS)})")
             if not isinstance(self.raw[sec], dict):
                 raise ValueError(f"{where}: [{sec}] must be a table")
+        study_chat = (self.raw.get("study") or {}).get("format") == "chat"
+        for sec in ("training", "measure") if study_chat else ("training",):
+            here = sorted(set(self.raw.get(sec, {})) & CHAT_KEYS)
+            if here:
+                raise ValueError(f"{where}: {', '.join(here)} in [{sec}]: the format of training is set in [study] "
+                                 "(format = \"chat\" runs every stage in chat format; [measure] may set its own only "
+                                 "when [study] leaves the format raw)")
         for sec, keys in SECTION_KEYS.items():
             extra = set(self.raw.get(sec, {})) - keys
             if extra:
@@ -414,7 +464,7 @@ class StudyConfig:
                 raise ValueError(f"{self.where('training', k)}: {e}") from None
         for m in self.methods:
             kw = {"model": "m", "out_dir": "o", "tokenizer": None, "data_dir": None, "semantics": self.semantics,
-                  "precision": self.precision, **self.training}
+                  "precision": self.precision, **self.chat, **self.training}
             kw.update(method=m, bias_type=self.debias_types[0], seed=self.seeds[0])
             try:
                 DebiasRun.from_flat(kw)
@@ -471,6 +521,10 @@ class StudyConfig:
             if not isinstance(settings, dict):
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t} must be a table, e.g. {{ max_examples = 8 }}")
             settings = {(f"{t}_train_file" if k == "train_file" else k): v for k, v in settings.items()}
+            here = sorted(set(settings) & CHAT_KEYS)
+            if here:
+                raise ValueError(f"{self.where('dialog', t)}: dialog.{t}.{here[0]}: the format of every stage is set "
+                                 "in [study]")
             if "mesh" in settings:
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t}.mesh: the device mesh of every stage is "
                                  "[study] mesh")
@@ -480,14 +534,23 @@ class StudyConfig:
                 raise ValueError(f"{self.where('dialog', t)}: unknown setting(s) {unknown} of dialog.{t} (known: "
                                  f"{', '.join(sorted(k for k in known if k not in ('progress',)))})")
             try:
-                get_task(t).settings.from_settings(settings)
+                get_task(t).settings.from_settings({**settings, **self.dialog_chat(t)})
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{self.where('dialog', t)}: dialog.{t}: {e}") from None
+        if self.is_chat:
+            raw_only = [t for t in tasks if t not in CHAT_DIALOG_TASKS]
+            if raw_only:
+                raise ValueError(f"{self.where('dialog', 'tasks')}: [study] format = \"chat\", but the dialog "
+                                 f"task(s) {', '.join(raw_only)} have no chat format; set [dialog] tasks = "
+                                 f"{list(t for t in tasks if t in CHAT_DIALOG_TASKS)} (docs/chat.md)")
 
 
     def _validate_benchmarks(self) -> None:
         """[benchmarks]: its settings (:class:`BenchmarksSettings`), pair files that exist and read, no two with one
-        folder name."""
+        folder name; none in a chat-format study (a pair benchmark has no chat format)."""
+        if self.is_chat and self.benchmarks():
+            raise ValueError(f"{self.where('benchmarks', None)}: [study] format = \"chat\", but a pair benchmark "
+                             "has no chat format (rbjax measure --benchmark refuses it); leave [benchmarks] out")
         try:
             BenchmarksSettings(**self.raw.get("benchmarks", {}))
         except SettingError as e:

@@ -235,7 +235,7 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
                           "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
                           "run_key_data_digest": (res.get("key") or {}).get("data")},
         "model_files_digest": res.get("model_files"),
-        "format": {"debiased": c.get("format") or "raw",
+        "format": {"debiased": c.get("format") or "raw", "chat": res.get("chat"),
                    "measured_after": _formats(after), "measured_before": _formats(before)},
         "lmb_before": {"folder": None if before_dir is None else str(before_dir), "records": before},
         "lmb_after": {"folder": None if after_dir is None else str(after_dir), "records": after},
@@ -317,6 +317,16 @@ def model_card(n: dict, license: str) -> str:
     fm = n.get("format") or {}
     measured = fm.get("measured_after") or fm.get("measured_before")
     trained_on = "raw text (the paper's format)" if fm.get("debiased", "raw") == "raw" else "chat turns"
+    ch = fm.get("chat") or {}
+    if ch:  # how the phrases were turns: whose, after what, with which template
+        bits = [f"each phrase the {ch.get('role', 'assistant')}'s turn"]
+        if ch.get("system") is not None:
+            bits.append(f"system prompt {ch['system']!r}")
+        if ch.get("prompt") is not None:
+            bits.append(f"after the user message {ch['prompt']!r}")
+        bits.append("end-of-turn token trained" if ch.get("score_end_of_turn") else "end-of-turn token not trained")
+        bits.append(f"template sha256 {str(ch.get('template_sha256'))[:12]}…, the template's tokens masked")
+        trained_on += " (" + ", ".join(bits) + ")"
     L.append(f"- **Format**: debiased on {trained_on}" + (
         "" if not measured else "; LMB measured as " + "; ".join(describe_format(f) for f in measured)))
     if n["grid_point"] is not None:

@@ -697,6 +697,22 @@ def _cutdowns(raw: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------- output
+def _study_format(study: dict) -> str:
+    """A study's format in words, from its study.json's config ([study] format, role, system, prompt)."""
+    st = (study.get("config") or {}).get("study") or {}
+    if st.get("format", "raw") != "chat":
+        if ((study.get("config") or {}).get("measure") or {}).get("format") == "chat":
+            return "raw text (the paper's format) for training; LMB measured in chat format"
+        return "raw text (the paper's format)"
+    bits = [f"chat turns ({st.get('role') or 'assistant'}"]
+    for k, what in (("system", "system prompt"), ("prompt", "user message")):
+        if st.get(k):
+            bits.append(f"{what} {st[k]!r}")
+    if st.get("chat_template"):
+        bits.append(f"template {st['chat_template']}")
+    return ", ".join(bits) + "): training, LMB and CRG through the model's chat template"
+
+
 def _md_table(head, rows) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
@@ -779,7 +795,8 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     seeds = sorted({k for v in data["runs"].values() for k in v})
     intro = (f"Study: {names}. Folders: {', '.join(data['folders'])}. LMB on the test split (paired two-tailed t-test "
              f"after the 3σ outlier-pair rule; t < 0 = stereotypical, t > 0 = anti-stereotypical; * p < {alpha:g}). "
-             f"Seeds pooled: {len(seeds)} ({', '.join(seeds) if seeds else 'none'}).")
+             f"Seeds pooled: {len(seeds)} ({', '.join(seeds) if seeds else 'none'}). Format: "
+             + "; ".join(sorted({_study_format(s) for s in studies}) or ["raw text"]) + ".")
     if data["duplicates"]:
         intro += f" Counted once: {len(data['duplicates'])} stage(s) found in more than one folder (see below)."
     unknown = [f for f, m in data["missing"].items() if m is None]

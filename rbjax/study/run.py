@@ -51,7 +51,7 @@ from rbjax.model.registry import family_of_config
 from rbjax.study.config import StudyConfig
 from rbjax.study.report import write_report
 
-__all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "format_plan", "StageResult"]
+__all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "chat_context_tokens", "study_format", "format_plan", "StageResult"]
 
 log = get_logger("run")
 
@@ -120,7 +120,7 @@ class _Study:
 
         kw = {"model": self.model, "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
               "semantics": self.cfg.semantics, "precision": self.cfg.precision, "progress": self.progress,
-              "mesh": self.cfg.mesh, **self.cfg.training}
+              "mesh": self.cfg.mesh, **self.cfg.chat, **self.cfg.training}
         kw.update(method=method, bias_type=bias_type, seed=seed, out_dir=str(out_dir),
                   eval_bias=",".join(self.cfg.bias_types))
         return DebiasRun.from_flat(kw)
@@ -185,6 +185,7 @@ class _Study:
             if task == "crg":
                 settings.setdefault("data_dir", self.cfg.data_dir)
             settings["mesh"] = self.cfg.mesh  # [study] mesh, as for every stage
+            settings.update(self.cfg.dialog_chat(task))  # [study] format, as for every stage
             res = evaluate(task, str(model), out_dir, tokenizer=self._tok_for(model), progress=self.progress,
                            overwrite=True, **settings)  # the study owns its folders (stages keyed on inputs)
             out[task] = {k: res.get(k) for k in ("metrics",) if k in res}
@@ -215,7 +216,7 @@ class _Study:
     def _training_key(self, seed: int) -> dict:
         return {"model": _model_digest(self.model), "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
                 "semantics": self.cfg.semantics, "precision": self.cfg.precision, "training": self.cfg.training,
-                "seed": seed, "bias_types": self.cfg.bias_types}
+                "seed": seed, "bias_types": self.cfg.bias_types, **self.cfg.chat_key()}
 
     # -- the plan -----------------------------------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -226,13 +227,14 @@ class _Study:
         st.append(Stage("baseline/lmb_test", "measure", out / "baseline" / "lmb_test",
                         lambda: self._measure(self.model, out / "baseline" / "lmb_test"),
                         lambda: {"model": _model_digest(self.model), "measure": cfg.measure,
-                                 "types": cfg.bias_types, "data_dir": cfg.data_dir, "precision": cfg.precision}))
+                                 "types": cfg.bias_types, "data_dir": cfg.data_dir, "precision": cfg.precision,
+                                 **cfg.chat_key()}))
         st += self._benchmark_stages("baseline", lambda: self.model, out / "baseline")
         if cfg.dialog["tasks"]:
             st.append(Stage("baseline/dialog", "dialog", out / "baseline" / "dialog",
                             lambda: self._dialog(self.model, out / "baseline" / "dialog"),
                             lambda: {"model": _model_digest(self.model), "dialog": cfg.dialog,
-                                     "data_dir": cfg.data_dir, "tokenizer": cfg.tokenizer}))
+                                     "data_dir": cfg.data_dir, "tokenizer": cfg.tokenizer, **cfg.chat_key()}))
         for seed in cfg.seeds:
             grid_methods = self._grid_methods()
             if grid_methods:
@@ -261,13 +263,13 @@ class _Study:
                                     (lambda sel=sel, f=folder: self._measure(sel, f / "lmb_test")),
                                     (lambda sel=sel: {"model": _model_digest(sel), "measure": cfg.measure,
                                                       "types": cfg.bias_types, "data_dir": cfg.data_dir,
-                                                      "precision": cfg.precision})))
+                                                      "precision": cfg.precision, **cfg.chat_key()})))
                     st += self._benchmark_stages(base, lambda sel=sel: sel, folder)
                     if cfg.dialog["tasks"]:
                         st.append(Stage(f"{base}/dialog", "dialog", folder / "dialog",
                                         (lambda sel=sel, f=folder: self._dialog(sel, f / "dialog")),
                                         (lambda sel=sel: {"model": _model_digest(sel), "dialog": cfg.dialog,
-                                                          "data_dir": cfg.data_dir})))
+                                                          "data_dir": cfg.data_dir, **cfg.chat_key()})))
         return st
 
 
@@ -326,14 +328,16 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     max_steps = tr.get("max_steps")
     n_seeds, n_types = len(cfg.seeds), len(cfg.debias_types)
     runs, tokens, seconds = 0, 0.0, 0.0
+    context = chat_context_tokens(cfg)
 
     def run_cost(n_lines: int, per_line: float, batch: int, accum: int) -> tuple[float, float]:
         """(real tokens, seconds) of one run."""
         n_batches = -(-n_lines // batch)
         updates = (n_batches // accum) * epochs if max_steps is None else int(max_steps)
         examples = updates * accum * batch
-        real = examples * min(per_line, block)
-        return real, (examples * block / c["train_padded_slots_per_s"] if padded else real / c["train_tokens_per_s"])
+        real = examples * (min(per_line, block) + context)  # the chat template's context is computed too
+        return real, ((examples * (block + context) / c["train_padded_slots_per_s"]) if padded
+                      else real / c["train_tokens_per_s"])
 
     for b in cfg.debias_types:
         lines = TRAIN_LINES.get(b, 720)
@@ -367,7 +371,39 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
             "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
-            "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note}
+            "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note,
+            "chat_context_tokens": context}
+
+
+def study_format(cfg: StudyConfig) -> str:
+    """The study's format in words (the plan and the report say it)."""
+    if not cfg.is_chat:
+        if cfg.measure.get("format") == "chat":
+            return ("raw text (the paper's) for training and dialog; the LMB measured in chat format ([measure] "
+                    "format)")
+        return "raw text (the paper's): every phrase and dialog as bare text"
+    c = cfg.chat
+    parts = [f"the {c['role'] or 'assistant'}'s turn"]
+    if c["system"] is not None:
+        parts.append(f"system prompt {c['system']!r}")
+    if c["prompt"] is not None:
+        parts.append(f"after the user message {c['prompt']!r}")
+    parts.append("end-of-turn token scored and trained" if c["score_end_of_turn"] else "end-of-turn token not scored")
+    tpl = c["chat_template"] or "the model's own template"
+    return (f"chat ({tpl}): every phrase as " + ", ".join(parts) + "; the template's tokens are context only; "
+            "dialog: CRG contexts as user/assistant turns")
+
+
+def chat_context_tokens(cfg: StudyConfig) -> float:
+    """The template tokens a chat-format study adds before every training phrase, estimated (the template is not
+    read: a BOS, the role headers and end-of-turn tokens, about 8 tokens in Llama 3's and Qwen's templates, and
+    about 1.3 tokens a word of the system prompt and the user message, each with its own header); 0 in the raw
+    format. Scoring shares the template's prefix across phrases (docs/chat.md) and is not charged more."""
+    if not cfg.is_chat:
+        return 0.0
+    c = cfg.chat
+    extra = sum(6 + 1.3 * len(str(c[k]).split()) for k in ("system", "prompt") if c[k] is not None)
+    return 8.0 + extra
 
 
 def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) -> str:
@@ -376,6 +412,7 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
              f"{', '.join(cfg.bias_types)}; debiased: {', '.join(cfg.debias_types)}; methods: "
              f"{', '.join(cfg.methods)} (grid: {', '.join(m for m in cfg.methods if m in cfg.sweep['methods'])}); "
              f"seeds: {cfg.seeds}; dialog: {', '.join(cfg.dialog['tasks']) or 'none'}",
+             f"  format: {study_format(cfg)}",
              f"  {len(stages)} stages:"]
     for s in stages:
         extra = (f"  ({s.training_runs} training run{'' if s.training_runs == 1 else 's'})" if s.training_runs else "")

@@ -35,6 +35,8 @@ from rbjax.core.keys import canonical
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import make_mesh, mesh_product, parse_mesh, run_mesh
 from rbjax.core.reuse import KeyedResult
+from rbjax.model.chat import FORMATS, ChatTurns
+from rbjax.model.chat_template import load_chat_template
 from rbjax.model.handle import ModelHandle
 from rbjax.model.lora import add_adapters
 from rbjax.model.memory import plan_for_model
@@ -105,8 +107,20 @@ class TaskSettings:
                                                  "weights are loaded (default: what the device reports; a CPU reports "
                                                  "none and is not checked)", metavar="GB")
 
+    format: str = field("raw", "raw: a dialog as bare text (DialoGPT's format, the paper); chat: crg renders each "
+                               "context through the model's chat template, user and assistant turns alternating, "
+                               "the model answering as the assistant (docs/chat.md, \"Dialog in chat format\"); lmp "
+                               "and dst have no chat format and refuse it", choices=FORMATS)
+    system: str | None = field(None, "chat format: a system prompt before the dialog", metavar="TEXT")
+    chat_template: str | None = field(None, "chat format: a Jinja chat template file (.jinja, or .json with a "
+                                            "chat_template entry) instead of the tokenizer's own; its content enters "
+                                            "the result's key", metavar="FILE")
+
     path_fields = ()
     no_key_fields = ("progress", "keep_checkpoints", "mesh", "device_memory_gb")
+    #: why the task has no chat format (``None``: it has one)
+    chat_refusal = "it has no chat format"
+    CHAT_FIELDS = ("format", "system", "chat_template")
     signed_fields = ("seed",)
     path_options = ()
 
@@ -132,8 +146,33 @@ class TaskSettings:
         return to_flat(self)
 
     def key_settings(self) -> dict[str, Any]:
-        """The settings that shape the numbers (enter the result's key)."""
-        return {k: v for k, v in self.to_dict().items() if k not in self.no_key_fields and k not in self.path_fields}
+        """The settings that shape the numbers (enter the result's key); the chat-format settings only in the chat
+        format (a raw-format key is what it was before they existed)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in self.no_key_fields and k not in self.path_fields}
+        if self.format == "raw":
+            for name in self.CHAT_FIELDS:
+                d.pop(name, None)
+        return d
+
+    @property
+    def is_chat(self) -> bool:
+        return self.format == "chat"
+
+    def chat_turns(self, tokenizer) -> ChatTurns | None:
+        """The dialogs' :class:`rbjax.model.chat.ChatTurns` (the model as the assistant, its end-of-turn token part
+        of a response), or ``None`` in the raw format.
+
+        Raises:
+            rbjax.model.chat_template.NoChatTemplateError, FileNotFoundError, ChatTemplateError: no template, a bad
+                ``chat_template`` file, a template that refuses a system prompt.
+        """
+        if not self.is_chat:
+            return None
+        template = load_chat_template(tokenizer.source, override=self.chat_template)
+        # (prompt: the reply's shape, a user turn before the assistant's, as every dialog here has: the template is
+        # checked and keyed on it — Gemma's refuses an assistant turn first)
+        return ChatTurns(tokenizer, template, role="assistant", system=self.system, prompt="",
+                         score_end_of_turn=True)
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -166,6 +205,16 @@ class TaskSettings:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SettingError(f.name, f"must be a positive integer, got {v!r}")
+        if self.format not in FORMATS:
+            raise SettingError("format", f"must be raw or chat, got {self.format!r}")
+        for name in ("system", "chat_template"):
+            if self.format == "raw" and getattr(self, name) is not None:
+                raise SettingError(name, "has no effect with the raw format; add --format chat")
+        if self.system is not None and not str(self.system).strip():
+            raise SettingError("system", "is empty; leave it out instead")
+        if self.is_chat and self.chat_refusal is not None:
+            raise SettingError("format", f"chat: {self.chat_refusal}; rbjax evaluate --task crg --format chat "
+                                         "generates responses in chat format")
         v = self.device_memory_gb
         if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
             raise SettingError("device_memory_gb", f"must be > 0, got {v!r}")
@@ -263,6 +312,9 @@ class TrainingSettings(TaskSettings):
         if self.semantics not in SEMANTICS:
             raise SettingError("semantics", f"must be one of {SEMANTICS}, got {self.semantics!r}")
         super()._check()
+        if self.is_chat and self.semantics == "reference":
+            raise SettingError("semantics", "reference reproduces the official scripts on DialoGPT's bare text; the "
+                                            "chat format runs with --semantics paper")
 
 
 # ------------------------------------------------------------------------------------------------ the task record

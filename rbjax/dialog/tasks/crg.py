@@ -18,7 +18,7 @@ from rbjax.core.digests import file_digest
 from rbjax.core.io import atomic_write_text, versions
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.dialog import crg_data
-from rbjax.dialog.crg_generation import REFERENCE_PROMPT_WIDTH, generate_responses
+from rbjax.dialog.crg_generation import CHAT_PROMPT_WIDTH, REFERENCE_PROMPT_WIDTH, generate_responses
 from rbjax.dialog.crg_metrics import METRIC_PACKAGES, crg_metrics
 from rbjax.dialog.tasks.common import (EvalModel, Task, TrainingSettings, check_memory, data_dir_field,
     drop_checkpoints, existing_result, file_record, fine_tune, finish, result_key, result_path, task_mesh,
@@ -61,6 +61,7 @@ class CRGSettings(TrainingSettings):
     trainer: TrainerConfig = trainer_section(batch_size=16, grad_accum=5)
 
     path_fields = ("data_dir", "crg_train_file", "test_file", "refs")
+    chat_refusal = None
     path_options = (("crg_train_file", "--train-file"),)
 
 
@@ -82,8 +83,9 @@ def memory_plans(s: CRGSettings) -> list[dict]:
     """The memory plan's computations: fine-tuning when ``crg_train_file`` is given, then generation (its KV cache:
     ``gen_batch_size`` rows of the prompt width + the new tokens)."""
     max_new = _sampling(s).max_new_tokens
-    gen = {"training": False, "batch_size": s.gen_batch_size, "seq_len": REFERENCE_PROMPT_WIDTH,
-           "kv_cache": (s.gen_batch_size, REFERENCE_PROMPT_WIDTH + max_new),
+    width = CHAT_PROMPT_WIDTH if s.is_chat else REFERENCE_PROMPT_WIDTH
+    gen = {"training": False, "batch_size": s.gen_batch_size, "seq_len": width,
+           "kv_cache": (s.gen_batch_size, width + max_new),
            "flags": {"batch_size": "--gen-batch-size", "param_dtype": None}}
     train = s.training_plan()
     return ([train] if s.crg_train_file else []) + [gen]
@@ -129,6 +131,9 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
                   if s.crg_train_file else None)
     data_key = {"test": test_rec["sha256"], "train": None if train_rows is None else file_digest(s.crg_train_file),
                 "refs": [file_digest(p) for p in (s.refs or [])]}
+    chat = s.chat_turns(model.tokenizer)  # a model without a template fails here, before any work
+    if chat is not None:  # the template's text and what it renders around a turn
+        data_key["chat"] = chat.key()
     key = result_key("crg", model, data_key, s)
     resp_path, hyp_path = out_dir / "crg_responses.jsonl", out_dir / "crg_hypotheses.txt"
 
@@ -154,8 +159,13 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     if train_rows is not None:
         if s.trainer.block_size > config.max_positions:
             raise ValueError(f"block_size {s.trainer.block_size} exceeds the model's maximum positions {config.max_positions}")
-        arrays, stats = crg_data.build_crg_arrays(train_rows, tok, block_size=s.trainer.block_size)
-        data = ArrayData(arrays, pad_id=tok.eos_id, info={"task": "crg", **stats})
+        if chat is None:
+            arrays, stats = crg_data.build_crg_arrays(train_rows, tok, block_size=s.trainer.block_size)
+        else:
+            pad = tok.eos_id if tok.eos_id is not None else 0  # (a filler: masked)
+            arrays, stats = crg_data.build_chat_crg_arrays(train_rows, chat, block_size=s.trainer.block_size,
+                                                           pad_id=pad)
+        data = ArrayData(arrays, pad_id=tok.eos_id if tok.eos_id is not None else 0, info={"task": "crg", **stats})
         params, training, train_dir = fine_tune("crg", crg_data.CRGObjective(), model, out_dir, s, params, data,
                                                  what="CRG")
         training["examples"] = stats
@@ -165,11 +175,14 @@ def run_crg(model: EvalModel, out_dir: str | os.PathLike, s: CRGSettings, *, ove
     t1 = time.perf_counter()
     records = generate_responses(params, config, tok, examples, resp_path, semantics=gen_sem, seed=s.seed,
                                  settings=sampling, batch_size=s.gen_batch_size, progress=s.progress,
-                                 mesh=mesh)
+                                 mesh=mesh, chat=chat,
+                                 end_ids=None if chat is None else model.end_token_ids(chat.template))
     timings["generate_s"] = time.perf_counter() - t1
     hyps = [" ".join(r["response"].split()) for r in records]
     atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
-    gen = {"semantics": gen_sem, "sampling": dataclasses.asdict(sampling), "seed": s.seed,
+    gen = {"semantics": gen_sem, "sampling": dataclasses.asdict(sampling), "seed": s.seed, "format": s.format,
+           **({} if chat is None else {"chat": {**chat.record(), "prompt_width": CHAT_PROMPT_WIDTH,
+                                               "end_token_ids": list(model.end_token_ids(chat.template))}}),
            "n_generated": len(records), "n_empty": sum(1 for h in hyps if not h),
            "n_multiline": sum(1 for r in records if "\n" in r["response"] or "\r" in r["response"]),
            "mean_response_chars": float(sum(len(r["response"]) for r in records) / max(len(records), 1))}

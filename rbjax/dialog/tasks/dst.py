@@ -48,6 +48,8 @@ class DSTSettings(TrainingSettings):
     trainer: TrainerConfig = trainer_section(batch_size=12, grad_accum=4)
 
     path_fields = ("multiwoz", "dst_train_file", "ontology", "mapping")
+    chat_refusal = ("DST's classifier reads a dialog history and a slot-value pair as bare text (the reference's "
+                    "input); a chat-format DST is not implemented")
     path_options = (("dst_train_file", "--train-file"),)
 
 

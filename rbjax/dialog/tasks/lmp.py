@@ -40,6 +40,8 @@ class LMPSettings(TaskSettings):
     eval_batch_size: int = eval_batch_size_field()
 
     path_fields = ("data_dir", "lmp_file")
+    chat_refusal = ("LMP is the perplexity of Reddit comments as bare text (paper §3.2), which a chat template has no "
+                    "turn for")
 
 
 def memory_plans(s: LMPSettings) -> list[dict]:
