@@ -148,16 +148,20 @@ class ClipAdam:
         # bias corrections of the update that is applied (count >= 1 then; a skipped update uses none of them)
         bc1 = 1.0 - jnp.float32(self.b1) ** jnp.maximum(c, 1.0)
         bc2 = 1.0 - jnp.float32(self.b2) ** jnp.maximum(c, 1.0)
-        lr = jnp.asarray(lr, jnp.float32)
+        # a skipped update is the identity through its scalars (moments' decay 1, gradient and learning rate 0), not
+        # a select between old and new arrays: selects split the pass into one fusion per output on XLA CPU, each
+        # reading the inputs again (4× slower at the DialoGPT-small size; benchmarks/RESULTS.md)
+        lr = jnp.where(finite, jnp.asarray(lr, jnp.float32), 0.0)
         b1, b2, eps = jnp.float32(self.b1), jnp.float32(self.b2), jnp.float32(self.eps)
+        a1, k1 = jnp.where(finite, b1, 1.0), jnp.where(finite, 1.0 - b1, 0.0)
+        a2, k2 = jnp.where(finite, b2, 1.0), jnp.where(finite, 1.0 - b2, 0.0)
 
         def leaf(p, g, m, v):  # one elementwise pass: p, g, m, v in; p, m, v out
-            g = g.astype(jnp.float32) * scale
-            m2 = b1 * m + (1.0 - b1) * g
-            v2 = b2 * v + (1.0 - b2) * (g * g)
+            g = jnp.where(finite, g.astype(jnp.float32), 0.0) * scale  # (a non-finite gradient is not read)
+            m2 = a1 * m + k1 * g
+            v2 = a2 * v + k2 * (g * g)
             d = (m2 / bc1) / (jnp.sqrt(v2 / bc2) + eps)
-            p2 = (p.astype(jnp.float32) - lr * d).astype(p.dtype)
-            return jnp.where(finite, p2, p), jnp.where(finite, m2, m), jnp.where(finite, v2, v)
+            return (p.astype(jnp.float32) - lr * d).astype(p.dtype), m2, v2
 
         out = jax.tree.map(leaf, params, grads, state.mu, state.nu)
         treedef = jax.tree.structure(params)
