@@ -80,6 +80,26 @@ def test_a_skipped_update_leaves_everything_as_optax_does():
         (int(s_ref.inner_state[1].count), int(s_ref.total_notfinite), int(s_ref.notfinite_count)) == (2, 1, 0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("bad", ["nan-gradient", "inf-gradient", "non-finite-loss"])
+def test_a_skipped_update_changes_no_bit(dtype, bad):
+    """A skipped update is the identity through its scalars (no select between old and new arrays): parameters (of
+    their own dtype) and moments come out bit for bit, only the skip counters move."""
+    opt = make_optimizer()
+    p = jax.tree.map(lambda x: x.astype(dtype), _tree(1))
+    s = opt.init(p)
+    for i in range(2):
+        p, s, _, _ = opt.apply(p, _grads(i, 1.0), s, 1e-3)
+    g = _grads(2, 1.0)
+    if bad != "non-finite-loss":
+        g = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan if bad == "nan-gradient" else jnp.inf), g)
+    p2, s2, _, skipped = jax.jit(opt.apply)(p, g, s, 1e-3, finite_loss=bad != "non-finite-loss")
+    assert float(skipped) == 1.0
+    for a, b in zip(jax.tree.leaves((p, s.mu, s.nu, s.count)), jax.tree.leaves((p2, s2.mu, s2.nu, s2.count))):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    assert (int(s2.total_notfinite), int(s2.notfinite_count)) == (1, 1)
+
+
 def test_equal_settings_give_one_hashable_optimizer():
     """Two runs with equal settings share one compiled step: the optimiser is a value, equal and of equal hash."""
     a, b = make_optimizer(OptimizerConfig(adam_eps=1e-7)), make_optimizer(OptimizerConfig(adam_eps=1e-7))
