@@ -8,7 +8,8 @@ against a PyTorch reference-style loop of the same updates, wall clock from the 
   batch 12 × accumulation 4, the reference's), in two states of the persistent compilation cache: **cold** (an empty
   cache folder: every program compiled) and **warm** (the same command again: every program read from the cache).
   The time to the last update is read from the run's ``metrics.jsonl`` (the session's start + its compile time + the
-  last update's ``elapsed_s``), so the final checkpoint write is not counted.
+  last update's ``elapsed_s``), so the final checkpoint write is not counted; ``evaluate --task dst`` goes on to the
+  tracker's test-split evaluation, so its process is stopped once its last update is in ``metrics.jsonl``.
 * PyTorch: a fresh process that loads the same folder with ``transformers``, builds the same micro-batches (rbjax's
   batch plan: the same phrases in the same order, seed 42) padded to each batch's longest phrase (the reference
   collator), and runs the same updates: forward, the same loss (LM; HD's neutralisation loss in torch ops, paper
@@ -79,15 +80,32 @@ def rbjax_command(method: str, model: Path, out: Path, cache: Path, steps: int) 
 
 def run_rbjax(method: str, model: Path, work: Path, cache: Path, steps: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"{method}_", dir=work))
-    t0 = time.time()
-    p = subprocess.run(rbjax_command(method, model, out, cache, steps), capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"rbjax {method} failed:\n{p.stderr[-3000:]}")
     metrics = out / ("dst_train" if method == "dst" else "") / "metrics.jsonl"
+    t0 = time.time()
+    if method != "dst":
+        p = subprocess.run(rbjax_command(method, model, out, cache, steps), capture_output=True, text=True, cwd=ROOT)
+        if p.returncode != 0:
+            raise RuntimeError(f"rbjax {method} failed:\n{p.stderr[-3000:]}")
+        stderr = p.stderr
+    else:  # rbjax evaluate goes on to the test split's evaluation, which is not timed: stopped after the last update
+        with tempfile.TemporaryFile("w+") as err:
+            p = subprocess.Popen(rbjax_command(method, model, out, cache, steps), stdout=subprocess.DEVNULL,
+                                 stderr=err, text=True, cwd=ROOT)
+            while p.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+                time.sleep(0.5)
+            if p.poll() is None:
+                time.sleep(1.0)  # (the last line written whole)
+                p.terminate()
+                p.wait()
+            elif p.returncode != 0:
+                err.seek(0)
+                raise RuntimeError(f"rbjax {method} failed:\n{err.read()[-3000:]}")
+            err.seek(0)
+            stderr = err.read()
     lines = [json.loads(ln) for ln in metrics.read_text().splitlines()]
     first, last = lines[0], lines[-1]
     to_last = first["session"] + first.get("compile_s", 0.0) + last["elapsed_s"] - t0
-    report = [ln for ln in p.stderr.splitlines() if "XLA:" in ln]
+    report = [ln for ln in stderr.splitlines() if "XLA:" in ln]
     tokens = sum(r["tokens"] for r in lines)
     shutil.rmtree(out, ignore_errors=True)
     return {"to_last_update_s": to_last, "compile_s": first.get("compile_s"), "updates": len(lines),
