@@ -370,7 +370,8 @@ def chat_model_dirs(tmp_path_factory, chat_tokenizer_dirs) -> dict:
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("chat_models")
     return {s: make_chat_model(root / s, s, chat_tokenizer_dirs[s]) for s in CHAT_STYLES}
-def make_tiny_llama_folder(root: Path, *, redditbias_dir: Path = REDDITBIAS, seed: int = 0) -> Path:
+def make_tiny_llama_folder(root: Path, *, redditbias_dir: Path = REDDITBIAS, seed: int = 0,
+                           max_positions: int = 256) -> Path:
     """A tiny Llama (grouped-query attention, untied head, init 0.2) saved by rbjax with a byte-level
     ``tokenizer.json`` whose post-processor adds the BOS ``<s>`` (:func:`make_tokenizer_json`), as in
     tests/test_families_e2e.py; ``transformers`` loads it. Returns the model folder."""
@@ -381,7 +382,7 @@ def make_tiny_llama_folder(root: Path, *, redditbias_dir: Path = REDDITBIAS, see
     fam = FAMILIES["llama"]
     cfg = fam.config_from_hf({"model_type": "llama", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                              "max_position_embeddings": max_positions, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
                               "initializer_range": PARITY_INIT, "bos_token_id": 1, "eos_token_id": 2,
                               "pad_token_id": 3}, "tiny llama")
     return save_pretrained(fam.init_params(cfg, seed), cfg, Path(root) / "model", tokenizer_dir=tok)

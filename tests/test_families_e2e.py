@@ -11,23 +11,12 @@ import numpy as np
 import pytest
 
 from rbjax.cli import main
-from tests.conftest import PARITY_INIT, make_tokenizer_json, small_train_config
+from tests.conftest import PARITY_INIT, make_tiny_llama_folder, make_tokenizer_json, small_train_config
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory, redditbias_dir):
-    from rbjax.model.hf import save_pretrained
-    from rbjax.model.registry import FAMILIES
-
-    root = tmp_path_factory.mktemp("tiny_llama")
-    tok = make_tokenizer_json(root / "tok", kind="bytelevel", add_bos=True, redditbias_dir=redditbias_dir)
-    fam = FAMILIES["llama"]
-    cfg = fam.config_from_hf({"model_type": "llama", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64,
-                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                              "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-                              "initializer_range": PARITY_INIT, "bos_token_id": 1, "eos_token_id": 2,
-                              "pad_token_id": 3}, "tiny llama")
-    return save_pretrained(fam.init_params(cfg, 0), cfg, root / "model", tokenizer_dir=tok)
+    return make_tiny_llama_folder(tmp_path_factory.mktemp("tiny_llama"), redditbias_dir=redditbias_dir, max_positions=128)
 
 
 def _csv(path):
