@@ -62,7 +62,7 @@ def main() -> int:
     (e, b), = plan.plan[0]
     rows = plan.batch_rows(e, b)
     lengths = np.asarray(data.mask, np.int64).sum(axis=1)[rows]
-    need = packed_need(lengths, plan.row_slots)
+    need = packed_need(lengths, plan.rows)
     figures = []
     for extra in (int(x) for x in args.extra_slots.split(",")):
         shape = (need[0], need[1] + extra)

@@ -11,7 +11,11 @@ from rbjax.debias.data import TrainingData
 from rbjax.train.batching import (
     ArrayData,
     BatchPlan,
+    _bucket,
+    attention_slots,
     choose_packed_shapes,
+    choose_rows,
+    compile_slots,
     pack_index,
     pack_micro_batch,
     packed_need,
@@ -35,14 +39,18 @@ PARAM_ATOL = 1e-5  # parameters after three updates, absolute (GPT-2 init N(0, 0
 
 
 # ---------------------------------------------------------------------------------------------- host packing
-def test_pack_index_round_trip_and_first_fit():
+def test_pack_index_round_trip_and_balanced_rows():
     lengths = np.array([5, 0, 3, 7, 2])
     mask = (np.arange(8)[None] < lengths[:, None]).astype(np.int32)
-    assert pack_micro_batch(lengths, 32) == [[0, 2, 3, 4]]  # fits one row: batch order, filler left out
-    assert packed_need(lengths, 32) == (1, 17)
-    rows = pack_micro_batch(lengths, 8)  # first-fit decreasing: 7 | 5+3 | 2 → [3], [0, 2], [4]... as placed
-    assert sorted(b for r in rows for b in r) == [0, 2, 3, 4] and all(lengths[r].sum() <= 8 for r in rows)
-    assert packed_need(lengths, 8) == (len(rows), 8)
+    assert pack_micro_batch(lengths, 1) == [[0, 2, 3, 4]]  # one row: batch order, filler left out
+    assert packed_need(lengths, 1) == (1, 17)
+    # longest first into the emptiest row, by hand: 7 → r0, 5 → r1, 3 → r1 (5 < 7), 2 → r0 (7 < 8): loads 9 | 8
+    assert pack_micro_batch(lengths, 2) == [[3, 4], [0, 2]]
+    assert packed_need(lengths, 2) == (2, 9)
+    assert pack_micro_batch(lengths, 9) == [[3], [0], [2], [4]]  # no more rows than examples, none empty
+    assert packed_need(lengths, 9) == (9, 7)
+    rows = pack_micro_batch(lengths, 3)  # 7 | 5 | 3+2
+    assert rows == [[3], [0], [2, 4]] and packed_need(lengths, 3) == (3, 7)
     pack, unpack = pack_index(mask, rows, (len(rows) + 1, 9))
     flat = np.arange(mask.size).reshape(mask.shape)
     # every real token has exactly one slot, and the two indices invert each other
@@ -55,15 +63,65 @@ def test_pack_index_round_trip_and_first_fit():
 
 def test_choose_packed_shapes_covers_every_need_with_at_most_k():
     rng = np.random.default_rng(0)
-    needs = [(1, int(n)) for n in rng.integers(40, 140, 200)] + [(2, 256)]
-    cost = []
-    for k in (1, 2, 3, 4):
-        shapes = choose_packed_shapes(needs, [1] * len(needs), k)
-        assert len(shapes) <= k and shapes[-1] == (2, 256)
-        assert all(any(s >= n for s in shapes) for n in needs)
-        taken = [min(s for s in shapes if s >= n) for n in needs]  # each update's shape: the smallest that fits
-        cost.append(sum(r * c for r, c in taken))
-    assert cost == sorted(cost, reverse=True) and cost[-1] < cost[0]  # more shapes never cost more slots
+    needs = [(2, int(n)) for n in rng.integers(40, 140, 200)]
+    for attention in (float("inf"), 100.0):
+        cost = []
+        for k in (1, 2, 3, 4):
+            shapes = choose_packed_shapes(needs, [1] * len(needs), k, attention=attention)
+            assert len(shapes) <= k and shapes[-1] == max(needs)
+            assert all(any(s >= n for s in shapes) for n in needs)
+            taken = [min(s for s in shapes if s >= n) for n in needs]  # each update's shape: the smallest that fits
+            cost.append(sum(r * c * (1 + c / attention) for r, c in taken))
+        assert cost == sorted(cost, reverse=True) and cost[-1] < cost[0]  # more shapes never cost more
+        # exhaustive check of the dynamic programme for two shapes: no pair of needs' slots costs less
+        best = min(sum(r * c * (1 + c / attention) for r, c in [min(s for s in (x, y) if s >= n) for n in needs])
+                   for x in set(needs) for y in set(needs) if max(x, y) == max(needs))
+        assert cost[1] == pytest.approx(best)
+
+
+def test_choose_rows_splits_long_micro_batches_only_where_the_attention_pays():
+    rng = np.random.default_rng(1)
+    # DST-like micro-batches: 12 turns of 30–110 tokens (≈ 600 a micro-batch); RedditBias-like: 8 phrases of 8–36
+    dst = [rng.integers(30, 110, 12) for _ in range(40)]
+    lm = [rng.integers(8, 36, 8) for _ in range(40)]
+    updates = [[i] for i in range(40)]
+    A = attention_slots(768)
+    assert choose_rows(dst, updates, 4, compile_slots(768), float("inf")) == (1, choose_packed_shapes(
+        [packed_need(x, 1) for x in dst], [1] * 40, 4, compile_slots(768)))  # slots alone: one row
+    r_dst, shapes = choose_rows(dst, updates, 4, compile_slots(768), A)
+    r_lm, _ = choose_rows(lm, updates, 4, compile_slots(768), A)
+    assert r_dst >= 3 and r_lm <= 2
+    assert all(s[0] == r_dst for s in shapes)
+
+    def plan_cost(r):
+        _, c = _bucket([packed_need(x, r) for x in dst], [1] * 40, 4, compile_slots(768), A)
+        return c
+
+    assert plan_cost(r_dst) == min(plan_cost(r) for r in range(1, 13))
+    # the chosen rows cost less than one row by the model's own measure, by the attention they save
+    assert plan_cost(r_dst) < 0.8 * plan_cost(1)
+
+
+def test_plan_of_long_micro_batches_packs_them_into_several_rows():
+    rng = np.random.default_rng(2)
+    n, L = 48, 112
+    lengths = rng.integers(30, L, n)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    data = ArrayData({"input_ids": rng.integers(0, 50, (n, L)).astype(np.int32), "attention_mask": mask,
+                      "labels": np.zeros(n, np.float32)}, pad_id=0)
+    plan = BatchPlan(data, 12, 2, 1, 0, layout="packed", compile_slots=compile_slots(768),
+                     attention_slots=attention_slots(768))
+    assert plan.rows > 1 and all(s[0] == plan.rows for s in plan.shapes)
+    for u in range(len(plan.plan)):
+        b = plan.update_batch(u)
+        assert b["pack"].shape[1:] == plan.update_shape(u)
+        for a in range(b["pack"].shape[0]):  # every real token in exactly one slot
+            real = np.sort(b["pack"][a][b["pack"][a] >= 0])
+            np.testing.assert_array_equal(real, np.flatnonzero(b["attention_mask"][a].reshape(-1)))
+    one = BatchPlan(data, 12, 2, 1, 0, layout="packed", rows=1)
+    assert one.rows == 1 and all(s[0] == 1 for s in one.shapes)
+    with pytest.raises(ValueError, match="rows"):
+        BatchPlan(data, 12, 2, 1, 0, layout="packed", rows=0)
 
 
 # ---------------------------------------------------------------------------------------- packed == padded
@@ -164,10 +222,10 @@ def _dialog_batch(rng, lengths, L=12, with_loss_mask=False):
     return batch
 
 
-def _packed(batch, capacity):
+def _packed(batch, n_rows):
     lengths = batch["attention_mask"].sum(1)
-    rows = pack_micro_batch(lengths, capacity)
-    need = packed_need(lengths, capacity)
+    rows = pack_micro_batch(lengths, n_rows)
+    need = packed_need(lengths, n_rows)
     pack, unpack = pack_index(batch["attention_mask"], rows, (need[0] + 1, need[1] + 2))  # room to spare
     return {**batch, "pack": pack, "unpack": unpack}
 
@@ -184,8 +242,8 @@ def test_dialog_task_losses_packed_equal_padded(method):
     batch = _dialog_batch(rng, [12, 9, 7, 0, 11, 3], with_loss_mask=method == "crg")  # a full row, a filler row
     ref, _ = batch_losses(params, batch, jnp.ones(2), None, spec)
     g_ref = jax.grad(lambda p: batch_losses(p, batch, jnp.ones(2), None, spec)[0])(params)
-    for capacity in (64, 14):  # one row; several rows
-        pb = _packed(batch, capacity)
+    for n_rows in (1, 3):  # one row; several rows
+        pb = _packed(batch, n_rows)
         got, _ = batch_losses(params, pb, jnp.ones(2), None, spec)
         assert float(got) == pytest.approx(float(ref), rel=LOSS_RTOL)
         g = jax.grad(lambda p: batch_losses(p, pb, jnp.ones(2), None, spec)[0])(params)

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 __all__ = ["LAYOUTS", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key", "ArrayData", "BatchPlan",
-           "pack_micro_batch", "packed_need", "pack_index", "choose_packed_shapes", "PACKED_ROW_SLOTS",
-           "PACKED_SHAPES", "COMPILE_SLOTS_768", "compile_slots", "sha256_arrays"]
+           "pack_micro_batch", "packed_need", "pack_index", "choose_packed_shapes", "choose_rows", "row_cost",
+           "PACKED_SHAPES", "COMPILE_SLOTS_768", "compile_slots", "ATTENTION_SLOTS_768", "attention_slots",
+           "sha256_arrays"]
 
 #: token layouts of a micro-batch (:class:`BatchPlan`): ``packed`` (the examples' tokens side by side in a few rows,
 #: no update computes on padding) or ``padded`` (one row of ``block_size`` per example)
@@ -122,11 +123,6 @@ def dropout_key(seed: int, epoch: int, batch_index: int):
 
 
 # ------------------------------------------------------------------------------------------------------ packing
-#: default slots of a packed row: a micro-batch whose tokens fit goes into one row of its own length; a larger one
-#: into rows of this many slots (GPT-2's context; attention costs O(row²) per row, ≈ 13 % of a DialoGPT-small layer at
-#: 600 slots: DST's micro-batches of 12 turns, ≈ 550 tokens, then fill one row, 96 % real, against 60 % in two rows
-#: of 512)
-PACKED_ROW_SLOTS = 1024
 #: default number of packed shapes per batch plan, at most (one compiled training program each)
 PACKED_SHAPES = 4
 #: the compile time of one training program of the DialoGPT-small shape (width 768, LM loss) in token slots of its
@@ -134,6 +130,12 @@ PACKED_SHAPES = 4
 #: benchmarks/bench_compile_slots.py (benchmarks/RESULTS.md, "Compile time and packed shapes"); a warm compilation
 #: cache makes compiling free, so this only matters for a run's first compile
 COMPILE_SLOTS_768 = 1450.0
+#: the attention's share of a training update at width 768 as a row length: a packed row of ``Lp`` slots costs
+#: ``Lp · (1 + Lp / ATTENTION_SLOTS_768)`` slots' worth of computation (the block-diagonal attention of a row —
+#: scores, mask, softmax, the dropout mask of its probabilities and their gradients — is computed densely, so it grows
+#: with ``Lp²``). Measured on the project's 2-core CPU by benchmarks/bench_row_length.py (benchmarks/RESULTS.md,
+#: "Packed rows of a DST update"): the same DST micro-batch in 1 to 8 rows.
+ATTENTION_SLOTS_768 = 714.0
 
 
 def compile_slots(hidden_size: int) -> float:
@@ -144,40 +146,52 @@ def compile_slots(hidden_size: int) -> float:
     return COMPILE_SLOTS_768 * (768.0 / max(int(hidden_size), 1)) ** 2
 
 
-def pack_micro_batch(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Examples of a micro-batch assigned to packed rows: one row when all fit in ``capacity`` slots, else first-fit
-    decreasing into rows of ``capacity`` slots (examples keep their batch order within a row).
+def attention_slots(hidden_size: int) -> float:
+    """The row length at which a packed row's attention costs as much as the rest of its update, for a model of
+    width ``hidden_size``: :data:`ATTENTION_SLOTS_768`, scaled by width / 768 for wider models (per token and
+    layer, the attention grows with ``Lp · width`` and the projections and MLP with ``width²``). Narrower models
+    keep the width-768 figure: their updates are bound by per-operation costs, not arithmetic (the same benchmark
+    at width 64 measures about 430). Used to choose the rows of a plan (:func:`choose_rows`)."""
+    return ATTENTION_SLOTS_768 * max(int(hidden_size), 768) / 768.0
+
+
+def row_cost(shape: tuple[int, int], attention: float = float("inf")) -> float:
+    """The computation of a packed ``(R, Lp)`` micro-batch in token slots: ``R · Lp · (1 + Lp / attention)``
+    (:func:`attention_slots`; ``inf``: slots only)."""
+    r, s = shape
+    return float(r) * s * (1.0 + s / attention)
+
+
+def pack_micro_batch(lengths: np.ndarray, n_rows: int) -> list[list[int]]:
+    """Examples of a micro-batch spread over at most ``n_rows`` packed rows, as evenly as it goes: longest first,
+    each into the row with the fewest tokens so far (the lowest on ties; Graham's LPT rule, whose fullest row is
+    within 4/3 of the best possible). Examples keep their batch order within a row; empty rows are left out.
 
     Args:
-        lengths: ``(B,)`` real tokens of each example (0 for filler rows, which get no slot).
-        capacity: slots per row (≥ the longest example).
+        lengths: ``(B,)`` real tokens of each example (0 for filler rows, which get no slot). n_rows: ≥ 1.
 
     Returns:
         rows, each the list of example indices it holds (empty examples are left out).
     """
-    if int(lengths.sum()) <= capacity:
-        return [[b for b in range(len(lengths)) if lengths[b] > 0]]
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for b in sorted((b for b in range(len(lengths)) if lengths[b] > 0), key=lambda b: -int(lengths[b])):
-        r = next((r for r in range(len(rows)) if free[r] >= lengths[b]), None)
-        if r is None:
-            rows.append([])
-            free.append(capacity)
-            r = len(rows) - 1
+    real = [b for b in range(len(lengths)) if lengths[b] > 0]
+    n = max(1, min(int(n_rows), len(real)))
+    if n == 1:
+        return [real] if real else [[]]
+    rows: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for b in sorted(real, key=lambda b: (-int(lengths[b]), b)):
+        r = min(range(n), key=load.__getitem__)
         rows[r].append(b)
-        free[r] -= int(lengths[b])
-    return [sorted(r) for r in rows]
+        load[r] += int(lengths[b])
+    return [sorted(r) for r in rows if r]
 
 
-def packed_need(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
-    """``(rows, slots per row)`` a micro-batch needs packed: ``(1, Σ lengths)`` when it fits one row, else
-    ``(rows, capacity)``. These pairs are totally ordered (compare as tuples) and a micro-batch fits every shape at
-    or above its need."""
-    rows = pack_micro_batch(lengths, capacity)
-    if len(rows) <= 1:
-        return 1, max(int(lengths.sum()), 1)
-    return len(rows), int(capacity)
+def packed_need(lengths: np.ndarray, n_rows: int) -> tuple[int, int]:
+    """``(n_rows, slots of the fullest row)`` a micro-batch needs packed into ``n_rows`` rows
+    (:func:`pack_micro_batch`). For a fixed ``n_rows`` these are ordered by their slots, and a micro-batch fits every
+    shape ``(n_rows, s)`` with ``s`` at or above its need."""
+    rows = pack_micro_batch(lengths, n_rows)
+    return int(n_rows), max(1, max(int(lengths[r].sum()) for r in rows) if rows and rows[0] else 1)
 
 
 def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[int, int]
@@ -214,47 +228,81 @@ def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[i
 
 
 def choose_packed_shapes(needs: list[tuple[int, int]], weights: list[int], max_shapes: int,
-                         compile_slots: float = 0.0) -> list[tuple[int, int]]:
-    """At most ``max_shapes`` packed shapes that every need fits, chosen to minimise the slots computed plus the
+                         compile_slots: float = 0.0, attention: float = float("inf")) -> list[tuple[int, int]]:
+    """At most ``max_shapes`` packed shapes that every need fits, chosen to minimise the computation plus the
     compilation of one program per shape.
 
     Optimal 1-D bucketing (dynamic programme over the sorted distinct needs): each update takes the smallest chosen
-    shape at or above its need, and costs ``weight × rows × slots`` (``weight``: its micro-batches); each shape costs
-    ``compile_slots`` more (its program's compile time, in the time of computing that many token slots), so a short
-    run takes fewer shapes than a long one.
+    shape at or above its need, and costs ``weight × row_cost(shape)`` (``weight``: its micro-batches;
+    :func:`row_cost`: slots, with the attention's quadratic part); each shape costs ``compile_slots`` more (its
+    program's compile time, in the time of computing that many token slots), so a short run takes fewer shapes than
+    a long one.
 
     Args:
         needs: ``(rows, slots)`` of each update (:func:`packed_need`, the maximum over its micro-batches).
         weights: micro-batches of each update. max_shapes: ≥ 1. compile_slots: ≥ 0 (0: as many shapes as help).
+        attention: :func:`attention_slots` (``inf``: the cost is the slots alone).
 
     Returns:
         the chosen shapes, ascending (the largest is the largest need).
     """
+    return _bucket(needs, weights, max_shapes, compile_slots, attention)[0]
+
+
+def _bucket(needs, weights, max_shapes, compile_slots, attention) -> tuple[list[tuple[int, int]], float]:
+    """:func:`choose_packed_shapes` and its cost (computation + compilation, in slots)."""
     vals = sorted(set(needs))
     w = {v: 0 for v in vals}
     for n, k in zip(needs, weights):
         w[n] += k
     n = len(vals)
     K = max(1, min(int(max_shapes), n))
-    size = [r * s for r, s in vals]
-    cum = np.cumsum([0] + [w[v] for v in vals])  # weight of vals[:i]
-    INF = float("inf")
-    # best[k][i]: cost of covering vals[:i] with k shapes, the last one being vals[i-1]
-    best = [[INF] * (n + 1) for _ in range(K + 1)]
-    arg = [[-1] * (n + 1) for _ in range(K + 1)]
-    best[0][0] = 0.0
+    size = np.array([row_cost(v, attention) for v in vals])
+    cum = np.cumsum([0] + [w[v] for v in vals]).astype(np.float64)  # weight of vals[:i]
+    # best[k, i]: cost of covering vals[:i] with k shapes, the last one being vals[i-1]
+    best = np.full((K + 1, n + 1), np.inf)
+    arg = np.full((K + 1, n + 1), -1, np.int64)
+    best[0, 0] = 0.0
     for k in range(1, K + 1):
-        for i in range(1, n + 1):
-            for j in range(i):  # vals[j:i] take shape vals[i-1]
-                c = best[k - 1][j] + (cum[i] - cum[j]) * size[i - 1]
-                if c < best[k][i]:
-                    best[k][i], arg[k][i] = c, j
-    k = min(range(1, K + 1), key=lambda k: best[k][n] + k * float(compile_slots))
+        for i in range(1, n + 1):  # vals[j:i] take shape vals[i-1], j < i
+            c = best[k - 1, :i] + (cum[i] - cum[:i]) * size[i - 1]
+            j = int(np.argmin(c))
+            best[k, i], arg[k, i] = c[j], j
+    total = best[1:, n] + np.arange(1, K + 1) * float(compile_slots)
+    k = int(np.argmin(total)) + 1
     out, i = [], n
     while i > 0:
         out.append(vals[i - 1])
-        i, k = arg[k][i], k - 1
-    return sorted(out)
+        i, k = int(arg[k, i]), k - 1
+    return sorted(out), float(total.min())
+
+
+def choose_rows(lengths: list[np.ndarray], updates: list[list[int]], max_shapes: int, compile_slots: float = 0.0,
+                attention: float = float("inf"), max_rows: int = 16) -> tuple[int, list[tuple[int, int]]]:
+    """The packed rows of a plan's micro-batches and the plan's shapes: the row count whose shapes
+    (:func:`choose_packed_shapes`) cost least over the whole plan.
+
+    Fewer rows waste fewer slots (a row is as long as its fullest member allows); more, shorter rows spend less on
+    the attention, which grows with the square of a row's length (:func:`row_cost`). RedditBias phrases (≈ 120
+    tokens a micro-batch) take one row or two, DST's micro-batches of 12 turns (≈ 550 tokens) several.
+
+    Args:
+        lengths: real tokens of each micro-batch's examples (``(B,)`` each).
+        updates: the micro-batch indices (into ``lengths``) of each update.
+        max_shapes, compile_slots, attention: as :func:`choose_packed_shapes`. max_rows: rows tried, at most.
+
+    Returns:
+        ``(rows, shapes)``; ties go to fewer rows.
+    """
+    most = max(1, max(int((np.asarray(x) > 0).sum()) for x in lengths))
+    best = None
+    for r in range(1, min(most, int(max_rows)) + 1):
+        need = [packed_need(x, r) for x in lengths]
+        shapes, cost = _bucket([max(need[i] for i in u) for u in updates], [len(u) for u in updates], max_shapes,
+                               compile_slots, attention)
+        if best is None or cost < best[0]:
+            best = (cost, r, shapes)
+    return best[1], best[2]
 
 
 # ------------------------------------------------------------------------------------------------ data, plans
@@ -332,10 +380,12 @@ class BatchPlan:
             ``n_examples``, ``pad_id``, ``triggers(ids, mask, rows)``), e.g. :class:`rbjax.debias.data.TrainingData`.
         batch_size, grad_accum, epochs, seed, leftover, max_steps: see :class:`rbjax.train.config.TrainerConfig`.
         layout: ``packed`` or ``padded`` (default; the trainer passes ``TrainerConfig.layout``).
-        row_slots: slots of a packed row when a micro-batch does not fit one row (default
-            :data:`PACKED_ROW_SLOTS`, at least the block size). max_shapes: packed shapes per plan, at most.
+        rows: packed rows of every micro-batch (default: chosen for the plan by :func:`choose_rows`).
+            max_shapes: packed shapes per plan, at most.
         compile_slots: the compile time of one program, in token slots of computation (:func:`compile_slots`; 0:
             the plan takes every shape up to ``max_shapes`` that saves slots).
+        attention_slots: the attention's cost as a row length (:func:`attention_slots`; ``inf``, the default:
+            slots alone count, so every micro-batch takes one row).
 
     Attributes:
         n_batches: micro-batches per epoch. plan: ``plan[u]`` = ``[(epoch, batch_index), ...]`` of update u.
@@ -348,14 +398,15 @@ class BatchPlan:
     @classmethod
     def of_run(cls, data, cfg, **kw) -> "BatchPlan":
         """The plan of a run's settings ``cfg`` (:class:`rbjax.train.config.TrainerConfig`: batch size,
-        accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``row_slots``, ``max_shapes``,
-        ``compile_slots``."""
+        accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``rows``, ``max_shapes``,
+        ``compile_slots``, ``attention_slots``."""
         return cls(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover, cfg.max_steps,
                    layout=cfg.layout, **kw)
 
     def __init__(self, data, batch_size: int, grad_accum: int, epochs: int, seed: int,
                  leftover: str = "drop", max_steps: int | None = None, *, layout: str = "padded",
-                 row_slots: int | None = None, max_shapes: int = PACKED_SHAPES, compile_slots: float = 0.0):
+                 rows: int | None = None, max_shapes: int = PACKED_SHAPES, compile_slots: float = 0.0,
+                 attention_slots: float = float("inf")):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.data = data
@@ -366,13 +417,28 @@ class BatchPlan:
         self._perms: dict[int, np.ndarray] = {}
         self._cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._lengths = np.asarray(data.mask, np.int64).sum(axis=1)
-        self.row_slots = max(int(row_slots or PACKED_ROW_SLOTS), int(data.ids.shape[1]))
+        self.rows = 1
         self.shapes: list[tuple[int, int]] = []
         self._update_shape: list[tuple[int, int]] = []
         if layout == "packed":
-            needs = [max(packed_need(self._lengths[self.batch_rows(e, b)], self.row_slots) for e, b in mbs)
+            index: dict[tuple[int, int], int] = {}
+            for mbs in self.plan:
+                for m in mbs:
+                    index.setdefault(m, len(index))
+            lengths = [self._lengths[self.batch_rows(e, b)] for e, b in index]
+            updates = [[index[m] for m in mbs] for mbs in self.plan]
+            if rows is None:
+                self.rows, self.shapes = choose_rows(lengths, updates, max_shapes, compile_slots, attention_slots)
+            else:
+                if int(rows) < 1:
+                    raise ValueError(f"rows must be >= 1, got {rows}")
+                self.rows = int(rows)
+                need = [packed_need(x, self.rows) for x in lengths]
+                self.shapes = choose_packed_shapes([max(need[i] for i in u) for u in updates],
+                                                   [len(u) for u in updates], max_shapes, compile_slots,
+                                                   attention_slots)
+            needs = [max(packed_need(self._lengths[self.batch_rows(e, b)], self.rows) for e, b in mbs)
                      for mbs in self.plan]
-            self.shapes = choose_packed_shapes(needs, [len(m) for m in self.plan], max_shapes, compile_slots)
             self._update_shape = [next(s for s in self.shapes if s >= n) for n in needs]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
@@ -398,8 +464,8 @@ class BatchPlan:
         out = {"input_ids": ids, "attention_mask": mask, **d.triggers(ids, mask, rows)}
         if self.layout == "packed":
             lengths = mask.sum(axis=1)
-            members = pack_micro_batch(lengths, self.row_slots)
-            shape = shape or packed_need(lengths, self.row_slots)
+            members = pack_micro_batch(lengths, self.rows)
+            shape = shape or packed_need(lengths, self.rows)
             out["pack"], out["unpack"] = pack_index(mask, members, shape)
         return out
 

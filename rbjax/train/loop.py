@@ -51,7 +51,7 @@ from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import why_not_reusable
 from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
-from rbjax.train.batching import BatchPlan, compile_slots
+from rbjax.train.batching import BatchPlan, attention_slots, compile_slots
 from rbjax.train.checkpoint import Checkpointer, all_finite
 from rbjax.train.config import TrainerConfig
 from rbjax.train.frozen import combine, split, trainable_rule
@@ -65,8 +65,10 @@ log = get_logger("train")
 
 #: a run stops when a point skipped this many updates in a row for non-finite gradients
 MAX_CONSECUTIVE_SKIPS = 25
-#: bumped when the checkpoint content changes incompatibly (older checkpoints are then not resumed)
-CHECKPOINT_FORMAT = 3
+#: bumped when the checkpoint content or a run's trajectory changes incompatibly (older checkpoints are then not
+#: resumed): 4 — packed micro-batches spread over several rows where the attention pays for it (the dropout masks of
+#: a packed run follow its rows)
+CHECKPOINT_FORMAT = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +167,9 @@ class Trainer:
         self.objective = objective
         self.optimizer = optimizer
         self.data = data
-        self.plan = plan or BatchPlan.of_run(self.data, cfg, compile_slots=compile_slots(self.config.hidden_size))
+        width = self.config.hidden_size
+        self.plan = plan or BatchPlan.of_run(self.data, cfg, compile_slots=compile_slots(width),
+                                             attention_slots=attention_slots(width))
         if self.plan.layout != cfg.layout:
             raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
         self.stacked = isinstance(points, (list, tuple))
@@ -495,6 +499,11 @@ class Trainer:
                 mf.close()
             if ckpt is not None:
                 ckpt.close()
+        if flag:  # the signal came after the last update's check (e.g. during its checkpoint write): honour it
+            where = (f"its checkpoint is saved in {out / 'checkpoints'}; run the same command again to go on from "
+                     "it") if ckpt is not None else "nothing was saved (checkpoints are off)"
+            raise Interrupted(f"rbjax: {flag.signal_name} — training stopped after update {end}/{self.t_total}, "
+                              f"before what follows it; {where}.")
         summary["train_s"] = time.perf_counter() - t_run
         summary["last"] = last[0] if (last and not self.stacked) else (last or None)
         n_upd = end - start
