@@ -95,7 +95,7 @@ def run_rbjax(method: str, model: Path, work: Path, cache: Path, steps: int) -> 
                 time.sleep(0.5)
             if p.poll() is None:
                 time.sleep(1.0)  # (the last line written whole)
-                p.kill()  # (SIGTERM is taken as a request to stop cleanly, which the evaluation finishes first)
+                p.terminate()  # SIGTERM: rbjax stops (its training is saved) instead of evaluating
                 p.wait()
             elif p.returncode != 0:
                 err.seek(0)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from rbjax import __version__
 from rbjax.commands import CLIError, HelpFormatter  # noqa: F401 (CLIError: part of the CLI's API)
@@ -17,6 +19,7 @@ from rbjax.commands.options import OptionParser
 from rbjax.core.compilation import CompileCounter, enable_compile_cache
 from rbjax.core.distributed import initialize, requested
 from rbjax.core.errors import SettingError
+from rbjax.core.interrupt import Interrupted
 from rbjax.core.log import get_logger
 
 #: subcommand modules, in the order shown by ``rbjax --help``
@@ -106,12 +109,26 @@ def option_for(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: 
     return None
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (a job scheduler's stop, ``kill``) stops rbjax as Ctrl-C does: outside training (scoring,
+    evaluation, reports) it raises ``KeyboardInterrupt`` at once, so the command exits with 130 and a message
+    instead of dying mid-write; training polls it between updates and saves first
+    (:func:`rbjax.core.interrupt.deferred_interrupts`)."""
+    def stop(signum, frame):
+        raise Interrupted("rbjax: SIGTERM — stopped; what was written before it is kept (every result file is "
+                          "written whole or not at all), the work in progress is not")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def console_main() -> None:  # pragma: no cover (the process exits)
     """The ``rbjax`` console script (and ``python -m rbjax``): :func:`main`, then exit with its code.
 
     After Ctrl-C the process leaves with ``os._exit``: everything rbjax keeps is already written (atomically), and a
     normal interpreter shutdown can crash in a JAX compile thread still running (a segfault instead of exit 130).
     """
+    stop_on_sigterm()
     rc = main()
     if rc == 130:
         sys.stdout.flush()

@@ -344,3 +344,51 @@ def test_whole_run_totals_sum_every_session(tmp_path):
     assert whole_run_totals(p, 4)["tokens"] == 17
     p.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] != 3))
     assert whole_run_totals(p, 4) is None and whole_run_totals(tmp_path / "none.jsonl", 4) is None
+
+
+def test_a_signal_during_the_last_checkpoint_write_is_not_lost(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                               tmp_path, monkeypatch):
+    """SIGTERM while the last update's checkpoint is written (after the loop's last look at the flag): training
+    is saved and complete, and the run stops there instead of going on to what follows (evaluation)."""
+    from rbjax.core.interrupt import Interrupted
+    from rbjax.train.checkpoint import Checkpointer
+
+    real = Checkpointer.save
+
+    def save_and_signal(self, step, *a, **kw):
+        out = real(self, step, *a, **kw)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Checkpointer, "save", save_and_signal)
+    cfg = _cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=2, save_every=100)
+    with pytest.raises(Interrupted) as ei:
+        debias_trainer(cfg).run()
+    assert "SIGTERM" in str(ei.value) and "update 2/2" in str(ei.value) and "run the same command again" in str(
+        ei.value)
+    monkeypatch.setattr(Checkpointer, "save", real)
+    res = debias_trainer(cfg).run()
+    assert res.resumed_from == 2 and res.finished
+
+
+def test_sigterm_outside_training_stops_the_command_at_once():
+    """The console script turns SIGTERM into an interrupt everywhere, not only in training: exit 130 within
+    seconds, a message, no traceback. The stand-in for a long evaluation is a slow step inside the command
+    (``enable_compile_cache`` made to wait)."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time, rbjax.cli as c\n"
+            "def slow(*a):\n    print('ready', flush=True)\n    time.sleep(60)\n"
+            "c.enable_compile_cache = slow\n"
+            "sys.argv = ['rbjax', 'report', 'nowhere']\n"
+            "c.console_main()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode == 130 and "SIGTERM" in err and "Traceback" not in err
