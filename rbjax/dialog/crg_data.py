@@ -221,14 +221,23 @@ def build_crg_arrays(rows: Sequence[DSTC7Row], tokenizer, *, block_size: int = B
     if not ids_list:
         raise ValueError(f"no fine-tuning example left of {len(rows)} row(s) (every context is longer than "
                          f"{block_size - 2} tokens with a response that does not fit)")
+    # the loss starts after the context's closing <eos>: the first response token is predicted from it
+    return _training_arrays(ids_list, [s + 1 for s in starts], block_size, pad, stats)
+
+
+def _training_arrays(ids_list: Sequence[Sequence[int]], loss_starts: Sequence[int], block_size: int, pad_id: int,
+                     stats: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """The fine-tuning arrays of examples given as token ids (each ≤ ``block_size``) and the position where each
+    one's loss starts: ``input_ids`` (padded with ``pad_id``), ``attention_mask`` and ``loss_mask`` (1 from the
+    start to the example's end), all int32 ``(N, block_size)``; ``stats`` gains the example and token counts."""
     n = len(ids_list)
-    input_ids = np.full((n, block_size), pad, np.int32)
+    input_ids = np.full((n, block_size), pad_id, np.int32)
     mask = np.zeros((n, block_size), np.int32)
     loss_mask = np.zeros((n, block_size), np.int32)
-    for i, (ids, s) in enumerate(zip(ids_list, starts)):
+    for i, (ids, start) in enumerate(zip(ids_list, loss_starts)):
         input_ids[i, :len(ids)] = ids
         mask[i, :len(ids)] = 1
-        loss_mask[i, s + 1:len(ids)] = 1
+        loss_mask[i, start:len(ids)] = 1
     stats.update(n_examples=n, n_tokens=int(mask.sum()), n_loss_tokens=int(loss_mask.sum()))
     return {"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask}, stats
 
@@ -297,16 +306,7 @@ def build_chat_crg_arrays(rows: Sequence[DSTC7Row], chat, *, block_size: int = B
     if not kept:
         raise ValueError(f"no fine-tuning example left of {len(rows)} row(s) (the last context turn and the response "
                          f"of every row take more than {block_size} tokens in the chat template)")
-    n = len(kept)
-    input_ids = np.full((n, block_size), pad_id, np.int32)
-    mask = np.zeros((n, block_size), np.int32)
-    loss_mask = np.zeros((n, block_size), np.int32)
-    for i, sp in enumerate(kept):
-        input_ids[i, :len(sp.ids)] = sp.ids
-        mask[i, :len(sp.ids)] = 1
-        loss_mask[i, sp.n_context:len(sp.ids)] = 1
-    stats.update(n_examples=n, n_tokens=int(mask.sum()), n_loss_tokens=int(loss_mask.sum()))
-    return {"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask}, stats
+    return _training_arrays([sp.ids for sp in kept], [sp.n_context for sp in kept], block_size, pad_id, stats)
 
 
 def read_reference_sets(paths: Sequence[str | os.PathLike], n_examples: int) -> list[list[str]]:
