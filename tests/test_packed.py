@@ -81,16 +81,19 @@ def test_choose_packed_shapes_covers_every_need_with_at_most_k():
 
 def test_choose_rows_splits_long_micro_batches_only_where_the_attention_pays():
     rng = np.random.default_rng(1)
-    # DST-like micro-batches: 12 turns of 30–110 tokens (≈ 600 a micro-batch); RedditBias-like: 8 phrases of 8–36
+    # DST-like micro-batches: 12 turns of 30–110 tokens (≈ 600 a micro-batch); RedditBias-like: 8 phrases of 8–36;
+    # short: 4 phrases of 5–10 (≈ 30)
     dst = [rng.integers(30, 110, 12) for _ in range(40)]
     lm = [rng.integers(8, 36, 8) for _ in range(40)]
+    short = [rng.integers(5, 10, 4) for _ in range(40)]
     updates = [[i] for i in range(40)]
     A = attention_slots(768)
     assert choose_rows(dst, updates, 4, compile_slots(768), float("inf")) == (1, choose_packed_shapes(
         [packed_need(x, 1) for x in dst], [1] * 40, 4, compile_slots(768)))  # slots alone: one row
     r_dst, shapes = choose_rows(dst, updates, 4, compile_slots(768), A)
     r_lm, _ = choose_rows(lm, updates, 4, compile_slots(768), A)
-    assert r_dst >= 3 and r_lm <= 2
+    r_short, _ = choose_rows(short, updates, 4, compile_slots(768), A)
+    assert r_dst >= 3 and r_short <= r_lm < r_dst  # the longer the micro-batches, the more rows
     assert all(s[0] == r_dst for s in shapes)
 
     def plan_cost(r):

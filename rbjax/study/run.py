@@ -281,12 +281,12 @@ def plan_study(cfg: StudyConfig, out_dir: str | Path, progress: bool = True) -> 
 # ------------------------------------------------------------------------------------------------ cost estimate
 #: figures from benchmarks/RESULTS.md at the DialoGPT-small shape (2-core shared CPU VM); see there
 COSTS = {
-    # bench_packed_train.py, one run (1 December 2026, this 2-core CPU, quiet): the trainer's update as `rbjax debias`
-    # feeds it, religion1, batch 8, LM loss, DialoGPT-small shape: 51.8 real (non-pad) tokens/s in the packed layout
-    # (the default; 96 % of the computed slots real) ...
-    "train_tokens_per_s": 52.0,
-    # ... and, in the same run, the padded 8 × 36 layout: 32.8 real tokens/s at 41.1 % real slots = 80 slots/s
-    # (every slot computed, real or not)
+    # bench_debias_run.py (3 December 2026, this 2-core CPU, quiet): `rbjax debias --method lm|hd --bias religion1
+    # --batch-size 8`, DialoGPT-small shape, packed layout (the default): 6,942 real (non-pad) tokens in 65.3 s (LM)
+    # and 69.5 s (HD) of updates, ≈ 100 real tokens/s ...
+    "train_tokens_per_s": 100.0,
+    # ... and the padded 8 × 36 layout, bench_packed_train.py (1 December 2026, before the fused optimizer, so
+    # conservative): 32.8 real tokens/s at 41.1 % real slots = 80 slots/s (every slot computed, real or not)
     "train_padded_slots_per_s": 80.0,
     "score_phrases_per_s": 50.0,     # bench_scoring.py: LMB phrases/s (packed scorer is faster; conservative)
     "machine": "2-core CPU (benchmarks/RESULTS.md); divide by your accelerator's speed-up",
