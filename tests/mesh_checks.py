@@ -16,6 +16,8 @@ Checks (each prints ``{"check": NAME, ...figures}`` on one line):
   parameter differences, and the losses of both.
 * ``grid_chunk``: a chunk of 6 grid points (batch 4, padded token layout) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
   the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
+* ``scorer_ahead``: the LMB scorer's programs compiled ahead from the parameters' shapes alone (rows split over the 8
+  devices), then phrases scored: the programs built by each.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
   devices; the training programs compiled (:func:`rbjax.train.step.compiled_programs`), the batch plans, chunks
   and mesh shapes.
@@ -161,7 +163,33 @@ def check_sweep_compiles(args) -> dict:
             "n_devices": jax.device_count(), "meshes": meshes}
 
 
-CHECKS = {"data_parallel": check_data_parallel, "grid_chunk": check_grid_chunk, "sweep_compiles": check_sweep_compiles}
+def check_scorer_ahead(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.core.compilation import CompileCounter
+    from rbjax.lmb.perplexity import PerplexityScorer
+    from rbjax.model.handle import ModelHandle
+
+    model = ModelHandle.open(args.model, args.tokenizer)
+    model.load()
+    lines = (Path(args.data_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    ids = model.tokenizer.encode_batch([ln for ln in lines if ln.strip()][:120])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), model.params)
+    ahead = PerplexityScorer(abstract, model.config, batch_size=8)
+    shapes = ahead.program_shapes(ids)
+    with CompileCounter() as c:
+        n = ahead.compile_programs(shapes)
+    built_ahead = c.built
+    scorer = PerplexityScorer(jax.tree.map(np.asarray, model.params), model.config, batch_size=8)
+    with CompileCounter() as c:
+        scorer.score_ids(ids)
+    return {"programs": n, "built_ahead": built_ahead, "built_scoring": c.built, "n_devices": scorer.n_devices,
+            "used": sorted(list(p[:3]) for p in scorer.programs), "planned": sorted(list(s) for s in shapes)}
+
+
+CHECKS = {"data_parallel": check_data_parallel, "grid_chunk": check_grid_chunk, "sweep_compiles": check_sweep_compiles,
+          "scorer_ahead": check_scorer_ahead}
 
 
 def main(argv=None) -> int:

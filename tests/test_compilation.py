@@ -34,6 +34,47 @@ def test_no_update_compiles_anything(tiny_model_dir, tokenizer_dir, redditbias_d
     assert rec["programs"] == len(shapes) and rec["seconds"] >= 0
 
 
+def test_evaluation_programs_are_compiled_before_the_first_update(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                   tmp_path, monkeypatch):
+    """A debias run with its evaluation (LMB valid of two types, LMP): the evaluation's scoring programs are built
+    with the training programs, before update 1, so the evaluation builds none; without them (the control) it
+    builds some, so the check is not empty. The results are the same either way."""
+    import jax
+
+    import rbjax.debias.run as run_mod
+
+    lines = tmp_path / "lmp.txt"
+    lines.write_text("".join(f"line {i} of the reference set, with a few words more\n" for i in range(20)))
+    built = {}
+    real = run_mod.evaluate_run
+
+    def counted(*a, **kw):
+        with CompileCounter() as c:
+            res = real(*a, **kw)
+        built["evaluation"] = c.built
+        return res
+
+    monkeypatch.setattr(run_mod, "evaluate_run", counted)
+    results = {}
+    for name, ahead in (("ahead", True), ("control", False)):
+        if not ahead:
+            monkeypatch.setattr(run_mod, "evaluation_programs", lambda cfg, trainer: [])
+        jax.clear_caches()  # nothing compiled by an earlier test or run
+        cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / name, method="lm",
+                                 max_steps=2, evaluate=True, eval_bias="religion1,race", lmp=True,
+                                 lmp_file=str(lines), lmp_max_lines=20, eval_batch_size=8)
+        res = run_mod.debias(cfg)
+        results[name] = (res, built["evaluation"])
+    (ahead, ev_ahead), (control, ev_control) = results["ahead"], results["control"]
+    assert ahead["training"]["compile"]["after_training"] >= 2  # LMB and LMP programs, compiled before update 1
+    assert ev_ahead == 0 and ev_control > 0
+    assert control["training"]["compile"]["after_training"] == 0
+    a = {r["bias_type"]: r["t_value"] for r in ahead["lmb_valid"]["all"]}
+    assert set(a) == {"religion1", "race"}
+    assert a == {r["bias_type"]: r["t_value"] for r in control["lmb_valid"]["all"]}
+    assert ahead["lmp"]["perplexity"] == control["lmp"]["perplexity"]
+
+
 _SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path

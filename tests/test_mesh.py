@@ -90,14 +90,14 @@ def test_grid_mesh_uses_as_many_devices_as_any_valid_shape(n_dev):
 
 @pytest.fixture(scope="module")
 def mesh_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
-    """The three 8-device checks of tests/mesh_checks.py, run once in one subprocess (JSON per check)."""
+    """The 8-device checks of tests/mesh_checks.py, run once in one subprocess (JSON per check)."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     env["JAX_PLATFORMS"] = "cpu"
     work = tmp_path_factory.mktemp("mesh_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "mesh_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
-           "data_parallel", "grid_chunk", "sweep_compiles"]
+           "data_parallel", "grid_chunk", "sweep_compiles", "scorer_ahead"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, f"mesh_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     out = {}
@@ -106,6 +106,14 @@ def mesh_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory)
             r = json.loads(ln)
             out[r["check"]] = r
     return out
+
+
+def test_scorer_programs_compiled_ahead_on_8_devices(mesh_checks):
+    """The scorer's programs compiled from the parameters' shapes alone, with the rows split over 8 devices, are the
+    ones a scorer of the real parameters runs: scoring then builds none."""
+    r = mesh_checks["scorer_ahead"]
+    assert r["n_devices"] == 8 and r["programs"] >= 1 and r["built_ahead"] >= r["programs"]
+    assert r["used"] == r["planned"] and r["built_scoring"] == 0
 
 
 def _assert_close(r):

@@ -51,8 +51,10 @@ from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_type
 from rbjax.debias.config import METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
 from rbjax.debias.objective import DebiasObjective
-from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
+from rbjax.dialog.reddit_perplexity import lmp_program_shapes, read_reference_lines, reddit_perplexity
 from rbjax.lmb import measure
+from rbjax.lmb.config import MeasureConfig
+from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.chat import ChatSettings
 from rbjax.model.handle import ModelHandle
 from rbjax.model.hf import model_files_key, save_pretrained
@@ -65,7 +67,8 @@ from rbjax.train.config import AdapterConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 
-__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "chat_fields", "METHODS"]
+__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "evaluation_programs",
+           "chat_fields", "METHODS"]
 
 log = get_logger("debias")
 
@@ -286,6 +289,44 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
     return res
 
 
+def evaluation_programs(cfg: DebiasRun, trainer: Trainer) -> list:
+    """What :func:`evaluate_run` will compile, as jobs for :meth:`rbjax.train.loop.Trainer.run` (``after``): the
+    scoring programs of the LMB valid split of every evaluated type and of the LMP lines, for the trained
+    parameters' shapes, so that they are compiled before the first update with the training programs and the
+    evaluation compiles nothing. Their inputs are read and checked here, before training: a phrase or line that
+    cannot be scored fails the run now, not after it. None on a model-parallel mesh (the scorer then keeps the
+    trained parameters' own placement, known only after training: its programs are compiled when evaluation
+    starts, and are in the persistent compilation cache after the first such run).
+
+    Raises:
+        ValueError: a valid-split phrase or an LMP line that cannot be scored (file and row named).
+    """
+    if is_model_parallel(trainer.mesh) and jax.process_count() == 1:
+        return []
+    ev, model = cfg.evaluation, trainer.model
+    jobs = []
+    if ev.evaluate:
+        chat = MeasureConfig().replace(**chat_fields(cfg.debias)).chat_turns(model.tokenizer)
+        types = _eval_types(cfg)
+
+        def lmb(params) -> int:
+            scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size,
+                                              bos_id=model.bos_id(None))
+            return scorer.compile_programs(measure.pair_program_shapes(
+                scorer, model.tokenizer, types, split="valid", data_dir=cfg.debias.data_dir, chat=chat))
+        jobs.append(lmb)
+    if ev.lmp:
+        lines = read_reference_lines(lmp_reference_file(cfg), ev.lmp_max_lines)
+
+        def lmp(params) -> int:
+            scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size,
+                                              bos_id=model.tokenizer.default_bos_id)
+            return scorer.compile_programs(lmp_program_shapes(scorer, model.tokenizer, lines,
+                                                              block_size=cfg.trainer.block_size))
+        jobs.append(lmp)
+    return jobs
+
+
 def write_config(cfg: DebiasRun, trainer: Trainer) -> None:
 
     data = trainer.data
@@ -441,7 +482,8 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
         log.info(f"{out}: training finished earlier ({training['updates']} updates); reusing {model_out}")
     else:
         write_config(cfg, trainer)
-        result = trainer.run(out, stop_after=stop_after, description=cfg.describe())
+        after = evaluation_programs(cfg, trainer) if stop_after is None else []
+        result = trainer.run(out, stop_after=stop_after, description=cfg.describe(), after=after)
         if not result.finished:
             return {"status": "stopped", "updates_done": result.updates_done, "t_total": result.t_total,
                     "out_dir": str(out)}

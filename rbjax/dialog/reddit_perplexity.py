@@ -33,7 +33,7 @@ from rbjax.core.progress import progress_bar
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.model.handle import ModelHandle
 
-__all__ = ["read_reference_lines", "reddit_perplexity", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
+__all__ = ["read_reference_lines", "reddit_perplexity", "lmp_program_shapes", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
 
 #: block size of the reference's debiasing runs (cai README: ``--block_size=36``)
 BLOCK_SIZE = 36
@@ -97,6 +97,35 @@ def lmp_from_counts(nll_sum: np.ndarray, n_pred: np.ndarray, n_tokens: np.ndarra
     return out
 
 
+def _check_lines(lines, block_size: int, config) -> None:
+    if not lines:
+        raise ValueError("no lines to score")
+    if not 2 <= block_size <= config.max_positions:
+        raise ValueError(f"block_size must be in [2, {config.max_positions}], got {block_size}")
+
+
+def _line_ids(tokenizer, lines: Sequence[str], block_size: int) -> tuple[list[list[int]], int]:
+    """The lines' token ids (no special tokens) cut to ``block_size``, and how many were cut."""
+    toks = tokenizer.encode_batch(list(lines))
+    return [t[:block_size] for t in toks], sum(len(t) > block_size for t in toks)
+
+
+def lmp_program_shapes(scorer: PerplexityScorer, tokenizer, lines: Sequence[str], *,
+                       block_size: int = BLOCK_SIZE) -> set:
+    """The scoring programs (:meth:`rbjax.lmb.perplexity.PerplexityScorer.program_shapes`) that
+    :func:`reddit_perplexity` with ``scorer``'s settings (batch size, ``bos_id``) runs on ``lines``, found
+    without scoring, for compiling them ahead.
+
+    Raises:
+        ValueError: as :func:`reddit_perplexity`.
+    """
+    _check_lines(lines, block_size, scorer.config)
+    try:
+        return scorer.program_shapes(_line_ids(tokenizer, lines, block_size)[0])
+    except PhraseError as e:
+        raise ValueError(f"line {e.index + 1}: {e.problem}") from None
+
+
 def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
                       batch_size: int = 64, progress: Callable[[int], None] | None = None,
                       stacked: bool = False, bos_id: int | None = None, mesh=None) -> dict | list[dict]:
@@ -131,13 +160,8 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
         ValueError: ``block_size`` out of range, empty ``lines``, or a token id outside the model's vocabulary.
     """
 
-    if not lines:
-        raise ValueError("no lines to score")
-    if not 2 <= block_size <= config.max_positions:
-        raise ValueError(f"block_size must be in [2, {config.max_positions}], got {block_size}")
-    toks = tokenizer.encode_batch(list(lines))
-    n_trunc = sum(len(t) > block_size for t in toks)
-    toks = [t[:block_size] for t in toks]
+    _check_lines(lines, block_size, config)
+    toks, n_trunc = _line_ids(tokenizer, lines, block_size)
     n = len(toks)
     lens = np.array([len(t) for t in toks], np.int64)
     try:

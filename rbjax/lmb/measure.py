@@ -198,6 +198,31 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
     return [checked_pair_perplexities(pairs, b, c, skip_unscorable, chat is not None) for b, c in zip(sb, sc)]
 
 
+def pair_program_shapes(scorer: PerplexityScorer, tokenizer, bias_types: str | Sequence[str], *, split: str,
+                        data_dir: str | os.PathLike | None = None, chat: ChatTurns | None = None) -> set:
+    """The scoring programs (:meth:`rbjax.lmb.perplexity.PerplexityScorer.program_shapes`) that
+    :func:`measure_bias` with ``scorer``'s settings will run on the pairs of ``bias_types`` in ``split``, found
+    without scoring: for compiling them ahead (a training run compiles its evaluation's with its own programs).
+
+    Raises:
+        ValueError: a phrase that cannot be scored (file and row named, as :func:`measure_bias` would).
+    """
+    data = RedditBiasData(data_dir)
+    shapes: set = set()
+    for b in expand_bias_types(bias_types):
+        pairs = load_pairs(b, split, data)
+        try:
+            if chat is None:
+                shapes |= scorer.program_shapes(pairs=(tokenizer.encode_batch(list(pairs.biased)),
+                                                       tokenizer.encode_batch(list(pairs.counterfactual))))
+            else:
+                a, c, n_context = chat_pair_ids(chat, pairs)
+                shapes |= scorer.program_shapes(pairs=(a, c), n_context=n_context)
+        except PhraseError as e:
+            raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
+    return shapes
+
+
 def checked_pair_perplexities(pairs: PhrasePairs, sb, sc, skip_unscorable: bool, chat: bool = False):
     """``(biased_ppl, counter_ppl, notes)`` of the :class:`~rbjax.lmb.perplexity.PhraseScores` of ``pairs``' two
     sides: an unscorable pair gets a note (or, without ``skip_unscorable``, a ValueError naming its row), a

@@ -324,6 +324,13 @@ def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None
     return best[1:]
 
 
+def _placed_like(where):
+    """``x -> ShapeDtypeStruct`` of ``x`` placed on ``where`` (a device or a sharding): the abstract value of an
+    array that :func:`jax.device_put` puts there."""
+    sharding = jax.sharding.SingleDeviceSharding(where) if isinstance(where, jax.Device) else where
+    return lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
 def _cast_for_compute(params, dt):
     """Matmul kernels in the compute dtype (cast once); LayerNorm, biases and embeddings stay float32."""
     if dt == jnp.float32:
@@ -390,7 +397,10 @@ class PerplexityScorer:
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
         self.param_dtype = param_dtype
-        params = self.policy.cast_for_storage(params)  # (on the host, or where a mesh's slices lie)
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+            params = jax.eval_shape(self.policy.cast_for_storage, params)
+        else:
+            params = self.policy.cast_for_storage(params)  # (on the host, or where a mesh's slices lie)
         # this process's devices: in a multi-host job every host scores on its own devices (a mesh over other
         # hosts' devices would give arrays this process cannot read)
         devs = list(devices) if devices is not None else jax.local_devices()
@@ -422,12 +432,28 @@ class PerplexityScorer:
                 raise ValueError("stacked params must all have the same leading model axis")
         else:
             self.n_models = None
-        params = jax.device_put(params, self._layout if self._layout is not None else replicated)
-        self.params = params
-        self._compute_params = _cast_for_compute(params, self.dtype)
+        self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
         head = family_of_config(config).lm_head
-        emb = jax.vmap(head)(params) if self.stacked else head(params)  # (V, d), stacked: (M, V, d)
-        self._head_emb = emb.astype(self.dtype) if self.dtype != jnp.float32 else emb
+
+        def head_emb(p):  # (V, d), stacked: (M, V, d)
+            emb = jax.vmap(head)(p) if self.stacked else head(p)
+            return emb.astype(self.dtype) if self.dtype != jnp.float32 else emb
+
+        if self.abstract:  # shapes, dtypes and placements only: for compile_programs (nothing on a device)
+            if self._layout is not None:
+                raise ValueError("an abstract scorer (shapes only) is not available on an fsdp/tensor mesh")
+            at = _placed_like(replicated)
+            self.params = jax.tree.map(at, params)
+            self._compute_params = jax.tree.map(at, jax.eval_shape(partial(_cast_for_compute, dt=self.dtype),
+                                                                   params))
+            self._head_emb = at(jax.eval_shape(head_emb, params))
+        else:
+            params = jax.device_put(params, self._layout if self._layout is not None else replicated)
+            self.params = params
+            self._compute_params = _cast_for_compute(params, self.dtype)
+            emb = head_emb(params)
+            # placed where the parameters are (so that compile_programs knows every argument's placement)
+            self._head_emb = emb if self._layout is not None else jax.device_put(emb, replicated)
         self.programs: set = set()
         self.last_stats: dict = {}
 
@@ -447,11 +473,8 @@ class PerplexityScorer:
             PhraseError: a phrase longer than ``config.max_positions`` or with an id outside the vocabulary.
             ValueError: ``n_context`` of another length, or a count outside ``[0, len(phrase)]``.
         """
-        seqs, firsts = self._prepare(token_ids, None, n_context)
-        live = [s for s, f in zip(seqs, firsts) if len(s) > f]
-        k = _row_context(live, [f for s, f in zip(seqs, firsts) if len(s) > f])
-        trees = [(_single_tree(s, i, f, k) if len(s) > f else None) for i, (s, f) in enumerate(zip(seqs, firsts))]
-        sums, counts = self._run(trees, len(seqs), progress, shared=live[0][:k] if k else ())
+        seqs, trees, shared = self._id_trees(token_ids, n_context)
+        sums, counts = self._run(trees, len(seqs), progress, shared=shared)
         return self._results(sums[0], counts[0], seqs, n_context)
 
     def score_pairs(self, biased_ids: Sequence[Sequence[int]], counter_ids: Sequence[Sequence[int]],
@@ -472,17 +495,9 @@ class PerplexityScorer:
         Raises:
             ValueError: the lists differ in length. PhraseError (with ``side``): a phrase that cannot be scored.
         """
-        if len(biased_ids) != len(counter_ids):
-            raise ValueError(f"{len(biased_ids)} biased phrases but {len(counter_ids)} counterfactuals")
+        (a, c), trees, shared = self._pair_trees(biased_ids, counter_ids, n_context)
+        sums, counts = self._run(trees, len(a), progress, n_skipped_phrases=2, shared=shared)
         na, nc = (None, None) if n_context is None else n_context
-        a, fa = self._prepare(biased_ids, "biased", na)
-        c, fc = self._prepare(counter_ids, "counterfactual", nc)
-        scorable = [len(x) > f or len(y) > g for x, y, f, g in zip(a, c, fa, fc)]
-        live = [x for x, y, ok in zip(a, c, scorable) if ok] + [y for x, y, ok in zip(a, c, scorable) if ok]
-        k = _row_context(live, [f for f, ok in zip(fa, scorable) if ok] + [g for g, ok in zip(fc, scorable) if ok])
-        trees = [(_pair_tree(x, y, i, f, g, k) if ok else None)
-                 for i, (x, y, f, g, ok) in enumerate(zip(a, c, fa, fc, scorable))]
-        sums, counts = self._run(trees, len(a), progress, n_skipped_phrases=2, shared=live[0][:k] if k else ())
         return self._results(sums[0], counts[0], a, na), self._results(sums[1], counts[1], c, nc)
 
     def score_texts(self, texts: Sequence[str], tokenizer, progress=None):
@@ -506,6 +521,48 @@ class PerplexityScorer:
     @property
     def compile_count(self) -> int:
         return len(self.programs)
+
+    def program_shapes(self, token_ids: Sequence[Sequence[int]] | None = None, *,
+                       pairs: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
+                       n_context=None) -> set[tuple[int, int, int]]:
+        """The ``(rows, row_len, head_slots)`` of every batch that :meth:`score_ids` (``token_ids``) or
+        :meth:`score_pairs` (``pairs=(biased_ids, counter_ids)``) would run on these phrases, without running them:
+        the programs a later call needs (:meth:`compile_programs`).
+
+        Raises:
+            the errors of :meth:`score_ids` / :meth:`score_pairs` for phrases that cannot be scored.
+        """
+        if (token_ids is None) == (pairs is None):
+            raise ValueError("give token_ids or pairs")
+        if pairs is not None:
+            _, trees, shared = self._pair_trees(pairs[0], pairs[1], n_context)
+        else:
+            _, trees, shared = self._id_trees(token_ids, n_context)
+        live = [t for t in trees if t is not None]
+        if not live:
+            return set()
+        L, P, batches = self._batches(live, len(shared))
+        return {(r, L, P) for _, r in batches}
+
+    def compile_programs(self, shapes) -> int:
+        """Compile (ahead of time, ``jax.jit(...).lower(...).compile()``) the scoring program of each
+        ``(rows, row_len, head_slots)`` in ``shapes`` (:meth:`program_shapes`) for this scorer's parameters,
+        placement and precision, so that a later :meth:`score_ids` / :meth:`score_pairs` with the same shapes — by
+        this scorer or by any scorer of parameters of the same shapes, dtypes and placement, e.g. one built from
+        the trained parameters after a training run — compiles nothing. Works on an abstract scorer (parameters
+        given as ``jax.ShapeDtypeStruct``). Returns the number of programs."""
+        fn = _packed_nll_models if self.stacked else _packed_nll_jit
+        rows = self._rows_sharding if self.mesh is not None else None
+        as_placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
+        params, head = jax.tree.map(as_placed, self._compute_params), as_placed(self._head_emb)
+        n = 0
+        for R, L, P in sorted(set(shapes)):
+            def arr(*shape):
+                return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows)
+            fn.lower(params, head, arr(R, L), arr(R, L), arr(R, L), arr(R, L), arr(R, P), arr(R, P, 2),
+                     config=self.config, precision=self.precision).compile()
+            n += 1
+        return n
 
     # ------------------------------------------------------------------------------------------- internals
     def _prepare(self, token_ids, side, n_context=None):
@@ -547,6 +604,47 @@ class PerplexityScorer:
             return [one(nll_sum[m], n_scored) for m in range(nll_sum.shape[0])]
         return one(nll_sum[0], n_scored)
 
+    def _id_trees(self, token_ids, n_context):
+        """``(sequences, trees, shared context)`` of :meth:`score_ids`' phrases."""
+        seqs, firsts = self._prepare(token_ids, None, n_context)
+        live = [s for s, f in zip(seqs, firsts) if len(s) > f]
+        k = _row_context(live, [f for s, f in zip(seqs, firsts) if len(s) > f])
+        trees = [(_single_tree(s, i, f, k) if len(s) > f else None) for i, (s, f) in enumerate(zip(seqs, firsts))]
+        return seqs, trees, (live[0][:k] if k else ())
+
+    def _pair_trees(self, biased_ids, counter_ids, n_context):
+        """``((biased, counterfactual sequences), trees, shared context)`` of :meth:`score_pairs`' pairs."""
+        if len(biased_ids) != len(counter_ids):
+            raise ValueError(f"{len(biased_ids)} biased phrases but {len(counter_ids)} counterfactuals")
+        na, nc = (None, None) if n_context is None else n_context
+        a, fa = self._prepare(biased_ids, "biased", na)
+        c, fc = self._prepare(counter_ids, "counterfactual", nc)
+        scorable = [len(x) > f or len(y) > g for x, y, f, g in zip(a, c, fa, fc)]
+        live = [x for x, y, ok in zip(a, c, scorable) if ok] + [y for x, y, ok in zip(a, c, scorable) if ok]
+        k = _row_context(live, [f for f, ok in zip(fa, scorable) if ok] + [g for g, ok in zip(fc, scorable) if ok])
+        trees = [(_pair_tree(x, y, i, f, g, k) if ok else None)
+                 for i, (x, y, f, g, ok) in enumerate(zip(a, c, fa, fc, scorable))]
+        return (a, c), trees, (live[0][:k] if k else ())
+
+    def _batches(self, live, K: int):
+        """Pack the scorable trees ``live`` after a row context of ``K`` slots: ``(L, P, [(rows, R)])``, the row
+        length, the head slots per row and each batch's packed rows (tree indices) with its compiled row count."""
+        sizes = np.array([t.size for t in live])
+        preds = np.array([len(t.pred) for t in live])
+        L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len, K)
+        # rows per batch: a multiple of the device count, and of 4 devices' worth when that large, so that the
+        # last batch can take the smallest multiple of a quarter batch that holds it (≤ 4 programs per L)
+        step = self.n_devices
+        R = -(-max(1, self.batch_size * SLOTS_PER_PHRASE // L) // step) * step
+        if R >= 4 * step:
+            step = -(-R // (4 * step)) * step
+            R = 4 * step
+        batches = []
+        for start in range(0, len(rows), R):
+            chunk = rows[start:start + R]
+            batches.append((chunk, -(-len(chunk) // step) * step))
+        return L, P, batches
+
     def _run(self, trees, n, progress, n_skipped_phrases=1, shared=()):
         """Pack ``trees`` (None = nothing to predict) after the row context ``shared`` (token ids at the start of
         every row), run every batch, return per-owner sums and counts: ``sums`` (2, M, n) float64 (owner a /
@@ -559,22 +657,14 @@ class PerplexityScorer:
         stats = dict(phrases=0, phrase_tokens=0, slots_run=0, slots_total=0, predicting=0, head_rows=0,
                      batches=0, rows=0)
         if live:
-            sizes = np.array([t.size for t in live])
-            preds = np.array([len(t.pred) for t in live])
+            if self.abstract:
+                raise ValueError("this scorer is abstract (parameter shapes only): it compiles, it cannot score")
             K = len(shared)
-            L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len, K)
-            stats.update(slots_run=int(sizes.sum()) + K * len(rows), predicting=int(preds.sum()), rows=len(rows),
+            L, P, batches = self._batches(live, K)
+            stats.update(slots_run=int(sum(t.size for t in live)) + K * sum(len(c) for c, _ in batches),
+                         predicting=int(sum(len(t.pred) for t in live)), rows=sum(len(c) for c, _ in batches),
                          row_len=L, head_slots=P, row_context=K)
-            # rows per batch: a multiple of the device count, and of 4 devices' worth when that large, so that the
-            # last batch can take the smallest multiple of a quarter batch that holds it (≤ 4 programs per L)
-            step = self.n_devices
-            R = -(-max(1, self.batch_size * SLOTS_PER_PHRASE // L) // step) * step
-            if R >= 4 * step:
-                step = -(-R // (4 * step)) * step
-                R = 4 * step
-            for start in range(0, len(rows), R):
-                chunk = rows[start:start + R]
-                r = -(-len(chunk) // step) * step
+            for chunk, r in batches:
                 self._batch(chunk, live, r, L, P, sums, counts, shared)
                 stats["batches"] += 1
                 stats["slots_total"] += r * L

@@ -299,16 +299,23 @@ class Trainer:
         follow from the data)."""
         return len(self.plan.plan[u]), self.plan.update_shape(u)
 
-    def compile(self, state, start: int = 0, end: int | None = None) -> tuple[dict, dict]:
+    def compile(self, state, start: int = 0, end: int | None = None, after=()) -> tuple[dict, dict]:
         """Compile, before the first update, the program of every update in ``[start, end)`` (one per micro-batch
         count and packed shape), several at once on a thread pool (XLA compiles outside Python's lock); a program
         already compiled in this process (an earlier chunk of a sweep) or in the persistent compilation cache
         (:mod:`rbjax.core.compilation`) is not compiled again.
 
+        Args:
+            after: what runs after training, compiled in the same pool (e.g. the evaluation's scoring programs,
+                :func:`rbjax.debias.run.evaluation_programs`): callables given the abstract parameters the run
+                ends with (``jax.ShapeDtypeStruct`` leaves, placed as the result's) that compile their programs
+                ahead of time (``jax.jit(...).lower(...).compile()``: a later call of the same shapes compiles
+                nothing) and return how many.
+
         Returns:
             ``(programs, record)``: ``{signature: compiled step}`` and ``{"seconds", "programs", "compiled",
-            "cache_hits"}`` (wall seconds of the whole compilation; programs needed; compiled by XLA now; loaded
-            from the persistent cache).
+            "cache_hits", "after_training"}`` (wall seconds of the whole compilation; training programs needed;
+            programs compiled by XLA now; loaded from the persistent cache; programs of ``after``).
         """
         end = self.t_total if end is None else end
         first: dict[tuple, int] = {}
@@ -319,25 +326,29 @@ class Trainer:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
         a_state, a_frozen = abstract(state), abstract(self.frozen)
         jobs = {sig: abstract(self.device_batch(u)) for sig, u in first.items()}
+        a_final = combine(a_frozen, a_state.params)  # what TrainResult.params will be (shapes and placement)
         t0 = time.perf_counter()
         with CompileCounter() as counter:
-            if len(jobs) > 1:
-                with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+            if len(jobs) + len(after) > 1:
+                with ThreadPoolExecutor(max_workers=min(len(jobs) + len(after), os.cpu_count() or 1)) as pool:
                     futures = {sig: pool.submit(mesh_step.compile, a_state, b, a_frozen, self.spec)
                                for sig, b in jobs.items()}
+                    later = [pool.submit(job, a_final) for job in after]
                     programs = {sig: f.result() for sig, f in futures.items()}
+                    n_after = sum(f.result() for f in later)
             else:
                 programs = {sig: mesh_step.compile(a_state, b, a_frozen, self.spec) for sig, b in jobs.items()}
+                n_after = sum(job(a_final) for job in after)
             # the checkpoint's finiteness check, so that a save inside the loop compiles nothing either
             if jax.process_index() == 0:
                 all_finite(state.params)
         return programs, {"seconds": round(time.perf_counter() - t0, 3), "programs": len(programs),
-                          "compiled": counter.compiled, "cache_hits": counter.cache_hits}
+                          "compiled": counter.compiled, "cache_hits": counter.cache_hits, "after_training": n_after}
 
     # -- loop -------------------------------------------------------------------------------------------------
     def run(self, out_dir: str | Path | None = None, *, stop_after: int | None = None,
             callback: Callable[[dict], None] | None = None, checkpoints: bool = True,
-            description: str = "training") -> TrainResult:
+            description: str = "training", after=()) -> TrainResult:
         """Train (resuming from ``OUT/checkpoints`` when there is a checkpoint of the same run).
 
         Args:
@@ -349,6 +360,8 @@ class Trainer:
             checkpoints: use orbax checkpoints under ``OUT/checkpoints`` (off: no resume, nothing written).
             out_dir: the run's folder: checkpoints and metrics (default: the trainer's ``out_dir``; none with
                 ``checkpoints`` off: nothing is written).
+            after: the programs of what follows training, compiled before the first update with the training
+                programs (:meth:`compile`).
 
         Returns:
             :class:`TrainResult`.
@@ -414,7 +427,7 @@ class Trainer:
         if self.stacked:
             desc += f" ×{n_pts}"
         # every program of the updates to come, compiled before the first one (no update compiles)
-        programs, compiled = self.compile(state, start, end)
+        programs, compiled = self.compile(state, start, end, after)
         summary["compile"] = compiled
         t_run = time.perf_counter()
         bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
