@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from rbjax.core.compilation import CompileCounter, compile_cache_dir
 from rbjax.debias.run import debias_trainer
 from rbjax.train.batching import BatchPlan
@@ -73,6 +75,50 @@ def test_evaluation_programs_are_compiled_before_the_first_update(tiny_model_dir
     assert set(a) == {"religion1", "race"}
     assert a == {r["bias_type"]: r["t_value"] for r in control["lmb_valid"]["all"]}
     assert ahead["lmp"]["perplexity"] == control["lmp"]["perplexity"]
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_sweep_chunk_evaluation_compiled_before_its_first_update(adapter, tiny_model_dir, tokenizer_dir,
+                                                                 redditbias_dir, tmp_path, monkeypatch):
+    """A sweep chunk of two grid points with dev LMB and LMP: the scoring programs (every point at once, or one by
+    one on the frozen base with adapters) are compiled with the chunk's training programs, and the chunk's
+    evaluation builds none (the start model's evaluation, before the chunk, is the control)."""
+    import jax
+
+    from rbjax.debias import sweep as sw
+    from rbjax.debias.config import DebiasRun
+
+    lines = tmp_path / "lmp.txt"
+    lines.write_text("".join(f"line {i} of the reference set, with a few words more\n" for i in range(20)))
+    base = DebiasRun.from_flat(dict(
+        method="lmd", bias_type="religion1", model=str(tiny_model_dir), tokenizer=str(tokenizer_dir),
+        data_dir=str(redditbias_dir), out_dir=str(tmp_path / "unused"), max_steps=1, progress=False,
+        train_file=religion1_train_file(redditbias_dir, tmp_path, 16), layout="padded", eval_batch_size=8,
+        lmp=True, lmp_file=str(lines), lmp_max_lines=20, adapter=adapter,
+        **({"lora_rank": 2} if adapter == "lora" else {})))
+    ahead, built = [], []
+    real_jobs, real_evaluate = sw._evaluation_programs, sw._evaluate
+
+    def jobs(*a, **kw):
+        return [lambda final: ahead.append(job(final)) or ahead[-1] for job in real_jobs(*a, **kw)]
+
+    def evaluate(*a, **kw):
+        with CompileCounter() as c:
+            out = real_evaluate(*a, **kw)
+        built.append(c.built)
+        return out
+
+    monkeypatch.setattr(sw, "_evaluation_programs", jobs)
+    monkeypatch.setattr(sw, "_evaluate", evaluate)
+    jax.clear_caches()
+    grid = {"batch_size": (4,), "grad_accum": (1,), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
+    sel = sw.run_sweep(base, tmp_path / "sw", grid=grid, grid_chunk=2, n_bootstrap=0, dev_max_pairs=6,
+                       progress=False)
+    assert sel["n_runs"] == 2
+    assert len(ahead) == 1 and ahead[0] >= 2  # dev LMB and LMP programs, before the chunk's first update
+    # the start model's evaluation (the baseline, before any chunk) compiles its own programs: the counter works;
+    # the chunk's (every point stacked, or point by point on the frozen base) builds none
+    assert built[0] > 0 and built[1:] == ([0] if adapter == "none" else [0, 0])
 
 
 _SCRIPT = textwrap.dedent("""

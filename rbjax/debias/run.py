@@ -47,7 +47,7 @@ from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import why_not_reusable
-from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types
+from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.debias.config import METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
 from rbjax.debias.objective import DebiasObjective
@@ -309,18 +309,19 @@ def evaluation_programs(cfg: DebiasRun, trainer: Trainer) -> list:
         chat = MeasureConfig().replace(**chat_fields(cfg.debias)).chat_turns(model.tokenizer)
         types = _eval_types(cfg)
 
+        data = RedditBiasData(cfg.debias.data_dir)
+        pairs = [load_pairs(b, "valid", data) for b in types]
+
         def lmb(params) -> int:
-            scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size,
-                                              bos_id=model.bos_id(None))
-            return scorer.compile_programs(measure.pair_program_shapes(
-                scorer, model.tokenizer, types, split="valid", data_dir=cfg.debias.data_dir, chat=chat))
+            scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size, bos_id=model.bos_id(None))
+            return scorer.compile_programs(measure.pair_program_shapes(scorer, model.tokenizer, pairs, chat))
         jobs.append(lmb)
     if ev.lmp:
         lines = read_reference_lines(lmp_reference_file(cfg), ev.lmp_max_lines)
 
         def lmp(params) -> int:
             scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size,
-                                              bos_id=model.tokenizer.default_bos_id)
+                                      bos_id=model.tokenizer.default_bos_id)
             return scorer.compile_programs(lmp_program_shapes(scorer, model.tokenizer, lines,
                                                               block_size=cfg.trainer.block_size))
         jobs.append(lmp)

@@ -69,13 +69,14 @@ from rbjax.debias.config import LOSS_METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
 from rbjax.debias.run import chat_fields, debias, debias_trainer, lmp_reference_file
 from rbjax.debias.sweep_config import SweepConfig
-from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
-from rbjax.lmb.measure import pair_perplexities_of_models, pair_statistics
+from rbjax.dialog.reddit_perplexity import lmp_program_shapes, read_reference_lines, reddit_perplexity
+from rbjax.lmb.measure import pair_perplexities_of_models, pair_program_shapes, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
 from rbjax.model.handle import ModelHandle
 from rbjax.model.lora import adapter_param_count
 from rbjax.model.memory import plan_for_model, plan_memory
 from rbjax.train.frozen import combine
+from rbjax.train.frozen import split as split_frozen
 from rbjax.train.loop import CHECKPOINT_FORMAT, TrainPoint
 
 __all__ = ["PAPER_GRID", "GridPoint", "grid_points", "batch_plans", "dev_lmb", "select", "run_sweep", "run_sweeps",
@@ -136,6 +137,14 @@ def grid_points(method: str, grid: dict[str, Sequence] | None = None) -> list[Gr
     return pts
 
 
+def _dev_pairs(bias_type: str, split: str, data, max_pairs: int | None):
+    """The pairs of ``bias_type`` in ``split`` (the first ``max_pairs`` of them, if given)."""
+    pairs = load_pairs(bias_type, split, data)
+    if max_pairs is not None:
+        pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
+    return pairs
+
+
 def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str = "valid", batch_size: int = 64,
             n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None, stacked: bool = False,
             chat=None):
@@ -156,9 +165,7 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
         ValueError: an unscorable phrase (fewer than 2 tokens) or non-finite perplexities.
     """
 
-    pairs = load_pairs(bias_type, split, data)
-    if max_pairs is not None:
-        pairs.biased, pairs.counterfactual = pairs.biased[:max_pairs], pairs.counterfactual[:max_pairs]
+    pairs = _dev_pairs(bias_type, split, data, max_pairs)
     # phrases scored as the model's own tokenizer encodes them (a BOS before each where it adds one), as measure does
     # (in the chat format the template writes the BOS where the model has one)
     scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
@@ -392,6 +399,34 @@ def _evaluate(ctx: SweepContext, base: DebiasRun, params, *, n_bootstrap: int, d
     return dev, lmp
 
 
+def _evaluation_programs(ctx: SweepContext, base: DebiasRun, trainer, n_points: int, dev_max_pairs: int | None):
+    """The scoring programs of a chunk's evaluation (:func:`_evaluate`: dev LMB, LMP), as a job for
+    :meth:`rbjax.train.loop.Trainer.run` (``after``): compiled from the trained parameters' shapes with the
+    training programs, before the first update. The points are scored stacked (``n_points`` models, the padding
+    points dropped), or one by one on the frozen base (adapters)."""
+    pairs = _dev_pairs(base.debias.bias_type, "valid", ctx.redditbias, dev_max_pairs)
+    chat = base.debias.chat_turns(ctx.tokenizer)
+    bs = base.evaluation.eval_batch_size
+
+    def compile_evaluation(final) -> int:
+        trained, frozen = split_frozen(final, trainer.trainable)
+        one = lambda shape, x: jax.ShapeDtypeStruct(shape, x.dtype)  # noqa: E731
+        if frozen:  # adapters: each point on the one frozen base
+            params, stacked = combine(frozen, jax.tree.map(lambda x: one(x.shape[1:], x), trained)), False
+        else:
+            params, stacked = jax.tree.map(lambda x: one((n_points,) + x.shape[1:], x), trained), True
+        scorer = PerplexityScorer(params, ctx.config, batch_size=bs, stacked=stacked,
+                                  bos_id=ctx.tokenizer.default_bos_id if chat is None else None)
+        n = scorer.compile_programs(pair_program_shapes(scorer, ctx.tokenizer, pairs, chat))
+        if ctx.lmp_lines is not None:
+            lmp = scorer.with_bos(ctx.tokenizer.default_bos_id)
+            n += lmp.compile_programs(lmp_program_shapes(lmp, ctx.tokenizer, ctx.lmp_lines,
+                                                         block_size=base.trainer.block_size))
+        return n
+
+    return [compile_evaluation]
+
+
 def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     """Train one chunk of grid points (one batch plan) and evaluate each point; a top-level function, so that it
     runs as a task of :mod:`rbjax.core.parallel` (this process, or a Ray worker reading the same paths).
@@ -425,7 +460,8 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
     points = [TrainPoint(base.replace(lambda_lm=p.lambda_lm, lambda_d=p.lambda_d).debias.hparams,
                          base.optimizer.learning_rate) for p in pts]
     tr = debias_trainer(cfg, model=ctx.model, points=points, data=ctx.data)
-    res = tr.run(cdir, description=f"{cfg.describe()} ×{len(pts)}")
+    res = tr.run(cdir, description=f"{cfg.describe()} ×{len(pts)}",
+                 after=_evaluation_programs(ctx, base, tr, len(pts), task["dev_max_pairs"]))
     train_s = time.perf_counter() - t0
     recs = []
     last = res.summary.get("last") or []

@@ -185,12 +185,9 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
         ValueError: an unscorable pair (unless ``skip_unscorable``) or a non-finite perplexity (file and row named).
     """
 
+    a, c, n_context = pair_ids(tokenizer, pairs, chat)
     try:
-        if chat is None:
-            sb, sc = scorer.score_text_pairs(pairs.biased, pairs.counterfactual, tokenizer, progress=progress)
-        else:
-            a, c, n_context = chat_pair_ids(chat, pairs)
-            sb, sc = scorer.score_pairs(a, c, progress=progress, n_context=n_context)
+        sb, sc = scorer.score_pairs(a, c, progress=progress, n_context=n_context)
     except PhraseError as e:
         raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     if not isinstance(sb, list):
@@ -198,28 +195,30 @@ def pair_perplexities_of_models(scorer, tokenizer, pairs: PhrasePairs, *, skip_u
     return [checked_pair_perplexities(pairs, b, c, skip_unscorable, chat is not None) for b, c in zip(sb, sc)]
 
 
-def pair_program_shapes(scorer: PerplexityScorer, tokenizer, bias_types: str | Sequence[str], *, split: str,
-                        data_dir: str | os.PathLike | None = None, chat: ChatTurns | None = None) -> set:
-    """The scoring programs (:meth:`rbjax.lmb.perplexity.PerplexityScorer.program_shapes`) that
-    :func:`measure_bias` with ``scorer``'s settings will run on the pairs of ``bias_types`` in ``split``, found
-    without scoring: for compiling them ahead (a training run compiles its evaluation's with its own programs).
+def pair_ids(tokenizer, pairs: PhrasePairs, chat: ChatTurns | None = None):
+    """``(biased ids, counterfactual ids, n_context)`` of ``pairs`` as they are scored: bare text tokenised
+    without special tokens (``n_context`` ``None``), or each phrase as its turn of a chat (:func:`chat_pair_ids`)."""
+    if chat is None:
+        return tokenizer.encode_batch(list(pairs.biased)), tokenizer.encode_batch(list(pairs.counterfactual)), None
+    return chat_pair_ids(chat, pairs)
+
+
+def pair_program_shapes(scorer: PerplexityScorer, tokenizer, pairs: PhrasePairs | Sequence[PhrasePairs],
+                        chat: ChatTurns | None = None) -> set:
+    """The scoring programs (:meth:`rbjax.lmb.perplexity.PerplexityScorer.program_shapes`) that scoring ``pairs``
+    (one bias type's, or several) with ``scorer`` runs (:func:`measure_bias`, the sweep's dev LMB), found without
+    scoring: for compiling them ahead (a training run compiles its evaluation's with its own programs).
 
     Raises:
-        ValueError: a phrase that cannot be scored (file and row named, as :func:`measure_bias` would).
+        ValueError: a phrase that cannot be scored (file and row named, as scoring would).
     """
-    data = RedditBiasData(data_dir)
     shapes: set = set()
-    for b in expand_bias_types(bias_types):
-        pairs = load_pairs(b, split, data)
+    for p in [pairs] if isinstance(pairs, PhrasePairs) else pairs:
+        a, c, n_context = pair_ids(tokenizer, p, chat)
         try:
-            if chat is None:
-                shapes |= scorer.program_shapes(pairs=(tokenizer.encode_batch(list(pairs.biased)),
-                                                       tokenizer.encode_batch(list(pairs.counterfactual))))
-            else:
-                a, c, n_context = chat_pair_ids(chat, pairs)
-                shapes |= scorer.program_shapes(pairs=(a, c), n_context=n_context)
+            shapes |= scorer.program_shapes(pairs=(a, c), n_context=n_context)
         except PhraseError as e:
-            raise ValueError(f"{pairs.locate(e.index)}: {e.side} phrase has {e.problem}") from None
+            raise ValueError(f"{p.locate(e.index)}: {e.side} phrase has {e.problem}") from None
     return shapes
 
 
