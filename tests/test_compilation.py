@@ -121,6 +121,34 @@ def test_sweep_chunk_evaluation_compiled_before_its_first_update(adapter, tiny_m
     assert built[0] > 0 and built[1:] == ([0] if adapter == "none" else [0, 0])
 
 
+def test_dst_evaluation_compiled_before_the_first_update(tiny_model_dir, shared_dir, tmp_path, monkeypatch):
+    """``rbjax evaluate --task dst`` with the joint goal: the classifier's programs for the test pairs and for every
+    joint-goal batch width are compiled with the fine-tuning programs, so scoring the test pairs and the dialogue
+    builds none."""
+    import jax
+
+    from rbjax.dialog import state_tracking
+    from rbjax.dialog.evaluate import evaluate
+
+    built = []
+    real = state_tracking.predict_proba
+
+    def counted(*a, **kw):
+        with CompileCounter() as c:
+            out = real(*a, **kw)
+        built.append(c.built)
+        return out
+
+    monkeypatch.setattr(state_tracking, "predict_proba", counted)
+    jax.clear_caches()
+    res = evaluate("dst", tiny_model_dir, tmp_path / "o", multiwoz=shared_dir / "dialog-data" / "multiwoz",
+                   max_examples=24, max_steps=2, batch_size=4, grad_accum=1, joint_goal=True, jga_max_dialogues=1,
+                   progress=False)
+    assert res["metrics"]["joint_goal"]["n_turns"] == 4
+    assert res["training"]["compile"]["after_training"] >= 2
+    assert len(built) == 5 and set(built) == {0}  # the test pairs, then the dialogue's 4 turns
+
+
 _SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path

@@ -62,7 +62,8 @@ from rbjax.train.lm import forward_hidden
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
     "example_text", "build_examples", "example_counts", "encode_examples", "dst_batches", "init_head",
-    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "DSTObjective", "predict_proba", "binary_metrics",
+    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "DSTObjective", "predict_proba", "prediction_widths",
+    "compile_predictions", "binary_metrics",
     "candidate_values", "jga_slots", "jga_candidates", "jga_cost", "gold_belief", "beliefs_equal",
     "predict_beliefs", "joint_goal_accuracy", "score_joint_goal",
 ]
@@ -463,7 +464,8 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
         params, head_params = _on_mesh(params, head_params, config, mesh)
         axes = batch_axes(mesh, batch_size)
         rows_sharding = NamedSharding(mesh, PartitionSpec(axes if axes else None))
-    put = jnp.asarray if rows_sharding is None else (lambda x: jax.device_put(x, rows_sharding))
+    # (jax.device_put, not jnp.asarray: in jax 0.10 the latter compiles a small staging program per shape)
+    put = jax.device_put if rows_sharding is None else (lambda x: jax.device_put(x, rows_sharding))
     out = np.zeros(n, np.float32)
     bar = None
     if progress:
@@ -471,10 +473,7 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
     i = 0
     width = arrays["input_ids"].shape[1]
     for b in dst_batches(arrays, batch_size):
-        w = width
-        if bucket:
-            longest = int(_last_real_index(b["attention_mask"])) + 1
-            w = min(width, -(-longest // bucket) * bucket)
+        w = _batch_width(b["attention_mask"], width, bucket)
         p = np.asarray(_probs(params, head_params, put(b["input_ids"][:, :w]), put(b["attention_mask"][:, :w]),
                               config, pooling))
         k = int(b["weights"].sum())
@@ -485,6 +484,35 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
     if bar is not None:
         bar.close()
     return out
+
+
+def _batch_width(attention_mask: np.ndarray, width: int, bucket: int) -> int:
+    """Columns a batch of :func:`predict_proba` is cut to: its longest row rounded up to ``bucket``."""
+    if not bucket:
+        return width
+    return min(width, -(-(int(_last_real_index(attention_mask)) + 1) // bucket) * bucket)
+
+
+def prediction_widths(arrays: dict[str, np.ndarray], batch_size: int = 64, bucket: int = 32) -> set[int]:
+    """The column counts of the batches :func:`predict_proba` runs on ``arrays`` (one compiled program each),
+    without running them: for :func:`compile_predictions`."""
+    return {_batch_width(b["attention_mask"], arrays["input_ids"].shape[1], bucket)
+            for b in dst_batches(arrays, batch_size)}
+
+
+def compile_predictions(params, head_params: dict, config, widths, *, batch_size: int = 64,
+                        pooling: str = "last") -> int:
+    """Compile ahead (``jax.jit(...).lower(...).compile()``) the program :func:`predict_proba` (without a mesh)
+    runs for batches of ``batch_size`` rows cut to each of ``widths`` columns (:func:`prediction_widths`), for
+    parameters of the shapes, dtypes and placement of ``params`` / ``head_params`` (arrays or
+    ``jax.ShapeDtypeStruct``); a later :func:`predict_proba` of those shapes then compiles nothing. Returns the
+    number of programs."""
+    as_placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))  # noqa: E731
+    p, h = jax.tree.map(as_placed, params), jax.tree.map(as_placed, head_params)
+    for w in sorted(set(widths)):
+        cols = jax.ShapeDtypeStruct((batch_size, w), jnp.int32)
+        _probs.lower(p, h, cols, cols, config, pooling).compile()
+    return len(set(widths))
 
 
 def _last_real_index(attention_mask: np.ndarray) -> int:

@@ -436,13 +436,17 @@ def training_layout(method: str, s: TrainingSettings | Mapping[str, Any]) -> str
     return "padded" if (method == "dst" and semantics == "reference") else layout
 
 
-def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str):
+def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: TrainingSettings, params, data, *, what: str,
+              after=()):
     """Fine-tune with the shared trainer in ``OUT/<method>_train`` (checkpoints, resume, Ctrl-C saves): the task's
     composition root — the model handle it was given, the task's mesh built once, the optimiser of its settings.
 
     A training folder left by other inputs is cleared first (its ``key.json``, the trainer's key as a keyed record,
     :class:`rbjax.core.reuse.KeyedResult`, differs, is missing or unreadable). Unless ``keep_checkpoints``,
     the checkpoints are deleted after the task's result is written (``metrics.jsonl`` stays).
+
+    ``after``: the programs of the task's evaluation, compiled with the training programs before the first update
+    (:meth:`rbjax.train.loop.Trainer.run`).
 
     Returns:
         ``(params, record, train_dir)``.
@@ -477,7 +481,7 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
         shutil.rmtree(train_dir)
     inputs.save({})
     t0 = time.perf_counter()
-    res = trainer.run(train_dir, description=f"{method} fine-tuning")
+    res = trainer.run(train_dir, description=f"{method} fine-tuning", after=after)
     summary = {k: v for k, v in res.summary.items() if k != "last"}
     record = {"updates": res.updates_done, "t_total": res.t_total, "resumed_from": res.resumed_from,
               "n_examples": data.n_examples, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,

@@ -195,11 +195,19 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
                                                   "stand_in_for": train.stand_in_for,
                                                   "n_examples": len(train_ex), "semantics": s.semantics})
     start = {"gpt2": params, "head": state_tracking.init_head(config, s.seed)}
-    trained, training, train_dir = fine_tune("dst", state_tracking.DSTObjective(pooling="reference" if s.semantics == "reference" else "last"),
-                                            model, out_dir, s, start, data, what="DST")
+    pooling = "reference" if reference else "last"
+    after = []
+    if mesh is None:  # the test pairs' programs (and, for the joint goal, every bucket width), before update 1
+        widths = state_tracking.prediction_widths(test_arr, s.eval_batch_size)
+        if s.joint_goal:
+            widths |= set(range(32, s.trainer.block_size + 31, 32)) - {0}
+            widths = {min(w, s.trainer.block_size) for w in widths}
+        after.append(lambda final: state_tracking.compile_predictions(
+            final["gpt2"], final["head"], config, widths, batch_size=s.eval_batch_size, pooling=pooling))
+    trained, training, train_dir = fine_tune("dst", state_tracking.DSTObjective(pooling=pooling),
+                                             model, out_dir, s, start, data, what="DST", after=after)
 
     t1 = time.perf_counter()
-    pooling = "reference" if reference else "last"
     probs = state_tracking.predict_proba(trained["gpt2"], trained["head"], test_arr, config, batch_size=s.eval_batch_size,
                               pooling=pooling, progress=s.progress, desc="DST test pairs", mesh=mesh)
     metrics = state_tracking.binary_metrics(probs, test_arr["labels"])
