@@ -18,6 +18,16 @@ from tests.conftest import religion1_train_file, small_train_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _counting_builds(fn, built: list):
+    """``fn``, appending to ``built`` the number of XLA programs each call builds (compiled or read from a cache)."""
+    def counted(*a, **kw):
+        with CompileCounter() as c:
+            out = fn(*a, **kw)
+        built.append(c.built)
+        return out
+    return counted
+
+
 def test_no_update_compiles_anything(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path):
     """A packed run of several shapes: the programs are built before update 1, and from the first update to the
     last no program is built (counted with jax's monitoring events)."""
@@ -47,16 +57,8 @@ def test_evaluation_programs_are_compiled_before_the_first_update(tiny_model_dir
 
     lines = tmp_path / "lmp.txt"
     lines.write_text("".join(f"line {i} of the reference set, with a few words more\n" for i in range(20)))
-    built = {}
-    real = run_mod.evaluate_run
-
-    def counted(*a, **kw):
-        with CompileCounter() as c:
-            res = real(*a, **kw)
-        built["evaluation"] = c.built
-        return res
-
-    monkeypatch.setattr(run_mod, "evaluate_run", counted)
+    built = []
+    monkeypatch.setattr(run_mod, "evaluate_run", _counting_builds(run_mod.evaluate_run, built))
     results = {}
     for name, ahead in (("ahead", True), ("control", False)):
         if not ahead:
@@ -66,7 +68,7 @@ def test_evaluation_programs_are_compiled_before_the_first_update(tiny_model_dir
                                  max_steps=2, evaluate=True, eval_bias="religion1,race", lmp=True,
                                  lmp_file=str(lines), lmp_max_lines=20, eval_batch_size=8)
         res = run_mod.debias(cfg)
-        results[name] = (res, built["evaluation"])
+        results[name] = (res, built[-1])
     (ahead, ev_ahead), (control, ev_control) = results["ahead"], results["control"]
     assert ahead["training"]["compile"]["after_training"] >= 2  # LMB and LMP programs, compiled before update 1
     assert ev_ahead == 0 and ev_control > 0
@@ -97,19 +99,13 @@ def test_sweep_chunk_evaluation_compiled_before_its_first_update(adapter, tiny_m
         lmp=True, lmp_file=str(lines), lmp_max_lines=20, adapter=adapter,
         **({"lora_rank": 2} if adapter == "lora" else {})))
     ahead, built = [], []
-    real_jobs, real_evaluate = sw._evaluation_programs, sw._evaluate
+    real_jobs = sw._evaluation_programs
 
     def jobs(*a, **kw):
         return [lambda final: ahead.append(job(final)) or ahead[-1] for job in real_jobs(*a, **kw)]
 
-    def evaluate(*a, **kw):
-        with CompileCounter() as c:
-            out = real_evaluate(*a, **kw)
-        built.append(c.built)
-        return out
-
     monkeypatch.setattr(sw, "_evaluation_programs", jobs)
-    monkeypatch.setattr(sw, "_evaluate", evaluate)
+    monkeypatch.setattr(sw, "_evaluate", _counting_builds(sw._evaluate, built))
     jax.clear_caches()
     grid = {"batch_size": (4,), "grad_accum": (1,), "lambda_lm": (0.001,), "lambda_d": (10.0, 100.0)}
     sel = sw.run_sweep(base, tmp_path / "sw", grid=grid, grid_chunk=2, n_bootstrap=0, dev_max_pairs=6,
@@ -131,15 +127,7 @@ def test_dst_evaluation_compiled_before_the_first_update(tiny_model_dir, shared_
     from rbjax.dialog.evaluate import evaluate
 
     built = []
-    real = state_tracking.predict_proba
-
-    def counted(*a, **kw):
-        with CompileCounter() as c:
-            out = real(*a, **kw)
-        built.append(c.built)
-        return out
-
-    monkeypatch.setattr(state_tracking, "predict_proba", counted)
+    monkeypatch.setattr(state_tracking, "predict_proba", _counting_builds(state_tracking.predict_proba, built))
     jax.clear_caches()
     res = evaluate("dst", tiny_model_dir, tmp_path / "o", multiwoz=shared_dir / "dialog-data" / "multiwoz",
                    max_examples=24, max_steps=2, batch_size=4, grad_accum=1, joint_goal=True, jga_max_dialogues=1,

@@ -67,8 +67,8 @@ from rbjax.train.config import AdapterConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 
-__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run", "evaluation_programs",
-           "chat_fields", "METHODS"]
+__all__ = ["DebiasRun", "debias_trainer", "adapted_params", "lambda_point", "debias", "evaluate_run",
+           "evaluation_programs", "chat_fields", "METHODS"]
 
 log = get_logger("debias")
 
@@ -307,10 +307,8 @@ def evaluation_programs(cfg: DebiasRun, trainer: Trainer) -> list:
     jobs = []
     if ev.evaluate:
         chat = MeasureConfig().replace(**chat_fields(cfg.debias)).chat_turns(model.tokenizer)
-        types = _eval_types(cfg)
-
         data = RedditBiasData(cfg.debias.data_dir)
-        pairs = [load_pairs(b, "valid", data) for b in types]
+        pairs = [load_pairs(b, "valid", data) for b in _eval_types(cfg)]
 
         def lmb(params) -> int:
             scorer = PerplexityScorer(params, model.config, batch_size=ev.eval_batch_size, bos_id=model.bos_id(None))

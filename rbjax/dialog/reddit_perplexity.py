@@ -33,7 +33,8 @@ from rbjax.core.progress import progress_bar
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.model.handle import ModelHandle
 
-__all__ = ["read_reference_lines", "reddit_perplexity", "lmp_program_shapes", "model_perplexity", "lmp_from_counts", "BLOCK_SIZE"]
+__all__ = ["read_reference_lines", "reddit_perplexity", "lmp_program_shapes", "model_perplexity", "lmp_from_counts",
+           "BLOCK_SIZE"]
 
 #: block size of the reference's debiasing runs (cai README: ``--block_size=36``)
 BLOCK_SIZE = 36

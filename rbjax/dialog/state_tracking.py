@@ -62,8 +62,8 @@ from rbjax.train.lm import forward_hidden
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
     "example_text", "build_examples", "example_counts", "encode_examples", "dst_batches", "init_head",
-    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "DSTObjective", "predict_proba", "prediction_widths",
-    "compile_predictions", "binary_metrics",
+    "pooled_index", "dst_logits", "dst_head_logits", "dst_loss", "make_loss_fn", "DSTObjective", "predict_proba",
+    "prediction_widths", "compile_predictions", "binary_metrics",
     "candidate_values", "jga_slots", "jga_candidates", "jga_cost", "gold_belief", "beliefs_equal",
     "predict_beliefs", "joint_goal_accuracy", "score_joint_goal",
 ]
@@ -493,9 +493,13 @@ def _batch_width(attention_mask: np.ndarray, width: int, bucket: int) -> int:
     return min(width, -(-(int(_last_real_index(attention_mask)) + 1) // bucket) * bucket)
 
 
-def prediction_widths(arrays: dict[str, np.ndarray], batch_size: int = 64, bucket: int = 32) -> set[int]:
+def prediction_widths(arrays: dict[str, np.ndarray] | None = None, batch_size: int = 64, bucket: int = 32, *,
+                      block_size: int | None = None) -> set[int]:
     """The column counts of the batches :func:`predict_proba` runs on ``arrays`` (one compiled program each),
-    without running them: for :func:`compile_predictions`."""
+    without running them: for :func:`compile_predictions`. With ``block_size`` instead of ``arrays``: every width
+    a batch of rows of ``block_size`` columns can be cut to (the joint goal's candidate batches, built per turn)."""
+    if arrays is None:
+        return {min(w, block_size) for w in range(bucket, block_size + bucket, bucket)} if bucket else {block_size}
     return {_batch_width(b["attention_mask"], arrays["input_ids"].shape[1], bucket)
             for b in dst_batches(arrays, batch_size)}
 

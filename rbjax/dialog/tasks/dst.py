@@ -200,8 +200,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     if mesh is None:  # the test pairs' programs (and, for the joint goal, every bucket width), before update 1
         widths = state_tracking.prediction_widths(test_arr, s.eval_batch_size)
         if s.joint_goal:
-            widths |= set(range(32, s.trainer.block_size + 31, 32)) - {0}
-            widths = {min(w, s.trainer.block_size) for w in widths}
+            widths |= state_tracking.prediction_widths(block_size=s.trainer.block_size)
         after.append(lambda final: state_tracking.compile_predictions(
             final["gpt2"], final["head"], config, widths, batch_size=s.eval_batch_size, pooling=pooling))
     trained, training, train_dir = fine_tune("dst", state_tracking.DSTObjective(pooling=pooling),
