@@ -31,7 +31,7 @@ import jax.monitoring
 
 from rbjax.core.io import cache_dir
 
-__all__ = ["ENV_COMPILE_CACHE", "OFF", "compile_cache_dir", "enable_compile_cache", "CompileCounter"]
+__all__ = ["ENV_COMPILE_CACHE", "OFF", "compile_cache_dir", "enable_compile_cache", "CompileCounter", "abstract"]
 
 #: the environment variable that moves (a folder) or disables (``off``) the persistent compilation cache
 ENV_COMPILE_CACHE = "RBJAX_COMPILE_CACHE"
@@ -76,6 +76,13 @@ def enable_compile_cache(choice: str | os.PathLike | None = None) -> Path | None
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return folder
+
+
+def abstract(tree):
+    """``tree`` with every array replaced by its ``jax.ShapeDtypeStruct`` — shape, dtype and placement (its
+    ``sharding``; none for a host array): what ``jax.jit(f).lower(...)`` needs to compile ``f`` ahead of time for
+    such arguments, without computing anything. ``ShapeDtypeStruct`` leaves are kept as they are."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 class CompileCounter:

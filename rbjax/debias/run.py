@@ -233,6 +233,12 @@ def _lmp_key(cfg: DebiasRun, model_key: str) -> dict:
             "block_size": cfg.trainer.block_size}
 
 
+def _scores_on_training_mesh(trainer: Trainer) -> bool:
+    """Whether the evaluation scores the trained parameters where they lie, split over the run's fsdp/tensor mesh
+    of this process; otherwise they are gathered to the host and scored on this process's devices."""
+    return is_model_parallel(trainer.mesh) and jax.process_count() == 1
+
+
 def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | None, *, model_key: str,
                  previous: dict | None = None) -> dict:
     """Post-training evaluation of the trained ``params`` in memory: LMB on the valid split and the Reddit LMP.
@@ -252,7 +258,7 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
         # in memory: the trained parameters are scored as they are, not exported and read back
         # on an fsdp/tensor mesh of this process the scorer keeps the trained parameters split the same way (a mesh
         # over several processes: gathered, and every process scores on its own devices, as the sweep does)
-        mp = is_model_parallel(trainer.mesh) and jax.process_count() == 1
+        mp = _scores_on_training_mesh(trainer)
         loaded = measure.LoadedModel.from_params(params if mp else to_host(params), trainer.config,
                                          trainer.tokenizer, name=str(model_dir or Path(cfg.out_dir)), digest=model_key,
                                          batch_size=cfg.evaluation.eval_batch_size, mesh=trainer.mesh if mp else None)
@@ -301,7 +307,7 @@ def evaluation_programs(cfg: DebiasRun, trainer: Trainer) -> list:
     Raises:
         ValueError: a valid-split phrase or an LMP line that cannot be scored (file and row named).
     """
-    if is_model_parallel(trainer.mesh) and jax.process_count() == 1:
+    if _scores_on_training_mesh(trainer):
         return []
     ev, model = cfg.evaluation, trainer.model
     jobs = []

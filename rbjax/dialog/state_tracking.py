@@ -51,6 +51,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rbjax.core.compilation import abstract
 from rbjax.core.mesh import batch_axes, replicate, shard_tree
 from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
@@ -511,8 +512,7 @@ def compile_predictions(params, head_params: dict, config, widths, *, batch_size
     parameters of the shapes, dtypes and placement of ``params`` / ``head_params`` (arrays or
     ``jax.ShapeDtypeStruct``); a later :func:`predict_proba` of those shapes then compiles nothing. Returns the
     number of programs."""
-    as_placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))  # noqa: E731
-    p, h = jax.tree.map(as_placed, params), jax.tree.map(as_placed, head_params)
+    p, h = abstract(params), abstract(head_params)
     for w in sorted(set(widths)):
         cols = jax.ShapeDtypeStruct((batch_size, w), jnp.int32)
         _probs.lower(p, h, cols, cols, config, pooling).compile()

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.compilation import abstract
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import position_ids_from_mask
@@ -397,7 +398,9 @@ class PerplexityScorer:
         self.row_len = None if row_len is None else int(row_len)
         self.stacked = bool(stacked)
         self.param_dtype = param_dtype
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+        # parameters given as jax.ShapeDtypeStruct: an abstract scorer, for compile_programs (nothing on a device)
+        self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+        if self.abstract:
             params = jax.eval_shape(self.policy.cast_for_storage, params)
         else:
             params = self.policy.cast_for_storage(params)  # (on the host, or where a mesh's slices lie)
@@ -432,14 +435,13 @@ class PerplexityScorer:
                 raise ValueError("stacked params must all have the same leading model axis")
         else:
             self.n_models = None
-        self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
         head = family_of_config(config).lm_head
 
         def head_emb(p):  # (V, d), stacked: (M, V, d)
             emb = jax.vmap(head)(p) if self.stacked else head(p)
             return emb.astype(self.dtype) if self.dtype != jnp.float32 else emb
 
-        if self.abstract:  # shapes, dtypes and placements only: for compile_programs (nothing on a device)
+        if self.abstract:  # shapes, dtypes and placements only
             if self._layout is not None:
                 raise ValueError("an abstract scorer (shapes only) is not available on an fsdp/tensor mesh")
             at = _placed_like(replicated)
@@ -553,8 +555,7 @@ class PerplexityScorer:
         given as ``jax.ShapeDtypeStruct``). Returns the number of programs."""
         fn = _packed_nll_models if self.stacked else _packed_nll_jit
         rows = self._rows_sharding if self.mesh is not None else None
-        as_placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
-        params, head = jax.tree.map(as_placed, self._compute_params), as_placed(self._head_emb)
+        params, head = abstract(self._compute_params), abstract(self._head_emb)
         n = 0
         for R, L, P in sorted(set(shapes)):
             def arr(*shape):
@@ -661,9 +662,10 @@ class PerplexityScorer:
                 raise ValueError("this scorer is abstract (parameter shapes only): it compiles, it cannot score")
             K = len(shared)
             L, P, batches = self._batches(live, K)
-            stats.update(slots_run=int(sum(t.size for t in live)) + K * sum(len(c) for c, _ in batches),
-                         predicting=int(sum(len(t.pred) for t in live)), rows=sum(len(c) for c, _ in batches),
-                         row_len=L, head_slots=P, row_context=K)
+            n_rows = sum(len(c) for c, _ in batches)
+            stats.update(slots_run=int(sum(t.size for t in live)) + K * n_rows,
+                         predicting=int(sum(len(t.pred) for t in live)), rows=n_rows, row_len=L, head_slots=P,
+                         row_context=K)
             for chunk, r in batches:
                 self._batch(chunk, live, r, L, P, sums, counts, shared)
                 stats["batches"] += 1

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rbjax.core.compilation import CompileCounter
+from rbjax.core.compilation import CompileCounter, abstract
 from rbjax.core.interrupt import Interrupted, deferred_interrupts
 from rbjax.core.io import atomic_write_text, to_json
 from rbjax.core.keys import canonical
@@ -322,8 +322,6 @@ class Trainer:
         for u in range(start, end):
             first.setdefault(self._signature(u), u)
         mesh_step = step_on_mesh(self.mesh, self.stacked, self.state_shardings(state))
-        abstract = lambda tree: jax.tree.map(  # noqa: E731 (shapes, dtypes and layouts: nothing is computed)
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
         a_state, a_frozen = abstract(state), abstract(self.frozen)
         jobs = {sig: abstract(self.device_batch(u)) for sig, u in first.items()}
         a_final = combine(a_frozen, a_state.params)  # what TrainResult.params will be (shapes and placement)
