@@ -1,9 +1,12 @@
 """The one next-token NLL (rbjax.model.nll): value and gradient equal the full-logits cross-entropy."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rbjax.model import nll
 from rbjax.model.nll import _chunks, chunked_logsumexp, mean_next_token_nll, next_token_nll, nll_from_hidden
 
 
@@ -16,8 +19,13 @@ def _full_loss(hidden, emb, ids, mask):
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+@pytest.mark.parametrize("grad_bytes", [None, 0], ids=["one-step-gradient", "streamed-gradient"])
 @pytest.mark.parametrize("V,chunk", [(50, 16), (50, 50), (97, 8), (64, 16)], ids=["overlap", "one", "many", "even"])
-def test_value_and_gradient_equal_full_logits(V, chunk):
+def test_value_and_gradient_equal_full_logits(V, chunk, grad_bytes, monkeypatch):
+    """Both ways of differentiating the log-sum-exp: all columns in one step (a training micro-batch, within
+    HEAD_GRAD_BYTES) and streamed over chunks (a budget of 0 bytes), against the full logits."""
+    if grad_bytes is not None:
+        monkeypatch.setattr(nll, "HEAD_GRAD_BYTES", grad_bytes)
     assert _chunks(50257, 8192) == (7, 7180)
     rng = np.random.default_rng(0)
     B, L, d = 3, 7, 16
@@ -36,6 +44,9 @@ def test_value_and_gradient_equal_full_logits(V, chunk):
     np.testing.assert_allclose(np.asarray(ge1), np.asarray(ge2), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(np.asarray(ge3), np.asarray(ge2), rtol=1e-5, atol=1e-7)
     assert float(v3) == pytest.approx(float(v2), rel=1e-6)
+    n_chunks = 1 if grad_bytes is None else _chunks(V, chunk)[0]  # the way taken: one step, or the chunks
+    lengths = re.findall(r"length=(\d+)", str(jax.make_jaxpr(jax.grad(ours))(hidden, emb)))
+    assert lengths == [str(n_chunks)] * 2, lengths  # the forward's scan and the backward's
     # padded targets get no gradient: position 4.. of row 1 predicts nothing
     assert float(jnp.abs(gh1[1, 4:]).max()) == 0.0 and float(jnp.abs(gh1[2, :2]).max()) == 0.0
 

@@ -9,14 +9,18 @@ target's logit, with the exact gradient. The NLL of target ``t`` at a position w
 state ``h`` is ``logsumexp(h @ wte.T) − h · wte[t]`` (natural log, nats). Materialising the (positions × V) logits
 costs 200 MB per 1,024 positions, and writing and re-reading them dominates on CPU, so the log-sum-exp is streamed
 over vocabulary chunks with a running max (:func:`chunked_logsumexp`), forward and backward: its gradient is a
-custom VJP that recomputes each chunk's softmax from the saved log-sum-exp, so training never stores the logits
-either.
+custom VJP that recomputes the softmax from the saved log-sum-exp. Under differentiation (training) both passes
+take all the columns in one step while the (positions × V) float32 logits fit in :data:`HEAD_GRAD_BYTES` — a
+micro-batch's positions are few, a loop over chunks costs more than the bytes it saves, and XLA then computes the
+logits once for both passes (benchmarks/RESULTS.md, "The LM head under differentiation") — and stream over chunks
+above it, so a long batch never stores the logits.
 
 Precision: ``compute_dtype=jnp.bfloat16`` feeds the matmuls bf16 inputs with float32 accumulation; the running
 max, the sum of exponentials and the log are always float32. ``None`` (default) computes in float32.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -24,10 +28,22 @@ import jax.numpy as jnp
 
 from rbjax.model.layers import soft_cap
 
-__all__ = ["HEAD_CHUNK", "chunked_logsumexp", "nll_from_hidden", "next_token_nll", "mean_next_token_nll"]
+__all__ = ["HEAD_CHUNK", "HEAD_GRAD_BYTES", "chunked_logsumexp", "nll_from_hidden", "next_token_nll",
+           "mean_next_token_nll"]
 
 #: at most this many vocabulary columns per step of the streamed log-sum-exp
 HEAD_CHUNK = 8192
+
+#: under differentiation the log-sum-exp computes all vocabulary columns in one step (no loop) while positions × V
+#: × 4 bytes stay within this; beyond it, it streams over :data:`HEAD_CHUNK`-column chunks. Training's memory plan
+#: already counts the logits and their gradient (:mod:`rbjax.model.memory`).
+HEAD_GRAD_BYTES = 512 * 2**20
+
+
+def _grad_chunk(h, V: int, chunk: int) -> int:
+    """The chunk width of the differentiated log-sum-exp: all ``V`` columns while the logits fit
+    :data:`HEAD_GRAD_BYTES`, else ``chunk``."""
+    return V if math.prod(h.shape[:-1]) * V * 4 <= HEAD_GRAD_BYTES else chunk
 
 
 def _chunks(V: int, max_chunk: int) -> tuple[int, int]:
@@ -71,17 +87,17 @@ def _lse(h, emb, chunk, cdt, cap):
 
 
 def _lse_fwd(h, emb, chunk, cdt, cap):
-    lse = _lse_forward(h, emb, chunk, cdt, cap)
+    lse = _lse_forward(h, emb, _grad_chunk(h, emb.shape[0], chunk), cdt, cap)
     return lse, (h, emb, lse)
 
 
 def _lse_bwd(chunk, cdt, cap, res, g):
     h, emb, lse = res
     V, d = emb.shape
-    n, c = _chunks(V, chunk)
+    lead = h.shape[:-1]
+    n, c = _chunks(V, _grad_chunk(h, V, chunk))
     overlap = n * c - V
     hc = h.astype(cdt)
-    lead = h.shape[:-1]
     hf = hc.reshape(-1, d)
     gf = g.reshape(-1).astype(jnp.float32)
     lf = lse.reshape(-1)
@@ -112,8 +128,9 @@ def chunked_logsumexp(h, emb, chunk: int = HEAD_CHUNK, compute_dtype=None, softc
     ``logsumexp(softcap · tanh(h @ emb.T / softcap))``).
 
     Streams over vocabulary chunks of at most ``chunk`` columns with a running max / sum (exact up to float32
-    rounding). The gradient (custom VJP) recomputes each chunk's softmax from the saved result: memory stays
-    O(positions × chunk).
+    rounding). Differentiated, it takes all columns at once while positions × V × 4 bytes stay within
+    :data:`HEAD_GRAD_BYTES` (faster), else chunk by chunk; its gradient (custom VJP) recomputes the softmax from
+    the saved result, so beyond that budget memory stays O(positions × chunk).
 
     Args:
         h: (..., d) final hidden states. emb: (V, d) output embeddings (GPT-2: ``params['wte']['embedding']``).
