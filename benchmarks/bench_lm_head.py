@@ -1,10 +1,10 @@
 """The LM head under differentiation: all vocabulary columns in one step against streamed chunks.
 
 :func:`rbjax.model.nll.chunked_logsumexp` is the log-sum-exp of the LM head's logits ``h @ emb.T``; training
-differentiates it (the LM loss of every method, DST's and CRG's losses). This script times its value and gradient
-(``jax.grad`` of ``Σ lse · g`` with respect to ``h`` and ``emb``, jitted) at the GPT-2 head's shape (V = 50,257,
-width 768) for several position counts (a micro-batch's packed slots: LM at batch 8 ≈ 124, DST's 12 turns ≈ 700),
-two ways, interleaved round after round:
+differentiates it (the LM loss of every debiasing method and CRG's response loss; DST's classifier has no vocabulary
+head). This script times its value and gradient (``jax.grad`` of ``Σ lse · g`` with respect to ``h`` and ``emb``,
+jitted) at the GPT-2 head's shape (V = 50,257, width 768) for several position counts (a micro-batch's packed slots:
+LM at batch 8 ≈ 124), two ways, interleaved round after round:
 
 * **one step**: the default, :data:`rbjax.model.nll.HEAD_GRAD_BYTES` large enough that the logits fit: one matmul
   for the logits, which XLA computes once for both passes;
