@@ -29,6 +29,60 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
+# Compile for compile time: the suite's programs are tiny and mostly compiled once, so XLA's CPU compiler spends far
+# longer optimising them than they run. LLVM without optimisation and XLA's elemental (not the MLIR fusion) emitters
+# cut the backend compile time of a training-step test about 3x and the suite's time by about a third (README, Test).
+# They change float32 rounding, not results: what most tests check (values within their tolerances, programs
+# counted, files written) does not depend on code generation. A module whose tolerances sit at the rounding of the
+# code users run marks itself ``pytestmark = pytest.mark.xla_default_codegen``: its programs are compiled with
+# XLA's defaults (the override below, per compile; the programs' cache keys differ). Subprocesses (the CLI, the
+# 8-device checks) inherit XLA_FLAGS. Users' runs and benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1
+# runs the whole suite with them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without
+# the per-compile override could not honour the marker, so either leaves XLA's defaults on.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+#: XLA's own defaults for the same options, set per compile in modules marked ``xla_default_codegen``
+XLA_DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+_CODEGEN = {"default": False}
+
+
+def _install_codegen_override() -> bool:
+    """Wrap jax's compile options so that modules marked ``xla_default_codegen`` compile with XLA's defaults."""
+    import inspect
+
+    try:
+        from jax._src import compiler
+    except ImportError:
+        return False
+    orig = getattr(compiler, "get_compile_options", None)
+    if orig is None or "env_options_overrides" not in inspect.signature(orig).parameters:
+        return False
+
+    def get_compile_options(*args, env_options_overrides=None, **kwargs):
+        if _CODEGEN["default"]:
+            env_options_overrides = {**XLA_DEFAULT_CODEGEN, **(env_options_overrides or {})}
+        return orig(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+    compiler.get_compile_options = get_compile_options
+    return True
+
+
+def _with_test_xla_flags() -> str:
+    import subprocess
+    import sys
+
+    base = os.environ.get("XLA_FLAGS", "")
+    if os.environ.get("RBJAX_TEST_XLA_DEFAULTS", "") not in ("", "0"):
+        return base
+    flags = f"{base} {TEST_XLA_FLAGS}".strip()
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True,
+                           env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"), timeout=300)
+    return flags if probe.returncode == 0 else base
+
+
+_OVERRIDE = _install_codegen_override()  # in every process that runs tests (the controller and each xdist worker)
+if "RBJAX_TEST_XLA_FLAGS_SET" not in os.environ:  # once per run: xdist workers and subprocesses inherit XLA_FLAGS
+    os.environ["XLA_FLAGS"] = _with_test_xla_flags() if _OVERRIDE else os.environ.get("XLA_FLAGS", "")
+    os.environ["RBJAX_TEST_XLA_FLAGS_SET"] = "1"
 # rbjax's own cache folder (file digests, parsed MultiWOZ splits) in a temporary folder too: nothing written to the
 # user's ~/.cache by the suite
 if "RBJAX_CACHE_DIR" not in os.environ:
@@ -55,11 +109,11 @@ def _need(path: Path, what: str) -> Path:
     pytest.skip(msg)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """Drop jax's in-memory compiled programs after each test module: ~700 tests keep thousands of executables
-    otherwise (the process grew past 10 GB); a program needed again is read back from the persistent cache."""
-    yield
+def pytest_report_header(config):
+    return f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r} (xla_default_codegen modules: XLA's defaults)"
+
+
+def _drop_programs() -> None:
     import jax
 
     from rbjax.train.step import clear_programs
@@ -67,6 +121,32 @@ def _release_compiled_programs():
     jax.clear_caches()
     clear_programs()
     gc.collect()
+
+
+def _default_codegen(node) -> bool:
+    return node.get_closest_marker("xla_default_codegen") is not None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs(request):
+    """Drop jax's in-memory compiled programs after each test module: ~700 tests keep thousands of executables
+    otherwise (the process grew past 10 GB); a program needed again is read back from the persistent cache. A module
+    marked ``xla_default_codegen`` compiles with XLA's defaults (above), its module fixtures included."""
+    _CODEGEN["default"] = _default_codegen(request.node)
+    yield
+    _drop_programs()
+    _CODEGEN["default"] = False
+
+
+@pytest.fixture(autouse=True)
+def _code_generation(request):
+    """A test marked ``xla_default_codegen`` in an unmarked module (or the reverse): jax's in-memory programs are
+    dropped where the code generation changes, so that no program compiled one way runs where the other is asked."""
+    want = _default_codegen(request.node)
+    if want != _CODEGEN["default"]:
+        _drop_programs()
+        _CODEGEN["default"] = want
+    yield
 
 
 @pytest.fixture(scope="session")

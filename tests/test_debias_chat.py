@@ -126,6 +126,9 @@ def test_chat_lm_loss_equals_pytorch_phrase_nll(llama3, tmp_path, redditbias_dir
     assert abs(float(metrics["lm_loss"]) - ref) <= 1e-5 * abs(ref), (float(metrics["lm_loss"]), ref)
 
 
+# one parameter of HD's run lands 2.4e-5 apart under the suite's faster-to-compile code generation (4.3e-6 under
+# XLA's): an element whose gradient is near Adam's epsilon, where rounding becomes a fraction of a step
+@pytest.mark.xla_default_codegen
 @pytest.mark.parametrize("method", ["lmd", "hd", "cda"])
 def test_chat_packed_update_equals_padded(llama3, tmp_path, redditbias_dir, method):
     """Packing keeps the template's prefix in each phrase's segment: losses within 1e-6, parameters after three

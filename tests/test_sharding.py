@@ -388,7 +388,9 @@ def test_two_process_fsdp_debias_equals_one_process(tiny_model_dir, tokenizer_di
     port = _free_port()
     procs = []
     for i in range(2):
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+        env = dict(os.environ,
+                   XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip(),
+                   JAX_PLATFORMS="cpu",
                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
                    RBJAX_DISTRIBUTED="1", TF_CPP_MIN_LOG_LEVEL="2")
         procs.append(subprocess.Popen([sys.executable, "-m", "rbjax.cli", *argv(tmp_path / "mh"), "--mesh", "fsdp=4"],
