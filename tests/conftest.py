@@ -33,9 +33,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # longer optimising them than they run. LLVM without optimisation and XLA's elemental (not the MLIR fusion) emitters
 # cut the backend compile time of a training-step test about 3x and the suite's time by about a third (README, Test).
 # They change float32 rounding, not results: what most tests check (values within their tolerances, programs
-# counted, files written) does not depend on code generation. A module whose tolerances sit at the rounding of the
-# code users run marks itself ``pytestmark = pytest.mark.xla_default_codegen``: its programs are compiled with
-# XLA's defaults (the override below, per compile; the programs' cache keys differ). Subprocesses (the CLI, the
+# counted, files written) does not depend on code generation. A test or module whose tolerances sit at the rounding
+# of the code users run, or whose programs run longer than they compile (generation, scoring), is marked
+# ``xla_default_codegen``: its programs are compiled with XLA's defaults (the override below, per compile; the
+# programs' cache keys differ). Subprocesses (the CLI, the
 # 8-device checks) inherit XLA_FLAGS. Users' runs and benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1
 # runs the whole suite with them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without
 # the per-compile override could not honour the marker, so either leaves XLA's defaults on.
