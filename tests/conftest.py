@@ -36,9 +36,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # counted, files written) does not depend on code generation. A test or module whose tolerances sit at the rounding
 # of the code users run, or whose programs run longer than they compile (generation, scoring), is marked
 # ``xla_default_codegen``: its programs are compiled with XLA's defaults (the override below, per compile; the
-# programs' cache keys differ). Subprocesses (the CLI, the
-# 8-device checks) inherit XLA_FLAGS. Users' runs and benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1
-# runs the whole suite with them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without
+# programs' cache keys differ). Subprocesses (the CLI, the 8-device checks) inherit XLA_FLAGS. Users' runs and
+# benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1 runs the whole suite with them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without
 # the per-compile override could not honour the marker, so either leaves XLA's defaults on.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 #: XLA's own defaults for the same options, set per compile in modules marked ``xla_default_codegen``
