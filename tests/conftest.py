@@ -36,9 +36,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # counted, files written) does not depend on code generation. A test or module whose tolerances sit at the rounding
 # of the code users run, or whose programs run longer than they compile (generation, scoring), is marked
 # ``xla_default_codegen``: its programs are compiled with XLA's defaults (the override below, per compile; the
-# programs' cache keys differ). Subprocesses (the CLI, the 8-device checks) inherit XLA_FLAGS. Users' runs and
-# benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1 runs the whole suite with them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without
-# the per-compile override could not honour the marker, so either leaves XLA's defaults on.
+# programs' cache keys differ). Subprocesses (the CLI, the 8-device checks: :func:`simulated_devices_env`) inherit
+# XLA_FLAGS. Users' runs and benchmarks/ keep XLA's defaults; RBJAX_TEST_XLA_DEFAULTS=1 runs the whole suite with
+# them. A jaxlib that no longer knows a flag would abort at start-up, and a jax without the per-compile override
+# could not honour the marker, so either leaves XLA's defaults on.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 #: XLA's own defaults for the same options, set per compile in modules marked ``xla_default_codegen``
 XLA_DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
@@ -81,8 +82,16 @@ def _with_test_xla_flags() -> str:
 
 _OVERRIDE = _install_codegen_override()  # in every process that runs tests (the controller and each xdist worker)
 if "RBJAX_TEST_XLA_FLAGS_SET" not in os.environ:  # once per run: xdist workers and subprocesses inherit XLA_FLAGS
-    os.environ["XLA_FLAGS"] = _with_test_xla_flags() if _OVERRIDE else os.environ.get("XLA_FLAGS", "")
+    if _OVERRIDE:
+        os.environ["XLA_FLAGS"] = _with_test_xla_flags()
     os.environ["RBJAX_TEST_XLA_FLAGS_SET"] = "1"
+
+
+def simulated_devices_env(n: int, **env: str) -> dict:
+    """The environment of a subprocess with ``n`` simulated CPU devices: this run's environment and XLA_FLAGS (the
+    suite's code generation) with ``--xla_force_host_platform_device_count=n``, JAX on the CPU, and ``env``."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
+    return dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **env)
 # rbjax's own cache folder (file digests, parsed MultiWOZ splits) in a temporary folder too: nothing written to the
 # user's ~/.cache by the suite
 if "RBJAX_CACHE_DIR" not in os.environ:

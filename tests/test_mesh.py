@@ -18,7 +18,6 @@ partial gradients, all-reduced), so results agree to rounding, not bit for bit:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from rbjax.core.mesh import grid_mesh, padded_points
+from tests.conftest import simulated_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,9 +91,7 @@ def test_grid_mesh_uses_as_many_devices_as_any_valid_shape(n_dev):
 @pytest.fixture(scope="module")
 def mesh_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory):
     """The 8-device checks of tests/mesh_checks.py, run once in one subprocess (JSON per check)."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    env = simulated_devices_env(8)
     work = tmp_path_factory.mktemp("mesh_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "mesh_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
@@ -185,10 +183,8 @@ def test_two_process_sweep_equals_one_process(tiny_model_dir, tokenizer_dir, red
     port = _free_port()
     procs = []
     for i in range(2):
-        env = dict(os.environ,
-                   XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip(),
-                   JAX_PLATFORMS="cpu",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i))
+        env = simulated_devices_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                                    JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen([sys.executable, "-m", "rbjax.cli", *argv(tmp_path / "mh"), "--distributed"],
                                       env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []

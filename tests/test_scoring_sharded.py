@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.conftest import simulated_devices_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
@@ -54,10 +56,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_scoring_equals_one_device():
-    env = dict(os.environ,
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip(),
-               JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = simulated_devices_env(8, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -14,7 +14,6 @@ float32 sums (partial matmuls over ``fsdp``/``tensor`` slices, all-reduced), so 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_
 from rbjax.model import registry
 from rbjax.model.memory import PlanError, plan_for_model, plan_memory
 from rbjax.model.partition import LOGICAL_AXES, logical_axes_of_family
+from tests.conftest import simulated_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = ROOT / "tests" / "fixtures" / "llama3_8b"
@@ -188,10 +188,7 @@ def test_dry_run_plan_says_what_per_device_and_whole_run_mean(capsys):
 # ------------------------------------------------------------------------------------------------ 8 devices
 @pytest.fixture(scope="module")
 def sharding_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, shared_dir, tmp_path_factory):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's SPMD performance warnings
+    env = simulated_devices_env(8, TF_CPP_MIN_LOG_LEVEL="2")  # no XLA SPMD performance warnings
     work = tmp_path_factory.mktemp("sharding_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "sharding_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
@@ -388,11 +385,8 @@ def test_two_process_fsdp_debias_equals_one_process(tiny_model_dir, tokenizer_di
     port = _free_port()
     procs = []
     for i in range(2):
-        env = dict(os.environ,
-                   XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip(),
-                   JAX_PLATFORMS="cpu",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
-                   RBJAX_DISTRIBUTED="1", TF_CPP_MIN_LOG_LEVEL="2")
+        env = simulated_devices_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                                    JAX_PROCESS_ID=str(i), RBJAX_DISTRIBUTED="1", TF_CPP_MIN_LOG_LEVEL="2")
         procs.append(subprocess.Popen([sys.executable, "-m", "rbjax.cli", *argv(tmp_path / "mh"), "--mesh", "fsdp=4"],
                                       env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
