@@ -337,9 +337,10 @@ class Trainer:
             else:
                 programs = {sig: mesh_step.compile(a_state, b, a_frozen, self.spec) for sig, b in jobs.items()}
                 n_after = sum(job(a_final) for job in after)
-            # the checkpoint's finiteness check, so that a save inside the loop compiles nothing either
-            if jax.process_index() == 0:
-                all_finite(state.params)
+            # the checkpoint's finiteness check, so that a save inside the loop compiles nothing either. Every
+            # process runs it: over parameters split across hosts it is a collective, and a program that one
+            # process runs alone waits for the others until the collective's deadline.
+            all_finite(state.params)
         return programs, {"seconds": round(time.perf_counter() - t0, 3), "programs": len(programs),
                           "compiled": counter.compiled, "cache_hits": counter.cache_hits, "after_training": n_after}
 
