@@ -41,3 +41,24 @@ def test_bad_tokenizer_folders(tmp_path, tokenizer_dir):
     (small / "merges.txt").write_text("#version: 0.2\n")
     with pytest.raises(ValueError, match="has 1000 tokens, expected 50257"):
         load_tokenizer(small)
+
+
+def test_a_folder_is_read_once_until_its_files_change(tmp_path, tokenizer_dir, monkeypatch):
+    """A study loads the same tokenizer dozens of times: the files are read once per process; a rewritten file
+    (here tokenizer_config.json naming another eos token) is read again; every caller gets its own object."""
+    import shutil
+
+    from rbjax.model import tokenizer as tk
+
+    folder = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, folder)
+    reads = []
+    real = tk._read_folder
+    monkeypatch.setattr(tk, "_read_folder", lambda f: (reads.append(f), real(f))[1])
+    monkeypatch.chdir(tmp_path)
+    a, b = load_tokenizer(folder), load_tokenizer("tok")
+    assert len(reads) == 1 and a is not b and b.source == "tok"  # the path as this caller gave it
+    assert a.encode("hello there") == b.encode("hello there") and a.eos_id == 50256
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "!"}))
+    c = load_tokenizer(folder, expected_vocab_size=None)
+    assert len(reads) == 2 and c.eos_id == 0  # "!" is id 0 of the GPT-2 vocabulary
