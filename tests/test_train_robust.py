@@ -392,3 +392,19 @@ def test_sigterm_outside_training_stops_the_command_at_once():
     out, err = p.communicate(timeout=30)
     assert time.monotonic() - t0 < 10
     assert p.returncode == 130 and "SIGTERM" in err and "Traceback" not in err
+
+
+def test_a_run_without_evaluation_hashes_no_weights(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path,
+                                                    monkeypatch):
+    """No export, no LMB, no LMP: nothing is keyed on the trained weights, so none are hashed (a sha256 over every
+    weight took ≈ 3 s after each DialoGPT-small run); with the LMB on, they key its reuse and are hashed once."""
+    from rbjax.debias import run as dr
+
+    hashed = []
+    real = dr.tree_digest
+    monkeypatch.setattr(dr, "tree_digest", lambda tree: (hashed.append(1), real(tree))[1])
+    res = dr.debias(_cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "a", max_steps=1))
+    assert res["training"]["updates"] == 1 and hashed == []
+    res = dr.debias(_cfg(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "b", max_steps=1, evaluate=True,
+                         eval_bias="religion1"))
+    assert hashed == [1] and res["lmb_valid"]["all"][0]["bias_type"] == "religion1"
