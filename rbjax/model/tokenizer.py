@@ -28,6 +28,7 @@ import json
 import os
 from pathlib import Path
 
+from rbjax.core.digests import files_key
 from rbjax.model.chat_template import ChatTemplate, load_chat_template, read_chat_template
 from rbjax.model.hf import TOKENIZER_FILES, _looks_like_hub_id, resolve_model_dir
 
@@ -176,31 +177,17 @@ def _gpt2_bpe(folder: Path):
     return tok
 
 
-#: tokenizers read in this process, by folder and the state of its files (:func:`_folder_state`): a study's stages
-#: load the same tokenizer dozens of times (≈ 0.1 s each for GPT-2's BPE); the files are read and checked once.
+#: tokenizers read in this process, keyed on their files' content (:func:`rbjax.core.digests.files_key` of
+#: :data:`rbjax.model.hf.TOKENIZER_FILES`, as every key in rbjax): a study's stages load the same tokenizer dozens of
+#: times (≈ 0.1 s each for GPT-2's BPE); its files are read and checked once.
 _READ: dict[tuple, Tokenizer] = {}
 _READ_MAX = 16
 
 
-def _folder_state(folder: Path) -> tuple:
-    """``(folder, ((name, size, mtime_ns, inode), …))`` of the files in ``folder`` (symbolic links followed): a
-    file added, removed, rewritten or replaced changes it."""
-    rows = []
-    with os.scandir(folder) as it:
-        for e in it:
-            try:
-                if e.is_file():
-                    st = e.stat()
-                    rows.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
-            except OSError:  # a dangling link or a file removed meanwhile: part of the state
-                rows.append((e.name, -1, -1, -1))
-    return str(folder.resolve()), tuple(sorted(rows))
-
-
 def _from_folder(folder: Path) -> Tokenizer | None:
-    """The folder's tokenizer: read once per process while its files do not change (each call gets its own
+    """The folder's tokenizer: read once per process while its files keep their content (each call gets its own
     :class:`Tokenizer`; they share the immutable ``tokenizers`` object)."""
-    key = _folder_state(folder)
+    key = tuple(sorted(files_key(folder / f for f in TOKENIZER_FILES).items()))
     hit = _READ.get(key)
     if hit is None:
         hit = _read_folder(folder)
