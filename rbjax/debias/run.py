@@ -248,16 +248,14 @@ def evaluate_run(cfg: DebiasRun, trainer: Trainer, params, model_dir: Path | Non
     content, reference file content, line cap, block size) is the same.
 
     Args:
-        model_key: the digest of the exported model files or of ``params``; ``None`` only with both evaluations off.
+        model_key: the digest of the exported model files; ``None`` (not exported): the digest of ``params``,
+            computed only when an evaluation is on (a sha256 over every weight: ≈ 3 s at 124M parameters).
 
     Returns:
         ``{"lmb_valid": ..., "lmp": ...}`` (keys present for the evaluations switched on) and ``"reused"``.
-    Raises:
-        ValueError: ``model_key`` is ``None`` while an evaluation is on.
     """
     if model_key is None and (cfg.evaluation.evaluate or cfg.evaluation.lmp):
-        raise ValueError("evaluate_run: model_key is None, but the LMB or LMP evaluation is on (its reuse is keyed on "
-                         "the model's digest)")
+        model_key = tree_digest(to_host(params))  # the trained parameters key the evaluation's reuse
     res: dict[str, Any] = {"reused": {}}
     if cfg.evaluation.evaluate:
 
@@ -540,12 +538,7 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
                 atomic_write_text(model_out / "chat_template.jinja", trainer.data.chat.template.text)
         else:
             model_dir = model_out
-    if model_dir is not None:
-        model_key = digest(model_files_key(model_dir))
-    elif cfg.evaluation.evaluate or cfg.evaluation.lmp:  # the trained parameters key the evaluation's reuse
-        model_key = tree_digest(to_host(params))
-    else:  # nothing to key: no sha256 over every weight (≈ 3 s at DialoGPT-small's 124M parameters)
-        model_key = None
+    model_key = digest(model_files_key(model_dir)) if model_dir is not None else None
     try:
         evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key,
                              previous=prev if prev_done else None)
