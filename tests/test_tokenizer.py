@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from rbjax.model import tokenizer as tk
 from rbjax.model.tokenizer import load_tokenizer
 
 
@@ -47,8 +48,6 @@ def test_a_folder_is_read_once_until_its_files_change(tmp_path, tokenizer_dir, m
     """A study loads the same tokenizer dozens of times: the files are read once per process; a rewritten file
     (here tokenizer_config.json naming another eos token) is read again; every caller gets its own object."""
     import shutil
-
-    from rbjax.model import tokenizer as tk
 
     folder = tmp_path / "tok"
     shutil.copytree(tokenizer_dir, folder)

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from rbjax.debias import run as dr
 from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.train.optim import global_norm, make_optimizer
 from rbjax.train.step import TrainState
@@ -398,8 +399,6 @@ def test_a_run_without_evaluation_hashes_no_weights(tiny_model_dir, tokenizer_di
                                                     monkeypatch):
     """No export, no LMB, no LMP: nothing is keyed on the trained weights, so none are hashed (a sha256 over every
     weight took ≈ 3 s after each DialoGPT-small run); with the LMB on, they key its reuse and are hashed once."""
-    from rbjax.debias import run as dr
-
     hashed = []
     real = dr.tree_digest
     monkeypatch.setattr(dr, "tree_digest", lambda tree: (hashed.append(1), real(tree))[1])
