@@ -45,17 +45,19 @@ def test_bad_tokenizer_folders(tmp_path, tokenizer_dir):
 
 
 def test_a_folder_is_read_once_until_its_files_change(tmp_path, tokenizer_dir, monkeypatch):
-    """A study loads the same tokenizer dozens of times: the files are read once per process; a rewritten file
-    (here tokenizer_config.json naming another eos token) is read again; every caller gets its own object."""
+    """A study loads the same tokenizer dozens of times: the files are read once per process (keyed on their
+    content: a copy of the folder is the same tokenizer); a rewritten file (here tokenizer_config.json naming
+    another eos token) is read again; every caller gets its own object, named by the path it gave."""
     import shutil
 
     folder = tmp_path / "tok"
     shutil.copytree(tokenizer_dir, folder)
     reads = []
     real = tk._read_folder
+    monkeypatch.setattr(tk, "_READ", {})  # what earlier tests in this process read does not count here
     monkeypatch.setattr(tk, "_read_folder", lambda f: (reads.append(f), real(f))[1])
     monkeypatch.chdir(tmp_path)
-    a, b = load_tokenizer(folder), load_tokenizer("tok")
+    a, b = load_tokenizer(tokenizer_dir), load_tokenizer("tok")
     assert len(reads) == 1 and a is not b and b.source == "tok"  # the path as this caller gave it
     assert a.encode("hello there") == b.encode("hello there") and a.eos_id == 50256
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "!"}))
