@@ -17,7 +17,7 @@ import pytest
 
 from rbjax.core.precision import DTYPES, PRECISIONS, get_policy
 from rbjax.debias.objective import DebiasObjective
-from rbjax.train.step import StepSpec, init_state, micro_batch_losses, train_step_jit
+from rbjax.train.step import StepSpec, init_state, micro_batch_grads, micro_batch_losses, train_step_jit
 from rbjax.dialog import state_tracking
 from rbjax.lmb.perplexity import PerplexityScorer, token_nll
 from rbjax.model import generate as gen
@@ -102,6 +102,32 @@ def test_fp32_training_update_ignores_global_matmul_default(global_bf16_matmuls)
     assert m_bf == m_32
     for a, b in zip(jax.tree.leaves(p_bf), jax.tree.leaves(p_32)):
         np.testing.assert_array_equal(a, b)
+
+
+
+@pytest.mark.parametrize("method", ["lm", "hd"])
+def test_fp32_update_backward_ignores_global_matmul_default(global_bf16_matmuls, method):
+    """The whole update, backward included, is traced under the policy: the LM head's gradient is a custom VJP
+    whose matmuls are traced when the gradient is taken, not when the loss is. Traced outside the context they would
+    carry the global default (bf16 on a TPU, TF32 on an A100) and, on every backend, differ from the forward's
+    logits so that XLA computed the (positions × V) logits twice."""
+    params = init_params(CFG, 2)
+    ids, mask = _batch(np.random.default_rng(2))
+    spec = StepSpec(config=CFG, objective=DebiasObjective(method), dropout=True)
+    st = init_state(params, spec, hparams=np.ones(len(spec.objective.hparam_names), np.float32), lr=1e-3,
+                    t_total=10)
+    micro = {"input_ids": ids, "attention_mask": mask}
+    shared = {}
+    if method == "hd":  # the neutralisation loss: occurrence weights per example, target pairs shared by the update
+        occ = np.zeros((ids.shape[0], 1, ids.shape[1]), np.float32)
+        occ[:, 0, 2] = 1.0
+        micro.update(occ_weights=occ, occ_mask=np.ones((ids.shape[0], 1), np.float32))
+        shared = {"pair_ids": np.array([[[5], [6]], [[7], [8]]], np.int32), "pair_mask": np.ones((2, 2, 1), np.int32)}
+    stacked = {**{k: v[None] for k, v in micro.items()}, "rng": np.zeros((1, 4), np.uint32), **shared}
+    precs = _dot_precisions(train_step_jit.lower(st, stacked, spec=spec).as_text())
+    assert precs and set(precs) == {"HIGHEST"}, precs
+    precs = _dot_precisions(micro_batch_grads.lower(params, {**micro, **shared}, st.hparams, None, spec).as_text())
+    assert precs and set(precs) == {"HIGHEST"}, precs
 
 
 def test_fp32_scoring_sampling_and_dst_ignore_global_matmul_default(global_bf16_matmuls):

@@ -216,7 +216,8 @@ def train_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -
 
     def one(mb):
         fn = lambda p: batch_losses(combine(frozen, p), {**mb, **shared}, state.hparams, mb["rng"], spec)  # noqa: E731
-        (tot, aux), g = jax.value_and_grad(fn, has_aux=True)(state.params)
+        with spec.policy.matmul_context():  # the backward too: a custom VJP's matmuls are traced here, not in fn
+            (tot, aux), g = jax.value_and_grad(fn, has_aux=True)(state.params)
         return jax.tree.map(lambda x: x * scale, g), jnp.stack([tot] + [aux[n] for n in names])
 
     n_micro = micro["input_ids"].shape[0]
@@ -325,4 +326,5 @@ def micro_batch_losses(params, batch: dict, hparams, spec: StepSpec):
 @partial(jax.jit, static_argnames=("spec",))
 def micro_batch_grads(params, batch: dict, hparams, rng, spec: StepSpec):
     """Unscaled gradient of one micro-batch's total loss (with dropout when ``rng`` is given and the spec has it)."""
-    return jax.grad(lambda p: batch_losses(p, batch, hparams, rng, spec)[0])(params)
+    with spec.policy.matmul_context():
+        return jax.grad(lambda p: batch_losses(p, batch, hparams, rng, spec)[0])(params)
