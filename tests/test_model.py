@@ -190,3 +190,36 @@ def test_broken_files_are_clear_errors(tiny_model_dir, tmp_path, tokenizer_dir):
         load_tokenizer(t)
     with pytest.raises(FileNotFoundError, match="tokenizer folder not found"):
         load_tokenizer(tmp_path / "nope")
+
+
+def test_dropout_mask_probability_keys_and_scaling():
+    """rbjax's dropout (rbjax.model.layers): the mask keeps each element with probability 1 − rate (within the
+    binomial error of 2²⁰ draws), is a function of the key alone, takes a traced keep probability (LoRA's stored
+    rate), and the kept elements are scaled by 1 / keep as PyTorch's nn.Dropout does."""
+    from rbjax.model.layers import Dropout, keep_mask
+
+    n = 1 << 20
+    key = jax.random.key(3, impl="rbg")
+    for keep in (0.9, 0.5, 0.1):
+        m = np.asarray(keep_mask(key, keep, (n,)))
+        assert abs(m.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n), (keep, m.mean())
+        # neighbours independent: the pairs of adjacent elements both kept occur keep² of the time
+        both = (m[1:] & m[:-1]).mean()
+        assert abs(both - keep ** 2) < 5 * np.sqrt(keep ** 2 * (1 - keep ** 2) / n), (keep, both)
+    a, b = keep_mask(key, 0.9, (64, 64)), keep_mask(key, 0.9, (64, 64))
+    np.testing.assert_array_equal(a, b)
+    other = keep_mask(jax.random.fold_in(key, 1), 0.9, (64, 64))
+    assert np.asarray(a != other).any()
+    traced = jax.jit(lambda k, p: keep_mask(k, p, (64, 64)))(key, jnp.float32(0.9))
+    np.testing.assert_array_equal(traced, a)
+    raw = keep_mask(jax.random.PRNGKey(3), 0.9, (4096,))  # a raw two-word threefry key works too
+    assert raw.shape == (4096,) and 0.85 < float(raw.mean()) < 0.95
+
+    x = jnp.arange(1.0, 4097.0, dtype=jnp.float32).reshape(64, 64)
+    drop = Dropout(0.1)
+    y = drop.apply({}, x, deterministic=False, rngs={"dropout": key})
+    kept = np.asarray(y != 0)
+    np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / np.float32(0.9), rtol=2e-7)  # (1 ulp)
+    assert 0.85 < kept.mean() < 0.95
+    np.testing.assert_array_equal(drop.apply({}, x, deterministic=True), x)
+    np.testing.assert_array_equal(Dropout(0.0).apply({}, x, deterministic=False, rngs={"dropout": key}), x)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from rbjax.model import hf_config as hc
 from rbjax.model.layers import (
     ACTIVATIONS,
+    Dropout,
     KVCache,
     Linear,
     RMSNorm,
@@ -192,7 +193,7 @@ class _Attention(nn.Module):
             k, v = kv = write_cache(kv, k, v, ai.index)
         drop = None
         if c.attention_dropout and not deterministic:
-            drop = lambda p: nn.Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
+            drop = lambda p: Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
         out = dot_product_attention(q, k, v, ai, scale=c.query_pre_attn_scalar ** -0.5, dtype=self.dtype,
                                     softcap=c.attn_logit_softcapping, window=c.window(self.layer), dropout=drop)
         return Linear(c.hidden_size, b, std, self.dtype, name="o_proj")(out), kv

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
-from rbjax.model.layers import attention_inputs, lora_update, position_ids_from_mask
+from rbjax.model.layers import Dropout, attention_inputs, lora_update, position_ids_from_mask
 
 __all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
 
@@ -181,11 +181,11 @@ class _Attention(nn.Module):
             scores = scores / jnp.float32(self.layer + 1)
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax in every precision
-        probs = nn.Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
+        probs = Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dt), v.astype(dt),
                          preferred_element_type=jnp.float32).reshape(B, T, d)
         out = _Dense(d, cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, dt, name="c_proj")(out)
-        return nn.Dropout(cfg.resid_pdrop)(out, deterministic=deterministic), kv
+        return Dropout(cfg.resid_pdrop)(out, deterministic=deterministic), kv
 
 
 class _MLP(nn.Module):
@@ -198,7 +198,7 @@ class _MLP(nn.Module):
         h = _Dense(cfg.inner_dim, cfg.initializer_range, self.dtype, name="c_fc")(x)
         h = _ACTIVATIONS[cfg.activation_function](h)
         h = _Dense(x.shape[-1], cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, self.dtype, name="c_proj")(h)
-        return nn.Dropout(cfg.resid_pdrop)(h, deterministic=deterministic)
+        return Dropout(cfg.resid_pdrop)(h, deterministic=deterministic)
 
 
 class _Block(nn.Module):
@@ -296,7 +296,7 @@ class GPT2LMHeadModel(nn.Module):
         ai = attention_inputs(B, L, attention_mask, position_ids, cache)
         allowed, position_ids, index = ai.allowed, ai.q_pos, ai.index
         x = (wte(input_ids) + wpe(position_ids)).astype(jnp.float32)
-        x = nn.Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
+        x = Dropout(cfg.embd_pdrop)(x, deterministic=deterministic)
         new_k, new_v = [], []
         for i in range(cfg.n_layer):
             kv = None if cache is None else (cache.keys[i], cache.values[i])

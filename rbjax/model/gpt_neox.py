@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from rbjax.model import hf_config as hc
 from rbjax.model.layers import (
     ACTIVATIONS,
+    Dropout,
     KVCache,
     Linear,
     apply_rope,
@@ -158,7 +159,7 @@ class _Attention(nn.Module):
             k, v = kv = write_cache(kv, k, v, ai.index)
         drop = None
         if c.attention_dropout and not deterministic:
-            drop = lambda p: nn.Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
+            drop = lambda p: Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
         out = dot_product_attention(q, k, v, ai, scale=hd ** -0.5, dtype=self.dtype, dropout=drop)
         return Linear(d, c.attention_bias, c.initializer_range, self.dtype, name="dense")(out), kv
 
@@ -182,7 +183,7 @@ class _Layer(nn.Module):
     @nn.compact
     def __call__(self, x, ai, cos, sin, deterministic, kv=None):
         c = self.config
-        drop = nn.Dropout(c.hidden_dropout)
+        drop = Dropout(c.hidden_dropout)
         a, kv = _Attention(c, self.dtype, name="attention")(
             nn.LayerNorm(c.layer_norm_eps, name="input_layernorm")(x), ai, cos, sin, deterministic, kv)
         a = drop(a, deterministic=deterministic)
@@ -213,7 +214,7 @@ class GPTNeoXForCausalLM(nn.Module):
                                                          r.high_freq_factor, r.original_max_position_embeddings))
         embed = nn.Embed(c.vocab_size, c.hidden_size, embedding_init=nn.initializers.normal(c.initializer_range),
                          name="embed_in")
-        x = nn.Dropout(c.hidden_dropout)(embed(input_ids).astype(jnp.float32), deterministic=deterministic)
+        x = Dropout(c.hidden_dropout)(embed(input_ids).astype(jnp.float32), deterministic=deterministic)
         x, new_kv = decoder_layers(lambda i: _Layer(c, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
                                    cos, sin, deterministic, cache)
         hidden = nn.LayerNorm(c.layer_norm_eps, name="final_layer_norm")(x)

@@ -50,6 +50,52 @@ NEG = float(np.finfo(np.float32).min)
 LORA = "lora"
 
 
+def keep_mask(key, keep, shape) -> jax.Array:
+    """Dropout's mask: ``True`` with probability ``keep`` (a float or a traced float32 scalar), independently per
+    element of ``shape``.
+
+    The bits come from XLA's ``RngBitGenerator`` with the ThreeFry algorithm, keyed by the key's four 32-bit words
+    (the ``rbg`` keys of training, :func:`rbjax.train.batching.dropout_key`; a two-word threefry key is padded with
+    zeros). JAX's own draw from an ``rbg`` key, ``jax.random.bernoulli``, uses the backend's default algorithm,
+    Philox on CPU and GPU, which XLA's CPU backend computes about 5× slower (64-bit multiplies per word): the masks
+    of a DST update took ≈ 14 % of it (benchmarks/RESULTS.md, "A whole debias run"). Each element compares the
+    top 24 bits of its word, as a uniform number in [0, 1), with ``keep`` (JAX's uniform uses 23): the probability
+    is ``keep`` within 2⁻²⁴.
+
+    Args:
+        key: a PRNG key (typed or raw ``uint32`` words). keep: the keep probability ``1 − rate``.
+        shape: the mask's shape.
+    Returns:
+        bool ``shape``.
+    """
+    words = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    words = jnp.ravel(words).astype(jnp.uint32)
+    if words.shape[0] < 4:
+        words = jnp.concatenate([words, jnp.zeros(4 - words.shape[0], jnp.uint32)])
+    _, bits = jax.lax.rng_bit_generator(words[:4], tuple(shape), jnp.uint32,
+                                        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    uniform = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0 ** -24)
+    return uniform < jnp.asarray(keep, jnp.float32)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout, as ``flax.linen.Dropout`` and PyTorch's ``nn.Dropout``: in training each element is zeroed
+    with probability ``rate`` and the others are scaled by ``1 / (1 − rate)``; the identity when ``deterministic``
+    or ``rate == 0``. The key is the module's ``dropout`` PRNG stream, the mask :func:`keep_mask`'s."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        keep = 1.0 - self.rate
+        return jnp.where(keep_mask(self.make_rng("dropout"), keep, x.shape), x / jnp.asarray(keep, x.dtype),
+                         jnp.zeros_like(x))
+
+
 def lora_update(module: nn.Module, x, y, dtype):
     """``y`` plus the dense layer's low-rank adapter update when its parameters hold one (LoRA, Hu et al. 2021):
     ``y + scale · (dropout(x) @ A) @ B``, computed unmerged (the frozen kernel is never copied or differentiated).
@@ -65,7 +111,7 @@ def lora_update(module: nn.Module, x, y, dtype):
     h = x
     if "dropout" in a and module.has_rng("dropout"):
         keep = 1.0 - jnp.asarray(a["dropout"], jnp.float32)
-        mask = jax.random.bernoulli(module.make_rng("dropout"), keep, x.shape)
+        mask = keep_mask(module.make_rng("dropout"), keep, x.shape)
         h = jnp.where(mask, x.astype(jnp.float32) / keep, 0.0)
     h = jnp.dot(h.astype(dtype), a["A"].astype(dtype), preferred_element_type=jnp.float32)
     d = jnp.dot(h.astype(dtype), a["B"].astype(dtype), preferred_element_type=jnp.float32)

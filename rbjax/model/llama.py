@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from rbjax.model import hf_config as hc
 from rbjax.model.layers import (
     ACTIVATIONS,
+    Dropout,
     KVCache,
     Linear,
     RMSNorm,
@@ -250,7 +251,7 @@ class _Attention(nn.Module):
             k, v = kv = write_cache(kv, k, v, ai.index)
         drop = None
         if c.attention_dropout and not deterministic:
-            drop = lambda p: nn.Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
+            drop = lambda p: Dropout(c.attention_dropout)(p, deterministic=False)  # noqa: E731
         out = dot_product_attention(q, k, v, ai, scale=c.head_dim ** -0.5, dtype=self.dtype,
                                     window=c.window(self.layer), dropout=drop)
         return Linear(c.hidden_size, c.o_bias, std, self.dtype, name="o_proj")(out), kv

@@ -112,9 +112,10 @@ def update_plan(n_batches: int, grad_accum: int, epochs: int, leftover: str = "d
 def dropout_key(seed: int, epoch: int, batch_index: int):
     """Dropout key of one micro-batch: ``fold_in(fold_in(key(seed), epoch), batch_index)`` (raw key data, uint32).
 
-    The key uses JAX's ``rbg`` implementation (XLA's RngBitGenerator): deterministic on a given backend, and on CPU
-    it compiles the dropout masks of a GPT-2 step about twice as fast as the default threefry. Returned as raw key
-    data so that batches stack with numpy; :func:`rbjax.train.step.train_step` wraps it back.
+    The key uses JAX's ``rbg`` implementation (four 32-bit words): deterministic on a given backend, and on CPU it
+    compiles the dropout of a GPT-2 step about twice as fast as the default threefry keys; the masks themselves are
+    drawn from each site's words by :func:`rbjax.model.layers.keep_mask`. Returned as raw key data so that batches
+    stack with numpy; :func:`rbjax.train.step.train_step` wraps it back.
     """
     import jax
 
