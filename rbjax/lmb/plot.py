@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_file
@@ -155,6 +154,8 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
         types = list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
     else:
         types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
+
+    from scipy import stats  # here, not at the top: ≈ 0.5 s that commands which draw nothing do not pay
 
     def critical_t(r: dict) -> float:  # two-tailed |t| at alpha for the record's own df (normal without one)
         df = r.get("df")

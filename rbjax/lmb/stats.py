@@ -1,5 +1,8 @@
 """Statistics of language model bias (paper §3.1), on top of ``scipy.stats``.
 
+``scipy.stats`` is imported where a test runs (≈ 0.5 s at start-up that a command which computes no statistic,
+e.g. ``rbjax debias`` without its evaluation, does not pay).
+
 Sign convention everywhere: differences are biased (T1) − counterfactual (T2), so a
 negative t-value means the model finds the stereotypical phrases *more likely* (lower
 perplexity) than their counterfactuals — the stereotypical direction.
@@ -10,7 +13,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
 
 from rbjax.data.outliers import DEFAULT_DDOF, ROUNDING_ULPS, constant_up_to_rounding, outlier_pairs, outliers  # noqa: F401 (the rule lives in the data layer; re-exported here)
 
@@ -50,6 +52,8 @@ def paired_ttest(a, b) -> dict:
         status = ("undefined: every paired difference is zero" if abs(float(d.mean())) <= tol
                   else "zero variance of the differences")
         return {"t_value": None, "p_value": None, "df": n - 1, "status": status}
+    from scipy import stats
+
     r = stats.ttest_rel(a, b)
     return {"t_value": _clean(r.statistic), "p_value": _clean(r.pvalue), "df": n - 1, "status": "ok"}
 
@@ -77,6 +81,8 @@ def welch_ttest(a, b) -> dict:
         return {"t_value": None, "p_value": None, "status": status}
     sa = 0.0 if ca else float(a.std(ddof=1))
     sb = 0.0 if cb else float(b.std(ddof=1))
+    from scipy import stats
+
     r = stats.ttest_ind_from_stats(a.mean(), sa, a.size, b.mean(), sb, b.size, equal_var=False)
     return {"t_value": _clean(r.statistic), "p_value": _clean(r.pvalue), "status": "ok"}
 
@@ -110,6 +116,8 @@ def bootstrap_ci(diff, confidence: float = 0.95, n_resamples: int = 10000, seed:
     d = np.asarray(diff, dtype=np.float64)
     if d.size < 2 or constant_up_to_rounding(d, scale):
         return None
+    from scipy import stats
+
     res = stats.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
                           method="BCa", random_state=np.random.default_rng(seed))
     lo, hi = res.confidence_interval
@@ -132,6 +140,8 @@ def wilcoxon(d: np.ndarray, scale: float | None = None) -> dict:
         return {"statistic": None, "p_value": None, "status": "undefined: every paired change is zero"}
     if int(np.sum(d != 0)) < 2:
         return {"statistic": None, "p_value": None, "status": "too few pairs"}
+    from scipy import stats
+
     r = stats.wilcoxon(d)
     return {"statistic": _clean(r.statistic), "p_value": _clean(r.pvalue), "status": "ok"}
 
@@ -149,6 +159,8 @@ def adjust_pvalues(p_values: Sequence[float | None]) -> dict[str, list[float | N
         return out
     ps = np.array([p_values[i] for i in idx], dtype=np.float64)
     bonf = np.minimum(ps * len(ps), 1.0)
+    from scipy import stats
+
     bh = stats.false_discovery_control(ps, method="bh")
     for j, i in enumerate(idx):
         out["bonferroni"][i] = float(bonf[j])
