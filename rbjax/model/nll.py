@@ -13,7 +13,9 @@ custom VJP that recomputes the softmax from the saved log-sum-exp. Under differe
 take all the columns in one step while the (positions × V) float32 logits fit in :data:`HEAD_GRAD_BYTES` — a
 micro-batch's positions are few, a loop over chunks costs more than the bytes it saves, and XLA then computes the
 logits once for both passes (benchmarks/RESULTS.md, "The LM head under differentiation") — and stream over chunks
-above it, so a long batch never stores the logits.
+above it, so a long batch never stores the logits. The backward's matmuls are traced when the gradient is taken, so
+the caller takes it under the same matmul precision as the loss (:func:`rbjax.train.step.train_step` does): traced
+under another one they would compute the logits again, and in that precision.
 
 Precision: ``compute_dtype=jnp.bfloat16`` feeds the matmuls bf16 inputs with float32 accumulation; the running
 max, the sum of exponentials and the log are always float32. ``None`` (default) computes in float32.
