@@ -58,7 +58,8 @@ def keep_mask(key, keep, shape) -> jax.Array:
     (the ``rbg`` keys of training, :func:`rbjax.train.batching.dropout_key`; a two-word threefry key is padded with
     zeros). JAX's own draw from an ``rbg`` key, ``jax.random.bernoulli``, uses the backend's default algorithm,
     Philox on CPU and GPU, which XLA's CPU backend computes about 5× slower (64-bit multiplies per word): the masks
-    of a DST update took ≈ 14 % of it (benchmarks/RESULTS.md, "A whole debias run"). Each element compares the
+    of a DST update took ≈ 14 % of it (benchmarks/RESULTS.md, "A whole debias run"); on a TPU, whose default is
+    a hardware generator, ThreeFry is computed in software (not measured there). Each element compares the
     top 24 bits of its word, as a uniform number in [0, 1), with ``keep`` (JAX's uniform uses 23): the probability
     is ``keep`` within 2⁻²⁴.
 
