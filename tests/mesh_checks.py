@@ -16,6 +16,9 @@ Checks (each prints ``{"check": NAME, ...figures}`` on one line):
   parameter differences, and the losses of both.
 * ``grid_chunk``: a chunk of 6 grid points (batch 4, padded token layout) on the 8-device mesh :func:`rbjax.core.mesh.grid_mesh` picks, and
   the same chunk on one device; the mesh shape and the maximum parameter differences over the points.
+* ``dropout_masks``: :func:`rbjax.model.layers.keep_mask` of one key computed with its output split over a
+  ``grid × data`` mesh (rows over ``data``; vmapped over ``grid`` points sharing the key, as a grid chunk's step) and
+  on one device: equal element for element.
 * ``scorer_ahead``: the LMB scorer's programs compiled ahead from the parameters' shapes alone (rows split over the 8
   devices), then phrases scored: the programs built by each.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
@@ -188,8 +191,29 @@ def check_scorer_ahead(args) -> dict:
             "used": sorted(list(p[:3]) for p in scorer.programs), "planned": sorted(list(s) for s in shapes)}
 
 
+def check_dropout_masks(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from rbjax.model.layers import keep_mask
+
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("grid", "data"))
+    key = jax.random.key_data(jax.random.key(7, impl="rbg"))
+    masked = lambda k, x: jnp.where(keep_mask(k, 0.9, x.shape), x, 0.0)  # noqa: E731
+    x = jnp.ones((8, 4, 16, 32), jnp.float32)
+    one = np.asarray(jax.jit(masked)(key, x))
+    rows = jax.jit(masked, out_shardings=NamedSharding(mesh, P("data")))(
+        key, jax.device_put(x, NamedSharding(mesh, P("data"))))
+    points = jax.jit(jax.vmap(masked, in_axes=(None, 0)), out_shardings=NamedSharding(mesh, P("grid", "data")))(
+        key, jax.device_put(jnp.ones((4,) + x.shape, jnp.float32), NamedSharding(mesh, P("grid", "data"))))
+    return {"kept": float(one.mean()), "rows_equal": bool(np.array_equal(np.asarray(rows), one)),
+            "points_equal": bool(all(np.array_equal(np.asarray(points)[i], one) for i in range(4)))}
+
+
 CHECKS = {"data_parallel": check_data_parallel, "grid_chunk": check_grid_chunk, "sweep_compiles": check_sweep_compiles,
-          "scorer_ahead": check_scorer_ahead}
+          "scorer_ahead": check_scorer_ahead, "dropout_masks": check_dropout_masks}
 
 
 def main(argv=None) -> int:

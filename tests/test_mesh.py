@@ -8,9 +8,12 @@ this pytest process has already started it with one device.
 Tolerances. Sharding changes the order of float32 sums (a micro-batch's gradient becomes a sum of per-device
 partial gradients, all-reduced), so results agree to rounding, not bit for bit:
 
-* per-update losses and gradient norms: relative difference ≤ :data:`METRICS_RTOL` (1e-5; seen: ≤ 6e-6);
-* parameters: ‖Δ‖₂ over all weights ≤ :data:`MOVEMENT_RTOL` (1e-3; seen: ≤ 4e-5) of how far training moved them,
-  and every single weight within :data:`WEIGHT_ATOL_LR` (0.25; seen: ≤ 0.04) of one update's size ``lr``. Adam
+* per-update losses and gradient norms: relative difference ≤ :data:`METRICS_RTOL` (3e-5; seen: the LM loss ≤ 3e-7,
+  gradient norms ≤ 2e-6, the debiasing loss and the total ≤ 1.3e-5: a sum of terms that nearly cancel, whose
+  relative rounding depends on the dropout masks' draw — 7.6e-6 with the earlier Philox masks, 1.2e-5 with
+  today's; the masks themselves are equal on the mesh and on one device);
+* parameters: ‖Δ‖₂ over all weights ≤ :data:`MOVEMENT_RTOL` (1e-3; seen: ≤ 8e-5) of how far training moved them,
+  and every single weight within :data:`WEIGHT_ATOL_LR` (0.25; seen: ≤ 0.17) of one update's size ``lr``. Adam
   divides each gradient entry by its own running RMS, so an entry whose gradients nearly cancel between two updates
   turns a rounding difference into a visible fraction of a step; a quarter step stays far below what separates two
   grid points here (several steps).
@@ -29,7 +32,7 @@ from tests.conftest import simulated_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
-METRICS_RTOL = 1e-5
+METRICS_RTOL = 3e-5
 MOVEMENT_RTOL = 1e-3
 WEIGHT_ATOL_LR = 0.25
 
@@ -95,7 +98,7 @@ def mesh_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory)
     work = tmp_path_factory.mktemp("mesh_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "mesh_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
-           "data_parallel", "grid_chunk", "sweep_compiles", "scorer_ahead"]
+           "data_parallel", "grid_chunk", "sweep_compiles", "scorer_ahead", "dropout_masks"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, f"mesh_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     out = {}
@@ -112,6 +115,14 @@ def test_scorer_programs_compiled_ahead_on_8_devices(mesh_checks):
     r = mesh_checks["scorer_ahead"]
     assert r["n_devices"] == 8 and r["programs"] >= 1 and r["built_ahead"] >= r["programs"]
     assert r["used"] == r["planned"] and r["built_scoring"] == 0
+
+
+def test_dropout_masks_equal_on_the_mesh_and_on_one_device(mesh_checks):
+    """A dropout mask whose rows are split over ``data`` (and vmapped over ``grid`` points sharing the key) is the
+    one-device mask element for element: what lets the mesh runs below agree with one device to rounding."""
+    r = mesh_checks["dropout_masks"]
+    assert r["rows_equal"] and r["points_equal"], r
+    assert 0.85 < r["kept"] < 0.95, r
 
 
 def _assert_close(r):
