@@ -36,8 +36,9 @@ from rbjax.train.frozen import combine
 from rbjax.train.optim import ClipAdam, learning_rate
 
 __all__ = ["Objective", "shared_keys", "StepSpec", "TrainState", "init_state", "stack_states", "unstack_state",
-           "batch_losses", "train_step", "train_step_jit", "grid_train_step", "MeshStep", "step_on_mesh",
-           "compiled_programs", "clear_programs", "micro_batch_losses", "micro_batch_grads", "hparams_array"]
+           "batch_losses", "loss_and_grad", "train_step", "train_step_jit", "grid_train_step", "MeshStep",
+           "step_on_mesh", "compiled_programs", "clear_programs", "micro_batch_losses", "micro_batch_grads",
+           "hparams_array"]
 
 
 class Objective(Protocol):
@@ -188,6 +189,16 @@ def batch_losses(params, batch: dict, hparams, rng, spec: StepSpec, *, dropout: 
         return spec.objective(params, batch, hparams, key, spec)
 
 
+def loss_and_grad(params, batch: dict, hparams, rng, spec: StepSpec, frozen=None):
+    """``((total, metrics), gradient)`` of one micro-batch's loss in ``params`` (the trained parameters; ``frozen``
+    the rest, :mod:`rbjax.train.frozen`), forward and backward traced under the precision policy's matmul context:
+    a custom VJP's matmuls (the LM head's, :mod:`rbjax.model.nll`) are traced when the gradient is taken, not with
+    the loss, so a context around the loss alone would leave them at the global default precision."""
+    fn = lambda p: batch_losses(combine(frozen, p), batch, hparams, rng, spec)  # noqa: E731
+    with spec.policy.matmul_context():
+        return jax.value_and_grad(fn, has_aux=True)(params)
+
+
 # ------------------------------------------------------------------------------------------------------- step
 def train_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -> tuple[TrainState, dict]:
     """One update from the micro-batches of ``batch`` (pure; jit with ``spec`` static, see :data:`train_step_jit`).
@@ -215,9 +226,7 @@ def train_step(state: TrainState, batch: dict, frozen=None, *, spec: StepSpec) -
     names = tuple(spec.objective.metric_names)
 
     def one(mb):
-        fn = lambda p: batch_losses(combine(frozen, p), {**mb, **shared}, state.hparams, mb["rng"], spec)  # noqa: E731
-        with spec.policy.matmul_context():  # the backward too: a custom VJP's matmuls are traced here, not in fn
-            (tot, aux), g = jax.value_and_grad(fn, has_aux=True)(state.params)
+        (tot, aux), g = loss_and_grad(state.params, {**mb, **shared}, state.hparams, mb["rng"], spec, frozen)
         return jax.tree.map(lambda x: x * scale, g), jnp.stack([tot] + [aux[n] for n in names])
 
     n_micro = micro["input_ids"].shape[0]
@@ -326,5 +335,4 @@ def micro_batch_losses(params, batch: dict, hparams, spec: StepSpec):
 @partial(jax.jit, static_argnames=("spec",))
 def micro_batch_grads(params, batch: dict, hparams, rng, spec: StepSpec):
     """Unscaled gradient of one micro-batch's total loss (with dropout when ``rng`` is given and the spec has it)."""
-    with spec.policy.matmul_context():
-        return jax.grad(lambda p: batch_losses(p, batch, hparams, rng, spec)[0])(params)
+    return loss_and_grad(params, batch, hparams, rng, spec)[1]
