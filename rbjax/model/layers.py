@@ -79,10 +79,16 @@ def keep_mask(key, keep, shape) -> jax.Array:
     return uniform < jnp.asarray(keep, jnp.float32)
 
 
+def dropout(x, key, keep):
+    """Inverted dropout of ``x``: each element kept with probability ``keep`` (:func:`keep_mask`; a float or a traced
+    scalar) and scaled by ``1 / keep``, the others 0. Shape and dtype of ``x``."""
+    return jnp.where(keep_mask(key, keep, x.shape), x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
+
+
 class Dropout(nn.Module):
     """Inverted dropout, as ``flax.linen.Dropout`` and PyTorch's ``nn.Dropout``: in training each element is zeroed
     with probability ``rate`` and the others are scaled by ``1 / (1 − rate)``; the identity when ``deterministic``
-    or ``rate == 0``. The key is the module's ``dropout`` PRNG stream, the mask :func:`keep_mask`'s."""
+    or ``rate == 0``. The key is the module's ``dropout`` PRNG stream (:func:`dropout`)."""
 
     rate: float
 
@@ -92,9 +98,7 @@ class Dropout(nn.Module):
             return x
         if self.rate == 1.0:
             return jnp.zeros_like(x)
-        keep = 1.0 - self.rate
-        return jnp.where(keep_mask(self.make_rng("dropout"), keep, x.shape), x / jnp.asarray(keep, x.dtype),
-                         jnp.zeros_like(x))
+        return dropout(x, self.make_rng("dropout"), 1.0 - self.rate)
 
 
 def lora_update(module: nn.Module, x, y, dtype):
@@ -111,9 +115,7 @@ def lora_update(module: nn.Module, x, y, dtype):
     a = module.get_variable("params", LORA)
     h = x
     if "dropout" in a and module.has_rng("dropout"):
-        keep = 1.0 - jnp.asarray(a["dropout"], jnp.float32)
-        mask = keep_mask(module.make_rng("dropout"), keep, x.shape)
-        h = jnp.where(mask, x.astype(jnp.float32) / keep, 0.0)
+        h = dropout(x.astype(jnp.float32), module.make_rng("dropout"), 1.0 - jnp.asarray(a["dropout"], jnp.float32))
     h = jnp.dot(h.astype(dtype), a["A"].astype(dtype), preferred_element_type=jnp.float32)
     d = jnp.dot(h.astype(dtype), a["B"].astype(dtype), preferred_element_type=jnp.float32)
     return y + d * jnp.asarray(a["scale"], jnp.float32)
