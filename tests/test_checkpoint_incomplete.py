@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rbjax.debias.run import debias_trainer
+from rbjax.train import loop
 
 from tests.conftest import small_train_config
 
@@ -61,3 +62,17 @@ def test_a_checkpoint_of_another_run_is_still_refused(tiny_model_dir, tokenizer_
     with pytest.raises(ValueError, match="different run"):
         debias_trainer(cfg.replace(lambda_d=50.0)).run()
     shutil.rmtree(tmp_path / "run")
+
+
+def test_a_checkpoint_of_an_older_trajectory_format_is_refused(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                               tmp_path, monkeypatch):
+    """CHECKPOINT_FORMAT is bumped when the same settings give another trajectory (format 5: other dropout masks):
+    a checkpoint written under the previous format is not resumed as if it were this run's."""
+    cfg = small_train_config(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path / "run", max_steps=2,
+                             save_every=1, dropout=False)
+    current = loop.CHECKPOINT_FORMAT
+    monkeypatch.setattr(loop, "CHECKPOINT_FORMAT", current - 1)
+    debias_trainer(cfg).run(stop_after=1)
+    monkeypatch.setattr(loop, "CHECKPOINT_FORMAT", current)
+    with pytest.raises(ValueError, match="different run"):
+        debias_trainer(cfg).run()

@@ -66,9 +66,10 @@ log = get_logger("train")
 #: a run stops when a point skipped this many updates in a row for non-finite gradients
 MAX_CONSECUTIVE_SKIPS = 25
 #: bumped when the checkpoint content or a run's trajectory changes incompatibly (older checkpoints are then not
-#: resumed): 4 — packed micro-batches spread over several rows where the attention pays for it (the dropout masks of
-#: a packed run follow its rows)
-CHECKPOINT_FORMAT = 4
+#: resumed, and a finished run of an older format is not reused): 4 — packed micro-batches spread over several rows
+#: where the attention pays for it (the dropout masks of a packed run follow its rows); 5 — dropout masks drawn with
+#: ThreeFry (:func:`rbjax.model.layers.keep_mask`), and the LM head's backward in the policy's precision
+CHECKPOINT_FORMAT = 5
 
 
 @dataclasses.dataclass(frozen=True)
