@@ -19,6 +19,7 @@ from rbjax.commands.options import OptionParser
 from rbjax.core.compilation import CompileCounter, enable_compile_cache
 from rbjax.core.distributed import initialize, requested
 from rbjax.core.errors import SettingError
+from rbjax.core.host_allocator import configure_host_allocator
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.log import get_logger
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        configure_host_allocator()  # before JAX's CPU threads start: freed buffers reused (rbjax.core.host_allocator)
         if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
             initialize()
         cache = enable_compile_cache(args.compile_cache)  # the second run of the same shapes compiles nothing

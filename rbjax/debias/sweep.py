@@ -57,6 +57,7 @@ import jax
 import numpy as np
 
 from rbjax.core.errors import SettingError
+from rbjax.core.host_allocator import configure_host_allocator
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, read_json, to_json, versions
 from rbjax.core.keys import canonical, digest
 from rbjax.core.log import get_logger
@@ -444,6 +445,7 @@ def run_chunk(task: dict, contexts: ContextCache | None = None) -> list[dict]:
         :class:`rbjax.core.reuse.KeyedResult`, keyed on the points' keys). A chunk whose records file has
         the same key is not run again; an interrupted chunk resumes from its checkpoints.
     """
+    configure_host_allocator()  # a Ray worker's first task: before its first JAX work (the CLI did it for this process)
     base = DebiasRun.from_flat(task["base"])
     B, A = task["plan"]
     pts = [GridPoint(**p) for p in task["points"]]
