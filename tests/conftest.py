@@ -29,11 +29,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
-# glibc's own allocator for the suite and its CLI subprocesses: the suite compiles thousands of tiny programs from
-# several threads, where one malloc arena's lock (rbjax.core.host_allocator) costs more than the page faults it saves
-# on a real model's buffers (measured: two training test files 5-13 % slower). tests/test_host_allocator.py sets the
-# mode explicitly.
-os.environ.setdefault("RBJAX_HOST_ALLOCATOR", "system")
 # Compile for compile time: the suite's programs are tiny and mostly compiled once, so XLA's CPU compiler spends far
 # longer optimising them than they run. LLVM without optimisation and XLA's elemental (not the MLIR fusion) emitters
 # cut the backend compile time of a training-step test about 3x and the suite's time by about a third (README, Test).

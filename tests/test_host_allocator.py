@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from rbjax.cli import main
@@ -51,8 +52,8 @@ def test_freed_output_buffers_are_reused_not_faulted_in_again():
     # glibc's defaults: every call's 96 MiB output is a fresh mapping, faulted in page by page
     assert system["faults"] >= 0.9 * CALLS * PAGES, system
     # kept for reuse: a freed block serves a later call. The heap grows (new pages) only until the blocks freed by
-    # posix_memalign's splits have merged into one that fits: seen after 2-11 calls, then no call faults
-    assert reuse["faults"] <= 0.5 * CALLS * PAGES, reuse
+    # posix_memalign's splits have merged into one that fits: seen after 2-4 calls, then no call faults
+    assert reuse["faults"] <= 0.25 * CALLS * PAGES, reuse
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc only")
@@ -71,6 +72,14 @@ def test_a_bad_mode_is_named(monkeypatch, capsys):
     # the command line says so and stops, before any work
     assert main(["measure", "--model", "x", "--bias", "religion1"]) == 1
     assert "$RBJAX_HOST_ALLOCATOR 'fast': expected one of reuse, system" in capsys.readouterr().err
+
+
+def test_too_late_once_jax_runs(monkeypatch):
+    """In this process JAX's backends exist (conftest's fixtures ran programs): the setting cannot be made whole."""
+    monkeypatch.setattr(host_allocator, "_applied", None)
+    monkeypatch.setattr(host_allocator.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
+    jax.numpy.zeros(1).block_until_ready()
+    assert configure_host_allocator("reuse") == "late"
 
 
 def test_system_leaves_the_allocator_alone(monkeypatch):
