@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        configure_host_allocator()  # before JAX's CPU threads start: freed buffers reused (rbjax.core.host_allocator)
+        configure_host_allocator()  # before JAX's CPU client exists: freed buffers reused (rbjax.core.host_allocator)
         if requested():  # RBJAX_DISTRIBUTED=1: join the multi-host job before any JAX work (docs/scale.md)
             initialize()
         cache = enable_compile_cache(args.compile_cache)  # the second run of the same shapes compiles nothing
