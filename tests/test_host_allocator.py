@@ -1,6 +1,6 @@
 """The host allocator setting (rbjax.core.host_allocator): an XLA program's freed output buffer is reused by its next
 execution instead of being mapped and zero-filled again by the kernel — counted in page faults, in a fresh process
-(the setting must come before JAX's CPU threads start)."""
+(the setting must come before JAX's CPU client is created)."""
 import json
 import os
 import platform
@@ -16,7 +16,9 @@ from rbjax.core.host_allocator import ENV_HOST_ALLOCATOR, configure_host_allocat
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
-#: a 96 MiB output per call (over glibc's largest mmap threshold, 32 MiB), 32 calls; the page faults of the calls
+CALLS = 32
+PAGES = 4 * 24 * 1024 * 1024 // 4096  # of one 96 MiB output
+#: a 96 MiB output per call (over glibc's largest mmap threshold, 32 MiB), CALLS calls; the page faults of the calls
 _SCRIPT = r"""
 import json, resource, sys
 from rbjax.core.host_allocator import configure_host_allocator
@@ -26,13 +28,11 @@ f = jax.jit(lambda x: x + 1.0)
 x = jnp.zeros((24 * 1024 * 1024,), jnp.float32)
 f(x).block_until_ready().delete()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for i in range(CALLS):
+for i in range(%d):
     f(x).block_until_ready().delete()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 print(json.dumps({"mode": mode, "faults": after - before}))
-""".replace("CALLS", "32")
-CALLS = 32
-PAGES = 4 * 24 * 1024 * 1024 // 4096  # of one 96 MiB output
+""" % CALLS
 
 
 def _faults(mode: str, **env) -> dict:
@@ -75,7 +75,7 @@ def test_a_bad_mode_is_named(monkeypatch, capsys):
 
 
 def test_too_late_once_jax_runs(monkeypatch):
-    """In this process JAX's backends exist (conftest's fixtures ran programs): the setting cannot be made whole."""
+    """Once JAX's backends exist (this test runs a program first) the setting cannot be made whole: nothing is done."""
     monkeypatch.setattr(host_allocator, "_applied", None)
     monkeypatch.setattr(host_allocator.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
     jax.numpy.zeros(1).block_until_ready()
