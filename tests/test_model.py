@@ -13,6 +13,8 @@ import pytest
 
 from rbjax.model import hf
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, _Dense, init_params
+from rbjax.model.layers import Dropout, keep_mask
+from rbjax.model.tokenizer import load_tokenizer
 
 
 def _state_from_params(params, cfg):
@@ -166,8 +168,6 @@ def test_hub_id_without_network_is_a_clear_error(monkeypatch, tmp_path):
 def test_broken_files_are_clear_errors(tiny_model_dir, tmp_path, tokenizer_dir):
     import shutil
 
-    from rbjax.model.tokenizer import load_tokenizer
-
     d = tmp_path / "m"
     shutil.copytree(tiny_model_dir, d)
     cfg = json.loads((d / "config.json").read_text())
@@ -196,8 +196,6 @@ def test_dropout_mask_probability_keys_and_scaling():
     """rbjax's dropout (rbjax.model.layers): the mask keeps each element with probability 1 − rate (within the
     binomial error of 2²⁰ draws), is a function of the key alone, takes a traced keep probability (LoRA's stored
     rate), and the kept elements are scaled by 1 / keep as PyTorch's nn.Dropout does."""
-    from rbjax.model.layers import Dropout, keep_mask
-
     n = 1 << 20
     key = jax.random.key(3, impl="rbg")
     for keep in (0.9, 0.5, 0.1):
