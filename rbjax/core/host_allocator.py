@@ -28,8 +28,8 @@ before its first JAX work. From Python, call it before the first JAX computation
 ``RBJAX_HOST_ALLOCATOR=system`` leaves the allocator as it is (``reuse``, the default, applies the setting). Nothing
 is changed either where the C library is not glibc (macOS, musl), when the user set glibc's malloc variables
 (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
-``MALLOC_TOP_PAD_``, or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``), or when another allocator is preloaded
-(``LD_PRELOAD``): their choice stands.
+``MALLOC_TOP_PAD_``, or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``), or when anything is preloaded
+(``LD_PRELOAD``: it may be another allocator, e.g. jemalloc or tcmalloc): their choice stands.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def configure_host_allocator(mode: str | None = None) -> str:
 
     Returns:
         what was done: ``"reuse"`` (the setting is applied, now or by an earlier call), ``"system"`` (asked not
-        to), ``"user"`` (glibc's malloc variables or a preloaded allocator are the user's), ``"unavailable"``
+        to), ``"user"`` (glibc's malloc variables are set, or a library is preloaded), ``"unavailable"``
         (the C library is not glibc, or it refused), ``"late"`` (JAX's backends exist already: nothing changed).
 
     Raises:
