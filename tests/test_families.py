@@ -334,3 +334,39 @@ def test_weights_that_do_not_match_are_named(tmp_path):
         fam.params_from_hf(bad, cfg, "w.safetensors")
     ok = dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"]})  # a tied copy is accepted
     fam.params_from_hf(ok, cfg, "w.safetensors")
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_query_positions_give_the_full_states_at_those_positions(name):
+    """``query_positions``: the last layer computes its outputs at a few positions only (the DST classifier's
+    pooled token); states, logits and their gradients equal the full call's there, for plain, left-padded and
+    packed rows (sliding windows, soft-caps and parallel residuals included)."""
+    cfg, fam, params = _model(name)
+    m = fam.module(cfg)
+    pad = np.concatenate([np.zeros((2, 3), np.int32), IDS], 1)
+    mask = np.concatenate([np.zeros((2, 3), np.int32), np.ones_like(IDS)], 1)
+    seg = np.concatenate([np.zeros(5), np.ones(9)])
+    packed = (np.concatenate([IDS[0, :5], IDS[1]])[None], jnp.asarray((seg[:, None] == seg[None, :])[None]),
+              jnp.asarray(np.concatenate([np.arange(5), np.arange(9)])[None]))
+    cases = [((IDS,), np.array([[8, 0, 3], [4, 4, 7]], np.int32)),
+             ((pad, mask), np.array([[11, 3, 6], [5, 9, 11]], np.int32)),
+             (packed, np.array([[4, 13, 7]], np.int32))]
+    for args, pos in cases:
+        lg, hid = m.apply({"params": params}, *args)
+        lq, hq = m.apply({"params": params}, *args, query_positions=jnp.asarray(pos))
+        assert hq.shape == pos.shape + (cfg.width,)
+        at = lambda x: np.take_along_axis(np.asarray(x), pos[..., None], axis=1)  # noqa: E731
+        np.testing.assert_allclose(np.asarray(hq), at(hid), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lq), at(lg), rtol=1e-5, atol=1e-6)
+        w = jnp.asarray(np.random.default_rng(0).normal(size=pos.shape + (cfg.width,)), jnp.float32)
+        g_full = jax.grad(lambda p: jnp.sum(jnp.take_along_axis(
+            m.apply({"params": p}, *args, return_logits=False)[1], jnp.asarray(pos)[..., None], axis=1) * w))(params)
+        g_sel = jax.grad(lambda p: jnp.sum(m.apply({"params": p}, *args, return_logits=False,
+                                                   query_positions=jnp.asarray(pos))[1] * w))(params)
+        for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_sel)):  # float32 sums in another order
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.linalg.norm(b - a) <= 1e-5 * np.linalg.norm(a) + 1e-7
+    with pytest.raises(ValueError, match="cache"):
+        m.apply({"params": params}, IDS[:, :4], cache=fam.init_cache(cfg, 2, 9), query_positions=jnp.zeros((2, 1), int))
+    with pytest.raises(ValueError, match=r"\(B, Q\)"):
+        m.apply({"params": params}, IDS, query_positions=jnp.zeros((2,), jnp.int32))

@@ -22,14 +22,15 @@ from rbjax.train.batching import (
 )
 from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.dialog.crg_data import CRGObjective
-from rbjax.dialog.state_tracking import DSTObjective
+from rbjax.dialog.state_tracking import DSTObjective, pooled_index
 from rbjax.train.config import TrainerConfig
 from rbjax.core.mesh import run_mesh
 from rbjax.model.handle import ModelHandle
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
 from rbjax.train.step import StepSpec, batch_losses, compiled_programs
-from rbjax.model.gpt2 import GPT2Config, init_params
+from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
+from rbjax.train.lm import forward_at, forward_hidden
 from tests.conftest import religion1_train_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -231,6 +232,36 @@ def _packed(batch, n_rows):
     need = packed_need(lengths, n_rows)
     pack, unpack = pack_index(batch["attention_mask"], rows, (need[0] + 1, need[1] + 2))  # room to spare
     return {**batch, "pack": pack, "unpack": unpack}
+
+
+@pytest.mark.parametrize("n_rows", [0, 1, 3])  # 0: the padded layout
+def test_forward_at_equals_the_full_states_at_the_positions(n_rows):
+    """``forward_at`` (the DST objective's forward: the last layer at the pooled tokens only) gives
+    ``forward_hidden``'s states at those positions, and the same gradients, in either layout; an example without
+    tokens reads zeros in the packed layout, as there."""
+    rng = np.random.default_rng(5)
+    params = init_params(CFG, seed=2)
+    batch = _dialog_batch(rng, [12, 9, 7, 0, 11, 3])
+    if n_rows:
+        batch = _packed(batch, n_rows)
+    model = GPT2LMHeadModel(CFG)
+    idx = pooled_index(batch["attention_mask"])
+    w = jnp.asarray(rng.normal(size=(6, CFG.n_embd)), jnp.float32)
+
+    def full(p):
+        return jnp.take_along_axis(forward_hidden(model, p, batch, False, None)[0], idx[:, None, None], axis=1)[:, 0]
+
+    def at(p):
+        return forward_at(model, p, batch, False, None, idx)
+
+    np.testing.assert_allclose(np.asarray(at(params)), np.asarray(full(params)), rtol=1e-5, atol=1e-6)
+    if n_rows:
+        assert not np.any(np.asarray(at(params))[3])
+    g_full = jax.grad(lambda p: jnp.sum(full(p) * w))(params)
+    g_at = jax.grad(lambda p: jnp.sum(at(p) * w))(params)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_at)):  # float32 sums in another order
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.linalg.norm(b - a) <= 1e-5 * np.linalg.norm(a) + 1e-7
 
 
 @pytest.mark.parametrize("method", ["dst", "crg"])

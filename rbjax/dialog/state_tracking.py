@@ -58,7 +58,7 @@ from rbjax.core.progress import progress_bar
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
 from rbjax.model.partition import logical_axes_for
 from rbjax.model.registry import family_of_config
-from rbjax.train.lm import forward_hidden
+from rbjax.train.lm import forward_at
 
 __all__ = [
     "SEMANTICS", "POOLING", "TRUNCATION", "BLOCK_SIZE", "REFERENCE_SEED", "SEP", "DSTExample", "turn_context",
@@ -338,12 +338,14 @@ def dst_logits(params, head_params: dict, input_ids, attention_mask, config, *, 
     kw = dict(deterministic=dropout_rng is None, rngs=None if dropout_rng is None else {"dropout": dropout_rng},
               return_logits=False)
     if pooling == "last":
-        _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask, **kw)
         idx = pooled_index(attention_mask)
     else:
-        _, hidden = model.apply({"params": params}, input_ids, attention_mask=None, **kw)
         idx = jnp.broadcast_to(jnp.max(pooled_index(attention_mask)), (input_ids.shape[0],))
-    return dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], head_params)
+        attention_mask = None
+    # the last layer computes the pooled token's state alone (``query_positions``)
+    _, hidden = model.apply({"params": params}, input_ids, attention_mask=attention_mask,
+                            query_positions=idx[:, None], **kw)
+    return dst_head_logits(hidden[:, 0], head_params)
 
 
 def dst_head_logits(pooled, head_params: dict) -> jax.Array:
@@ -390,7 +392,7 @@ class DSTObjective:
     ``params = {"gpt2": the model's params, "head": init_head(...)}``; the micro-batch holds ``input_ids``/
     ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` and optionally ``weights`` ``(B,)`` (default: 1 for a row with
     a token, 0 for the filler rows of a short last batch). In the packed layout the model runs on the packed rows
-    (:func:`rbjax.train.lm.forward_hidden`) and the last real token is pooled from the unpacked states.
+    (:func:`rbjax.train.lm.forward_at`) and the last real token's state is read from its packed slot.
 
     Attributes:
         pooling: ``last`` or ``reference`` (:func:`dst_logits`; the reference pooling attends padding and is never
@@ -421,9 +423,9 @@ class DSTObjective:
             if self.pooling != "last":
                 raise ValueError("the reference DST pooling attends padding: use the padded layout")
             model = family_of_config(spec.config).module(spec.config)
-            hidden, _ = forward_hidden(model, params["gpt2"], batch, key is not None, key)
-            idx = pooled_index(batch["attention_mask"])
-            logits = dst_head_logits(jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0], params["head"])
+            pooled = forward_at(model, params["gpt2"], batch, key is not None, key,
+                                pooled_index(batch["attention_mask"]))
+            logits = dst_head_logits(pooled, params["head"])
         else:
             logits = dst_logits(params["gpt2"], params["head"], batch["input_ids"], batch["attention_mask"],
                                 spec.config, pooling=self.pooling, dropout_rng=key)

@@ -32,11 +32,14 @@ from rbjax.model.layers import (
     apply_rope,
     attention_inputs,
     causal_lm_outputs,
+    check_query_positions,
     decoder_layers,
     dot_product_attention,
+    gather_positions,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
+    select_queries,
     write_cache,
 )
 
@@ -179,14 +182,18 @@ class _Attention(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         c = self.config
         B, L, _ = x.shape
+        xq, cq, sq = x, cos, sin
+        if positions is not None:  # the queries at ``positions`` only (the keys and values at every position)
+            xq, cq, sq = (gather_positions(t, positions) for t in (x, cos, sin))
+            ai = select_queries(ai, positions)
         std, b = c.initializer_range, c.attention_bias
-        q = Linear(c.num_attention_heads * c.head_dim, b, std, self.dtype, name="q_proj")(x)
+        q = Linear(c.num_attention_heads * c.head_dim, b, std, self.dtype, name="q_proj")(xq)
         k = Linear(c.num_key_value_heads * c.head_dim, b, std, self.dtype, name="k_proj")(x)
         v = Linear(c.num_key_value_heads * c.head_dim, b, std, self.dtype, name="v_proj")(x)
-        q = apply_rope(q.reshape(B, L, c.num_attention_heads, c.head_dim), cos, sin)
+        q = apply_rope(q.reshape(B, xq.shape[1], c.num_attention_heads, c.head_dim), cq, sq)
         k = apply_rope(k.reshape(B, L, c.num_key_value_heads, c.head_dim), cos, sin)
         v = v.reshape(B, L, c.num_key_value_heads, c.head_dim)
         if kv is not None:
@@ -218,11 +225,11 @@ class _Layer(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         eps = self.config.rms_norm_eps
         a, kv = _Attention(self.config, self.layer, self.dtype, name="self_attn")(
-            RMSNorm(eps, 1.0, name="input_layernorm")(x), ai, cos, sin, deterministic, kv)
-        x = x + RMSNorm(eps, 1.0, name="post_attention_layernorm")(a)
+            RMSNorm(eps, 1.0, name="input_layernorm")(x), ai, cos, sin, deterministic, kv, positions)
+        x = (x if positions is None else gather_positions(x, positions)) + RMSNorm(eps, 1.0, name="post_attention_layernorm")(a)
         h = _MLP(self.config, self.dtype, name="mlp")(RMSNorm(eps, 1.0, name="pre_feedforward_layernorm")(x))
         return x + RMSNorm(eps, 1.0, name="post_feedforward_layernorm")(h), kv
 
@@ -238,9 +245,10 @@ class Gemma2ForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
-                 return_logits: bool = True, cache: KVCache | None = None):
+                 return_logits: bool = True, cache: KVCache | None = None, query_positions=None):
         c = self.config
         B, L = input_ids.shape
+        check_query_positions(query_positions, cache)
         ai = attention_inputs(B, L, attention_mask, position_ids, cache)
         r = c.rope
         cos, sin = rope_cos_sin(ai.q_pos, rope_inv_freq(c.head_dim, r.theta, r.type, r.factor, r.low_freq_factor,
@@ -250,7 +258,7 @@ class Gemma2ForCausalLM(nn.Module):
         normalizer = jnp.asarray(c.hidden_size ** 0.5, self.dtype).astype(jnp.float32)
         x = embed(input_ids).astype(jnp.float32) * normalizer
         x, new_kv = decoder_layers(lambda i: _Layer(c, i, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
-                                   cos, sin, deterministic, cache)
+                                   cos, sin, deterministic, cache, query_positions)
         hidden = RMSNorm(c.rms_norm_eps, 1.0, name="norm")(x)
         head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "lm_head", c.vocab_size, c.hidden_size,
                              c.initializer_range)

@@ -29,7 +29,16 @@ import jax
 import jax.numpy as jnp
 
 from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
-from rbjax.model.layers import Dropout, attention_inputs, lora_update, position_ids_from_mask
+from rbjax.model.layers import (
+    AttentionInputs,
+    Dropout,
+    attention_inputs,
+    check_query_positions,
+    gather_positions,
+    lora_update,
+    position_ids_from_mask,
+    select_queries,
+)
 
 __all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
 
@@ -160,15 +169,20 @@ class _Attention(nn.Module):
     layer: int = 0
 
     @nn.compact
-    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
-        """x (B, T, d) float32; allowed (B|1, 1, T, S) bool; kv: optional cached ``(k, v)`` (B, S, nh, hd)."""
+    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None, positions=None):
+        """x (B, T, d) float32; allowed (B|1, 1, T, S) bool; kv: optional cached ``(k, v)`` (B, S, nh, hd);
+        positions: optional (B, Q), the only queries computed (the output is then (B, Q, d))."""
         cfg = self.config
         B, T, d = x.shape
         nh, hd = cfg.n_head, d // cfg.n_head
         dt = self.dtype
         qkv = _Dense(3 * d, cfg.initializer_range, dt, name="c_attn")(x)
         q, k, v = jnp.split(qkv, 3, axis=-1)
-        q, k, v = (t.reshape(B, T, nh, hd) for t in (q, k, v))
+        if positions is not None:  # the few query rows read (the fused projection computes every row's q anyway)
+            q, allowed = gather_positions(q, positions), select_queries(
+                AttentionInputs(allowed, positions, positions), positions).allowed
+        q = q.reshape(B, q.shape[1], nh, hd)
+        k, v = (t.reshape(B, T, nh, hd) for t in (k, v))
         if kv is not None:  # write the new keys/values at the cache's write index, attend over the whole cache
             k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
             v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
@@ -183,7 +197,7 @@ class _Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax in every precision
         probs = Dropout(cfg.attn_pdrop)(probs, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dt), v.astype(dt),
-                         preferred_element_type=jnp.float32).reshape(B, T, d)
+                         preferred_element_type=jnp.float32).reshape(B, q.shape[1], d)
         out = _Dense(d, cfg.initializer_range / (2 * cfg.n_layer) ** 0.5, dt, name="c_proj")(out)
         return Dropout(cfg.resid_pdrop)(out, deterministic=deterministic), kv
 
@@ -207,11 +221,11 @@ class _Block(nn.Module):
     layer: int = 0
 
     @nn.compact
-    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None):
+    def __call__(self, x, allowed, deterministic: bool, kv=None, index=None, positions=None):
         eps = self.config.layer_norm_epsilon
         a, kv = _Attention(self.config, self.dtype, self.layer, name="attn")(nn.LayerNorm(eps, name="ln_1")(x), allowed,
-                                                                 deterministic, kv, index)
-        x = x + a
+                                                                 deterministic, kv, index, positions)
+        x = (x if positions is None else gather_positions(x, positions)) + a
         x = x + _MLP(self.config, self.dtype, name="mlp")(nn.LayerNorm(eps, name="ln_2")(x), deterministic)
         return x, kv
 
@@ -253,7 +267,7 @@ class GPT2LMHeadModel(nn.Module):
     """GPT-2 with a tied LM head.
 
     ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
-    cache=None)``
+    cache=None, query_positions=None)``
 
     Args:
         input_ids: int array (B, L) of token ids.
@@ -271,6 +285,10 @@ class GPT2LMHeadModel(nn.Module):
             ``cache.index`` and the block attends to every real slot up to itself; the call then returns
             ``(logits, hidden, new_cache)``. A (B, L) ``attention_mask`` marks the block's real tokens
             (default: all real).
+        query_positions: optional int (B, Q): return the states (and logits) at these positions only, (B, Q, d).
+            The last block then computes its queries, attention output and MLP at them alone (its keys and values
+            at every position), so a caller that reads a few states per row (the DST classifier's pooled token)
+            skips most of that block; the values equal the full call's at those positions. Not with a ``cache``.
 
     Returns:
         ``(logits, hidden)`` (plus the updated cache when ``cache`` is given): logits (B, L, V) in float32
@@ -287,9 +305,10 @@ class GPT2LMHeadModel(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
-                 return_logits: bool = True, cache: KVCache | None = None):
+                 return_logits: bool = True, cache: KVCache | None = None, query_positions=None):
         cfg = self.config
         B, L = input_ids.shape
+        check_query_positions(query_positions, cache)
         wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=nn.initializers.normal(cfg.initializer_range),
                        name="wte")
         wpe = nn.Embed(cfg.n_positions, cfg.n_embd, embedding_init=nn.initializers.normal(0.01), name="wpe")
@@ -300,7 +319,8 @@ class GPT2LMHeadModel(nn.Module):
         new_k, new_v = [], []
         for i in range(cfg.n_layer):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = _Block(cfg, self.dtype, i, name=f"h_{i}")(x, allowed, deterministic, kv, index)
+            x, kv = _Block(cfg, self.dtype, i, name=f"h_{i}")(
+                x, allowed, deterministic, kv, index, query_positions if i == cfg.n_layer - 1 else None)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

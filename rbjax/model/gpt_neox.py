@@ -34,11 +34,14 @@ from rbjax.model.layers import (
     apply_rope,
     attention_inputs,
     causal_lm_outputs,
+    check_query_positions,
     decoder_layers,
     dot_product_attention,
+    gather_positions,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
+    select_queries,
     write_cache,
 )
 
@@ -148,13 +151,17 @@ class _Attention(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         c = self.config
         B, L, d = x.shape
         H, hd = c.num_attention_heads, c.head_dim
         qkv = Linear(3 * d, c.attention_bias, c.initializer_range, self.dtype, name="query_key_value")(x)
         q, k, v = jnp.split(qkv.reshape(B, L, H, 3 * hd), 3, axis=-1)  # per head [q | k | v]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if positions is not None:  # the queries at ``positions`` only (the fused projection computes all anyway)
+            q, cos, sin = (gather_positions(t, positions) for t in (q, cos, sin))
+            ai = select_queries(ai, positions)
+        q = apply_rope(q, cos, sin)
         if kv is not None:
             k, v = kv = write_cache(kv, k, v, ai.index)
         drop = None
@@ -181,12 +188,14 @@ class _Layer(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         c = self.config
         drop = Dropout(c.hidden_dropout)
         a, kv = _Attention(c, self.dtype, name="attention")(
-            nn.LayerNorm(c.layer_norm_eps, name="input_layernorm")(x), ai, cos, sin, deterministic, kv)
+            nn.LayerNorm(c.layer_norm_eps, name="input_layernorm")(x), ai, cos, sin, deterministic, kv, positions)
         a = drop(a, deterministic=deterministic)
+        if positions is not None:
+            x = gather_positions(x, positions)
         ln2 = nn.LayerNorm(c.layer_norm_eps, name="post_attention_layernorm")
         mlp = _MLP(c, self.dtype, name="mlp")
         if c.use_parallel_residual:
@@ -205,9 +214,10 @@ class GPTNeoXForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
-                 return_logits: bool = True, cache: KVCache | None = None):
+                 return_logits: bool = True, cache: KVCache | None = None, query_positions=None):
         c = self.config
         B, L = input_ids.shape
+        check_query_positions(query_positions, cache)
         ai = attention_inputs(B, L, attention_mask, position_ids, cache)
         r = c.rope
         cos, sin = rope_cos_sin(ai.q_pos, rope_inv_freq(c.rotary_ndims, r.theta, r.type, r.factor, r.low_freq_factor,
@@ -216,7 +226,7 @@ class GPTNeoXForCausalLM(nn.Module):
                          name="embed_in")
         x = Dropout(c.hidden_dropout)(embed(input_ids).astype(jnp.float32), deterministic=deterministic)
         x, new_kv = decoder_layers(lambda i: _Layer(c, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
-                                   cos, sin, deterministic, cache)
+                                   cos, sin, deterministic, cache, query_positions)
         hidden = nn.LayerNorm(c.layer_norm_eps, name="final_layer_norm")(x)
         head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "embed_out", c.vocab_size, c.hidden_size,
                              c.initializer_range)

@@ -304,6 +304,35 @@ def attention_inputs(B: int, L: int, attention_mask=None, position_ids=None, cac
     return AttentionInputs(allowed, position_ids, position_ids)
 
 
+def gather_positions(x, positions):
+    """``x`` (B, L, ...) at ``positions`` (B, Q) int: (B, Q, ...) (the rows of a call's queries, :func:`select_queries`)."""
+    return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def select_queries(ai: AttentionInputs, positions) -> AttentionInputs:
+    """The attention inputs of the queries at ``positions`` (B, Q) only: ``allowed`` (B, 1, Q, S) and ``q_pos``
+    (B, Q) gathered, the keys unchanged. A last layer whose outputs are read at a few positions (a classifier's
+    pooled token, :func:`decoder_layers`) computes its queries, attention output and MLP there alone."""
+    B = positions.shape[0]
+    allowed = jnp.broadcast_to(ai.allowed, (B,) + ai.allowed.shape[1:])
+    allowed = jnp.take_along_axis(allowed, positions[:, None, :, None], axis=2)
+    return ai._replace(allowed=allowed, q_pos=jnp.take_along_axis(ai.q_pos, positions, axis=1))
+
+
+def check_query_positions(query_positions, cache) -> None:
+    """``query_positions`` (B, Q) is for a whole-sequence call: a decoding cache needs every position's state.
+
+    Raises:
+        ValueError: both given, or ``query_positions`` not 2-D.
+    """
+    if query_positions is None:
+        return
+    if cache is not None:
+        raise ValueError("query_positions cannot be combined with a cache (decoding reads every position)")
+    if query_positions.ndim != 2:
+        raise ValueError(f"query_positions must be (B, Q), got shape {tuple(query_positions.shape)}")
+
+
 def write_cache(kv, k, v, index):
     """Write the block's keys/values (B, L, KV, D) into the layer's cache ``kv`` at slot ``index``."""
     k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
@@ -345,16 +374,18 @@ def soft_cap(x, cap: float | None):
 
 
 def decoder_layers(make_layer, num_layers: int, x, ai: AttentionInputs, cos, sin, deterministic: bool,
-                   cache: KVCache | None):
-    """Run ``make_layer(i)(x, ai, cos, sin, deterministic, kv)`` for ``i < num_layers`` in order (the rotary
-    families' decoder stack), giving layer ``i`` its slice of ``cache``.
+                   cache: KVCache | None, query_positions=None):
+    """Run ``make_layer(i)(x, ai, cos, sin, deterministic, kv, positions)`` for ``i < num_layers`` in order (the
+    rotary families' decoder stack), giving layer ``i`` its slice of ``cache``. With ``query_positions`` (B, Q) the
+    last layer computes its outputs at those positions only (its keys and values at every position): ``x`` comes
+    back (B, Q, d), equal to the full stack's output gathered there.
 
     Returns ``(x, (keys, values))``: the last layer's output and each layer's updated cache (empty without a cache).
     """
     keys, values = [], []
     for i in range(num_layers):
         kv = None if cache is None else (cache.keys[i], cache.values[i])
-        x, kv = make_layer(i)(x, ai, cos, sin, deterministic, kv)
+        x, kv = make_layer(i)(x, ai, cos, sin, deterministic, kv, query_positions if i == num_layers - 1 else None)
         if cache is not None:
             keys.append(kv[0])
             values.append(kv[1])

@@ -43,11 +43,14 @@ from rbjax.model.layers import (
     apply_rope,
     attention_inputs,
     causal_lm_outputs,
+    check_query_positions,
     decoder_layers,
     dot_product_attention,
+    gather_positions,
     output_matrix,
     rope_cos_sin,
     rope_inv_freq,
+    select_queries,
     write_cache,
 )
 
@@ -237,14 +240,18 @@ class _Attention(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         c = self.config
         B, L, _ = x.shape
+        xq, cq, sq = x, cos, sin
+        if positions is not None:  # the queries at ``positions`` only (the keys and values at every position)
+            xq, cq, sq = (gather_positions(t, positions) for t in (x, cos, sin))
+            ai = select_queries(ai, positions)
         std = c.initializer_range
-        q = Linear(c.num_attention_heads * c.head_dim, c.qkv_bias, std, self.dtype, name="q_proj")(x)
+        q = Linear(c.num_attention_heads * c.head_dim, c.qkv_bias, std, self.dtype, name="q_proj")(xq)
         k = Linear(c.num_key_value_heads * c.head_dim, c.qkv_bias, std, self.dtype, name="k_proj")(x)
         v = Linear(c.num_key_value_heads * c.head_dim, c.qkv_bias, std, self.dtype, name="v_proj")(x)
-        q = apply_rope(q.reshape(B, L, c.num_attention_heads, c.head_dim), cos, sin)
+        q = apply_rope(q.reshape(B, xq.shape[1], c.num_attention_heads, c.head_dim), cq, sq)
         k = apply_rope(k.reshape(B, L, c.num_key_value_heads, c.head_dim), cos, sin)
         v = v.reshape(B, L, c.num_key_value_heads, c.head_dim)
         if kv is not None:
@@ -276,11 +283,11 @@ class _Layer(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, ai, cos, sin, deterministic, kv=None):
+    def __call__(self, x, ai, cos, sin, deterministic, kv=None, positions=None):
         eps = self.config.rms_norm_eps
         a, kv = _Attention(self.config, self.layer, self.dtype, name="self_attn")(
-            RMSNorm(eps, name="input_layernorm")(x), ai, cos, sin, deterministic, kv)
-        x = x + a
+            RMSNorm(eps, name="input_layernorm")(x), ai, cos, sin, deterministic, kv, positions)
+        x = (x if positions is None else gather_positions(x, positions)) + a
         x = x + _MLP(self.config, self.dtype, name="mlp")(RMSNorm(eps, name="post_attention_layernorm")(x))
         return x, kv
 
@@ -290,8 +297,9 @@ class LlamaForCausalLM(nn.Module):
     :class:`rbjax.model.gpt2.GPT2LMHeadModel`:
 
     ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
-    cache=None)`` → ``(logits | None, hidden)``, or ``(logits | None, hidden, new_cache)`` with a
-    :class:`rbjax.model.layers.KVCache` (``Family.init_cache``). ``attention_mask`` is (B, L) 0/1 or a (B, L, L)
+    cache=None, query_positions=None)`` → ``(logits | None, hidden)``, or ``(logits | None, hidden, new_cache)``
+    with a :class:`rbjax.model.layers.KVCache` (``Family.init_cache``); ``query_positions`` (B, Q) returns the
+    states at those positions only, the last layer computing its outputs there alone (GPT-2's docstring). ``attention_mask`` is (B, L) 0/1 or a (B, L, L)
     query × key mask with explicit ``position_ids`` (packed rows: RoPE takes the positions, so a phrase restarting
     at 0 inside a row is computed as if alone). logits (B, L, V) float32; hidden (B, L, d) float32 after the final
     RMSNorm — the states the LM head (``Family.lm_head``) multiplies.
@@ -302,9 +310,10 @@ class LlamaForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, position_ids=None, deterministic: bool = True,
-                 return_logits: bool = True, cache: KVCache | None = None):
+                 return_logits: bool = True, cache: KVCache | None = None, query_positions=None):
         c = self.config
         B, L = input_ids.shape
+        check_query_positions(query_positions, cache)
         ai = attention_inputs(B, L, attention_mask, position_ids, cache)
         cos, sin = rope_cos_sin(ai.q_pos, rope_inv_freq(c.head_dim, c.rope.theta, c.rope.type, c.rope.factor,
                                                          c.rope.low_freq_factor, c.rope.high_freq_factor,
@@ -313,7 +322,7 @@ class LlamaForCausalLM(nn.Module):
                          name="embed_tokens")
         x = embed(input_ids).astype(jnp.float32)
         x, new_kv = decoder_layers(lambda i: _Layer(c, i, self.dtype, name=f"layers_{i}"), c.num_hidden_layers, x, ai,
-                                   cos, sin, deterministic, cache)
+                                   cos, sin, deterministic, cache, query_positions)
         hidden = RMSNorm(c.rms_norm_eps, name="norm")(x)
         head = output_matrix(self, embed.embedding, c.tie_word_embeddings, "lm_head", c.vocab_size, c.hidden_size,
                              c.initializer_range)

@@ -17,7 +17,22 @@ from rbjax.model.layers import position_ids_from_mask
 from rbjax.model.nll import nll_from_hidden
 from rbjax.model.registry import family_of_config
 
-__all__ = ["forward_hidden", "mean_next_token_nll", "forward_and_nll", "lm_loss"]
+__all__ = ["forward_hidden", "forward_at", "mean_next_token_nll", "forward_and_nll", "lm_loss"]
+
+
+def _packed_inputs(batch: dict):
+    """The model's inputs on the packed rows: ``(ids, position_ids, query × key mask, src, real)``, all (R, Lp)
+    but the mask (R, Lp, Lp): each slot attends to the earlier slots of its own example, at the example's own
+    positions; ``src`` is each slot's flat padded index (0 where empty), ``real`` which slots hold a token."""
+    ids, mask, pack = batch["input_ids"], batch["attention_mask"], batch["pack"]
+    L = ids.shape[1]
+    real = pack >= 0
+    src = jnp.where(real, pack, 0)
+    p_ids = jnp.where(real, ids.reshape(-1)[src], 0)
+    pos = jnp.where(real, position_ids_from_mask(mask).reshape(-1)[src], 0)
+    seg = jnp.where(real, pack // L, -1)
+    attn = seg[:, :, None] == seg[:, None, :]  # block-diagonal; the model ANDs the causal mask
+    return p_ids, pos, attn, src, real
 
 
 def forward_hidden(model, params, batch: dict, drop: bool, key):
@@ -42,20 +57,48 @@ def forward_hidden(model, params, batch: dict, drop: bool, key):
         hidden = hidden.astype(jnp.float32)
         B, L = ids.shape
         return hidden, (hidden, ids, jnp.arange(B * L, dtype=jnp.int32).reshape(B, L), mask > 0)
-    pack, unpack = batch["pack"], batch["unpack"]
-    L = ids.shape[1]
-    real = pack >= 0
-    src = jnp.where(real, pack, 0)
-    p_ids = jnp.where(real, ids.reshape(-1)[src], 0)
-    pos = jnp.where(real, position_ids_from_mask(mask).reshape(-1)[src], 0)
-    seg = jnp.where(real, pack // L, -1)
-    attn = seg[:, :, None] == seg[:, None, :]  # block-diagonal; the model ANDs the causal mask
+    unpack = batch["unpack"]
+    p_ids, pos, attn, src, real = _packed_inputs(batch)
     _, h_rows = model.apply({"params": params}, p_ids, attention_mask=attn, position_ids=pos,
                             deterministic=not drop, rngs=rngs, return_logits=False)
     h_rows = h_rows.astype(jnp.float32)
     d = h_rows.shape[-1]
     hidden = jnp.where((unpack >= 0)[..., None], h_rows.reshape(-1, d)[jnp.maximum(unpack, 0)], 0.0)
     return hidden, (h_rows, p_ids, src, real)
+
+
+def forward_at(model, params, batch: dict, drop: bool, key, positions) -> jax.Array:
+    """Final hidden states of a micro-batch at one padded position per example, in either layout: what a
+    classifier on a pooled token reads (the DST objective, paper §3.2). The model's last layer computes its outputs
+    at those positions only (``query_positions`` of the families' ``__call__``); the states equal
+    :func:`forward_hidden`'s at them.
+
+    Args:
+        model, params, batch, drop, key: as :func:`forward_hidden`.
+        positions: int (B,), a position of each example in the padded ``(B, L)`` layout (its last real token).
+
+    Returns:
+        float32 ``(B, d)``; zeros for an example without tokens in the packed layout (the filler rows of a short
+        last batch, which no loss counts).
+    """
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rngs = None if not drop else {"dropout": key}
+    positions = positions.astype(jnp.int32)
+    if "pack" not in batch:
+        _, h = model.apply({"params": params}, ids, attention_mask=mask, deterministic=not drop, rngs=rngs,
+                           return_logits=False, query_positions=positions[:, None])
+        return h[:, 0].astype(jnp.float32)
+    p_ids, pos, attn, _, _ = _packed_inputs(batch)
+    R, Lp = p_ids.shape
+    B = ids.shape[0]
+    flat = jnp.take_along_axis(batch["unpack"], positions[:, None], axis=1)[:, 0]  # (B,) packed slot, -1: none
+    row, slot = jnp.maximum(flat, 0) // Lp, jnp.maximum(flat, 0) % Lp
+    # every row asks for every example's slot (the others' are dummies at slot 0): B query rows per packed row
+    sel = jnp.where(row[None, :] == jnp.arange(R, dtype=jnp.int32)[:, None], slot[None, :], 0)
+    _, h = model.apply({"params": params}, p_ids, attention_mask=attn, position_ids=pos, deterministic=not drop,
+                       rngs=rngs, return_logits=False, query_positions=sel)
+    h = h[row, jnp.arange(B)].astype(jnp.float32)
+    return jnp.where((flat >= 0)[:, None], h, 0.0)
 
 
 def mean_next_token_nll(config, params, rows, score_mask, context_mask, *, compute_dtype=None) -> jax.Array:

@@ -68,8 +68,9 @@ MAX_CONSECUTIVE_SKIPS = 25
 #: bumped when the checkpoint content or a run's trajectory changes incompatibly (older checkpoints are then not
 #: resumed, and a finished run of an older format is not reused): 4 — packed micro-batches spread over several rows
 #: where the attention pays for it (the dropout masks of a packed run follow its rows); 5 — dropout masks drawn with
-#: ThreeFry (:func:`rbjax.model.layers.keep_mask`), and the LM head's backward in the policy's precision
-CHECKPOINT_FORMAT = 5
+#: ThreeFry (:func:`rbjax.model.layers.keep_mask`), and the LM head's backward in the policy's precision; 6 — the
+#: DST classifier's last layer computed at the pooled tokens only (its dropout masks have other shapes)
+CHECKPOINT_FORMAT = 6
 
 
 @dataclasses.dataclass(frozen=True)
