@@ -229,7 +229,8 @@ class _Layer(nn.Module):
         eps = self.config.rms_norm_eps
         a, kv = _Attention(self.config, self.layer, self.dtype, name="self_attn")(
             RMSNorm(eps, 1.0, name="input_layernorm")(x), ai, cos, sin, deterministic, kv, positions)
-        x = (x if positions is None else gather_positions(x, positions)) + RMSNorm(eps, 1.0, name="post_attention_layernorm")(a)
+        x = x if positions is None else gather_positions(x, positions)
+        x = x + RMSNorm(eps, 1.0, name="post_attention_layernorm")(a)
         h = _MLP(self.config, self.dtype, name="mlp")(RMSNorm(eps, 1.0, name="pre_feedforward_layernorm")(x))
         return x + RMSNorm(eps, 1.0, name="post_feedforward_layernorm")(h), kv
 

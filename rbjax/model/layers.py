@@ -305,7 +305,8 @@ def attention_inputs(B: int, L: int, attention_mask=None, position_ids=None, cac
 
 
 def gather_positions(x, positions):
-    """``x`` (B, L, ...) at ``positions`` (B, Q) int: (B, Q, ...) (the rows of a call's queries, :func:`select_queries`)."""
+    """``x`` (B, L, ...) at ``positions`` (B, Q) int: (B, Q, ...), the rows of a call's queries
+    (:func:`select_queries`)."""
     return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
 
 

@@ -299,10 +299,11 @@ class LlamaForCausalLM(nn.Module):
     ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
     cache=None, query_positions=None)`` → ``(logits | None, hidden)``, or ``(logits | None, hidden, new_cache)``
     with a :class:`rbjax.model.layers.KVCache` (``Family.init_cache``); ``query_positions`` (B, Q) returns the
-    states at those positions only, the last layer computing its outputs there alone (GPT-2's docstring). ``attention_mask`` is (B, L) 0/1 or a (B, L, L)
-    query × key mask with explicit ``position_ids`` (packed rows: RoPE takes the positions, so a phrase restarting
-    at 0 inside a row is computed as if alone). logits (B, L, V) float32; hidden (B, L, d) float32 after the final
-    RMSNorm — the states the LM head (``Family.lm_head``) multiplies.
+    states at those positions only, the last layer computing its outputs there alone (GPT-2's docstring).
+    ``attention_mask`` is (B, L) 0/1 or a (B, L, L) query × key mask with explicit ``position_ids`` (packed rows:
+    RoPE takes the positions, so a phrase restarting at 0 inside a row is computed as if alone). logits (B, L, V)
+    float32; hidden (B, L, d) float32 after the final RMSNorm — the states the LM head (``Family.lm_head``)
+    multiplies.
     """
 
     config: LlamaConfig
