@@ -30,14 +30,13 @@ import jax.numpy as jnp
 
 from rbjax.model.layers import GPT2_ACTIVATIONS as _ACTIVATIONS
 from rbjax.model.layers import (
-    AttentionInputs,
     Dropout,
     attention_inputs,
     check_query_positions,
     gather_positions,
+    gather_query_rows,
     lora_update,
     position_ids_from_mask,
-    select_queries,
 )
 
 __all__ = ["GPT2Config", "GPT2LMHeadModel", "KVCache", "init_cache", "init_params", "position_ids_from_mask"]
@@ -179,8 +178,7 @@ class _Attention(nn.Module):
         qkv = _Dense(3 * d, cfg.initializer_range, dt, name="c_attn")(x)
         q, k, v = jnp.split(qkv, 3, axis=-1)
         if positions is not None:  # the few query rows read (the fused projection computes every row's q anyway)
-            q, allowed = gather_positions(q, positions), select_queries(
-                AttentionInputs(allowed, positions, positions), positions).allowed
+            q, allowed = gather_positions(q, positions), gather_query_rows(allowed, positions)
         q = q.reshape(B, q.shape[1], nh, hd)
         k, v = (t.reshape(B, T, nh, hd) for t in (k, v))
         if kv is not None:  # write the new keys/values at the cache's write index, attend over the whole cache

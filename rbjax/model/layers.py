@@ -310,14 +310,18 @@ def gather_positions(x, positions):
     return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def gather_query_rows(allowed, positions):
+    """The rows of the queries at ``positions`` (B, Q) of an ``allowed`` mask (B|1, 1, L, S): (B, 1, Q, S)."""
+    allowed = jnp.broadcast_to(allowed, (positions.shape[0],) + allowed.shape[1:])
+    return jnp.take_along_axis(allowed, positions[:, None, :, None], axis=2)
+
+
 def select_queries(ai: AttentionInputs, positions) -> AttentionInputs:
     """The attention inputs of the queries at ``positions`` (B, Q) only: ``allowed`` (B, 1, Q, S) and ``q_pos``
     (B, Q) gathered, the keys unchanged. A last layer whose outputs are read at a few positions (a classifier's
     pooled token, :func:`decoder_layers`) computes its queries, attention output and MLP there alone."""
-    B = positions.shape[0]
-    allowed = jnp.broadcast_to(ai.allowed, (B,) + ai.allowed.shape[1:])
-    allowed = jnp.take_along_axis(allowed, positions[:, None, :, None], axis=2)
-    return ai._replace(allowed=allowed, q_pos=jnp.take_along_axis(ai.q_pos, positions, axis=1))
+    return ai._replace(allowed=gather_query_rows(ai.allowed, positions),
+                       q_pos=jnp.take_along_axis(ai.q_pos, positions, axis=1))
 
 
 def check_query_positions(query_positions, cache) -> None:
