@@ -350,7 +350,7 @@ def dst_logits(params, head_params: dict, input_ids, attention_mask, config, *, 
 
 def dst_head_logits(pooled, head_params: dict) -> jax.Array:
     """The classifier ``Linear(d→1)`` on pooled states: float32 ``(B, d)`` → ``(B,)`` logits (also used by the
-    trainer's packed layout, which pools from the unpacked states)."""
+    trainer's packed layout, which reads each pooled state from its packed slot: :func:`rbjax.train.lm.forward_at`)."""
     return (pooled.astype(jnp.float32) @ head_params["kernel"].astype(jnp.float32))[:, 0] + head_params["bias"][0]
 
 
