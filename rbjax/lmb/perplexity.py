@@ -60,6 +60,7 @@ from rbjax.core.compilation import abstract
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import position_ids_from_mask
+from rbjax.model.layers import gather_positions
 from rbjax.model.nll import HEAD_CHUNK, chunked_logsumexp, next_token_nll, nll_from_hidden
 from rbjax.model.registry import family_of_config
 from rbjax.model.partition import logical_axes_for
@@ -135,7 +136,7 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, preci
         model = fam.module(config, dtype=dt)
         _, hidden = model.apply({"params": params}, ids, attention_mask=allowed, position_ids=pos,
                                 return_logits=False)
-        h = jnp.take_along_axis(hidden, pidx[..., None], axis=1)  # (R, P, d): only positions that predict a token
+        h = gather_positions(hidden, pidx)  # (R, P, d): only positions that predict a token
         return nll_from_hidden(h, head_emb, tgt, compute_dtype=dt, softcap=fam.logit_softcap(config))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rbjax.model.layers import position_ids_from_mask
+from rbjax.model.layers import gather_positions, position_ids_from_mask
 from rbjax.model.nll import nll_from_hidden
 from rbjax.model.registry import family_of_config
 
@@ -91,7 +91,7 @@ def forward_at(model, params, batch: dict, drop: bool, key, positions) -> jax.Ar
     p_ids, pos, attn, _, _ = _packed_inputs(batch)
     R, Lp = p_ids.shape
     B = ids.shape[0]
-    flat = jnp.take_along_axis(batch["unpack"], positions[:, None], axis=1)[:, 0]  # (B,) packed slot, -1: none
+    flat = gather_positions(batch["unpack"], positions[:, None])[:, 0]  # (B,) packed slot, -1: none
     row, slot = jnp.maximum(flat, 0) // Lp, jnp.maximum(flat, 0) % Lp
     # every row asks for every example's slot (the others' are dummies at slot 0): B query rows per packed row
     sel = jnp.where(row[None, :] == jnp.arange(R, dtype=jnp.int32)[:, None], slot[None, :], 0)
