@@ -16,6 +16,7 @@ from rbjax.train.batching import (
     choose_packed_shapes,
     choose_rows,
     compile_slots,
+    deal_update,
     pack_index,
     pack_micro_batch,
     packed_need,
@@ -126,6 +127,58 @@ def test_plan_of_long_micro_batches_packs_them_into_several_rows():
     assert one.rows == 1 and all(s[0] == 1 for s in one.shapes)
     with pytest.raises(ValueError, match="rows"):
         BatchPlan(data, 12, 2, 1, 0, layout="packed", rows=0)
+
+
+def test_deal_update_by_hand_and_its_invariants():
+    # two micro-batches of two, one row each. Kept as they are: 10+10 | 1+1, need 20. Dealt anew, longest first into
+    # the emptiest row with room (the lowest micro-batch on ties): 10 → m0, 10 → m1, 1 → m0, 1 → m1: 11 | 11
+    assert deal_update(np.array([10, 10, 1, 1]), 2, 1) == ([[[0, 2]], [[1, 3]]], (1, 11))
+    # a full micro-batch takes nothing more, even with the emptiest row: 9 → m0, 1 → m1, 1 → m1 (2 < 9: now
+    # full), 1 → m0 (m1's row has 2, but no room)
+    assert deal_update(np.array([9, 1, 1, 1]), 2, 1) == ([[[0, 3]], [[1, 2]]], (1, 10))
+    rng = np.random.default_rng(0)
+    for A, B, R in [(4, 12, 4), (4, 12, 6), (3, 5, 2), (2, 3, 7)]:
+        lengths = rng.integers(1, 120, A * B)
+        rows, need = deal_update(lengths, A, R)
+        assert len(rows) == A and all(len(mb) <= R for mb in rows)
+        assert [sum(len(r) for r in mb) for mb in rows] == [B] * A  # every micro-batch stays full
+        assert sorted(i for mb in rows for r in mb for i in r) == list(range(A * B))  # each example once
+        assert need == (R, max(int(lengths[r].sum()) for mb in rows for r in mb))
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        deal_update(np.array([3, 4, 5]), 2, 1)
+    with pytest.raises(ValueError, match="token"):
+        deal_update(np.array([3, 0]), 2, 1)
+
+
+def test_exchangeable_plan_deals_each_full_update_anew_and_keeps_its_examples():
+    rng = np.random.default_rng(2)
+    n, L = 100, 112  # 8 micro-batches of 12 and a short one of 4, 3 updates of 3: the last keeps its micro-batches
+    lengths = rng.integers(10, L, n)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    data = ArrayData({"input_ids": rng.integers(0, 50, (n, L)).astype(np.int32), "attention_mask": mask,
+                      "labels": np.arange(n, dtype=np.float32)}, pad_id=0)
+    kw = dict(layout="packed", compile_slots=compile_slots(768), attention_slots=attention_slots(768))
+    kept = BatchPlan(data, 12, 3, 1, 0, **kw)
+    dealt = BatchPlan(data, 12, 3, 1, 0, exchangeable=True, **kw)
+    assert kept.dealt() == 0 and 0 < dealt.dealt() <= 6 and dealt.plan == kept.plan
+    assert dealt.real_fraction() > kept.real_fraction() + 0.03
+    for u, mbs in enumerate(dealt.plan):
+        rows = [dealt.batch_rows(e, b) for e, b in mbs]
+        assert sorted(np.concatenate(rows)) == sorted(np.concatenate([kept.batch_rows(e, b) for e, b in mbs]))
+        assert all(len(r) == 12 for r in rows) or u == len(dealt.plan) - 1
+        b = dealt.update_batch(u)
+        assert b["pack"].shape[1:] == dealt.update_shape(u)
+        for a, r in enumerate(rows):  # the micro-batch's own examples, every real token in exactly one slot
+            np.testing.assert_array_equal(b["labels"][a][:len(r)], r.astype(np.float32))
+            real = np.sort(b["pack"][a][b["pack"][a] >= 0])
+            np.testing.assert_array_equal(real, np.flatnonzero(b["attention_mask"][a].reshape(-1)))
+        assert dealt.tokens(u) == kept.tokens(u)
+    for e, b in dealt.plan[-1]:  # the last update holds the epoch's short micro-batch (4 examples): kept as it is
+        np.testing.assert_array_equal(dealt.batch_rows(e, b), kept.batch_rows(e, b))
+    assert len(dealt.batch_rows(*dealt.plan[-1][-1])) == 4
+    assert DSTObjective().exchangeable(data)
+    assert not DSTObjective().exchangeable(ArrayData({**data.extra, "input_ids": data.ids, "attention_mask": mask,
+                                                      "weights": np.ones(n, np.float32)}, pad_id=0))
 
 
 # ---------------------------------------------------------------------------------------- packed == padded
@@ -313,6 +366,8 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
                      callback=lambda ev, m=metrics: ev["kind"] == "update" and m.append(ev["metrics"]))
         runs.append((tr, res, metrics))
     assert runs[1][0].plan.layout == "packed"
+    # DST's updates are dealt anew into their micro-batches (the same examples, other groups): same updates
+    assert (runs[1][0].plan.dealt() > 0) == (method == "dst")
     _compare(*runs, keys=("bce_loss" if method == "dst" else "lm_loss", "total"))
 
 

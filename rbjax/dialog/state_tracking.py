@@ -408,6 +408,12 @@ class DSTObjective:
         """The objective's static settings (for the run's key)."""
         return {"objective": "dst", "pooling": self.pooling}
 
+    def exchangeable(self, data) -> bool:
+        """The loss of a micro-batch is the mean BCE of its examples, so an update's examples may be dealt anew into
+        its full micro-batches (:class:`rbjax.train.batching.BatchPlan`) — unless ``data`` gives each example a
+        weight of its own (``weights``), which makes a micro-batch's mean depend on its members."""
+        return "weights" not in getattr(data, "extra", {})
+
     def __post_init__(self):
         if self.pooling not in POOLING:
             raise ValueError(f"pooling must be one of {POOLING}, got {self.pooling!r}")

@@ -19,12 +19,14 @@ Order and randomness (paper §5.1 and the reference Trainer; docs/debiasing.md �
 from __future__ import annotations
 
 import hashlib
+import heapq
 from typing import Any
 
 import numpy as np
 
 __all__ = ["LAYOUTS", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key", "ArrayData", "BatchPlan",
-           "pack_micro_batch", "packed_need", "pack_index", "choose_packed_shapes", "choose_rows", "row_cost",
+           "pack_micro_batch", "packed_need", "deal_update", "pack_index", "choose_packed_shapes", "choose_rows",
+           "update_need", "row_cost",
            "PACKED_SHAPES", "COMPILE_SLOTS_768", "compile_slots", "ATTENTION_SLOTS_768", "attention_slots",
            "sha256_arrays"]
 
@@ -195,6 +197,48 @@ def packed_need(lengths: np.ndarray, n_rows: int) -> tuple[int, int]:
     return int(n_rows), max(1, max(int(lengths[r].sum()) for r in rows) if rows and rows[0] else 1)
 
 
+def deal_update(lengths: np.ndarray, n_micro: int, n_rows: int) -> tuple[list[list[list[int]]], tuple[int, int]]:
+    """An update's examples dealt into its ``n_micro`` micro-batches and their packed rows at once, as evenly as it
+    goes: longest first, each into the least-filled row (the lowest micro-batch and row on ties) of a micro-batch
+    that has room left (Graham's LPT rule over all ``n_micro · n_rows`` rows of the update, every micro-batch keeping
+    ``len(lengths) / n_micro`` examples). Each row is filled from ``n_micro`` times as many examples as
+    :func:`pack_micro_batch` chooses from, so the update's fullest row, which sets its packed shape, is shorter.
+
+    Only for an objective whose loss does not depend on the grouping (:class:`BatchPlan`, ``exchangeable``).
+
+    Args:
+        lengths: ``(A·B,)`` real tokens of the update's examples, micro-batch after micro-batch (all > 0).
+        n_micro: A ≥ 1, dividing ``len(lengths)``. n_rows: ≥ 1.
+
+    Returns:
+        ``(rows, need)``: ``rows[m]`` the packed rows of micro-batch ``m``, each the ascending list of the example
+        indices (into ``lengths``) it holds (empty rows left out), and ``need``, ``(n_rows, slots of the fullest
+        row)``, a shape that every micro-batch fits.
+
+    Raises:
+        ValueError: ``n_micro`` does not divide the examples, or an example has no token.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    n, A, R = len(lengths), int(n_micro), int(n_rows)
+    if A < 1 or R < 1 or n % A:
+        raise ValueError(f"{n} examples cannot be dealt into {n_micro} equal micro-batches of {n_rows} rows")
+    if n and lengths.min() <= 0:
+        raise ValueError("deal_update: every example needs a token")
+    per = n // A
+    heap = [(0, m, r) for m in range(A) for r in range(R)]  # (tokens so far, micro-batch, row): already a heap
+    count = [0] * A
+    rows: list[list[list[int]]] = [[[] for _ in range(R)] for _ in range(A)]
+    for i in sorted(range(n), key=lambda i: (-int(lengths[i]), i)):
+        load, m, r = heapq.heappop(heap)
+        while count[m] == per:  # a full micro-batch's rows take nothing more: dropped as they come up
+            load, m, r = heapq.heappop(heap)
+        rows[m][r].append(i)
+        count[m] += 1
+        heapq.heappush(heap, (load + int(lengths[i]), m, r))
+    need = max((int(lengths[row].sum()) for mb in rows for row in mb if row), default=1)
+    return [[sorted(row) for row in mb if row] for mb in rows], (R, max(1, need))
+
+
 def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[int, int]
                ) -> tuple[np.ndarray, np.ndarray]:
     """The packed layout of a padded micro-batch as two gather indices.
@@ -279,7 +323,8 @@ def _bucket(needs, weights, max_shapes, compile_slots, attention) -> tuple[list[
 
 
 def choose_rows(lengths: list[np.ndarray], updates: list[list[int]], max_shapes: int, compile_slots: float = 0.0,
-                attention: float = float("inf"), max_rows: int = 16) -> tuple[int, list[tuple[int, int]]]:
+                attention: float = float("inf"), max_rows: int = 16, deal: list[bool] | None = None
+                ) -> tuple[int, list[tuple[int, int]]]:
     """The packed rows of a plan's micro-batches and the plan's shapes: the row count whose shapes
     (:func:`choose_packed_shapes`) cost least over the whole plan.
 
@@ -291,19 +336,42 @@ def choose_rows(lengths: list[np.ndarray], updates: list[list[int]], max_shapes:
         lengths: real tokens of each micro-batch's examples (``(B,)`` each).
         updates: the micro-batch indices (into ``lengths``) of each update.
         max_shapes, compile_slots, attention: as :func:`choose_packed_shapes`. max_rows: rows tried, at most.
+        deal: for each update, whether its examples may be dealt anew into its micro-batches (:func:`update_need`);
+            default: none.
 
     Returns:
         ``(rows, shapes)``; ties go to fewer rows.
     """
     most = max(1, max(int((np.asarray(x) > 0).sum()) for x in lengths))
+    deal = deal or [False] * len(updates)
     best = None
     for r in range(1, min(most, int(max_rows)) + 1):
-        need = [packed_need(x, r) for x in lengths]
-        shapes, cost = _bucket([max(need[i] for i in u) for u in updates], [len(u) for u in updates], max_shapes,
-                               compile_slots, attention)
+        need = [update_need(lengths, u, r, d)[0] for u, d in zip(updates, deal)]
+        shapes, cost = _bucket(need, [len(u) for u in updates], max_shapes, compile_slots, attention)
         if best is None or cost < best[0]:
             best = (cost, r, shapes)
     return best[1], best[2]
+
+
+def update_need(lengths: list[np.ndarray], update: list[int], n_rows: int, deal: bool = False
+                ) -> tuple[tuple[int, int], list[list[list[int]]] | None]:
+    """The packed need ``(n_rows, slots)`` of an update: the largest of its micro-batches' (:func:`packed_need`),
+    or, when ``deal`` and that is smaller, that of its examples dealt anew (:func:`deal_update`).
+
+    Args:
+        lengths: real tokens of each micro-batch's examples. update: its micro-batches (indices into ``lengths``).
+        n_rows: packed rows of a micro-batch. deal: the examples may be dealt anew (the caller has checked that
+            every micro-batch of the update is full: :class:`BatchPlan`).
+
+    Returns:
+        ``(need, dealt)``: ``dealt`` is :func:`deal_update`'s rows (indices into the update's examples, micro-batch
+        after micro-batch), or ``None`` when the update keeps its micro-batches.
+    """
+    need = max(packed_need(lengths[i], n_rows) for i in update)
+    if not deal or len(update) < 2:
+        return need, None
+    rows, dealt_need = deal_update(np.concatenate([lengths[i] for i in update]), len(update), n_rows)
+    return (dealt_need, rows) if dealt_need < need else (need, None)
 
 
 # ------------------------------------------------------------------------------------------------ data, plans
@@ -387,6 +455,14 @@ class BatchPlan:
             the plan takes every shape up to ``max_shapes`` that saves slots).
         attention_slots: the attention's cost as a row length (:func:`attention_slots`; ``inf``, the default:
             slots alone count, so every micro-batch takes one row).
+        exchangeable: the objective's loss of a micro-batch is the mean of one loss per example (DST's BCE:
+            ``Objective.exchangeable``), so an update's gradient, the mean of its micro-batches' losses, is the
+            mean over its examples however they are grouped, as long as every micro-batch stays full. The packed
+            layout then deals the examples of each update whose micro-batches are all full anew into its
+            micro-batches and rows at once (:func:`deal_update`), where that needs a shorter packed shape than
+            packing each micro-batch alone; :meth:`batch_rows` gives the examples a micro-batch then holds. The
+            update's examples, its gradient without dropout and its loss are unchanged; dropout masks fall on
+            other slots.
 
     Attributes:
         n_batches: micro-batches per epoch. plan: ``plan[u]`` = ``[(epoch, batch_index), ...]`` of update u.
@@ -400,14 +476,14 @@ class BatchPlan:
     def of_run(cls, data, cfg, **kw) -> "BatchPlan":
         """The plan of a run's settings ``cfg`` (:class:`rbjax.train.config.TrainerConfig`: batch size,
         accumulation, epochs, seed, leftover rule, ``max_steps``, layout); ``kw``: ``rows``, ``max_shapes``,
-        ``compile_slots``, ``attention_slots``."""
+        ``compile_slots``, ``attention_slots``, ``exchangeable``."""
         return cls(data, cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed, cfg.resolved_leftover, cfg.max_steps,
                    layout=cfg.layout, **kw)
 
     def __init__(self, data, batch_size: int, grad_accum: int, epochs: int, seed: int,
                  leftover: str = "drop", max_steps: int | None = None, *, layout: str = "padded",
                  rows: int | None = None, max_shapes: int = PACKED_SHAPES, compile_slots: float = 0.0,
-                 attention_slots: float = float("inf")):
+                 attention_slots: float = float("inf"), exchangeable: bool = False):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.data = data
@@ -418,6 +494,7 @@ class BatchPlan:
         self._perms: dict[int, np.ndarray] = {}
         self._cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._lengths = np.asarray(data.mask, np.int64).sum(axis=1)
+        self._dealt: dict[tuple[int, int], tuple[np.ndarray, list[list[int]]]] = {}  # (epoch, index) → rows, pack
         self.rows = 1
         self.shapes: list[tuple[int, int]] = []
         self._update_shape: list[tuple[int, int]] = []
@@ -428,18 +505,30 @@ class BatchPlan:
                     index.setdefault(m, len(index))
             lengths = [self._lengths[self.batch_rows(e, b)] for e, b in index]
             updates = [[index[m] for m in mbs] for mbs in self.plan]
+            # an update may be dealt anew when its loss allows it and each of its micro-batches is full
+            deal = [bool(exchangeable) and all(len(x) == self.batch_size and x.min() > 0
+                                                for x in (lengths[i] for i in u)) for u in updates]
             if rows is None:
-                self.rows, self.shapes = choose_rows(lengths, updates, max_shapes, compile_slots, attention_slots)
+                self.rows, self.shapes = choose_rows(lengths, updates, max_shapes, compile_slots, attention_slots,
+                                                     deal=deal)
             else:
                 if int(rows) < 1:
                     raise ValueError(f"rows must be >= 1, got {rows}")
                 self.rows = int(rows)
-                need = [packed_need(x, self.rows) for x in lengths]
-                self.shapes = choose_packed_shapes([max(need[i] for i in u) for u in updates],
+                self.shapes = choose_packed_shapes([update_need(lengths, u, self.rows, d)[0]
+                                                    for u, d in zip(updates, deal)],
                                                    [len(u) for u in updates], max_shapes, compile_slots,
                                                    attention_slots)
-            needs = [max(packed_need(self._lengths[self.batch_rows(e, b)], self.rows) for e, b in mbs)
-                     for mbs in self.plan]
+            needs = []
+            for mbs, u, d in zip(self.plan, updates, deal):
+                need, dealt = update_need(lengths, u, self.rows, d)
+                needs.append(need)
+                if dealt is not None:
+                    examples = np.concatenate([self.batch_rows(e, b) for e, b in mbs])
+                    for (e, b), mb_rows in zip(mbs, dealt):
+                        mine = sorted(i for row in mb_rows for i in row)  # its examples, in the epoch's order
+                        at = {i: k for k, i in enumerate(mine)}
+                        self._dealt[(e, b)] = (examples[mine], [[at[i] for i in row] for row in mb_rows])
             self._update_shape = [next(s for s in self.shapes if s >= n) for n in needs]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
@@ -449,13 +538,23 @@ class BatchPlan:
         return p
 
     def batch_rows(self, epoch: int, index: int) -> np.ndarray:
-        """Example indices of micro-batch ``index`` of ``epoch``."""
+        """Example indices of micro-batch ``index`` of ``epoch`` (those dealt to it, when its update's examples
+        were dealt anew)."""
+        dealt = self._dealt.get((epoch, index))
+        if dealt is not None:
+            return dealt[0]
         B = self.batch_size
         return self.epoch_rows(epoch)[index * B:(index + 1) * B]
 
-    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    def dealt(self) -> int:
+        """How many micro-batches hold examples dealt anew within their update (``exchangeable``)."""
+        return len(self._dealt)
+
+    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None,
+                   packed_rows: list[list[int]] | None = None) -> dict[str, np.ndarray]:
         """Host batch of examples ``rows``: ``(batch_size, block_size)`` ids/mask (empty filler rows) + triggers;
-        packed layout: also ``pack``/``unpack`` for ``shape`` (default: the micro-batch's own need)."""
+        packed layout: also ``pack``/``unpack`` for ``shape`` (default: the micro-batch's own need), its examples
+        in ``packed_rows`` (positions in ``rows``; default :func:`pack_micro_batch`)."""
         d = self.data
         B, Lb = self.batch_size, d.ids.shape[1]
         ids = np.full((B, Lb), d.pad_id, np.int32)
@@ -465,8 +564,8 @@ class BatchPlan:
         out = {"input_ids": ids, "attention_mask": mask, **d.triggers(ids, mask, rows)}
         if self.layout == "packed":
             lengths = mask.sum(axis=1)
-            members = pack_micro_batch(lengths, self.rows)
-            shape = shape or packed_need(lengths, self.rows)
+            members = pack_micro_batch(lengths, self.rows) if packed_rows is None else packed_rows
+            shape = shape or (self.rows, max(1, max(int(lengths[r].sum()) for r in members) if members[0] else 1))
             out["pack"], out["unpack"] = pack_index(mask, members, shape)
         return out
 
@@ -476,7 +575,8 @@ class BatchPlan:
         k = (epoch, index, shape)
         b = self._cache.get(k)
         if b is None:
-            b = self.make_batch(self.batch_rows(epoch, index), shape)
+            rows, packed_rows = self._dealt.get((epoch, index), (self.batch_rows(epoch, index), None))
+            b = self.make_batch(rows, shape, packed_rows)
             b["rng"] = dropout_key(self.seed, epoch, index)
             self._cache[k] = b
         return b

@@ -70,7 +70,7 @@ MAX_CONSECUTIVE_SKIPS = 25
 #: where the attention pays for it (the dropout masks of a packed run follow its rows); 5 — dropout masks drawn with
 #: ThreeFry (:func:`rbjax.model.layers.keep_mask`), and the LM head's backward in the policy's precision; 6 — the
 #: DST classifier's last layer computed at the pooled tokens only (its dropout masks have other shapes)
-CHECKPOINT_FORMAT = 6
+CHECKPOINT_FORMAT = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +170,10 @@ class Trainer:
         self.optimizer = optimizer
         self.data = data
         width = self.config.hidden_size
+        exchangeable = getattr(objective, "exchangeable", None)
         self.plan = plan or BatchPlan.of_run(self.data, cfg, compile_slots=compile_slots(width),
-                                             attention_slots=attention_slots(width))
+                                             attention_slots=attention_slots(width),
+                                             exchangeable=exchangeable is not None and exchangeable(self.data))
         if self.plan.layout != cfg.layout:
             raise ValueError(f"the given batch plan is {self.plan.layout}, the run's layout is {cfg.layout}")
         self.stacked = isinstance(points, (list, tuple))
@@ -229,9 +231,10 @@ class Trainer:
 
     def layout_info(self) -> dict:
         """The token layout of the run's micro-batches: ``layout``, the packed ``(rows, slots)`` shapes of the plan
-        (one compiled program each) and the share of computed token slots that hold a real token."""
+        (one compiled program each), the share of computed token slots that hold a real token and how many
+        micro-batches hold examples dealt anew within their update (:class:`BatchPlan`, ``exchangeable``)."""
         return {"layout": self.plan.layout, "packed_shapes": [list(s) for s in self.plan.shapes],
-                "real_slot_fraction": round(self.plan.real_fraction(), 4)}
+                "real_slot_fraction": round(self.plan.real_fraction(), 4), "dealt_micro_batches": self.plan.dealt()}
 
     # -- state ------------------------------------------------------------------------------------------------
     def key(self) -> dict:

@@ -62,6 +62,11 @@ class Objective(Protocol):
     classifier ``head``): trained also when the model itself is frozen under low-rank adapters
     (:mod:`rbjax.train.frozen`).
 
+    Method ``exchangeable(data) -> bool`` (optional): whether the loss of a micro-batch is the mean of one loss
+    per example of ``data`` (the run's :class:`rbjax.train.batching.ArrayData`), so that the packed layout may deal
+    an update's examples anew into its full micro-batches (:class:`rbjax.train.batching.BatchPlan`); without it,
+    never.
+
     Method ``describe() -> dict`` (optional): the objective's static settings, for the run's key. Method
     ``logical_axes(path, shape, model_axes)`` (optional; for trained parameters that are not the model's, e.g. a
     classifier head): the logical axis names of the parameter at dict ``path`` (:mod:`rbjax.model.partition`;
