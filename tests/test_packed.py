@@ -368,6 +368,8 @@ def test_dialog_task_training_packed_equals_padded(tmp_path, method):
     assert runs[1][0].plan.layout == "packed"
     # DST's updates are dealt anew into their micro-batches (the same examples, other groups): same updates
     assert (runs[1][0].plan.dealt() > 0) == (method == "dst")
+    # a run that deals has a key of its own (other micro-batches, other dropout masks); the others keep theirs
+    assert [("dealt_updates" in tr.key()["trajectory"]) for tr, _, _ in runs] == [False, method == "dst"]
     _compare(*runs, keys=("bce_loss" if method == "dst" else "lm_loss", "total"))
 
 

@@ -70,7 +70,7 @@ MAX_CONSECUTIVE_SKIPS = 25
 #: where the attention pays for it (the dropout masks of a packed run follow its rows); 5 — dropout masks drawn with
 #: ThreeFry (:func:`rbjax.model.layers.keep_mask`), and the LM head's backward in the policy's precision; 6 — the
 #: DST classifier's last layer computed at the pooled tokens only (its dropout masks have other shapes)
-CHECKPOINT_FORMAT = 7
+CHECKPOINT_FORMAT = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,9 +240,13 @@ class Trainer:
     def key(self) -> dict:
         """Everything that determines the trajectory (a checkpoint is resumed only when this matches): the
         trainer's trajectory settings, the optimiser's, the objective's and the root's ``key_extra``, with (for a
-        single run) its hyper-parameters and learning rate; the content of the model, tokenizer and data."""
+        single run) its hyper-parameters and learning rate; the content of the model, tokenizer and data; and
+        ``dealt_updates`` when the plan deals updates anew (:class:`BatchPlan`, ``exchangeable``: other
+        micro-batches, other dropout masks), so that a run which deals nothing keeps its key and its results."""
         traj = {**self.cfg.trajectory(), **self.optimizer.describe(), **self._objective_settings(),
                 **self.key_extra}
+        if self.plan.dealt():
+            traj["dealt_updates"] = True
         if not self.stacked:
             traj.update(self.points[0].as_dict())
         return {"format": CHECKPOINT_FORMAT, "trajectory": traj, "model": self.model.digest,
