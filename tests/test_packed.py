@@ -20,6 +20,7 @@ from rbjax.train.batching import (
     pack_index,
     pack_micro_batch,
     packed_need,
+    update_need,
 )
 from rbjax.debias.run import debias_trainer, lambda_point
 from rbjax.dialog.crg_data import CRGObjective
@@ -144,6 +145,16 @@ def test_deal_update_by_hand_and_its_invariants():
         assert [sum(len(r) for r in mb) for mb in rows] == [B] * A  # every micro-batch stays full
         assert sorted(i for mb in rows for r in mb for i in r) == list(range(A * B))  # each example once
         assert need == (R, max(int(lengths[r].sum()) for mb in rows for r in mb))
+    for A, B, R, top in [(4, 12, 4, 120), (4, 12, 6, 5), (3, 6, 2, 3), (2, 3, 3, 2)]:  # small tops: many ties
+        lengths = rng.integers(1, top, A * B)
+        for mb in deal_update(lengths, A, R)[0]:  # packing a micro-batch's examples gives its dealt rows back
+            mine = sorted(i for r in mb for i in r)
+            assert [[mine[k] for k in r] for r in pack_micro_batch(lengths[mine], R)] == mb
+    # an update keeps its micro-batches unless dealing them anew needs fewer slots (ties keep them)
+    two = [np.array([10, 10]), np.array([1, 1])]
+    assert update_need(two, [0, 1], 1, deal=True) == ((1, 11), [[[0, 2]], [[1, 3]]])
+    assert update_need(two, [0, 1], 1, deal=False) == ((1, 20), None)
+    assert update_need([np.array([5, 5]), np.array([5, 5])], [0, 1], 1, deal=True) == ((1, 10), None)
     with pytest.raises(ValueError, match="equal micro-batches"):
         deal_update(np.array([3, 4, 5]), 2, 1)
     with pytest.raises(ValueError, match="token"):
@@ -168,10 +179,17 @@ def test_exchangeable_plan_deals_each_full_update_anew_and_keeps_its_examples():
         assert all(len(r) == 12 for r in rows) or u == len(dealt.plan) - 1
         b = dealt.update_batch(u)
         assert b["pack"].shape[1:] == dealt.update_shape(u)
+        examples = np.concatenate([kept.batch_rows(e, b) for e, b in mbs])
+        need, deal_rows = update_need([dealt._lengths[kept.batch_rows(e, b)] for e, b in mbs],
+                                      list(range(len(mbs))), dealt.rows, u < len(dealt.plan) - 1)
+        assert need <= dealt.update_shape(u)
         for a, r in enumerate(rows):  # the micro-batch's own examples, every real token in exactly one slot
             np.testing.assert_array_equal(b["labels"][a][:len(r)], r.astype(np.float32))
             real = np.sort(b["pack"][a][b["pack"][a] >= 0])
             np.testing.assert_array_equal(real, np.flatnonzero(b["attention_mask"][a].reshape(-1)))
+            if deal_rows is not None:  # packed in the rows it was dealt into
+                packed = [set(r[np.unique(row[row >= 0] // L)].tolist()) for row in b["pack"][a]]
+                assert [p for p in packed if p] == [set(examples[row].tolist()) for row in deal_rows[a]]
         assert dealt.tokens(u) == kept.tokens(u)
     for e, b in dealt.plan[-1]:  # the last update holds the epoch's short micro-batch (4 examples): kept as it is
         np.testing.assert_array_equal(dealt.batch_rows(e, b), kept.batch_rows(e, b))

@@ -203,6 +203,8 @@ def deal_update(lengths: np.ndarray, n_micro: int, n_rows: int) -> tuple[list[li
     that has room left (Graham's LPT rule over all ``n_micro · n_rows`` rows of the update, every micro-batch keeping
     ``len(lengths) / n_micro`` examples). Each row is filled from ``n_micro`` times as many examples as
     :func:`pack_micro_batch` chooses from, so the update's fullest row, which sets its packed shape, is shorter.
+    Within one micro-batch the rule is :func:`pack_micro_batch`'s (its examples come longest first, each into its
+    emptiest row, the lowest on ties), so packing a dealt micro-batch's examples gives back these rows.
 
     Only for an objective whose loss does not depend on the grouping (:class:`BatchPlan`, ``exchangeable``).
 
@@ -494,7 +496,7 @@ class BatchPlan:
         self._perms: dict[int, np.ndarray] = {}
         self._cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._lengths = np.asarray(data.mask, np.int64).sum(axis=1)
-        self._dealt: dict[tuple[int, int], tuple[np.ndarray, list[list[int]]]] = {}  # (epoch, index) → rows, pack
+        self._dealt: dict[tuple[int, int], np.ndarray] = {}  # (epoch, index) → its examples, dealt anew
         self.rows = 1
         self.shapes: list[tuple[int, int]] = []
         self._update_shape: list[tuple[int, int]] = []
@@ -525,10 +527,8 @@ class BatchPlan:
                 needs.append(need)
                 if dealt is not None:
                     examples = np.concatenate([self.batch_rows(e, b) for e, b in mbs])
-                    for (e, b), mb_rows in zip(mbs, dealt):
-                        mine = sorted(i for row in mb_rows for i in row)  # its examples, in the epoch's order
-                        at = {i: k for k, i in enumerate(mine)}
-                        self._dealt[(e, b)] = (examples[mine], [[at[i] for i in row] for row in mb_rows])
+                    for (e, b), mb_rows in zip(mbs, dealt):  # (packed again into these rows: deal_update)
+                        self._dealt[(e, b)] = examples[sorted(i for row in mb_rows for i in row)]
             self._update_shape = [next(s for s in self.shapes if s >= n) for n in needs]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
@@ -542,7 +542,7 @@ class BatchPlan:
         were dealt anew)."""
         dealt = self._dealt.get((epoch, index))
         if dealt is not None:
-            return dealt[0]
+            return dealt
         B = self.batch_size
         return self.epoch_rows(epoch)[index * B:(index + 1) * B]
 
@@ -550,11 +550,9 @@ class BatchPlan:
         """How many micro-batches hold examples dealt anew within their update (``exchangeable``)."""
         return len(self._dealt)
 
-    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None,
-                   packed_rows: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+    def make_batch(self, rows: np.ndarray, shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
         """Host batch of examples ``rows``: ``(batch_size, block_size)`` ids/mask (empty filler rows) + triggers;
-        packed layout: also ``pack``/``unpack`` for ``shape`` (default: the micro-batch's own need), its examples
-        in ``packed_rows`` (positions in ``rows``; default :func:`pack_micro_batch`)."""
+        packed layout: also ``pack``/``unpack`` for ``shape`` (default: the micro-batch's own need)."""
         d = self.data
         B, Lb = self.batch_size, d.ids.shape[1]
         ids = np.full((B, Lb), d.pad_id, np.int32)
@@ -564,8 +562,8 @@ class BatchPlan:
         out = {"input_ids": ids, "attention_mask": mask, **d.triggers(ids, mask, rows)}
         if self.layout == "packed":
             lengths = mask.sum(axis=1)
-            members = pack_micro_batch(lengths, self.rows) if packed_rows is None else packed_rows
-            shape = shape or (self.rows, max(1, max(int(lengths[r].sum()) for r in members) if members[0] else 1))
+            members = pack_micro_batch(lengths, self.rows)
+            shape = shape or packed_need(lengths, self.rows)
             out["pack"], out["unpack"] = pack_index(mask, members, shape)
         return out
 
@@ -575,8 +573,7 @@ class BatchPlan:
         k = (epoch, index, shape)
         b = self._cache.get(k)
         if b is None:
-            rows, packed_rows = self._dealt.get((epoch, index), (self.batch_rows(epoch, index), None))
-            b = self.make_batch(rows, shape, packed_rows)
+            b = self.make_batch(self.batch_rows(epoch, index), shape)
             b["rng"] = dropout_key(self.seed, epoch, index)
             self._cache[k] = b
         return b
