@@ -237,8 +237,9 @@ def deal_update(lengths: np.ndarray, n_micro: int, n_rows: int) -> tuple[list[li
         rows[m][r].append(i)
         count[m] += 1
         heapq.heappush(heap, (load + int(lengths[i]), m, r))
+    # ≥ 1: every example has a token (1 for an update without examples)
     need = max((int(lengths[row].sum()) for mb in rows for row in mb if row), default=1)
-    return [[sorted(row) for row in mb if row] for mb in rows], (R, max(1, need))
+    return [[sorted(row) for row in mb if row] for mb in rows], (R, need)
 
 
 def pack_index(attention_mask: np.ndarray, rows: list[list[int]], shape: tuple[int, int]
