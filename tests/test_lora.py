@@ -12,6 +12,7 @@ PyTorch on the same adapter weights (dropout off):
 Skipped without PyTorch / transformers / peft.
 """
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -204,3 +205,99 @@ def test_refused_adapter_configs(case, tmp_path):
         (out / "adapter_config.json").write_text(json.dumps({**conf, field: value}))
         with pytest.raises(ValueError, match=field):
             load_adapter(out, params, cfg)
+
+
+# -- a foreign adapter's module selection, as PEFT selects (issue: foreign adapters applied as PEFT applies them) --
+
+def _crafted_configs(name, cfg):
+    """Adapter configs that select modules by every rule PEFT has: exact names, dotted suffixes, a regular
+    expression, ``layers_to_transform`` (with and without ``layers_pattern``), ``exclude_modules``, all-linear."""
+    inner = list(lora.TARGETS[name])
+    layer = lora.LAYER_PREFIX[name][1]  # e.g. transformer.h.{i}
+    pattern = layer.split(".")[-2]      # h / layers
+    leaf = [n.split(".")[-1] for n in inner]
+    return [
+        {"target_modules": [inner[0], "mlp.foo_proj"]},                      # one name matches nothing
+        {"target_modules": rf".*\.1\.{re.escape(inner[1])}"},                # a regex over the whole name
+        {"target_modules": [leaf[0], leaf[-1]], "layers_to_transform": [1]},  # suffixes in layer 1 only
+        {"target_modules": [inner[2]], "layers_to_transform": 0, "layers_pattern": pattern},
+        {"target_modules": "all-linear", "exclude_modules": [inner[1]]},
+        # an exact full name is selected in every layer PEFT finds it, layers_to_transform notwithstanding
+        {"target_modules": [f"{layer.format(i=0)}.{inner[0]}", leaf[-1]], "layers_to_transform": [1]},
+    ]
+
+
+def _peft_selection(folder, conf):
+    pm = peft.get_peft_model(_torch_base(folder), peft.LoraConfig(r=2, lora_alpha=4, **conf))
+    return {n.removeprefix("base_model.model.") for n, m in pm.named_modules() if hasattr(m, "lora_A")}
+
+
+def _write_adapter(out, state, conf):
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out / "adapter_config.json").write_text(json.dumps(conf))
+    return out
+
+
+def test_hf_module_names_are_the_transformers_modules(case):
+    _, folder, cfg, _ = case
+    names = lora.hf_module_names(cfg)
+    assert set(names) == {n for n, _ in _torch_base(folder).named_modules() if n}
+    assert {n for n, p in names.items() if p is not None} == {
+        lora.hf_module_name(cfg, m) for m in lora.target_modules(cfg, "all-linear")}
+
+
+def test_foreign_adapter_selects_modules_as_peft(case, tmp_path):
+    from safetensors.numpy import load_file
+
+    from rbjax.model.peft_adapter import selected_modules
+
+    name, folder, cfg, params = case
+    full = save_adapter(_trained_like(params, cfg), cfg, tmp_path / "full", SPEC)
+    base_conf = json.loads((full / "adapter_config.json").read_text())
+    state = load_file(str(full / "adapter_model.safetensors"))
+    for i, crafted in enumerate(_crafted_configs(name, cfg)):
+        conf = {**base_conf, **crafted}
+        chosen = selected_modules(conf, cfg)
+        assert set(chosen) == _peft_selection(folder, crafted) and chosen, crafted
+        # the whole file on a config that selects fewer modules: PEFT would leave the rest unused; refused
+        with pytest.raises(ValueError, match="does not select"):
+            load_adapter(_write_adapter(tmp_path / f"all{i}", state, conf), params, cfg)
+        # the selected modules' tensors only: applied exactly as PEFT applies them
+        keep = {k: v for k, v in state.items() if k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0] in chosen}
+        out = _write_adapter(tmp_path / f"sel{i}", keep, conf)
+        ad, _ = load_adapter(out, params, cfg)
+        assert {lora.hf_module_name(cfg, p) for p in lora.adapter_modules(ad)} == set(chosen)
+        if i == 2:  # one PEFT forward per family (each adapted tree compiles a program of its own)
+            pm = peft.PeftModel.from_pretrained(_torch_base(folder), str(out)).eval()
+            with torch.no_grad():
+                ref = pm(torch.tensor(IDS)).logits.numpy()
+            np.testing.assert_allclose(_logits(cfg, ad), ref, **_tol(ref))
+
+
+def test_foreign_adapter_refusals_name_the_modules(case, tmp_path):
+    from safetensors.numpy import load_file
+
+    name, folder, cfg, params = case
+    full = save_adapter(_trained_like(params, cfg), cfg, tmp_path / "full", SPEC)
+    base_conf = json.loads((full / "adapter_config.json").read_text())
+    state = load_file(str(full / "adapter_model.safetensors"))
+    # a config that selects no module: PEFT raises NoMatchingPeftModuleError, rbjax refuses (was: applied the file)
+    with pytest.raises(peft.utils.error.NoMatchingPeftModuleError):
+        _peft_selection(folder, {"target_modules": ["foo_proj"]})
+    with pytest.raises(ValueError, match="selects no module"):
+        load_adapter(_write_adapter(tmp_path / "none", state, {**base_conf, "target_modules": ["foo_proj"]}),
+                     params, cfg)
+    # a selected module with no tensor (PEFT: a fresh adapter there)
+    first = lora.hf_module_name(cfg, lora.target_modules(cfg, "all-linear")[0])
+    part = {k: v for k, v in state.items() if first not in k}
+    with pytest.raises(ValueError, match=f"selects {re.escape(first)}.*holds no LoRA matrices"):
+        load_adapter(_write_adapter(tmp_path / "miss", part, base_conf), params, cfg)
+    # a module rbjax does not adapt (the LM head)
+    with pytest.raises(ValueError, match="lm_head, which rbjax does not adapt"):
+        load_adapter(_write_adapter(tmp_path / "head", state, {**base_conf, "target_modules": ["lm_head"]}),
+                     params, cfg)
+    with pytest.raises(ValueError, match="target_modules"):
+        load_adapter(_write_adapter(tmp_path / "unset", state, {**base_conf, "target_modules": None}), params, cfg)

@@ -77,6 +77,31 @@ def test_debias_export_peft_and_measure_with_adapter(tiny_model_dir, tokenizer_d
         np.testing.assert_allclose([float(r[col]) for r in a], [float(r[col]) for r in b], rtol=1e-5)
     rec = json.loads((tmp_path / "m_ad" / "lmb.json").read_text())[0]
     assert rec["settings"]["adapter"] == str(tmp_path / "ad")
+    assert rec["settings"]["adapter_base"]["same"] is True
+    # the adapter records its base: an absolute path (PEFT's AutoPeftModel finds it from any folder) and the base's
+    # weights key; on other weights (here the merged model: the adapter would be applied twice) it is refused
+    from rbjax.model.peft_adapter import base_weights_key, recorded_base_key
+
+    conf = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert conf["base_model_name_or_path"] == str(Path(tiny_model_dir).resolve())
+    assert recorded_base_key(tmp_path / "ad") == base_weights_key(tiny_model_dir)
+    capsys.readouterr()
+    assert main(["measure", "--model", str(tmp_path / "merged"), "--adapter", str(tmp_path / "ad"), "--out",
+                 str(tmp_path / "m_other"), *common]) == 1
+    assert "trained on other base weights" in capsys.readouterr().err and not (tmp_path / "m_other").exists()
+    assert main(["measure", "--model", str(tmp_path / "merged"), "--adapter", str(tmp_path / "ad"), "--out",
+                 str(tmp_path / "m_other"), "--allow-other-base", *common]) == 0
+    other = json.loads((tmp_path / "m_other" / "lmb.json").read_text())[0]["settings"]["adapter_base"]
+    assert other["same"] is False and other["recorded"] == recorded_base_key(tmp_path / "ad")
+    assert main(["measure", "--model", str(tiny_model_dir), "--allow-other-base", "--out", str(tmp_path / "m_x"),
+                 *common]) == 1
+    assert "give --adapter" in capsys.readouterr().err
+    peft = pytest.importorskip("peft")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(elsewhere)
+        assert peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "ad")) is not None
     # a pair benchmark scores the adapter too (and keys its results by the adapter's files)
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("id,category,sentence_1,sentence_2,stereotypical\nq1,g,She is a nurse.,He is a nurse.,1\n"

@@ -16,7 +16,7 @@ from rbjax.model.memory import plan_for_model
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
 #: the MeasureConfig fields that are options of their own (``outlier_removal`` is ``--outlier-removal auto|on|off``)
 MEASURE_OPTIONS = ("split", "batch_size", "precision", "mesh", "param_dtype", "seed", "bos", "n_std", "ddof", "alpha",
-                   "n_bootstrap", "skip_unscorable")
+                   "n_bootstrap", "skip_unscorable", "allow_other_base")
 #: the chat-format options (:class:`rbjax.model.chat.ChatSettings`), a group of their own
 CHAT_OPTIONS = ("format", "role", "system", "prompt", "score_end_of_turn", "chat_template")
 

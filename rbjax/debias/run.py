@@ -60,7 +60,7 @@ from rbjax.model.handle import ModelHandle
 from rbjax.model.hf import model_files_key, save_pretrained
 from rbjax.model.lora import adapter_param_count, add_adapters, merge_adapters
 from rbjax.model.lora import describe as describe_lora
-from rbjax.model.peft_adapter import ADAPTER_CONFIG, save_adapter
+from rbjax.model.peft_adapter import ADAPTER_CONFIG, base_weights_key, save_adapter
 from rbjax.specs import BIAS_TYPES, UPSTREAM_NAME, is_spec_path, load_spec
 from rbjax.train.checkpoint import Checkpointer
 from rbjax.train.config import AdapterConfig
@@ -436,6 +436,15 @@ def _clear_run(out: Path) -> None:
             p.unlink()
 
 
+
+def adapter_base(model: str, folder: Path | None) -> dict:
+    """:func:`rbjax.model.peft_adapter.save_adapter`'s record of the base: ``base_model`` — the hub id as given, or
+    the absolute path of the base's HF folder (a run folder's ``model/``), so that ``AutoPeftModelForCausalLM`` finds
+    it from any working folder — and ``base_key``, the base's weights key (none for a base only in memory)."""
+    local = Path(model).expanduser().exists() and folder is not None
+    return {"base_model": str(Path(folder).resolve()) if local else str(model),
+            "base_key": None if folder is None else base_weights_key(folder)}
+
 def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = False,
            trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
@@ -528,7 +537,8 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
         if not exported_ok:
             host = to_host(params)
             if cfg.adapter.enabled:  # the adapters as a PEFT folder, and the merged model as an HF folder
-                save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(), base_model=cfg.model)
+                save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(),
+                             **adapter_base(cfg.model, trainer.model.folder))
             model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
                                         tokenizer_dir=trainer.model.tokenizer_folder(),
                                         source_dir=trainer.model.folder)  # generation_config.json from the model

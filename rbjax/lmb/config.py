@@ -61,6 +61,9 @@ class MeasureConfig(ChatSettings):
                                                "model, off for --stored-perplexities (the released files were "
                                                "already reduced with those values)")
     skip_unscorable: bool = field(False, "exclude pairs with a phrase of < 2 tokens instead of failing")
+    allow_other_base: bool = field(False, "score an rbjax --adapter on a base whose weights are not those it was "
+                                          "trained on (refused by default: the adapter records its base's weights "
+                                          "key); recorded in the results as adapter_base")
 
     def __post_init__(self):
         check_types(self)

@@ -27,7 +27,7 @@ from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
 from rbjax.model.chat import ChatError, ChatTurns
 from rbjax.model.handle import ModelHandle
-from rbjax.model.peft_adapter import adapter_files_key, load_adapter
+from rbjax.model.peft_adapter import adapter_files_key, check_adapter_base, load_adapter
 
 log = get_logger("measure")
 
@@ -95,13 +95,22 @@ class LoadedModel:
 
     def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                  batch_size: int = 64, bos: bool | None = None, precision: str = "fp32", *, mesh=None,
-                 param_dtype: str = "fp32", adapter: str | os.PathLike | None = None):
+                 param_dtype: str = "fp32", adapter: str | os.PathLike | None = None, allow_other_base: bool = False):
         handle = ModelHandle.open(model, tokenizer)
+        base = None
+        if adapter is not None:  # before the weights are read: an adapter of another base is refused at once
+            base = check_adapter_base(adapter, handle.folder, allow_other_base=allow_other_base)
+            if base["same"] is False:
+                log.warning(f"--allow-other-base: scoring {adapter} on {model}, whose weights are not those the "
+                            "adapter was trained on")
         handle.load(mesh=mesh)  # on an fsdp/tensor mesh: each device reads its slices of the weights
         params = None
         if adapter is not None:  # a PEFT adapter on the base, unmerged (rbjax.model.peft_adapter)
             params, _ = load_adapter(adapter, handle.params, handle.config)
         self._setup(handle, batch_size, bos, precision, mesh, param_dtype, params=params, adapter=adapter)
+        #: ``{"recorded", "base", "same"}`` of :func:`rbjax.model.peft_adapter.check_adapter_base` (None without
+        #: an adapter)
+        self.adapter_base = base
 
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, digest: str, batch_size: int = 64, bos: bool | None = None,
@@ -118,6 +127,7 @@ class LoadedModel:
                adapter=None) -> None:
         self.handle = handle
         self.adapter = None if adapter is None else str(adapter)
+        self.adapter_base = None
         self.name, self.folder = handle.name, handle.folder
         self.config, self.tokenizer = handle.config, handle.tokenizer
         self.batch_size, self.precision = batch_size, precision
@@ -355,6 +365,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
     if stored_perplexities and adapter is not None:
         raise ValueError("--adapter has no effect with --stored-perplexities")
+    if cfg.allow_other_base and adapter is None:
+        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
     if stored_perplexities and (mesh or param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
     if stored_perplexities and cfg.is_chat:
@@ -380,7 +392,8 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             mesh_obj, param_dtype = loaded.mesh, loaded.param_dtype
         else:
             loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
-                                 param_dtype=param_dtype, adapter=adapter)  # fail on a bad model before out_dir
+                                 param_dtype=param_dtype, adapter=adapter,
+                                 allow_other_base=cfg.allow_other_base)  # fail on a bad model before out_dir
         bos = loaded.bos
     else:
         bos = False
@@ -397,6 +410,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                 "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
                 "bos_policy": None if loaded is None else ("chat template" if chat else loaded.bos_policy),
                 "adapter": None if loaded is None else loaded.adapter,
+                **({} if loaded is None or loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
                 "format": cfg.format,
                 **({} if chat is None else {"role": chat.role, "system": chat.system, "prompt": chat.prompt,
                                             "score_end_of_turn": chat.score_end_of_turn,

@@ -276,6 +276,8 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
     cats = [pf.category(c) for c in pf.select(categories)]
     mesh_obj = None if not cfg.mesh else make_mesh(parse_mesh(cfg.mesh, jax.device_count()))
     batch_size, precision, param_dtype = cfg.batch_size, cfg.precision, cfg.param_dtype
+    if cfg.allow_other_base and adapter is None:
+        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
     if isinstance(model, LoadedModel):  # in memory
         if tokenizer is not None or adapter is not None:
             raise ValueError("a LoadedModel brings its own tokenizer and parameters: load an adapter with it")
@@ -284,7 +286,7 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
             loaded.param_dtype
     else:
         loaded = LoadedModel(model, tokenizer, batch_size, cfg.bos, precision, mesh=mesh_obj, param_dtype=param_dtype,
-                             adapter=adapter)
+                             adapter=adapter, allow_other_base=cfg.allow_other_base)
     model_name = loaded.name
     bos = loaded.bos
     prefix = lm_eval_prefix_id(loaded.tokenizer)
@@ -297,6 +299,7 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
         "n_bootstrap": cfg.n_bootstrap, "stored_perplexities": False, "precision": precision,
         "param_dtype": param_dtype, "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
         "bos_policy": loaded.bos_policy, "tokenizer": loaded.tokenizer.source, "adapter": loaded.adapter,
+        **({} if loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
         "lm_eval_prefix_token_id": prefix, "lm_eval_prefix_token": loaded.tokenizer.id_to_token(prefix),
         "data": {"file": str(pf.path), "sha256": data_sha}}
     scoring = {"split": "all", "bos": bos, "lm_eval_prefix": prefix, "skip_unscorable": cfg.skip_unscorable,

@@ -43,7 +43,7 @@ from rbjax.model.registry import family_of_config
 
 __all__ = ["LORA", "TARGETS", "LAYER_PREFIX", "TARGET_GROUPS", "LoraSpec", "target_names", "target_modules",
            "add_adapters", "has_adapters", "is_adapter_param", "adapter_modules", "merge_adapters", "strip_adapters",
-           "adapter_param_count", "hf_module_name", "module_path_of_hf"]
+           "adapter_param_count", "hf_module_name", "module_path_of_hf", "hf_module_names", "OTHER_MODULES"]
 
 #: family -> {HF module name inside a decoder layer: (its rbjax path inside a layer, group)}
 TARGETS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
@@ -57,6 +57,26 @@ TARGETS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "mlp.dense_4h_to_h": (("mlp", "dense_4h_to_h"), "mlp")},
 }
 TARGETS["gemma2"] = TARGETS["llama"]
+
+#: family -> (the HF model's modules outside its decoder layers, the modules of decoder layer i that are no adapter
+#: target, as suffixes of the layer's name; "" is the layer itself): with :data:`TARGETS` and :data:`LAYER_PREFIX`,
+#: every module name of the ``transformers`` model (``named_modules()``; tests/test_lora.py checks it per family), so
+#: that a PEFT config selecting one of them by name or pattern is seen (:func:`hf_module_names`)
+OTHER_MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpt2": (("transformer", "transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h",
+              "transformer.ln_f", "lm_head"),
+             ("", ".ln_1", ".attn", ".attn.attn_dropout", ".attn.resid_dropout", ".ln_2", ".mlp", ".mlp.act",
+              ".mlp.dropout")),
+    "llama": (("model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"),
+              ("", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm", ".post_attention_layernorm")),
+    "gpt_neox": (("gpt_neox", "gpt_neox.embed_in", "gpt_neox.emb_dropout", "gpt_neox.layers",
+                  "gpt_neox.final_layer_norm", "gpt_neox.rotary_emb", "lm_head"),
+                 ("", ".input_layernorm", ".post_attention_layernorm", ".post_attention_dropout",
+                  ".post_mlp_dropout", ".attention", ".mlp", ".mlp.act")),
+    "gemma2": (("model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"),
+               ("", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm", ".post_attention_layernorm",
+                ".pre_feedforward_layernorm", ".post_feedforward_layernorm")),
+}
 
 #: family -> (rbjax name of decoder layer i, HF module name of decoder layer i), as format strings of i
 LAYER_PREFIX = {"gpt2": ("h_{i}", "transformer.h.{i}"), "llama": ("layers_{i}", "model.layers.{i}"),
@@ -148,6 +168,21 @@ def hf_module_name(config, path: tuple[str, ...]) -> str:
     if m is None or tuple(path[1:]) not in inner:
         raise KeyError(f"{'/'.join(path)} is not an adapter target of the {fam} family")
     return f"{hf.format(i=int(m.group(1)))}.{inner[tuple(path[1:])]}"
+
+
+def hf_module_names(config) -> dict[str, tuple[str, ...] | None]:
+    """Every module name of ``config``'s model as ``transformers`` names it (``named_modules()``, the names PEFT's
+    ``target_modules`` are matched against) → the rbjax path of an adapter target (:func:`module_path_of_hf`), or
+    ``None`` for a module rbjax does not adapt (embeddings, norms, the LM head, containers)."""
+    fam = _family(config)
+    ours, hf = LAYER_PREFIX[fam]
+    top, inside = OTHER_MODULES[fam]
+    out: dict[str, tuple[str, ...] | None] = {n: None for n in top}
+    for i in range(config.num_layers):
+        layer = hf.format(i=i)
+        out.update({layer + s: None for s in inside})
+        out.update({f"{layer}.{n}": (ours.format(i=i),) + p for n, (p, _) in TARGETS[fam].items()})
+    return out
 
 
 def module_path_of_hf(config, name: str) -> tuple[str, ...]:
