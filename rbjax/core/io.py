@@ -48,24 +48,36 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs):
 
 @contextlib.contextmanager
 def atomic_folder(path: str | os.PathLike):
-    """A temporary folder next to ``path`` to write a whole folder into (a model, an adapter), put in ``path``'s
-    place when the block succeeds (an existing folder there is replaced); on an exception the temporary folder is
-    removed and ``path`` is left untouched. The folder and its files get the permissions ``mkdir``/``open()`` would
-    give (``mkdtemp`` makes 0700). Creates ``path``'s parent."""
+    """A temporary folder next to ``path`` to write a whole folder into (a model, an adapter, an export), put in
+    ``path``'s place when the block succeeds; on an exception the temporary folder is removed and ``path`` is left
+    untouched. An existing folder at ``path`` is replaced as a whole — none of its files survive beside the new
+    ones: it is first renamed aside, the new folder renamed into place, then the old one deleted (so ``path`` is
+    never a half-deleted folder). The folder and its files get the permissions ``mkdir``/``open()`` would give
+    (``mkdtemp`` makes 0700). Creates ``path``'s parent."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = tmp.with_name(tmp.name + ".replaced")
     try:
         yield tmp
         os.chmod(tmp, dir_mode())
         for f in tmp.rglob("*"):
             os.chmod(f, dir_mode() if f.is_dir() else file_mode())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if out.exists() or out.is_symlink():
+            os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old.exists() or old.is_symlink():
+                os.replace(old, out)  # the earlier folder back in place
+            raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_symlink():
+            old.unlink()
+        elif old.exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
