@@ -80,6 +80,72 @@ def atomic_folder(path: str | os.PathLike):
             shutil.rmtree(old, ignore_errors=True)
 
 
+#: the prefix of the hidden folder beside a run folder that :func:`replacing` sets the earlier run's files aside in
+REPLACED_PREFIX = ".replaced-"
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+
+
+@contextlib.contextmanager
+def replacing(folder: str | os.PathLike, names):
+    """Replace the entries ``names`` of ``folder`` (a run's own files and folders) by what the block writes, or keep
+    them as they were: the ``--overwrite`` of a command that writes its run in place.
+
+    Before the block, those of ``names`` that exist are moved (renamed, not copied) into a hidden folder beside
+    ``folder`` (``.replaced-<name>.<random>``), so the block starts from a folder holding none of the earlier run's
+    files and nothing of it can survive beside the new one. When the block succeeds they are deleted; when it
+    raises (an error, Ctrl-C, an :class:`rbjax.core.interrupt.Interrupted`) whatever the block wrote under those
+    names is deleted and the earlier entries are moved back: ``folder`` is as before. Entries not in ``names`` are
+    never touched. A process killed outright (SIGKILL, power loss) leaves the earlier files in the hidden folder
+    (:func:`replaced_leftovers` names it).
+
+    Yields:
+        the names that were set aside (empty when ``folder`` held none of them: nothing to restore).
+    """
+    folder = Path(folder)
+    present = [n for n in names if (folder / n).exists() or (folder / n).is_symlink()]
+    if not present:
+        yield []
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f"{REPLACED_PREFIX}{folder.name}.", dir=folder.parent))
+    moved = []
+
+    def put_back():
+        for n in moved:
+            os.replace(aside / n, folder / n)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    try:
+        for n in present:
+            os.replace(folder / n, aside / n)
+            moved.append(n)
+    except BaseException:
+        put_back()
+        raise
+    try:
+        yield list(present)
+    except BaseException:
+        for n in names:  # what the block wrote
+            _remove(folder / n)
+        put_back()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def replaced_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """The hidden folders beside ``folder`` where :func:`replacing` set an earlier run aside and that a killed
+    process left behind (sorted)."""
+    folder = Path(folder)
+    if not folder.parent.is_dir():
+        return []
+    return sorted(folder.parent.glob(f"{REPLACED_PREFIX}{folder.name}.*"))
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
     with atomic_file(path, "w", encoding="utf-8", newline="") as f:
