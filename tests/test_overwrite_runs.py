@@ -98,3 +98,55 @@ def test_debias_overwrite_leaves_only_the_new_runs_files(tiny_model_dir, tokeniz
     assert got["metrics.jsonl"] == b'{"update": 1}\n' and got["model/model.safetensors"] != b"old weights"
     assert json.loads(got["results.json"])["status"] == "done" and "adapter" not in json.loads(got["results.json"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the earlier files are deleted
+
+
+# ------------------------------------------------------------------------------------------ rbjax sweep
+def _earlier_sweep(out: Path) -> dict:
+    """A finished sweep whose selections by both rules were retrained (``--final both``)."""
+    for name in ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "sweep_settings.json",
+                 "points/p1/results.json", "selected_default/results.json", "selected_default/model/config.json",
+                 "selected_reference/results.json", "selected_reference/model/config.json"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"old {name}")
+    return _content(out)
+
+
+def _sweep_argv(tiny_model_dir, tokenizer_dir, redditbias_dir, out):
+    return ["sweep", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(out), "--batch-sizes", "4",
+            "--grad-accums", "1", "--lambda-lms", "0.01", "--lambda-ds", "10", "--max-steps", "1", "--no-lmp",
+            "--final", "default", "--no-progress", "--overwrite"]
+
+
+def test_sweep_overwrite_leaves_no_selected_point_of_the_earlier_sweep(tiny_model_dir, tokenizer_dir,
+                                                                       redditbias_dir, tmp_path, capsys,
+                                                                       monkeypatch):
+    """A new sweep retraining only its default selection over one that retrained both: the earlier
+    selected_reference/ (another sweep's point, which `rbjax export --rule reference` would export with the new
+    selection's numbers) is gone; a sweep that fails keeps the earlier one whole. The sweep itself is a stand-in."""
+    from rbjax.commands import sweep as cmd
+
+    out = tmp_path / "sweep"
+    before = _earlier_sweep(out)
+    point = {"id": "p", "dev": {"t_value": 1.0, "p_value": 0.5, "reference": {"p_value": 0.5}}, "lmp": None}
+
+    def new_sweep(bases, *a, **k):
+        for _, folder in bases:
+            for name in ("sweep.jsonl", "sweep.csv", "selection.json", "selected_default/results.json"):
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / name).write_text(f"new {name}")
+        return [{"n_runs": 1, "baseline": {}, "default": point, "reference": point} for _ in bases]
+
+    def failing_sweep(bases, *a, **k):
+        new_sweep(bases)
+        raise RuntimeError("a chunk failed")
+
+    monkeypatch.setattr(cmd, "run_sweeps", failing_sweep)
+    assert main(_sweep_argv(tiny_model_dir, tokenizer_dir, redditbias_dir, out)) == 1
+    assert "a chunk failed" in capsys.readouterr().err
+    assert _content(out) == before
+    monkeypatch.setattr(cmd, "run_sweeps", new_sweep)
+    assert main(_sweep_argv(tiny_model_dir, tokenizer_dir, redditbias_dir, out)) == 0
+    capsys.readouterr()
+    assert sorted(_content(out)) == ["selected_default/results.json", "selection.json", "sweep.csv", "sweep.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
