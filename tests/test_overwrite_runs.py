@@ -76,7 +76,7 @@ def test_debias_overwrite_keeps_the_earlier_run_when_the_new_one_fails(tiny_mode
     assert main(_argv(tiny_model_dir, tokenizer_dir, redditbias_dir, out)) == 1
     assert "no space left on device" in capsys.readouterr().err
     assert _content(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left beside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left beside (nor inside: _content)
 
 
 def _finished(self, out_dir=None, **kw):
@@ -97,7 +97,8 @@ def test_debias_overwrite_leaves_only_the_new_runs_files(tiny_model_dir, tokeniz
     assert not [f for f in got if f.split("/")[0] in ("adapter", "checkpoints", "lmb_valid")]
     assert got["metrics.jsonl"] == b'{"update": 1}\n' and got["model/model.safetensors"] != b"old weights"
     assert json.loads(got["results.json"])["status"] == "done" and "adapter" not in json.loads(got["results.json"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the earlier files are deleted
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.jsonl", "model", "notes.txt",
+                                                     "results.json"]  # the earlier files are deleted, none aside
 
 
 # ------------------------------------------------------------------------------------------ rbjax sweep

@@ -80,7 +80,7 @@ def atomic_folder(path: str | os.PathLike):
             shutil.rmtree(old, ignore_errors=True)
 
 
-#: the prefix of the hidden folder beside a run folder that :func:`replacing` sets the earlier run's files aside in
+#: the prefix of the hidden folder inside a run folder that :func:`replacing` sets the earlier run's files aside in
 REPLACED_PREFIX = ".replaced-"
 
 
@@ -96,8 +96,9 @@ def replacing(folder: str | os.PathLike, names):
     """Replace the entries ``names`` of ``folder`` (a run's own files and folders) by what the block writes, or keep
     them as they were: the ``--overwrite`` of a command that writes its run in place.
 
-    Before the block, those of ``names`` that exist are moved (renamed, not copied) into a hidden folder beside
-    ``folder`` (``.replaced-<name>.<random>``), so the block starts from a folder holding none of the earlier run's
+    Before the block, those of ``names`` that exist are moved (renamed, not copied) into a hidden folder inside
+    ``folder`` (``.replaced-<random>``: the same file system, no write access to the parent needed), so the block
+    starts from a folder holding none of the earlier run's
     files and nothing of it can survive beside the new one. When the block succeeds they are deleted; when it
     raises (an error, Ctrl-C, an :class:`rbjax.core.interrupt.Interrupted`) whatever the block wrote under those
     names is deleted and the earlier entries are moved back: ``folder`` is as before. Entries not in ``names`` are
@@ -112,7 +113,7 @@ def replacing(folder: str | os.PathLike, names):
     if not present:
         yield []
         return
-    aside = Path(tempfile.mkdtemp(prefix=f"{REPLACED_PREFIX}{folder.name}.", dir=folder.parent))
+    aside = Path(tempfile.mkdtemp(prefix=REPLACED_PREFIX, dir=folder))
     moved = []
 
     def put_back():
@@ -138,12 +139,12 @@ def replacing(folder: str | os.PathLike, names):
 
 
 def replaced_leftovers(folder: str | os.PathLike) -> list[Path]:
-    """The hidden folders beside ``folder`` where :func:`replacing` set an earlier run aside and that a killed
-    process left behind (sorted)."""
+    """The hidden folders in ``folder`` where :func:`replacing` set an earlier run aside and that a killed process
+    left behind (sorted)."""
     folder = Path(folder)
-    if not folder.parent.is_dir():
+    if not folder.is_dir():
         return []
-    return sorted(folder.parent.glob(f"{REPLACED_PREFIX}{folder.name}.*"))
+    return sorted(folder.glob(f"{REPLACED_PREFIX}*"))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -485,7 +485,7 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
         return _debias(cfg, out, trainer, key, t0, stop_after, replace_other_inputs)
     for p in replaced_leftovers(out):
         log.warning(f"{p}: the files of a run that an earlier 'rbjax debias --overwrite' into {out} replaced and "
-                    "that was killed before it finished; move them back into the folder or delete them")
+                    f"that was killed before it finished; move them back (into {out}) or delete them")
     # the run's files are set aside, not deleted: the new run starts from a folder holding none of them (nothing of
     # the earlier run survives beside it), and only once it has finished are they deleted; an error or an
     # interrupt before then discards the new run's files and puts the earlier run back as it was
