@@ -39,3 +39,96 @@ def test_card_tags_the_architecture_and_says_what_a_single_run_is(tmp_path, caps
     if method != "cda":
         assert "(as the paper's CDA)" not in card and "as the paper trains CDA" not in card
     assert json.loads((out / "export.json").read_text())["model_type"] == tag
+
+
+# ------------------------------------------------------------------------------------------ --overwrite
+@pytest.fixture(scope="module")
+def adapter_run(tmp_path_factory, tiny_model_dir):
+    """A hand-made finished run of ``--adapter lora``: ``model/`` the merged model, ``adapter/`` the PEFT folder on
+    ``tiny_model_dir`` (random B: the adapters matter); no training."""
+    import numpy as np
+
+    from rbjax.model import hf, lora
+    from rbjax.model.peft_adapter import save_adapter
+
+    run = _run(tmp_path_factory.mktemp("adapter_run"), "hd", "gpt2")
+    cfg, params = hf.load_pretrained(tiny_model_dir)
+    spec = lora.LoraSpec(rank=2, alpha=4.0, targets="all-linear")
+    ad = lora.add_adapters(params, cfg, spec, seed=1)
+    rng = np.random.default_rng(1)
+    for a in lora.adapter_modules(ad).values():
+        a["B"] = rng.normal(0, 0.3, a["B"].shape).astype(np.float32)
+    hf.save_pretrained(lora.merge_adapters(ad), cfg, run / "model", tokenizer_dir=tiny_model_dir)
+    save_adapter(ad, cfg, run / "adapter", spec, base_model=str(tiny_model_dir))
+    res = json.loads((run / "results.json").read_text())
+    res["adapter"] = {"rank": 2, "alpha": 4.0, "scale": 2.0, "dropout": 0.0, "targets": ["attn.c_attn"],
+                      "trained_parameters": 1, "param_dtype": "float32", "base_model_key": "k"}
+    (run / "results.json").write_text(json.dumps(res))
+    return run
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_replaces_an_export_as_a_whole(adapter_run, tmp_path, capsys):
+    """An adapter-only export over a merged one, and the reverse, leave exactly the new export's files: no merged
+    weights beside the adapter, no adapter_config.json beside merged weights (transformers would apply the
+    adapter to them), and the folder loads as the run's model."""
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    run = str(adapter_run)
+    assert main(["export", run, "--out", str(out)]) == 0
+    assert main(["export", run, "--adapter-only", "--out", str(ref)]) == 0
+    assert main(["export", run, "--adapter-only", "--out", str(out), "--overwrite"]) == 0
+    assert sorted(_files(out)) == sorted(_files(ref)) == ["README.md", "adapter_config.json",
+                                                          "adapter_model.safetensors", "export.json"]
+    assert _files(out)["adapter_model.safetensors"] == _files(adapter_run / "adapter")["adapter_model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left beside
+    # and back: the merged model over the adapter-only export
+    assert main(["export", run, "--out", str(out), "--overwrite"]) == 0
+    got = _files(out)
+    assert set(got) == set(_files(adapter_run / "model")) | {"README.md", "export.json"}
+    assert all(got[f] == b for f, b in _files(adapter_run / "model").items())
+    assert sorted(json.loads(got["export.json"])["files_sha256"]) == sorted(_files(adapter_run / "model"))
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ids = torch.tensor([[464, 6772, 389, 257, 1310, 286]])
+    with torch.no_grad():
+        a = transformers.AutoModelForCausalLM.from_pretrained(out)(ids).logits.numpy()
+        b = transformers.AutoModelForCausalLM.from_pretrained(adapter_run / "model")(ids).logits.numpy()
+    assert (a == b).all()
+    capsys.readouterr()
+
+
+def test_a_failed_overwrite_leaves_the_earlier_export_untouched(adapter_run, tmp_path, capsys, monkeypatch):
+    from rbjax.study import export
+
+    out = tmp_path / "out"
+    assert main(["export", str(adapter_run), "--out", str(out)]) == 0
+    before = _files(out)
+
+    def broken(*a, **k):  # a failure after the model files are copied (a full disk, an interrupt)
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(export, "model_card", broken)
+    assert main(["export", str(adapter_run), "--adapter-only", "--out", str(out), "--overwrite"]) == 1
+    assert "no space left on device" in capsys.readouterr().err
+    assert _files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left beside
+
+
+def test_overwrite_refuses_a_folder_with_files_no_export_wrote(adapter_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / ".git").mkdir(parents=True)  # e.g. a clone of a hub repository
+    (out / "notes.txt").write_text("mine")
+    assert main(["export", str(adapter_run), "--out", str(out), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert f"--out {out} holds files that no rbjax export wrote (.git, notes.txt)" in err
+    assert sorted(p.name for p in out.iterdir()) == [".git", "notes.txt"]
+    # an earlier export with a file added by hand: refused too
+    (out / "notes.txt").unlink()
+    (out / ".git").rmdir()
+    assert main(["export", str(adapter_run), "--out", str(out), "--overwrite"]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main(["export", str(adapter_run), "--adapter-only", "--out", str(out), "--overwrite"]) == 1
+    assert "(notes.txt)" in capsys.readouterr().err and (out / "model.safetensors").is_file()

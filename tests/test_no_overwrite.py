@@ -80,6 +80,14 @@ def test_annotate_export_keeps_filled_files(tmp_path, capsys):
     assert (d / "a.csv").read_text() == filled
     assert main(args + ["--overwrite"]) == 0
     assert (d / "a.csv").read_text() != filled
+    # --overwrite with annotator b dropped: b.csv of the earlier export would sit beside the new one as one of its
+    # annotators (mixed folder); refused, nothing written
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    capsys.readouterr()
+    assert main(args[:-2] + ["a", "c", "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert "holds b.csv of an earlier export (annotators a, b) that this export (a, c) does not replace" in err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
 
 
 # ------------------------------------------------------------------------------------------ splits

@@ -42,7 +42,9 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
             kw["help"] = "bias type(s): all, or a comma list of " + leaf.help.removeprefix("bias type: ")
         g.add_argument(*names, **kw)
     p.add_argument("--overwrite", action="store_true",
-                   help="discard an existing run in --out instead of resuming (or reusing) it")
+                   help="replace an existing run in --out instead of resuming (or reusing) it: its files are set "
+                        "aside and deleted once the new run has finished (a failure or Ctrl-C before then puts them "
+                        "back)")
 
 
 def _cli_leaves(grid: bool):

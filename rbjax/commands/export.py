@@ -18,7 +18,7 @@ def register(sub) -> None:
                     "folder (its selected point), or a study's seed<S>/<type>/<method> folder.",
         formatter_class=HelpFormatter)
     p.add_argument("run", metavar="RUN", help="finished run, sweep or study method folder")
-    p.add_argument("--out", required=True, help="folder to write (new or empty)")
+    p.add_argument("--out", required=True, help="folder to write (new or empty; see --overwrite)")
     p.add_argument("--baseline", metavar="DIR",
                    help="'rbjax measure' folder of the base model, for LMB before and the paired comparison "
                         "(default: the study's baseline/lmb_test when RUN is inside a study)")
@@ -26,7 +26,10 @@ def register(sub) -> None:
                    help="'rbjax measure' folder of the exported model (default: the study's lmb_test of the method, "
                         "else the run's lmb_valid)")
     add_config_arguments(p, ExportConfig)
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export in --out as a whole (written beside it, then swapped in: none of "
+                        "its files survive, and a failed export leaves it untouched); a folder holding files no "
+                        "export wrote is refused")
     p.set_defaults(func=run)
 
 

@@ -7,12 +7,15 @@ import argparse
 from rbjax.commands.debias import add_plan_arguments, add_training_arguments, config_from_args
 from rbjax.commands.options import add_config_arguments, config_values, given_options
 from rbjax.core.distributed import initialize, requested
+from rbjax.core.interrupt import Interrupted
+from rbjax.core.io import replacing
 from rbjax.core.mesh import mesh_product
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias import grid_config as gcfg
 from rbjax.debias.config import METHODS
 from rbjax.debias.sweep_config import SweepConfig
-from rbjax.debias.sweep import PAPER_GRID, clear_sweep, format_selection, grid_memory_plan, grid_points, run_sweeps
+from rbjax.debias.sweep import (PAPER_GRID, SELECTED_FOLDERS, SWEEP_FILES, clear_sweep, format_selection,
+                                grid_memory_plan, grid_points, run_sweeps)
 from rbjax.specs import is_spec_path
 
 
@@ -85,6 +88,36 @@ def _combinations(args) -> list[tuple[str, str]]:
     return [(b, m) for b in expand_bias_types(args.bias_type) for m in methods]
 
 
+def _run_sweeps(bases, overwrite: bool, *args, **kw) -> list[dict]:
+    """:func:`run_sweeps`; with ``overwrite`` the sweeps in the folders are replaced as a whole or not at all: their
+    files (:data:`SWEEP_FILES`, :data:`SELECTED_FOLDERS`) are set aside (:func:`rbjax.core.io.replacing`) and
+    deleted once every sweep has finished, and put back when the new sweeps fail or are interrupted before. A
+    distributed sweep (several processes writing one shared folder) clears them at the start instead."""
+    import contextlib
+
+    import jax
+
+    if not overwrite:
+        return run_sweeps(bases, *args, **kw)
+    if jax.process_count() > 1:
+        for _, folder in bases:
+            clear_sweep(folder)
+        return run_sweeps(bases, *args, **kw)
+    earlier = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for _, folder in bases:
+                earlier += stack.enter_context(replacing(folder, SWEEP_FILES + SELECTED_FOLDERS))
+            return run_sweeps(bases, *args, **kw)
+    except KeyboardInterrupt:
+        if not earlier:
+            raise
+        raise Interrupted(
+            "rbjax sweep --overwrite: interrupted before the new sweep finished. Its files are discarded and the "
+            f"earlier sweep in {', '.join(str(f) for _, f in bases)} is kept as it was. Run the same command again "
+            "to start over, or give another --out to keep both.") from None
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -133,12 +166,8 @@ def run(args) -> int:
                              device_memory_gb=args.device_memory_gb).check()
     if args.dry_run:
         return 0
-    if args.overwrite:
-        for _, folder in bases:
-            clear_sweep(folder)
-    sels = run_sweeps(bases, scfg, grid=cli_grid, method_grids=grids,
-                      progress=args.progress,
-                      replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
+    sels = _run_sweeps(bases, args.overwrite, scfg, grid=cli_grid, method_grids=grids, progress=args.progress,
+                       replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
         print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")

@@ -48,24 +48,103 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs):
 
 @contextlib.contextmanager
 def atomic_folder(path: str | os.PathLike):
-    """A temporary folder next to ``path`` to write a whole folder into (a model, an adapter), put in ``path``'s
-    place when the block succeeds (an existing folder there is replaced); on an exception the temporary folder is
-    removed and ``path`` is left untouched. The folder and its files get the permissions ``mkdir``/``open()`` would
-    give (``mkdtemp`` makes 0700). Creates ``path``'s parent."""
+    """A temporary folder next to ``path`` to write a whole folder into (a model, an adapter, an export), put in
+    ``path``'s place when the block succeeds; on an exception the temporary folder is removed and ``path`` is left
+    untouched. An existing folder at ``path`` is replaced as a whole — none of its files survive beside the new
+    ones: it is first renamed aside, the new folder renamed into place, then the old one deleted (so ``path`` is
+    never a half-deleted folder). The folder and its files get the permissions ``mkdir``/``open()`` would give
+    (``mkdtemp`` makes 0700). Creates ``path``'s parent."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = tmp.with_name(tmp.name + ".replaced")
     try:
         yield tmp
         os.chmod(tmp, dir_mode())
         for f in tmp.rglob("*"):
             os.chmod(f, dir_mode() if f.is_dir() else file_mode())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if out.exists() or out.is_symlink():
+            os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old.exists() or old.is_symlink():
+                os.replace(old, out)  # the earlier folder back in place
+            raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_symlink():
+            old.unlink()
+        elif old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+#: the prefix of the hidden folder inside a run folder that :func:`replacing` sets the earlier run's files aside in
+REPLACED_PREFIX = ".replaced-"
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+
+
+@contextlib.contextmanager
+def replacing(folder: str | os.PathLike, names):
+    """Replace the entries ``names`` of ``folder`` (a run's own files and folders) by what the block writes, or keep
+    them as they were: the ``--overwrite`` of a command that writes its run in place.
+
+    Before the block, those of ``names`` that exist are moved (renamed, not copied) into a hidden folder inside
+    ``folder`` (``.replaced-<random>``: the same file system, no write access to the parent needed), so the block
+    starts from a folder holding none of the earlier run's
+    files and nothing of it can survive beside the new one. When the block succeeds they are deleted; when it
+    raises (an error, Ctrl-C, an :class:`rbjax.core.interrupt.Interrupted`) whatever the block wrote under those
+    names is deleted and the earlier entries are moved back: ``folder`` is as before. Entries not in ``names`` are
+    never touched. A process killed outright (SIGKILL, power loss) leaves the earlier files in the hidden folder
+    (:func:`replaced_leftovers` names it).
+
+    Yields:
+        the names that were set aside (empty when ``folder`` held none of them: nothing to restore).
+    """
+    folder = Path(folder)
+    present = [n for n in names if (folder / n).exists() or (folder / n).is_symlink()]
+    if not present:
+        yield []
+        return
+    aside = Path(tempfile.mkdtemp(prefix=REPLACED_PREFIX, dir=folder))
+    moved = []
+
+    def put_back():
+        for n in moved:
+            os.replace(aside / n, folder / n)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    try:
+        for n in present:
+            os.replace(folder / n, aside / n)
+            moved.append(n)
+    except BaseException:
+        put_back()
+        raise
+    try:
+        yield list(present)
+    except BaseException:
+        for n in names:  # what the block wrote
+            _remove(folder / n)
+        put_back()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def replaced_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """The hidden folders in ``folder`` where :func:`replacing` set an earlier run aside and that a killed process
+    left behind (sorted)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"{REPLACED_PREFIX}*"))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

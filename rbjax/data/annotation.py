@@ -559,7 +559,9 @@ def export_for_annotation(
             is a ``TypeError``.
         overwrite: replace files in ``out_dir`` that this export did not write (annotators' filled files, an
             export of other candidates or settings); without it they are refused before anything is written
-            (:func:`rbjax.core.reuse.claim_outputs`).
+            (:func:`rbjax.core.reuse.claim_outputs`). Even with it, an earlier export's annotator file that this
+            export does not write (an annotator no longer named) is refused, not deleted: it would sit beside the
+            new export as one of its annotators.
 
     Returns:
         ``{"items": path, "guidelines": path, "assignment": path, <annotator>: path, ...}``;
@@ -570,7 +572,7 @@ def export_for_annotation(
         FileNotFoundError: ``candidates`` is missing.
         ValueError: missing columns, bad annotator names, ``sample``/``overlap`` out of range (a setting wrong in
             itself: :class:`rbjax.core.errors.SettingError` naming it), ``out_dir`` is a file or lies under one or is
-            not writable.
+            not writable; with ``overwrite``, an earlier export's annotator file this export does not replace.
         TypeError: a keyword that is not a setting.
         rbjax.core.reuse.OutputExists: ``out_dir`` holds files this export would replace (e.g. filled labels).
     """
@@ -593,6 +595,18 @@ def export_for_annotation(
     run_key = {"command": "annotate export", "candidates": sha256_file(candidates), "annotators": names,
                "sample": sample, "seed": seed, "overlap": overlap}
     claim_outputs(targets, run_key, overwrite=overwrite, where="--out-dir")
+    if overwrite:  # an earlier export's annotator file that this one does not replace would sit beside it
+        try:
+            earlier = _assignment(out_dir) or {}
+        except ValueError:
+            earlier = {}
+        stale = [f"{a}.csv" for a in sorted(earlier) if a not in names and (out_dir / f"{a}.csv").exists()]
+        if stale:
+            raise ValueError(
+                f"--out-dir {out_dir}: holds {', '.join(stale)} of an earlier export (annotators "
+                f"{', '.join(sorted(earlier))}) that this export ({', '.join(names)}) does not replace: beside the new "
+                "items they would be read as this export's annotators; move them away (they may hold filled "
+                "labels), or choose another --out-dir. Nothing was written")
     rng = np.random.default_rng(seed)
     idx = np.arange(len(rows))
     if sample is not None:

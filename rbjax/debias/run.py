@@ -17,7 +17,8 @@ chains training, export and evaluation and decides what a rerun may reuse:
   inputs changed are computed (e.g. a rerun with another ``--eval-bias`` adds the new bias types' LMB; an identical
   rerun does nothing). What was reused is printed and recorded under ``reused`` in ``results.json``.
 * a run whose settings, starting model or data differ from what ``OUT`` holds is refused (``--overwrite`` starts
-  again), never mixed.
+  again), never mixed: ``--overwrite`` sets the earlier run's files aside and deletes them only when the new run has
+  finished (an error or interrupt before then puts them back).
 
 Outputs in ``out_dir``: ``config.json`` (the config, derived sizes, data files and hashes, versions),
 ``metrics.jsonl`` (one line per update), ``checkpoints/``, ``model/`` (HF folder with tokenizer files; with
@@ -41,7 +42,8 @@ import jax.numpy as jnp
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
-from rbjax.core.io import atomic_write_json, atomic_write_text, check_output_dir, read_json, versions
+from rbjax.core.io import (atomic_write_json, atomic_write_text, check_output_dir, read_json, replaced_leftovers,
+                           replacing, versions)
 from rbjax.core.keys import canonical, digest, tree_digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
@@ -445,6 +447,15 @@ def adapter_base(model: str, folder: Path | None) -> dict:
     return {"base_model": str(Path(folder).resolve()) if local else str(model),
             "base_key": None if folder is None else base_weights_key(folder)}
 
+
+class _Unfinished(Exception):
+    """A run of ``--overwrite`` that stopped before it finished (``stop_after``): the earlier run is put back."""
+
+    def __init__(self, result: dict):
+        super().__init__("unfinished")
+        self.result = result
+
+
 def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = False,
            trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
@@ -452,7 +463,12 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
     Args:
         cfg: the run configuration.
         stop_after: stop after this many updates (checkpointed), without export or evaluation (simulated kill).
-        overwrite: delete an existing run folder's checkpoints, metrics and results first.
+        overwrite: replace the run in ``out_dir`` (even one of the same inputs) by a new one. Its files
+            (:data:`RUN_FILES`: checkpoints, metrics, results, ``model/``, ``adapter/``, ``lmb_valid/``, config) are
+            set aside once the inputs are checked and the model and data are read (:func:`rbjax.core.io.replacing`),
+            the new run is trained in a folder holding none of them, and they are deleted only when it has
+            finished; an error, an interrupt or ``stop_after`` before then discards the new run's files and puts the
+            earlier run back as it was (an interrupted ``--overwrite`` run is not resumable: it starts over).
         trainer: a prepared trainer of ``cfg`` (:func:`debias_trainer`; reuses loaded weights).
         replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
             ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
@@ -469,15 +485,44 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
 
     out = Path(cfg.out_dir)
     _check_out_dir(out)
-    if overwrite:
-        _clear_run(out)
     check_own_bias_type_data(cfg)  # before the LMP file: the training phrases are what is missing
     if cfg.evaluation.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.evaluation.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
     trainer = trainer or debias_trainer(cfg)
     key = canonical(trainer.key())
-    if replace_other_inputs and not overwrite:
+    if not overwrite:
+        return _debias(cfg, out, trainer, key, t0, stop_after, replace_other_inputs)
+    for p in replaced_leftovers(out):
+        log.warning(f"{p}: the files of a run that an earlier 'rbjax debias --overwrite' into {out} replaced and "
+                    f"that was killed before it finished; move them back (into {out}) or delete them")
+    # the run's files are set aside, not deleted: the new run starts from a folder holding none of them (nothing of
+    # the earlier run survives beside it), and only once it has finished are they deleted; an error or an
+    # interrupt before then discards the new run's files and puts the earlier run back as it was
+    earlier: list[str] = []
+    try:
+        with replacing(out, RUN_FILES) as earlier:
+            res = _debias(cfg, out, trainer, key, t0, stop_after, replace_other_inputs=False)
+            if res.get("status") == "stopped" and earlier:
+                raise _Unfinished(res)
+    except _Unfinished as e:
+        log.info(f"{out}: the new run stopped before it finished; the earlier run there is kept as it was")
+        return e.result
+    except KeyboardInterrupt:
+        if not earlier:
+            raise
+        raise Interrupted(
+            f"rbjax debias --overwrite: interrupted before the new run finished. Its files are discarded and the "
+            f"earlier run in {out} is kept as it was. Run the same command again to start over, or give another "
+            "--out to keep both.") from None
+    return res
+
+
+def _debias(cfg: DebiasRun, out: Path, trainer: Trainer, key: dict, t0: float, stop_after: int | None,
+            replace_other_inputs: bool) -> dict:
+    """:func:`debias` once ``trainer`` is built and ``key`` known (with ``overwrite``, in a folder whose run files
+    were set aside)."""
+    if replace_other_inputs:
         why = _other_inputs(out, key)
         if why is not None:
             log.info(f"{out}: held a run of other inputs ({why}); training again")

@@ -537,9 +537,15 @@ SWEEP_FILES = ("sweep.jsonl", "sweep.csv", "selection.json", "baseline.json", "s
                "points")
 
 
+#: the run folders of a sweep's retrained selections (``--final``), one per selection rule
+SELECTED_FOLDERS = ("selected_default", "selected_reference")
+
+
 def clear_sweep(folder: str | Path) -> None:
-    """Delete a sweep's files in ``folder`` (:data:`SWEEP_FILES`; ``--overwrite``)."""
-    for name in SWEEP_FILES:
+    """Delete a sweep's files in ``folder`` (:data:`SWEEP_FILES` and :data:`SELECTED_FOLDERS`: a selected point of
+    the earlier sweep never survives beside the new sweep's selection; a sweep of other inputs, the
+    ``--overwrite`` of a distributed sweep)."""
+    for name in SWEEP_FILES + SELECTED_FOLDERS:
         q = Path(folder) / name
         if q.is_dir():
             shutil.rmtree(q, ignore_errors=True)  # (several hosts may clear the same shared folder)

@@ -15,7 +15,9 @@ Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
 with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
 ``export.json`` (the same numbers, machine-readable) and ``evidence/`` (``compare.json``/``.csv``/``.png`` and the
-per-pair changes) when a before/after comparison was possible.
+per-pair changes) when a before/after comparison was possible. ``DIR`` is written whole: in a temporary folder
+beside it, put in its place once complete; with ``overwrite`` it replaces an earlier export there, none of whose
+files survive.
 
 Every number on the card is read from the run's files (``results.json``, ``config.json``, ``selection.json``,
 ``lmb.json``, ``<task>.json``) or computed from its per-pair perplexities by :func:`rbjax.lmb.compare.compare_runs`.
@@ -32,9 +34,10 @@ from rbjax import __version__
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
-from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha256_file
+from rbjax.core.io import atomic_folder, atomic_write_json, atomic_write_text, read_json, sha256_file
 from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
                                write_comparison)
+from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
@@ -440,6 +443,11 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     Args:
         run: the run, sweep or study method folder.
         out_dir: the folder to write (must not exist or be empty, unless ``overwrite``).
+        overwrite: replace an earlier export in ``out_dir`` as a whole. The new export is written in a temporary
+            folder beside ``out_dir`` and put in its place only once complete, so no file of the earlier export
+            survives (an adapter-only export over a merged one leaves no merged weights, and the reverse no
+            ``adapter_config.json``), and a failed export leaves the earlier one untouched. A folder holding
+            anything an export did not write (:func:`_not_exported`) is refused even so: nothing else is deleted.
         config: :class:`ExportConfig` — ``rule``, the sweep's selection rule (``default`` or ``reference``) for a
             sweep or study method folder; ``license``, the card's ``license`` (an HF license id; "other" when
             unknown — the base model's license applies).
@@ -451,7 +459,8 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     Returns:
         ``{"out": folder, "card": README.md, "numbers": export.json content}``.
     Raises:
-        FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty; a
+        FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty (without
+        ``overwrite``) or that holds files no export wrote (with it); a
         setting of the wrong type or not a choice (:class:`rbjax.core.errors.SettingError`);
         :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs.
     """
@@ -459,7 +468,12 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     info = resolve_run(run, cfg.rule)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
-        raise ValueError(f"--out {out} exists and is not an empty folder (pass --overwrite to replace its files)")
+        raise ValueError(f"--out {out} exists and is not an empty folder (pass --overwrite to replace an earlier "
+                         "export there)")
+    if overwrite and out.is_dir() and (other := _not_exported(out)):
+        raise ValueError(f"--out {out} holds files that no rbjax export wrote ({', '.join(other[:5])}"
+                         f"{', …' if len(other) > 5 else ''}): --overwrite replaces an earlier export as a whole, so "
+                         "it would delete them; choose another --out, or move them away first")
     before_dir, after_dir = _lmb_before_after(info, baseline, after)
     comparison = None
     if before_dir is not None and after_dir is not None:
@@ -476,16 +490,33 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
             raise ValueError(f"--adapter-only: {model} holds no PEFT adapter ({ADAPTER_CONFIG}); the run was trained "
                              "with --no-export: rerun the same command without it")
     n["export"] = "adapter" if cfg.adapter_only else "model"
-    out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
-        if f.is_file():
-            shutil.copy2(f, out / f.name)
-        elif f.is_dir():  # additional_chat_templates/
-            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
-    n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
-    if comparison is not None:
-        write_comparison(comparison, out / "evidence")
-    card = model_card(n, cfg.license)
-    atomic_write_text(out / "README.md", card)
-    atomic_write_json(out / "export.json", n)
+    # written whole beside --out, then put in its place: an earlier export there is replaced, never mixed with
+    # this one (adapter files beside merged weights make transformers apply the adapter to them); a failure
+    # leaves it untouched
+    with atomic_folder(out) as tmp:
+        for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+            elif f.is_dir():  # additional_chat_templates/
+                shutil.copytree(f, tmp / f.name)
+        n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+        if comparison is not None:
+            write_comparison(comparison, tmp / "evidence")
+        card = model_card(n, cfg.license)
+        atomic_write_text(tmp / "README.md", card)
+        atomic_write_json(tmp / "export.json", n)
     return {"out": out, "card": out / "README.md", "numbers": n}
+
+
+#: what an export writes besides the model's files (which its ``export.json`` lists) and their folders
+EXPORT_FILES = ("README.md", "export.json", "evidence", ADDITIONAL_TEMPLATES_DIR)
+
+
+def _not_exported(folder: Path) -> list[str]:
+    """The names in ``folder`` that no export wrote (sorted): everything when it has no readable ``export.json``,
+    else what is neither one of :data:`EXPORT_FILES` nor a file its ``export.json`` lists."""
+    names = sorted(p.name for p in folder.iterdir())
+    n = read_json(folder / "export.json")
+    if not isinstance(n, dict) or not isinstance(n.get("files_sha256"), dict):
+        return names
+    return [x for x in names if x not in EXPORT_FILES and x not in n["files_sha256"]]
