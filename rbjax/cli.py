@@ -118,7 +118,8 @@ def stop_on_sigterm() -> None:
     (:func:`rbjax.core.interrupt.deferred_interrupts`)."""
     def stop(signum, frame):
         raise Interrupted("rbjax: SIGTERM — stopped; what was written before it is kept (every result file is "
-                          "written whole or not at all), the work in progress is not")
+                          "written whole or not at all), the work in progress is not", signal_name="SIGTERM",
+                          final=False)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop)
