@@ -112,13 +112,16 @@ def option_for(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: 
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM (a job scheduler's stop, ``kill``) stops rbjax as Ctrl-C does: outside training (scoring,
-    evaluation, reports) it raises ``KeyboardInterrupt`` at once, so the command exits with 130 and a message
-    instead of dying mid-write; training polls it between updates and saves first
-    (:func:`rbjax.core.interrupt.deferred_interrupts`)."""
+    """SIGTERM (a job scheduler's stop, ``kill``) stops rbjax as Ctrl-C does: outside training and the long phases
+    (reports, loading) it raises ``KeyboardInterrupt`` at once, so the command exits with 130 and a message instead
+    of dying mid-write; training polls it between updates and saves first
+    (:func:`rbjax.core.interrupt.deferred_interrupts`), and scoring, evaluation and generation stop after their batch
+    in flight (:func:`rbjax.core.interrupt.interruptible`), each saying what it kept. A phase that stops at once
+    (retrieval) replaces this handler's generic message with its own account (``final=False``)."""
     def stop(signum, frame):
         raise Interrupted("rbjax: SIGTERM — stopped; what was written before it is kept (every result file is "
-                          "written whole or not at all), the work in progress is not")
+                          "written whole or not at all), the work in progress is not", signal_name="SIGTERM",
+                          final=False)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop)

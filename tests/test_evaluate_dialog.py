@@ -272,3 +272,60 @@ def test_an_empty_or_wrong_multiwoz_folder_is_refused_by_name(tiny_model_dir, tm
                      str(folder)]) == 1
         err = capsys.readouterr().err
         assert f"{folder}: no MultiWOZ 2.0 test data found" in err and "download" not in err
+
+
+def test_sigterm_during_the_dst_evaluation_stops_after_the_batch_in_flight(tiny_model_dir, mwoz_dir, tmp_path,
+                                                                          monkeypatch):
+    """The `rbjax` command's SIGTERM while DST scores its test pairs (after training): the batch in flight is
+    finished, no other one runs, the message says the evaluation stopped and the training is kept (its checkpoint),
+    and the same command again reuses the training and writes the result."""
+    import os
+    import signal
+
+    from rbjax.cli import stop_on_sigterm
+    from rbjax.core.interrupt import Interrupted
+    from rbjax.dialog import state_tracking
+
+    real_predict, real_batches = state_tracking.predict_proba, state_tracking.dst_batches
+    seen = []
+
+    def batches(*a, **kw):  # the test pairs' batches: SIGTERM once the first one is scored
+        for b in real_batches(*a, **kw):
+            if seen is not None and len(seen) == 1 and not got:  # (the first evaluation only)
+                os.kill(os.getpid(), signal.SIGTERM)
+            if seen is not None:
+                seen.append(1)
+            yield b
+
+    def predict(*a, **kw):  # armed for the evaluation only (prediction_widths also walks the batches)
+        nonlocal seen
+        seen = []
+        try:
+            return real_predict(*a, **kw)
+        finally:
+            got.append(len(seen))
+            seen = None
+
+    got = []
+    seen = None
+    monkeypatch.setattr(state_tracking, "dst_batches", batches)
+    monkeypatch.setattr(state_tracking, "predict_proba", predict)
+    kw = dict(multiwoz=mwoz_dir, max_examples=24, max_steps=1, batch_size=4, grad_accum=1, eval_batch_size=4,
+              progress=False)
+    out = tmp_path / "o"
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()  # as the console script installs it
+    try:
+        with pytest.raises(KeyboardInterrupt) as ei:
+            evaluate("dst", tiny_model_dir, out, **kw)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [2]  # of 6 batches: the one in flight when the signal came was finished, no other
+    msg = str(ei.value)
+    assert isinstance(ei.value, Interrupted) and "SIGTERM" in msg, msg
+    assert "dst stopped during the scoring of the test pairs; dst.json was not written" in msg
+    assert f"training is finished and kept (1/1 updates, checkpoint in {out / 'dst_train' / 'checkpoints'})" in msg
+    assert (out / "dst_train" / "checkpoints").is_dir() and not (out / "dst.json").exists()
+    res = evaluate("dst", tiny_model_dir, out, **kw)
+    assert got == [2, 6] and res["training"]["resumed_from"] == 1 and res["metrics"]["n"] == 24
+    assert (out / "dst.json").exists()

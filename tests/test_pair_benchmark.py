@@ -208,3 +208,59 @@ def test_crows_pairs_in_one_pass_for_a_model_that_adds_its_bos(crows_dir, reddit
                  "religion,age", "--out", str(out2), "--n-bootstrap", "0", "--no-progress"]) == 0
     for c in ("religion", "age"):
         assert _rows(out2 / f"{c}_loglikelihoods.csv") == _rows(out / f"{c}_loglikelihoods.csv")
+
+
+def test_an_interrupt_at_96_percent_keeps_the_finished_categories_and_resume_scores_the_rest(
+        tiny_model_dir, pair_file, tmp_path, monkeypatch, capsys):
+    """SIGINT during the second-last scored batch (of two categories): the batch in flight finishes, nothing after
+    it runs, the first category's two CSVs are kept and named, and --resume scores only the other category to the
+    very files and statistics of an uninterrupted run."""
+    import os
+    import signal
+
+    from rbjax.lmb import pair_benchmark as pbm
+    from rbjax.lmb.perplexity import PerplexityScorer
+
+    batches, scored = [], []
+    real_batch, real_score = PerplexityScorer._batch, pbm._score
+
+    def counting(self, *a, **kw):
+        out = real_batch(self, *a, **kw)
+        batches.append(1)
+        if len(batches) == signal_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(PerplexityScorer, "_batch", counting)
+    monkeypatch.setattr(pbm, "_score", lambda sc, tok, cats, bar: scored.extend(c.bias_type for c in cats) or
+                        real_score(sc, tok, cats, bar))
+    signal_at = None
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _measure(tiny_model_dir, pair_file, a, "--batch-size", "1") == 0  # one packed row a batch: many batches
+    n = len(batches)
+    assert n >= 8
+    batches.clear()
+    signal_at = n - 1
+    capsys.readouterr()
+    assert _measure(tiny_model_dir, pair_file, b, "--batch-size", "1") == 130
+    err = capsys.readouterr().err
+    assert len(batches) == n - 1  # stopped after the batch in flight
+    assert "SIGINT" in err and "Traceback" not in err and "1 of 2 categories (religion)" in err
+    assert "religion_perplexities.csv + religion_loglikelihoods.csv" in err and str(b) in err
+    assert "--resume" in err and "score the rest (disability)" in err
+    assert sorted(p.name for p in b.glob("*.csv")) == ["religion_loglikelihoods.csv", "religion_perplexities.csv"]
+    assert not (b / "lmb.json").exists()
+    for name in ("religion_loglikelihoods.csv", "religion_perplexities.csv"):
+        assert (b / name).read_bytes() == (a / name).read_bytes()
+    # the resumed run scores only the rest, and ends as the uninterrupted one
+    signal_at, scored[:] = None, []
+    assert _measure(tiny_model_dir, pair_file, b, "--batch-size", "1", "--resume") == 0
+    assert set(scored) == {"disability"}
+    for name in sorted(p.name for p in a.glob("*.csv")):
+        assert (b / name).read_bytes() == (a / name).read_bytes(), name
+    ra, rb = (json.loads((d / "lmb.json").read_text()) for d in (a, b))
+    assert [r.pop("reused_perplexities") for r in rb] == [True, False]
+    for r in ra:
+        r.pop("reused_perplexities")
+    assert rb == ra
+    assert json.loads((b / "benchmark.json").read_text()) == json.loads((a / "benchmark.json").read_text())

@@ -146,8 +146,11 @@ def test_interrupted_run_resumes_without_redoing_files(corpus, tmp_path):
         if len(done) == 2:
             raise KeyboardInterrupt  # as if the run were killed here, with other files in flight
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as ei:
         retrieve(spec, corpus["files"], out, jobs=2, progress=False, on_file=stop_after_two)
+    # the message says what is kept (an Interrupted: the command prints it, exit 130)
+    assert f"2 of {len(corpus['files'])} dump file(s) are finished and kept as parts in {out / 'parts'}" in str(
+        ei.value) and "Run the same command again" in str(ei.value)
     records = sorted(out.glob(f"parts/*/{PART_RECORD}"))
     assert len(records) == 2 and not (out / "summary.json").exists()
     assert not (out / "candidates_zorbness.csv").exists()

@@ -49,11 +49,12 @@ import math
 import os
 from pathlib import Path
 
+from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import check_output_dir
 from rbjax.core.log import get_logger
 from rbjax.dialog.crg_metrics import format_crg_table
 from rbjax.dialog.tasks import TASKS, get_task
-from rbjax.dialog.tasks.common import memory_plans, resolve_model, training_layout
+from rbjax.dialog.tasks.common import memory_plans, resolve_model, result_path, training_layout
 
 __all__ = ["TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
 
@@ -101,6 +102,9 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
         the result dict (as written, plus ``reused``: whether it came from the existing file), or ``{task: result}``
         for ``"all"``.
     Raises:
+        rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM: training stops after its update in flight (checkpoint
+            saved), an evaluation (scoring, generation) after its batch in flight; the message says what is kept
+            (the training, the tasks finished before) and to run the same command again.
         ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``;
         FileNotFoundError: missing model/data; RuntimeError: downloads that fail;
         rbjax.core.reuse.OutputExists: see ``overwrite``.
@@ -131,7 +135,15 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
     for t in tasks:
         if len(tasks) > 1:
             log.info(f"task {t}")
-        results[t] = get_task(t).run(m, out, resolved[t], overwrite=overwrite)
+        try:
+            results[t] = get_task(t).run(m, out, resolved[t], overwrite=overwrite)
+        except KeyboardInterrupt as e:  # (each task says what of it is kept; the tasks before it are finished)
+            if not results:
+                raise
+            done = ", ".join(result_path(out, d).name for d in results)
+            raise Interrupted(f"{str(e) or f'rbjax evaluate: interrupted during {t}.'} The results of the tasks "
+                              f"finished before it are kept ({done} in {out}); the same command reuses them.",
+                              signal_name=getattr(e, "signal_name", None)) from None
     return results if task == "all" else results[task]
 
 

@@ -52,6 +52,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rbjax.core.compilation import abstract
+from rbjax.core.interrupt import poll
 from rbjax.core.mesh import batch_axes, replicate, shard_tree
 from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
@@ -490,6 +491,7 @@ def predict_proba(params, head_params: dict, arrays: dict[str, np.ndarray], conf
         i += k
         if bar is not None:
             bar.update(k)
+        poll()  # an interrupt inside a long phase (rbjax.core.interrupt.interruptible) stops here
     if bar is not None:
         bar.close()
     return out

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from rbjax.core.digests import files_key
-from rbjax.core.interrupt import Interrupted
+from rbjax.core.interrupt import interruptible
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
 from rbjax.core.keys import digest
 from rbjax.core.log import get_logger
@@ -451,7 +451,20 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             (out / name).unlink(missing_ok=True)
     meta = versions()
     records = []
-    try:
+
+    def stopped(sig: str) -> str:  # what an interrupt keeps, at the moment it comes
+        if out is None:
+            return f"rbjax measure: {sig} — stopped; nothing is kept (no output folder)."
+        done = [r["bias_type"] for r in records]
+        left = [p.bias_type for p in all_pairs if p.bias_type not in done]
+        if not done:
+            return (f"rbjax measure: {sig} — stopped before a bias type was finished; nothing to reuse yet: run the "
+                    "same command again (with --resume).")
+        return (f"rbjax measure: {sig} — stopped; the perplexities of {', '.join(done)} are kept in {out} "
+                f"({', '.join(f'{b}_perplexities.csv' for b in done)}). Run the same command with --resume to reuse "
+                f"them and score the rest ({', '.join(left) or 'none left'}).")
+
+    with interruptible(stopped):  # the scorer stops after its batch in flight (rbjax.core.interrupt.poll)
         for pairs in all_pairs:
             key = type_keys[pairs.bias_type]
             csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
@@ -496,17 +509,6 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
                     for i in range(len(pairs))])
                 state.save(pairs.bias_type, key)
                 record_outputs([csv_path], key)
-    except KeyboardInterrupt:
-
-        if out is None:
-            raise
-        done = [r["bias_type"] for r in records]
-        if done:
-            msg = (f"the perplexities of {', '.join(done)} are kept in {out}. Run the same command with --resume to "
-                   "reuse them and score the rest.")
-        else:
-            msg = "no bias type was finished, nothing to reuse yet: run the same command again (with --resume)."
-        raise Interrupted(f"rbjax measure: interrupted; {msg}") from None
     adj = stats.adjust_pvalues([r["p_value"] for r in records])
     for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
         r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}

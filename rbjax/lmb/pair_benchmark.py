@@ -2,7 +2,8 @@
 two conventions (docs/pairs.md).
 
 Each pair is a stereotype-consistent sentence S and its minimal edit O. One packed pass of the pair-prefix scorer
-(:class:`rbjax.lmb.perplexity.PerplexityScorer`, each pair's common prefix run once) per convention gives:
+(:class:`rbjax.lmb.perplexity.PerplexityScorer`, each pair's common prefix run once) per convention and category
+(the categories one after the other, each written as soon as it is done; an interrupt keeps them) gives:
 
 (a) **lm-evaluation-harness's** (task ``crows_pairs_english``: ``lm_eval/tasks/crows_pairs/utils.py``
     ``process_results`` and ``lm_eval/api/model.py`` ``TemplateLM.loglikelihood``): each sentence's total
@@ -37,7 +38,7 @@ import jax
 import numpy as np
 from scipy import stats as sps
 
-from rbjax.core.interrupt import Interrupted
+from rbjax.core.interrupt import interruptible
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, sha256_file, versions
 from rbjax.core.digests import files_key
 from rbjax.core.log import get_logger
@@ -160,6 +161,20 @@ def _score(scorer, tokenizer, cats: list[CategoryPairs], bar) -> list[tuple[Phra
     return [(_slice(sb, lo, hi), _slice(sc, lo, hi)) for lo, hi in zip(offs[:-1], offs[1:])]
 
 
+def _row_length(scorer, tokenizer, *groups: list[CategoryPairs]) -> int | None:
+    """The row length ``scorer`` chooses for all the pairs of the first group it can score (the file's pairs, else
+    those of the categories measured); ``None`` when none (a sentence longer than the model takes: each category
+    then chooses its own, and scoring names the pair)."""
+    for cats in groups:
+        try:
+            shapes = scorer.program_shapes(pairs=(tokenizer.encode_batch([s for c in cats for s in c.biased]),
+                                                  tokenizer.encode_batch([s for c in cats for s in c.counterfactual])))
+        except PhraseError:
+            continue
+        return next(iter(shapes))[1] if shapes else None
+    return None
+
+
 def _loglikelihoods(cat: CategoryPairs, sb: PhraseScores, sc: PhraseScores):
     """(LL of sentence_1, LL of sentence_2, tokens of each) from scores with the start token (every token scored)."""
     for side, ps in (("stereotype-consistent", sb), ("other", sc)):
@@ -254,8 +269,9 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
         out_dir: where the files go (module docstring); nothing written when ``None``.
         resume: reuse a category's two CSVs in ``out_dir`` when they were produced by exactly these inputs (model
             and tokenizer file contents, the data file's sha256, BOS, start token, precision, unscorable rule); the
-            categories left are scored together in one pass, and each one's CSVs are written once its statistics
-            are done (a run stopped after that keeps them).
+            categories left are scored. Every category is scored and written on its own, one after the other, with
+            the row length chosen on all the file's pairs, so a reused category holds the very values a run
+            without the interruption scores.
         overwrite: replace files in ``out_dir`` another run wrote (:func:`rbjax.core.reuse.claim_outputs`).
         adapter: a PEFT adapter folder scored on ``model`` without merging (as :func:`rbjax.lmb.measure.measure_bias`).
         log_reuse: say which categories were reused (the study turns it off).
@@ -264,6 +280,8 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
     Raises:
         ValueError: bad settings or data (file, row and id named); rbjax.core.reuse.OutputExists: ``out_dir`` holds
         another run's results; FileNotFoundError / RuntimeError: missing files, failed downloads.
+        rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM, within a scored batch: the finished categories' CSVs are
+        kept and the message names them (and says to rerun with ``--resume``).
     """
     cfg = (config or MeasureConfig()).replace(**settings)
     if cfg.split != MeasureConfig.split:
@@ -349,28 +367,63 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
     todo = [c for c in cats if c.bias_type not in reused]
     meta = versions()
     records: list[dict] = []
-    try:
-        scored: dict[str, tuple] = {}
+    scored: dict[str, tuple] = {}  # per category scored now: (b, c, notes, ll1, ll2, n1, n2, (statistics, mask))
+
+    def stopped(sig: str) -> str:  # what an interrupt keeps, at the moment it comes
+        if out is None:
+            return f"rbjax measure: {sig} — stopped; nothing is kept (no output folder)."
+        done = [c for c in keys if state.stored(c, keys[c]) is not None]
+        left = [c for c in keys if c not in done]
+        if not done:
+            return (f"rbjax measure: {sig} — stopped before a category was finished; nothing to reuse yet: run the "
+                    "same command again (with --resume).")
+        kept = ", ".join(f"{files(c)[0].name} + {files(c)[1].name}" for c in done)
+        return (f"rbjax measure: {sig} — stopped; the scores of {len(done)} of {len(keys)} categories "
+                f"({', '.join(done)}) are kept in {out} ({kept}). Run the same command with --resume to reuse them "
+                f"and score the rest ({', '.join(left) or 'none'}).")
+
+    with interruptible(stopped) as stop:
         if todo:
             if out is not None:
                 for c in todo:
                     state.drop(c.bias_type)
+            # one row length per convention, chosen on all the file's pairs: a category's scores are the same
+            # whichever categories a run scores with it (a resumed run scores the very values of an uninterrupted one)
+            every = [pf.category(c) for c in pf.category_names()]
+            with_prefix = loaded.scorer.with_bos(prefix)
+            with_prefix = with_prefix.with_row_len(_row_length(with_prefix, loaded.tokenizer, every, todo))
+            as_encoded = with_prefix if one_pass else loaded.scorer.with_row_len(
+                _row_length(loaded.scorer, loaded.tokenizer, every, todo))
             n = sum(len(c) for c in todo)
             passes = 1 if one_pass else 2
+
             with progress_bar(2 * n * passes, f"{pf.benchmark} ({'one pass' if one_pass else 'two conventions'})",
                               "sentence", enabled=progress) as bar:
-                with_prefix = _score(loaded.scorer.with_bos(prefix), loaded.tokenizer, todo, bar.update)
-                as_encoded = with_prefix if one_pass else _score(loaded.scorer, loaded.tokenizer, todo, bar.update)
-            for cat, (pb, pc), (eb, ec) in zip(todo, with_prefix, as_encoded):
-                b, c, notes = checked_pair_perplexities(cat, eb, ec, cfg.skip_unscorable)
-                scored[cat.bias_type] = (b, c, notes, *_loglikelihoods(cat, pb, pc))
+                # each category scored, then written at once (kept if the run stops later); a signal stops the
+                # scorer after its batch in flight (rbjax.core.interrupt.poll)
+                for cat in todo:
+                    (pb, pc), = _score(with_prefix, loaded.tokenizer, [cat], bar.update)
+                    (eb, ec), = ((pb, pc),) if one_pass else _score(as_encoded, loaded.tokenizer, [cat], bar.update)
+                    b, c, notes = checked_pair_perplexities(cat, eb, ec, cfg.skip_unscorable)
+                    ll = _loglikelihoods(cat, pb, pc)
+                    st = _rbjax_statistics(b, c, notes, **stat_kw)
+                    scored[cat.bias_type] = (b, c, notes, *ll, st)
+                    if out is not None:  # the outlier column follows this run's rule
+                        _write_category(out, cat, (b, c, notes, st[1], *ll), keys[cat.bias_type], state, files)
+                    stop.check()
         for cat in cats:
-            b, c, notes, ll1, ll2, n1, n2 = reused.get(cat.bias_type) or scored[cat.bias_type]
+            if cat.bias_type in scored:
+                b, c, notes, ll1, ll2, n1, n2, (st, mask) = scored[cat.bias_type]
+            else:
+                b, c, notes, ll1, ll2, n1, n2 = reused[cat.bias_type]
+                st, mask = _rbjax_statistics(b, c, notes, **stat_kw)
+                if out is not None:  # rewritten: the outlier column follows this run's rule
+                    _write_category(out, cat, (b, c, notes, mask, ll1, ll2, n1, n2), keys[cat.bias_type], state,
+                                    files)
             keep = np.array([not x for x in notes], dtype=bool)
             if not keep.all():
                 log.info(f"{cat.bias_type}: {int((~keep).sum())} pair(s) excluded from the rbjax statistics "
                                f"as unscorable (first: {cat.locate(int(np.argmin(keep)))})")
-            st, mask = _rbjax_statistics(b, c, notes, **stat_kw)
             ll_s, ll_o = _stereo_other(cat, ll1, ll2)
             lm = {**lm_eval_metrics(ll_s, ll_o, cat.stereotypical),
                   "convention": "lm-evaluation-harness crows_pairs: total log-likelihood of each sentence given the "
@@ -388,17 +441,6 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
             rec["n_pairs"] = len(cat)
             rec["_pairs"] = (b, c, notes, mask, ll_s, ll_o, np.asarray(cat.stereotypical))
             records.append(rec)
-            if out is not None:  # per category (the outlier column follows this run's rule), so a run stopped
-                # during the statistics keeps the categories before it
-                _write_category(out, cat, (b, c, notes, mask, ll1, ll2, n1, n2), keys[cat.bias_type], state, files)
-    except KeyboardInterrupt:
-        if out is None:
-            raise
-        done = [c for c in keys if state.stored(c, keys[c]) is not None]
-        msg = (f"the scores of {', '.join(done)} are kept in {out}. Run the same command with --resume to reuse them."
-               if done else "no category was finished, nothing to reuse yet: run the same command again "
-                            "(with --resume).")
-        raise Interrupted(f"rbjax measure: interrupted; {msg}") from None
     for test, get in (("t-test", lambda r: r["p_value"]), ("wilcoxon", lambda r: r["wilcoxon"]["p_value"])):
         adj = stats.adjust_pvalues([get(r) for r in records])
         for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rbjax.core.compilation import abstract
+from rbjax.core.interrupt import poll
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import PRECISIONS, get_policy  # noqa: F401 (PRECISIONS: the accepted names)
 from rbjax.model.gpt2 import position_ids_from_mask
@@ -521,6 +522,18 @@ class PerplexityScorer:
         other.last_stats = {}
         return other
 
+    def with_row_len(self, row_len: int | None) -> "PerplexityScorer":
+        """This scorer with another ``row_len`` (the class docstring; ``None``: chosen per call), the parameters and
+        compiled programs shared as by :meth:`with_bos`. A pair benchmark scores its categories one by one with
+        the row length chosen for all of them, so that a category's scores do not depend on which other
+        categories are scored in the same run (an interrupted run resumed scores the same values)."""
+        if row_len is not None and row_len < 2:
+            raise ValueError(f"row_len must be >= 2, got {row_len}")
+        other = copy.copy(self)
+        other.row_len = None if row_len is None else int(row_len)
+        other.last_stats = {}
+        return other
+
     @property
     def compile_count(self) -> int:
         return len(self.programs)
@@ -674,6 +687,7 @@ class PerplexityScorer:
                 stats["head_rows"] += r * P
                 if progress is not None:
                     progress(sum(live[t].n_phrases for row in chunk for t in row))
+                poll()  # an interrupt inside a long phase (rbjax.core.interrupt.interruptible) stops here
         if progress is not None and n_skipped:
             progress(n_skipped)
         stats["phrases"] = sum(t.n_phrases for t in live)

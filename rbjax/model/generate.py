@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rbjax.core.interrupt import poll
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import get_policy
 from rbjax.model.registry import family_of_config
@@ -364,6 +365,7 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
             eos_flags[i] = bool(eos[r])
         if progress is not None:
             progress(len(rows))
+        poll()  # an interrupt inside a long phase (rbjax.core.interrupt.interruptible) stops here
     rec = dataclasses.asdict(settings)
     rec.update(seed=seed, precision=precision, eos_id=stop[0] if len(stop) == 1 else list(stop), batch_size=batch_size)
     return Generated(tokens=out_tokens, stopped_at_eos=eos_flags, settings=rec)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rbjax import __version__
 from rbjax.core import parallel
+from rbjax.core.interrupt import interruptible
 from rbjax.core.io import atomic_write_json, check_output_dir, check_output_file
 from rbjax.core.log import get_logger
 from rbjax.core.progress import progress_bar
@@ -257,6 +258,8 @@ def retrieve(
             finished before are kept).
         RuntimeError: ``executor="ray"`` without Ray, or a Ray worker running other rbjax code.
         TypeError: a keyword that is not a setting.
+        rbjax.core.interrupt.Interrupted: Ctrl-C / SIGTERM (at once, the file in flight dropped); the message says
+            how many files are finished and kept as parts.
     """
 
     cfg = (config or RetrieveConfig()).replace(**settings)
@@ -343,10 +346,20 @@ def retrieve(
         if on_file is not None:
             on_file(entries[i])
 
+    def stopped(sig: str) -> str:  # what an interrupt keeps: the parts of the files finished (this run or before)
+        done = sum(e is not None for e in entries)
+        now = sum(e is not None and e["status"] == "read" for e in entries)
+        return (f"rbjax retrieve: {sig} — stopped; {done} of {len(tasks)} dump file(s) are finished and kept as parts "
+                f"in {layout.parts_dir} ({now} read in this run, {done - now} from before); the file(s) in flight "
+                "are read again and the candidates CSVs and summary are written by the next run. Run the same "
+                "command again: it reuses the finished files.")
+
+    # a dump file can take hours: a signal stops at once (the files finished are kept), with this account
     try:
-        if todo:  # (all reused: no worker, no Ray cluster)
-            parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs, resources=resources,
-                               ray_address=ray_address, on_result=on_result)
+        with interruptible(stopped, defer=False):
+            if todo:  # (all reused: no worker, no Ray cluster)
+                parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs,
+                                   resources=resources, ray_address=ray_address, on_result=on_result)
     finally:
         bar.close()
 

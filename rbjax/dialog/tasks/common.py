@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from rbjax.core.config import check_types, field, from_flat, leaves, option_name, section, to_flat
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
+from rbjax.core.interrupt import interruptible
 from rbjax.core.io import versions
 from rbjax.core.keys import canonical
 from rbjax.core.log import get_logger
@@ -495,3 +496,21 @@ def fine_tune(method: str, objective, model: EvalModel, out_dir: Path, s: Traini
 def drop_checkpoints(train_dir: Path | None, s: TaskSettings) -> None:
     if train_dir is not None and not s.keep_checkpoints and (train_dir / "checkpoints").exists():
         shutil.rmtree(train_dir / "checkpoints")
+
+
+def evaluation_phase(task: str, what: str, out_dir: Path, training: dict | None = None):
+    """:func:`rbjax.core.interrupt.interruptible` for a task's evaluation (``what``: "the test pairs", "generation"
+    …): SIGINT/SIGTERM stops it after the batch in flight, and the message says what is kept — the training, when
+    the task trained (its final checkpoint, which the same command reuses), and ``OUT/<task>.json`` is not written
+    (the evaluation itself is done again)."""
+
+    def message(sig: str) -> str:
+        kept = ""
+        if training is not None:
+            ckpt = Path(training["folder"]) / "checkpoints"
+            kept = (f" The training is finished and kept ({training['updates']}/{training['t_total']} updates, "
+                    f"checkpoint in {ckpt}); the same command reuses it.")
+        return (f"rbjax evaluate: {sig} — {task} stopped during {what}; {result_path(out_dir, task).name} was not "
+                f"written (the next run does this part again).{kept} Run the same command again.")
+
+    return interruptible(message)

@@ -16,7 +16,7 @@ from rbjax.core.config import field
 from rbjax.dialog import multiwoz as mw
 from rbjax.dialog import state_tracking
 from rbjax.dialog.tasks.common import (EvalModel, Task, TrainingSettings, check_memory, drop_checkpoints,
-    eval_batch_size_field, existing_result, file_record, fine_tune, finish, result_key, result_path, task_mesh,
+    eval_batch_size_field, evaluation_phase, existing_result, file_record, fine_tune, finish, result_key, result_path, task_mesh,
     trainer_section)
 from rbjax.train.batching import ArrayData
 from rbjax.train.config import TrainerConfig
@@ -207,8 +207,10 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
                                              model, out_dir, s, start, data, what="DST", after=after)
 
     t1 = time.perf_counter()
-    probs = state_tracking.predict_proba(trained["gpt2"], trained["head"], test_arr, config, batch_size=s.eval_batch_size,
-                              pooling=pooling, progress=s.progress, desc="DST test pairs", mesh=mesh)
+    with evaluation_phase("dst", "the scoring of the test pairs", out_dir, training):  # stops between batches
+        probs = state_tracking.predict_proba(trained["gpt2"], trained["head"], test_arr, config,
+                                             batch_size=s.eval_batch_size, pooling=pooling, progress=s.progress,
+                                             desc="DST test pairs", mesh=mesh)
     metrics = state_tracking.binary_metrics(probs, test_arr["labels"])
     t_eval = time.perf_counter() - t1
     metrics["mean_prob_positive"] = float(np.mean(probs[test_arr["labels"] > 0.5])) if metrics["n_positive"] else None
@@ -216,9 +218,10 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     if s.joint_goal:
         dials = test.dialogues[:s.jga_max_dialogues] if s.jga_max_dialogues else test.dialogues
         t1 = time.perf_counter()
-        jr = state_tracking.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
-                                  batch_size=s.eval_batch_size, block_size=s.trainer.block_size, truncation=trunc,
-                                  pooling=pooling, progress=s.progress, mesh=mesh)
+        with evaluation_phase("dst", "the joint goal accuracy", out_dir, training):
+            jr = state_tracking.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
+                                                 batch_size=s.eval_batch_size, block_size=s.trainer.block_size,
+                                                 truncation=trunc, pooling=pooling, progress=s.progress, mesh=mesh)
         secs = time.perf_counter() - t1
         metrics["joint_goal"] = {
             "jga": jr["jga"], "n_turns": jr["n_turns"], "n_correct": jr["n_correct"],

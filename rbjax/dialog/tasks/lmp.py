@@ -15,6 +15,7 @@ from rbjax.dialog.tasks.common import (
     Task,
     TaskSettings,
     check_memory,
+    evaluation_phase,
     data_dir_field,
     eval_batch_size_field,
     existing_result,
@@ -76,7 +77,8 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     t_model = time.perf_counter() - t1
     lines = read_reference_lines(path, s.lmp_max_lines)
     t1 = time.perf_counter()
-    with progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s.progress) as bar:
+    with evaluation_phase("lmp", "the scoring of the Reddit lines", out_dir), \
+            progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s.progress) as bar:  # stops between batches
         m = reddit_perplexity(params, config, tok, lines, block_size=s.lmp_block_size,
                               batch_size=s.eval_batch_size, progress=bar.update, bos_id=model.bos_id(), mesh=mesh)
     t_eval = time.perf_counter() - t1
