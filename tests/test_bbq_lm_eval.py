@@ -111,3 +111,41 @@ def test_rbjax_bbq_equals_lm_evaluation_harness(family, subset, models, tmp_path
     # tests/test_bbq_metrics.py. Under the paper convention its answers vary:)
     assert 0 < summary["paper"]["overall"]["n_non_unknown"]["disambig"] < PER_CATEGORY * len(CATEGORIES) // 2
     assert summary["paper"]["overall"]["n_rows"] == len(samples)
+
+
+@pytest.mark.parametrize("style", ["llama3", "qwen2"])
+def test_chat_format_equals_lm_evaluation_harness_apply_chat_template(style, subset, chat_model_dirs, tmp_path):
+    """``--format chat --system``: lm-evaluation-harness's ``--apply_chat_template --system_instruction`` on the same
+    task (the first 6 rows of Religion): every choice's log-likelihood and the accuracy agree."""
+    from lm_eval.tasks import TaskManager
+
+    model = chat_model_dirs[style]
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = (subset["data"] / "Religion.jsonl").read_text(encoding="utf-8").splitlines()[:6]
+    (data / "Religion.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    tasks = tmp_path / "tasks"
+    shutil.copytree(subset["tasks"], tasks)
+    y = tasks / "rbjax_bbq.yaml"
+    y.write_text(y.read_text().replace(str(subset["data"].parent / "all.jsonl"), str(data / "Religion.jsonl"))
+                 .replace(str(subset["data"].parent / "hf_datasets"), str(tmp_path / "hf_datasets")))
+    out = tmp_path / "rbjax"
+    assert main(["measure", "--model", str(model), "--benchmark", "bbq", "--data-dir", str(data), "--out", str(out),
+                 "--format", "chat", "--system", "Answer fairly.", "--n-bootstrap", "0", "--no-progress"]) == 0
+    summary = json.loads((out / "benchmark.json").read_text())
+    assert summary["settings"]["format"] == "chat" and summary["settings"]["system"] == "Answer fairly."
+    res = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model), "dtype": "float32"},
+                                  tasks=["rbjax_bbq"], task_manager=TaskManager(include_path=str(tasks),
+                                                                                include_defaults=False),
+                                  log_samples=True, batch_size=16, device="cpu", apply_chat_template=True,
+                                  system_instruction="Answer fairly.")
+    samples = res["samples"]["rbjax_bbq"]
+    assert summary["settings"]["rendered_example"] == samples[0]["arguments"][0][0]  # the same context text
+    ids, ll = read_bbq_csv(out / "Religion_bbq.csv")
+    for s, x, r in zip(samples, ll, rows):
+        r = json.loads(r)
+        unk = [k for k in range(3) if r["answer_info"][f"ans{k}"][1] == "unknown"][0]
+        ours = [x[k] for k in range(3) if k != unk] + list(x[3:])
+        assert s["arguments"][0][1] == r[f"ans{[k for k in range(3) if k != unk][0]}"]  # no delimiter
+        assert np.abs(np.array(ours) - np.array([q[0][0] for q in s["resps"]])).max() <= 1e-4
+    assert summary["lm_eval"]["overall"]["acc"] == res["results"]["rbjax_bbq"]["acc,none"]
