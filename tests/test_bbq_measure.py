@@ -48,3 +48,29 @@ def test_measure_writes_resumes_and_refuses_a_bad_file(tiny_model_dir, small, tm
     assert _measure(tiny_model_dir, small, out, "--resume") != 0
     assert "Religion.jsonl line 4 (example_id 3): label 5 out of range" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_compare_two_bbq_runs(tiny_model_dir, small, tmp_path, capsys):
+    """McNemar on per-row correctness and paired-bootstrap changes of the bias scores, per category; a run against
+    itself changes nothing."""
+    from tests.conftest import make_rbjax_gpt2_folder
+
+    other = make_rbjax_gpt2_folder(tmp_path / "other", seed=5, tokenizer_dir=tiny_model_dir)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _measure(tiny_model_dir, small, a) == 0 and _measure(other, small, b) == 0
+    assert main(["compare", str(a), str(a), "--out", str(tmp_path / "same"), "--n-bootstrap", "200"]) == 0
+    same = json.loads((tmp_path / "same" / "compare_bbq.json").read_text())
+    for blk in same["categories"].values():
+        for cv in ("lm_eval", "paper"):
+            assert blk[cv]["mcnemar"]["p_value"] is None and blk[cv]["acc"]["change"] == 0
+            assert blk[cv]["acc"]["change_ci"] == [0.0, 0.0]
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "ab"), "--n-bootstrap", "200"]) == 0
+    res = json.loads((tmp_path / "ab" / "compare_bbq.json").read_text())
+    sa, sb = (json.loads((x / "benchmark.json").read_text()) for x in (a, b))
+    for c, blk in res["categories"].items():
+        for cv in ("lm_eval", "paper"):
+            for m in ("acc", "disamb_bias_score"):
+                va, vb = sa[cv]["categories"][c][m], sb[cv]["categories"][c][m]
+                assert blk[cv][m]["a"] == va and blk[cv][m]["b"] == vb
+            assert blk[cv]["mcnemar"]["n_tests"] == 2
+    assert "BBQ: A − B" in capsys.readouterr().out
