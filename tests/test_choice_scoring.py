@@ -1,7 +1,6 @@
 """Multiple-choice scoring (PerplexityScorer.score_choices): each context run once for all its continuations, equal to
 scoring every context + continuation alone with the model's full logits (lm-evaluation-harness's loglikelihood)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

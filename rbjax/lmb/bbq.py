@@ -41,7 +41,6 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from rbjax.core.digests import files_key
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
 from rbjax.core.log import get_logger
