@@ -174,6 +174,11 @@ def crows_dir(shared_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bbq_dir(shared_dir) -> Path:
+    return _need(shared_dir / "bbq", "the BBQ data")
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(shared_dir) -> Path:
     return _need(shared_dir / "tokenizers" / "gpt2", "the GPT-2 tokenizer files")
 

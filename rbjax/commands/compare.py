@@ -36,6 +36,16 @@ def run(args) -> int:
     config = CompareConfig(**config_values(args, CompareConfig))
     sides = [[f for f in x.split(",") if f] for x in (args.a, args.b)]
     bias = None if not args.bias else [t.strip() for x in args.bias for t in x.split(",") if t.strip()]
+    from rbjax.lmb.bbq_compare import compare_bbq, format_bbq_comparison, is_bbq_run
+
+    if len(sides[0]) == len(sides[1]) == 1 and is_bbq_run(sides[0][0]) and is_bbq_run(sides[1][0]):
+        res = compare_bbq(sides[0][0], sides[1][0], out_dir=args.out, categories=bias,
+                          n_bootstrap=10000 if config.n_bootstrap is None else config.n_bootstrap,
+                          alpha=0.05 if config.alpha is None else config.alpha, seed=config.seed,
+                          labels=tuple(config.labels), allow_format_change=config.allow_format_change)
+        print(format_bbq_comparison(res))
+        print(f"\nwrote {Path(args.out) / 'compare_bbq.json'}")
+        return 0
     res = compare_models(sides[0], sides[1], out_dir=args.out, config=config, bias_types=bias)
     print(format_comparison(res))
     out = Path(args.out)

@@ -39,12 +39,15 @@ def register(sub) -> None:
                    help=f"bias type(s): {', '.join(BIAS_CHOICES)}, or a bias-spec JSON file of your own; "
                         "comma-separated or repeated (default: all); with --benchmark crows-pairs or pairs: the "
                         "categories to measure")
-    p.add_argument("--benchmark", choices=("redditbias", "crows-pairs", "pairs"), default="redditbias",
+    p.add_argument("--benchmark", choices=("redditbias", "crows-pairs", "pairs", "bbq"), default="redditbias",
                    help="redditbias: the paper's LMB; crows-pairs: CrowS-Pairs (nyu-mll/crows-pairs, verified; "
                         "--data-dir its folder); pairs: the pair file --pairs FILE (docs/pairs.md). The pair "
                         "benchmarks are reported in two conventions: lm-evaluation-harness's (pct_stereotype, "
                         "likelihood_diff) and rbjax's LMB statistics, per category (OUT/benchmark.json, "
-                        "OUT/<category>_loglikelihoods.csv beside the measure files)")
+                        "OUT/<category>_loglikelihoods.csv beside the measure files); bbq: BBQ, multiple choice by "
+                        "log-likelihood as lm-evaluation-harness's bbq task, accuracy and bias scores in two "
+                        "conventions (OUT/<category>_bbq.csv, OUT/benchmark.json; docs/bbq.md; --data-dir: any folder "
+                        "of BBQ .jsonl files, default the verified nyu-mll/BBQ files; --bias: categories)")
     p.add_argument("--pairs", metavar="FILE", help="the pair file of --benchmark pairs (.csv or .jsonl: id, "
                                                    "category, sentence_1, sentence_2, stereotypical)")
     p.add_argument("--out", default="results", help="output folder")
@@ -98,6 +101,8 @@ def run(args) -> int:
             return 0
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
+    if args.benchmark == "bbq":
+        return _run_bbq(args, config)
     if args.benchmark != "redditbias":
         return _run_pair_benchmark(args, config)
     if args.pairs is not None:
@@ -128,4 +133,20 @@ def _run_pair_benchmark(args, config: MeasureConfig) -> int:
     out = Path(args.out)
     print(f"\nwrote {out / 'lmb.json'}, {out / SUMMARY_FILE}, {out / 'lmb.png'} and, per category, "
           f"<category>_perplexities.csv and <category>_loglikelihoods.csv in {out}")
+    return 0
+
+
+def _run_bbq(args, config: MeasureConfig) -> int:
+    """``--benchmark bbq``: :func:`rbjax.lmb.bbq.measure_bbq`."""
+    from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY, format_bbq, measure_bbq
+
+    if args.stored_perplexities or args.pairs is not None:
+        raise CLIError("--benchmark bbq needs --model (and reads its rows from --data-dir or the download, not "
+                       "--pairs / --stored-perplexities)")
+    summary = measure_bbq(args.model, config, categories=",".join(args.bias) if args.bias else "all",
+                          data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out, resume=args.resume,
+                          progress=not args.no_progress, overwrite=args.overwrite, adapter=args.adapter)
+    print(format_bbq(summary))
+    out = Path(args.out)
+    print(f"\nwrote {out / BBQ_SUMMARY} and, per category, <category>_bbq.csv in {out}")
     return 0

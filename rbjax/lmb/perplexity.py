@@ -248,6 +248,26 @@ def _pair_tree(a: list, c: list, i: int, fa: int = 1, fc: int = 1, skip: int = 0
     return _Tree(ids=ids, pos=pos, br=br, pred=pred, n_phrases=2, n_alone=len(a) + len(c))
 
 
+def _choice_tree(ctx: list, conts: Sequence[list], owners: Sequence[int], skip: int = 0) -> _Tree:
+    """A context and its k continuations (multiple choice): the context but its last token is run once (branch 0);
+    continuation b is branch b, laid out as ``[last context token] + continuation`` with position ids continuing
+    from the context, so that each branch predicts its own first token from its own copy of the last context
+    token (attending to the shared part and to itself only: the same keys and values as the context followed by
+    that continuation alone). ``owners``: the flat index each continuation's sums go to; ``skip`` as
+    :func:`_single_tree`."""
+    n = len(ctx)
+    ids, pos, br, pred = list(ctx[skip:n - 1]), list(range(skip, n - 1)), [0] * (n - 1 - skip), []
+    off = n - 1 - skip
+    for b, (t, own) in enumerate(zip(conts, owners), start=1):
+        seq = [ctx[-1], *t]
+        ids += seq
+        pos += list(range(n - 1, n - 1 + len(seq)))
+        br += [b] * len(seq)
+        pred += [(off + k, [(seq[k + 1], own, -1)]) for k in range(len(t))]
+        off += len(seq)
+    return _Tree(ids=ids, pos=pos, br=br, pred=pred, n_phrases=len(conts), n_alone=sum(n + len(t) for t in conts))
+
+
 def _row_context(seqs: Sequence[list], firsts: Sequence[int]) -> int:
     """K: the leading tokens every sequence shares and none scores, less the last of them (it stays in each tree to
     predict the first scored token); 0 when shorter than :data:`MIN_ROW_CONTEXT`."""
@@ -503,6 +523,54 @@ class PerplexityScorer:
         sums, counts = self._run(trees, len(a), progress, n_skipped_phrases=2, shared=shared)
         na, nc = (None, None) if n_context is None else n_context
         return self._results(sums[0], counts[0], a, na), self._results(sums[1], counts[1], c, nc)
+
+    def score_choices(self, context_ids: Sequence[Sequence[int]], continuation_ids: Sequence[Sequence[Sequence[int]]],
+                      progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+        """Multiple choice: the total log-likelihood of each continuation of each context, every context run once
+        for all its continuations (:func:`_choice_tree`; the pair scorer's shared prefix with k branches).
+
+        Equal, up to float rounding, to scoring ``context + continuation`` for each continuation on its own and
+        summing the log-probabilities of the continuation's tokens (lm-evaluation-harness's ``loglikelihood``).
+        :attr:`bos_id` is not used: a context holds whatever start token its caller put first.
+
+        Args:
+            context_ids: N contexts, each a non-empty list of token ids.
+            continuation_ids: per context, its k_i continuations (each a non-empty list of token ids).
+            progress: called with a number of continuations as batches finish (Σ k_i in all).
+        Returns:
+            N float64 arrays, (k_i,) each: Σ log p(continuation token | context, earlier continuation tokens), nats.
+        Raises:
+            ValueError: the lists differ in length; the scorer is stacked. PhraseError (``index`` the context): an
+                empty context or continuation, context + a continuation longer than ``config.max_positions``, an
+                id outside the vocabulary.
+        """
+        if self.stacked:
+            raise ValueError("score_choices scores one model (not a stacked scorer)")
+        if len(context_ids) != len(continuation_ids):
+            raise ValueError(f"{len(context_ids)} contexts but {len(continuation_ids)} continuation lists")
+        max_pos, vmax = self.config.max_positions, self.config.vocab_size
+        ctxs = [[int(x) for x in c] for c in context_ids]
+        conts = [[[int(x) for x in t] for t in ts] for ts in continuation_ids]
+        for i, (c, ts) in enumerate(zip(ctxs, conts)):
+            if not c:
+                raise PhraseError(i, "an empty context (it needs at least a start token)")
+            if not ts or any(not t for t in ts):
+                raise PhraseError(i, "no continuation, or one that encodes to no token")
+            longest = len(c) + max(len(t) for t in ts)
+            if longest > max_pos:
+                raise PhraseError(i, f"{longest} tokens (context and its longest continuation), but the model takes "
+                                     f"at most {max_pos}")
+            if min(min(c), *(min(t) for t in ts)) < 0 or max(max(c), *(max(t) for t in ts)) >= vmax:
+                raise PhraseError(i, f"a token id outside the model vocabulary [0, {vmax})")
+        offs = np.cumsum([0] + [len(ts) for ts in conts])
+        k = _row_context(ctxs, [len(c) for c in ctxs])
+        trees = [_choice_tree(c, ts, range(offs[i], offs[i + 1]), k) for i, (c, ts) in enumerate(zip(ctxs, conts))]
+        sums, counts = self._run(trees, int(offs[-1]), progress, shared=(ctxs[0][:k] if k else ()))
+        want = np.array([len(t) for ts in conts for t in ts])
+        if not np.array_equal(counts[0], want):  # every continuation token scored exactly once
+            raise AssertionError("score_choices: a continuation token was not scored")
+        ll = -sums[0, 0]
+        return [ll[offs[i]:offs[i + 1]] for i in range(len(ctxs))]
 
     def score_texts(self, texts: Sequence[str], tokenizer, progress=None):
         """Tokenise (no special tokens, as the reference) and score ``texts``."""
