@@ -344,6 +344,8 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
     if cfg.is_chat and (cfg.role not in (None, "assistant") or cfg.prompt is not None or cfg.score_end_of_turn):
         raise ValueError("--format chat with --benchmark bbq: the prompt is the user's turn and each answer the "
                          "assistant's reply; --role, --prompt and --score-end-of-turn do not apply (--system does)")
+    if cfg.allow_other_base and adapter is None:
+        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
     out = None if out_dir is None else check_output_dir(out_dir, "--out")
     cats = load_bbq(data_dir, categories)
     mesh_obj = None if not cfg.mesh else make_mesh(parse_mesh(cfg.mesh, jax.device_count()))
@@ -353,7 +355,8 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
         loaded = model
     else:
         loaded = LoadedModel(model, tokenizer, cfg.batch_size, None if cfg.is_chat else cfg.bos, cfg.precision,
-                             mesh=mesh_obj, param_dtype=cfg.param_dtype, adapter=adapter)
+                             mesh=mesh_obj, param_dtype=cfg.param_dtype, adapter=adapter,
+                             allow_other_base=cfg.allow_other_base)
     tok = loaded.tokenizer
     chat = None
     if cfg.is_chat:
@@ -376,7 +379,9 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
         "start_token": None if bos_id is None else tok.id_to_token(bos_id), "bos_policy": loaded.bos_policy,
         "batch_size": loaded.batch_size, "precision": loaded.precision, "param_dtype": loaded.param_dtype,
         "mesh": None if loaded.mesh is None else mesh_label(loaded.mesh), "tokenizer": tok.source,
-        "adapter": loaded.adapter, "seed": cfg.seed, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap,
+        "adapter": loaded.adapter,
+        **({} if loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
+        "seed": cfg.seed, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap,
         "ci": "percentile bootstrap, rows resampled with replacement"}
     data_rec = {c.name: {"file": str(c.path), "git_blob_sha1": c.git_sha1, "verified_upstream": c.verified,
                          "n_rows": len(c)} for c in cats}
