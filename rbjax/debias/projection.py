@@ -31,9 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rbjax.model.registry import family_of_config
+
 __all__ = ["sentence_debias_subspace", "subspace_projection", "rowspace_projection", "nullspace_intersection",
            "InlpResult", "inlp_projection", "fit_linear_classifier", "split_groups", "check_projection",
-           "fold_into_head"]
+           "fold_into_head", "projected_model"]
 
 
 def _as_2d(x, name: str) -> np.ndarray:
@@ -278,3 +280,19 @@ def fold_into_head(head, projection) -> np.ndarray:
     if w.ndim != 2 or w.shape[1] != p.shape[0]:
         raise ValueError(f"the LM head {w.shape} does not match the projection {p.shape}")
     return (w @ p).astype(np.float32)
+
+
+def projected_model(params: dict, config, projection) -> tuple[dict, object]:
+    """``(params, config)`` of the debiased model: the base's with the LM head ``W`` replaced by ``W P``
+    (:func:`fold_into_head`) as a head of its own (``tie_word_embeddings`` false: the input embedding is unchanged),
+    for any registered family. Gemma 2's final-logit soft-cap stays after the head, so it applies to the projected
+    logits. The input ``params`` are not modified (a new top-level dict; other leaves are shared).
+
+    Raises:
+        ValueError: as :func:`fold_into_head`.
+    """
+    fam = family_of_config(config)
+    head = fold_into_head(np.asarray(fam.lm_head(params), dtype=np.float32), projection)
+    out = dict(params)
+    out[fam.head] = {"embedding": head}
+    return out, dataclasses.replace(config, tie_word_embeddings=False)
