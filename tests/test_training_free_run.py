@@ -77,6 +77,11 @@ def test_sentence_debias_run_folder_is_read_as_a_run(tiny_model_dir, redditbias_
     ref = (np.asarray(h[0], np.float64) @ p) @ w.T
     np.testing.assert_allclose(np.asarray(logits[0]), ref, atol=1e-4)
 
+    # the memory plan that measure / evaluate make first knows the untied GPT-2 head (its logical axes)
+    from rbjax.model.memory import plan_for_model
+    plan = plan_for_model(str(out), mesh=None, training=False, batch_size=1, seq_len=8)
+    assert plan.format()
+
     # the same command reuses the finished run; other settings in the same folder are refused
     again = run_training_free(ProjectionRun(method="sentence-debias", bias_type="religion1",
                                             model=str(tiny_model_dir), out_dir=str(out), corpus=corpus,
