@@ -82,6 +82,16 @@ def test_sentence_debias_run_folder_is_read_as_a_run(tiny_model_dir, redditbias_
     plan = plan_for_model(str(out), mesh=None, training=False, batch_size=1, seq_len=8)
     assert plan.format()
 
+    # export: the folded model with a card that names the method and what was projected
+    from rbjax.study.export import export_model
+    exp = export_model(out, tmp_path / "export")
+    card = exp["card"].read_text(encoding="utf-8")
+    assert "with sentence-debias (rbjax, no training)" in card and "SentenceDebias (Liang et al." in card
+    assert "1 direction(s) (k = 1) of the 32-dimensional final hidden state" in card
+    assert "W ← W·P" in card and f"{res['sets']} sets of (jews, christians)" in card
+    assert "- \"debiasing-sentence-debias\"" in card and "Training data" not in card
+    assert (tmp_path / "export" / "model.safetensors").read_bytes() == (out / "model" / "model.safetensors").read_bytes()
+
     # the same command reuses the finished run; other settings in the same folder are refused
     again = run_training_free(ProjectionRun(method="sentence-debias", bias_type="religion1",
                                             model=str(tiny_model_dir), out_dir=str(out), corpus=corpus,
@@ -108,6 +118,11 @@ def test_inlp_run_from_ready_made_pairs(tiny_model_dir, corpus, tmp_path):
     assert len(fit["history"]) <= 3 and [h["rank"] for h in fit["history"] if h["kept"]] == \
         [32 - i for i in range(1, fit["classifiers"] + 1)]
     assert np.load(tmp_path / "inlp" / "subspace.npy").shape == (fit["classifiers"], 32)
+    from rbjax.study.export import export_model
+    card = export_model(tmp_path / "inlp", tmp_path / "export")["card"].read_text(encoding="utf-8")
+    assert f"{fit['classifiers']} of the 32 dimensions" in card
+    assert f"row spaces of {fit['classifiers']} linear classifier(s) of the group (at most 3; stopped: " \
+           f"{fit['stopped']}" in card and "INLP, iterative nullspace projection" in card
 
 
 def test_corpus_and_pairs_are_alternatives(tiny_model_dir, tmp_path):

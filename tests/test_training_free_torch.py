@@ -1,5 +1,6 @@
 """SentenceDebias and INLP against a PyTorch reference computed from ``transformers`` hidden states by bias-bench's
-procedure, on tiny seeded models of GPT-2, Llama and Gemma 2 (tied head and final-logit soft-capping).
+procedure, on tiny seeded models of GPT-2, Llama (untied head), GPT-NeoX (``embed_out``) and Gemma 2 (tied head,
+final-logit soft-capping).
 
 Reference: each sentence run alone through the ``transformers`` model's body, ``last_hidden_state`` (after the final
 norm) averaged over its tokens; SentenceDebias: L2-normalised, each pair centred on its mean, scikit-learn's
@@ -35,6 +36,7 @@ CASES = {
     "gpt2": ("GPT2Config", dict(vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=64, initializer_range=0.3,
                                 bos_token_id=1, eos_token_id=2)),
     "llama": ("LlamaConfig", dict(_C, num_key_value_heads=2, tie_word_embeddings=False)),
+    "gpt_neox": ("GPTNeoXConfig", dict(_C, rotary_pct=0.25, bos_token_id=0, eos_token_id=0, pad_token_id=1)),
     "gemma2": ("Gemma2Config", dict(_C, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
                                     attn_logit_softcapping=3.0, final_logit_softcapping=2.0)),
 }
@@ -66,7 +68,7 @@ def _build(cls_name, kw, folder, seed=0):
 
 
 def _body(tm):
-    return tm.transformer if hasattr(tm, "transformer") else tm.model
+    return next(getattr(tm, n) for n in ("transformer", "gpt_neox", "model") if hasattr(tm, n))
 
 
 def _torch_reps(tm, sents):

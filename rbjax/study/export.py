@@ -36,6 +36,7 @@ from rbjax.core.io import atomic_write_json, atomic_write_text, read_json, sha25
 from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
                                write_comparison)
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
+from rbjax.study.projection_card import projection_card, projection_numbers
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -476,6 +477,8 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
             raise ValueError(f"--adapter-only: {model} holds no PEFT adapter ({ADAPTER_CONFIG}); the run was trained "
                              "with --no-export: rerun the same command without it")
     n["export"] = "adapter" if cfg.adapter_only else "model"
+    if info["results"].get("training_free"):  # SentenceDebias / INLP: its own card (rbjax.study.projection_card)
+        n["projection"] = projection_numbers(info["results"])
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(model.iterdir()):  # byte for byte: weights, tokenizer, chat template, generation config
         if f.is_file():
@@ -485,7 +488,7 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(out.iterdir()) if f.is_file()}
     if comparison is not None:
         write_comparison(comparison, out / "evidence")
-    card = model_card(n, cfg.license)
+    card = projection_card(n, cfg.license) if n.get("projection") else model_card(n, cfg.license)
     atomic_write_text(out / "README.md", card)
     atomic_write_json(out / "export.json", n)
     return {"out": out, "card": out / "README.md", "numbers": n}
