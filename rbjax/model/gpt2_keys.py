@@ -85,8 +85,8 @@ def state_dict_to_params(state: dict[str, np.ndarray], cfg: GPT2Config, source: 
     elif "lm_head.weight" in flat:
         used.add("lm_head.weight")
         if "wte.weight" in flat and not np.array_equal(np.asarray(flat["lm_head.weight"]), np.asarray(flat["wte.weight"])):
-            raise ValueError(f"{source}: lm_head.weight differs from wte.weight but config tie_word_embeddings is "
-                             "true")
+            raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but config tie_word_embeddings "
+                             "is true (a tied head)")
         if "wte.weight" not in flat:
             _set(params, ("wte", "embedding"), flat["lm_head.weight"])
     unexpected = sorted(k for k in flat if k not in used and not _IGNORED.search(k))

@@ -68,7 +68,7 @@ def projection_card(n: dict, license: str) -> str:
     else:
         what = (f"{pj['removed']} of the {pj['dim']} dimensions of the final hidden state: the row spaces of "
                 f"{pj['classifiers']} linear classifier(s) of the group (at most {s.get('iterations')}; stopped: "
-                f"{pj['stopped']}; the next classifier's held-out accuracy {pj['last_dev_accuracy']:.3f} against "
+                f"{pj['stopped']}; the last classifier's held-out accuracy {pj['last_dev_accuracy']:.3f} against "
                 f"chance {pj['chance']:.3f}, ε = {s.get('epsilon')}; held-out share {s.get('dev_fraction')}, seed "
                 f"{s.get('seed')})")
     src = pj.get("source") or {}
