@@ -129,3 +129,17 @@ def test_corpus_and_pairs_are_alternatives(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="alternatives"):
         ProjectionRun(method="inlp", bias_type="religion1", model=str(tiny_model_dir), out_dir=str(tmp_path),
                       corpus="a.txt", pairs="b.csv")
+
+
+def test_default_pairs_are_the_training_phrases_swapped(redditbias_dir):
+    from rbjax.debias.cda import read_train_phrases
+
+    phrases = read_train_phrases("religion1", redditbias_dir)
+    groups, sets = counterfactual_sets(phrases, bias_spec("religion1"))
+    assert groups == ["jews", "christians"] and len(sets) > len(phrases) // 2
+    assert all(a != b for a, b in sets) and len({tuple(s) for s in sets}) == len(sets)
+
+
+def test_corpus_is_an_option_of_the_training_free_methods_only(capsys):
+    with pytest.raises(SystemExit, match="--corpus and --pairs are options of --method sentence-debias or inlp"):
+        main(["debias", "--method", "hd", "--bias", "religion1", "--corpus", "x.txt"])
