@@ -216,9 +216,6 @@ def test_unsupported_fields_are_refused_by_name():
     d["use_bidirectional_attention"] = True
     _refused(d, r"use_bidirectional_attention=True")
     d = _hf_dict("gpt2")
-    d["tie_word_embeddings"] = False
-    _refused(d, r"tie_word_embeddings=False is not supported")
-    d = _hf_dict("gpt2")
     d["add_cross_attention"] = True
     _refused(d, r"add_cross_attention=True")
     d = _hf_dict("gpt2")

@@ -15,6 +15,7 @@ from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.grid_config import AXES as GRID_AXES
 from rbjax.debias.run import check_own_bias_type_data, debias
+from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun, run_training_free
 from rbjax.model.memory import plan_for_model
 
 
@@ -72,7 +73,47 @@ def register(sub) -> None:
     )
     add_training_arguments(p)
     add_plan_arguments(p)
+    add_training_free_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_training_free_arguments(p) -> None:
+    """``--method sentence-debias|inlp`` (debiasing without training, :mod:`rbjax.debias.training_free`) and its
+    options. Those methods read ``--model``, ``--tokenizer``, ``--out``, ``--bias``, ``--data-dir``, ``--seed`` and
+    ``--overwrite`` of the training options; the others do not apply to them."""
+    method = next(a for a in p._actions if a.dest == "method")
+    method.choices = list(method.choices) + list(TRAINING_FREE_METHODS)
+    method.help += ("; sentence-debias: project out the bias subspace of the final hidden state (Liang et al. "
+                    "2020); inlp: iterative nullspace projection (Ravfogel et al. 2020) — no training, see "
+                    "docs/debiasing.md")
+    g = p.add_argument_group("debiasing without training (--method sentence-debias or inlp)")
+    g.add_argument("--corpus", metavar="FILE", help="sentences of your own (one a line), swapped with the bias "
+                   "type's target pairs into counterfactual pairs (default: the bias type's training phrases)")
+    g.add_argument("--pairs", metavar="FILE", help="ready-made counterfactual sets: a CSV with a header naming the "
+                   "groups, one column each")
+    g.add_argument("--k", type=int, default=1, metavar="N",
+                   help="sentence-debias: principal directions removed (default: 1, bias-bench's)")
+    g.add_argument("--inlp-iterations", type=int, default=80, metavar="N",
+                   help="inlp: classifiers at most (default: 80, bias-bench's)")
+    g.add_argument("--inlp-epsilon", type=float, default=0.01, metavar="X",
+                   help="inlp: stop once a classifier's held-out accuracy is within X of chance (default: 0.01)")
+    g.add_argument("--inlp-dev-fraction", type=float, default=0.3, metavar="X",
+                   help="inlp: share of the counterfactual sets held out (default: 0.3)")
+
+
+def run_without_training(args) -> int:
+    """``rbjax debias --method sentence-debias|inlp``."""
+    cfg = ProjectionRun(method=args.method, bias_type=args.bias_type, model=args.model, tokenizer=args.tokenizer,
+                        out_dir=args.out_dir, data_dir=args.data_dir, corpus=args.corpus, pairs=args.pairs, k=args.k,
+                        iterations=args.inlp_iterations, epsilon=args.inlp_epsilon,
+                        dev_fraction=args.inlp_dev_fraction, seed=args.seed)
+    res = run_training_free(cfg, overwrite=args.overwrite)
+    pj = res["projection"]
+    print(f"{res['method']} on {res['bias_type']}: {res['sets']} counterfactual sets ({', '.join(res['groups'])}); "
+          f"removed {pj['removed']} of {pj['dim']} dimensions{'  [reused]' if res.get('reused') else ''}")
+    print(f"  model: {res['model_dir']}")
+    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")
+    return 0
 
 
 def add_plan_arguments(p) -> None:
@@ -159,6 +200,10 @@ def format_results(res: dict) -> str:
 
 
 def run(args) -> int:
+    if args.method in TRAINING_FREE_METHODS:
+        return run_without_training(args)
+    if getattr(args, "corpus", None) is not None or getattr(args, "pairs", None) is not None:
+        raise SystemExit(f"--corpus and --pairs are options of --method sentence-debias or inlp, not {args.method}")
     cfg = config_from_args(args)
     check_own_bias_type_data(cfg)  # before the memory plan reads the model's config: the phrases are what is missing
     if not args.dry_run:

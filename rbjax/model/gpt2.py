@@ -5,7 +5,7 @@ converter (:mod:`rbjax.model.hf`). Architecture as in Radford et al. (2019) and 
 HF ``GPT2LMHeadModel``: learned position embeddings, pre-LayerNorm blocks
 (LayerNorm ε from the config, 1e-5 for GPT-2), GELU with the tanh approximation
 (``gelu_new``), causal self-attention, a final LayerNorm ``ln_f`` and an LM head
-tied to the token embedding ``wte``.
+tied to the token embedding ``wte`` (an untied ``lm_head`` with ``tie_word_embeddings`` false).
 
 Parameter pytree (names mirror the HF checkpoint so the converter is a key map)::
 
@@ -14,7 +14,7 @@ Parameter pytree (names mirror the HF checkpoint so the converter is a key map):
                                                  'c_proj': {'kernel': (d, d), 'bias'}},
              'ln_2': {...}, 'mlp': {'c_fc': {'kernel': (d, 4d), 'bias'},
                                    'c_proj': {'kernel': (4d, d), 'bias'}}},
-     ..., 'ln_f': {'scale', 'bias'}}
+     ..., 'ln_f': {'scale', 'bias'}, 'lm_head': {'embedding': (V, d)}}  # lm_head only when untied
 
 Kernels are stored (in, out), exactly HF's ``Conv1D`` layout, so no transpose is ever
 needed (a transposed square ``c_proj`` would be silently wrong).
@@ -36,6 +36,7 @@ from rbjax.model.layers import (
     gather_positions,
     gather_query_rows,
     lora_update,
+    output_matrix,
     position_ids_from_mask,
 )
 
@@ -72,6 +73,10 @@ class GPT2Config:
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
     reorder_and_upcast_attn: bool = False
+    # the LM head is the token embedding ``wte`` (GPT-2, DialoGPT) or, when false, a matrix of its own ``lm_head``
+    # (HF ``GPT2LMHeadModel`` with an untied ``lm_head.weight``: what a model debiased by a projection exports,
+    # docs/debiasing.md)
+    tie_word_embeddings: bool = True
 
     # the names every family config answers to (callers read these, never a family's own field names)
     @property
@@ -108,15 +113,13 @@ class GPT2Config:
             if k in ("layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range") and not (
                     isinstance(v, (int, float)) and not isinstance(v, bool)):
                 raise ValueError(f"config field {k} must be a number, got {v!r}")
-        for k in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        for k in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                  "tie_word_embeddings"):
             if k in kw and not isinstance(kw[k], bool):
                 raise ValueError(f"config field {k} must be true or false, got {kw[k]!r}")
         if kw.get("pad_token_id") is not None and not (
                 isinstance(kw["pad_token_id"], int) and not isinstance(kw["pad_token_id"], bool)):
             raise ValueError(f"config field pad_token_id must be an integer or null, got {kw['pad_token_id']!r}")
-        if d.get("tie_word_embeddings") is False:
-            raise ValueError("config field tie_word_embeddings=False is not supported: rbjax's GPT-2 has a tied LM "
-                             "head (GPT-2 and DialoGPT are tied)")
         if d.get("add_cross_attention"):
             raise ValueError(f"config field add_cross_attention={d['add_cross_attention']!r} is not supported: "
                              "rbjax's GPT-2 is a decoder-only causal LM without cross-attention layers")
@@ -137,8 +140,7 @@ class GPT2Config:
     def to_hf_dict(self) -> dict:
         """The ``config.json`` content that ``transformers.GPT2Config`` reads."""
         d = dataclasses.asdict(self)
-        d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions,
-                 tie_word_embeddings=True)
+        d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
 
 
@@ -262,7 +264,7 @@ def init_cache(config: GPT2Config, batch_size: int, max_length: int, dtype=jnp.f
 
 
 class GPT2LMHeadModel(nn.Module):
-    """GPT-2 with a tied LM head.
+    """GPT-2 with an LM head tied to ``wte`` (or its own ``lm_head`` when ``config.tie_word_embeddings`` is false).
 
     ``__call__(input_ids, attention_mask=None, position_ids=None, deterministic=True, return_logits=True,
     cache=None, query_positions=None)``
@@ -325,7 +327,8 @@ class GPT2LMHeadModel(nn.Module):
         hidden = nn.LayerNorm(cfg.layer_norm_epsilon, name="ln_f")(x)
         logits = None
         if return_logits:  # else: callers that only need states (or compute the head themselves, chunked)
-            emb = wte.embedding
+            emb = output_matrix(self, wte.embedding, cfg.tie_word_embeddings, "lm_head", cfg.vocab_size, cfg.n_embd,
+                                cfg.initializer_range)
             logits = jnp.dot(hidden.astype(self.dtype), emb.astype(self.dtype).T, preferred_element_type=jnp.float32)
         if cache is None:
             return logits, hidden

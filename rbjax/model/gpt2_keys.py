@@ -2,8 +2,9 @@
 
 HF PyTorch checkpoints store ``c_attn``/``c_proj``/``c_fc`` weights as ``Conv1D`` (in, out), which is rbjax's
 layout, so they are copied without a transpose. The LM head is tied to ``wte``; a checkpoint without
-``lm_head.weight`` is tied implicitly, and one whose ``lm_head.weight`` differs from ``wte`` is refused (rbjax's
-GPT-2 has a tied head, as GPT-2 and DialoGPT do). HF's Flax layout (``flax_model.msgpack``) is read too: its
+``lm_head.weight`` is tied implicitly, and one whose ``lm_head.weight`` differs from ``wte`` is refused — unless the
+config says ``tie_word_embeddings: false``: then ``lm_head.weight`` is the head ``lm_head`` of its own (HF
+``GPT2LMHeadModel`` untied; a model debiased by a projection of its final state is exported so). HF's Flax layout (``flax_model.msgpack``) is read too: its
 Conv1D kernels are stored (out, in).
 """
 from __future__ import annotations
@@ -44,6 +45,8 @@ def _expected_shapes(cfg: GPT2Config) -> dict[tuple, tuple]:
     for i in range(cfg.n_layer):
         for k, s in blk.items():
             shapes[(f"h_{i}",) + k] = s
+    if not cfg.tie_word_embeddings:
+        shapes[("lm_head", "embedding")] = (cfg.vocab_size, d)
     return shapes
 
 
@@ -59,7 +62,8 @@ def state_dict_to_params(state: dict[str, np.ndarray], cfg: GPT2Config, source: 
     Accepts keys with or without the ``transformer.`` prefix.
 
     Raises:
-        ValueError: missing or unexpected keys, shape mismatches, or an untied ``lm_head``.
+        ValueError: missing or unexpected keys, shape mismatches, or an ``lm_head`` that differs from ``wte`` under
+            a tied config.
     """
     flat = {}
     for k, v in state.items():
@@ -75,10 +79,14 @@ def state_dict_to_params(state: dict[str, np.ndarray], cfg: GPT2Config, source: 
             key = f"h.{i}.{hf}"
             if key in flat:
                 _set(params, (f"h_{i}",) + path, flat[key]); used.add(key)
-    if "lm_head.weight" in flat:
+    if not cfg.tie_word_embeddings:
+        if "lm_head.weight" in flat:
+            _set(params, ("lm_head", "embedding"), flat["lm_head.weight"]); used.add("lm_head.weight")
+    elif "lm_head.weight" in flat:
         used.add("lm_head.weight")
         if "wte.weight" in flat and not np.array_equal(np.asarray(flat["lm_head.weight"]), np.asarray(flat["wte.weight"])):
-            raise ValueError(f"{source}: lm_head.weight differs from wte.weight; rbjax supports GPT-2 with a tied LM head only")
+            raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but config tie_word_embeddings "
+                             "is true (a tied head)")
         if "wte.weight" not in flat:
             _set(params, ("wte", "embedding"), flat["lm_head.weight"])
     unexpected = sorted(k for k in flat if k not in used and not _IGNORED.search(k))
@@ -136,6 +144,8 @@ def params_to_state_dict(params: dict, cfg: GPT2Config) -> dict[str, np.ndarray]
     for i in range(cfg.n_layer):
         for hf, path in _BLOCK_MAP:
             state[f"transformer.h.{i}.{hf}"] = get((f"h_{i}",) + path)
+    if not cfg.tie_word_embeddings:
+        state["lm_head.weight"] = get(("lm_head", "embedding"))
     return state
 
 

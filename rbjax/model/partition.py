@@ -45,7 +45,7 @@ _V = (None,)  # a vector that is not split
 #: family name -> [(regex searched in the "/"-joined dict path, logical names)], first match wins
 LOGICAL_AXES: dict[str, list[tuple[str, tuple]]] = {
     "gpt2": [
-        (r"(^|/)wte/embedding$", ("vocab", "embed")),
+        (r"(^|/)(wte|lm_head)/embedding$", ("vocab", "embed")),
         (r"(^|/)wpe/embedding$", (None, "embed")),
         (r"/attn/c_attn/kernel$", ("embed", "qkv")),
         (r"/attn/c_attn/bias$", ("qkv",)),

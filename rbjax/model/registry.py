@@ -130,7 +130,7 @@ GPT2_HANDLED = {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_he
                 "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                 "summary_first_dropout"}
 #: GPT-2 fields refused for the values given
-GPT2_REFUSED = {"tie_word_embeddings": "false (an untied LM head)", "add_cross_attention": "true",
+GPT2_REFUSED = {"add_cross_attention": "true",
                 "activation_function": "activations other than gelu_new, gelu_pytorch_tanh, gelu, relu"}
 
 
@@ -149,7 +149,8 @@ def _gpt2_config_from_hf(d: dict, source: str) -> gpt2.GPT2Config:
 @dataclasses.dataclass(frozen=True)
 class _GPT2Family(Family):
     """GPT-2: its own config reader (:data:`GPT2_HANDLED` / :data:`GPT2_REFUSED`), key map
-    (:mod:`rbjax.model.gpt2_keys`, Conv1D kernels), tied ``wte`` head, KV cache and initialisation."""
+    (:mod:`rbjax.model.gpt2_keys`, Conv1D kernels), KV cache and initialisation; the head is ``wte`` or, untied,
+    ``lm_head``."""
 
     def config_from_hf(self, d: dict, source: str) -> gpt2.GPT2Config:
         return _gpt2_config_from_hf(d, source)
@@ -158,7 +159,7 @@ class _GPT2Family(Family):
         return config.to_hf_dict()
 
     def lm_head(self, params: dict) -> Any:
-        return params["wte"]["embedding"]
+        return embedding_head(params, self.head, self.embedding)
 
     def init_cache(self, config, batch_size: int, max_length: int, dtype=jnp.float32):
         return gpt2.init_cache(config, batch_size, max_length, dtype)
@@ -173,7 +174,7 @@ class _GPT2Family(Family):
         return gpt2_keys.params_to_state_dict(params, config)
 
 
-GPT2 = _GPT2Family(name="gpt2", model_types=("gpt2",), config_class=gpt2.GPT2Config, module=gpt2.GPT2LMHeadModel)
+GPT2 = _GPT2Family(name="gpt2", model_types=("gpt2",), config_class=gpt2.GPT2Config, module=gpt2.GPT2LMHeadModel, embedding="wte")
 
 LLAMA = Family(name="llama", model_types=llama.MODEL_TYPES, config_class=llama.LlamaConfig,
                module=llama.LlamaForCausalLM, hf_keys=llama.hf_keys)

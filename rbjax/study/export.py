@@ -39,6 +39,7 @@ from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_chan
                                write_comparison)
 from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
+from rbjax.study.projection_card import projection_card, projection_numbers
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -490,6 +491,8 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
             raise ValueError(f"--adapter-only: {model} holds no PEFT adapter ({ADAPTER_CONFIG}); the run was trained "
                              "with --no-export: rerun the same command without it")
     n["export"] = "adapter" if cfg.adapter_only else "model"
+    if info["results"].get("training_free"):  # SentenceDebias / INLP: its own card (rbjax.study.projection_card)
+        n["projection"] = projection_numbers(info["results"])
     # written whole beside --out, then put in its place: an earlier export there is replaced, never mixed with
     # this one (adapter files beside merged weights make transformers apply the adapter to them); a failure
     # leaves it untouched
@@ -502,7 +505,7 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
         n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}
         if comparison is not None:
             write_comparison(comparison, tmp / "evidence")
-        card = model_card(n, cfg.license)
+        card = projection_card(n, cfg.license) if n.get("projection") else model_card(n, cfg.license)
         atomic_write_text(tmp / "README.md", card)
         atomic_write_json(tmp / "export.json", n)
     return {"out": out, "card": out / "README.md", "numbers": n}
