@@ -152,6 +152,8 @@ class ChatTurns:
         ChatError: a bad role, or a fixed user message with ``role="user"``.
         ChatTemplateError: the template refuses the phrase's conversation (named with its roles) or writes the
             content twice.
+        ChatError: ``score_end_of_turn`` with a template that writes no end-of-turn (added) token after the
+            phrase's message (the template named, and what it writes there).
     """
 
     def __init__(self, tokenizer, template: ChatTemplate, *, role: str = "assistant", system: str | None = None,
@@ -165,7 +167,11 @@ class ChatTurns:
         self.role, self.system, self.prompt = role, system, prompt
         self.score_end_of_turn = bool(score_end_of_turn)
         self._around: dict = {}
-        self._around_of(self.messages(MARKER), len(self.messages(MARKER)) - 1)  # a refusal shows at once
+        _, after = self._around_of(self.messages(MARKER), len(self.messages(MARKER)) - 1)  # a refusal shows at once
+        if self.score_end_of_turn:  # a template that ends no turn with a token: said of the template, not of a row
+            ids = tokenizer.encode(after) if after else []
+            if not ids or not tokenizer.is_added_token(ids[0]):
+                raise ChatError(self._no_end_of_turn(after))
 
     # -- conversations -----------------------------------------------------------------------------------------
     def messages(self, phrase: str) -> list[dict]:
@@ -236,12 +242,18 @@ class ChatTurns:
                 start = end = sum(1 for s, e in offs if e <= a)
             if self.score_end_of_turn and inside:
                 if end >= len(ids) or not self.tokenizer.is_added_token(ids[end]):
-                    nxt = "nothing" if end >= len(ids) else repr(self.tokenizer.id_to_token(ids[end]))
-                    raise ChatError(f"{self.template.source}: score_end_of_turn, but the template writes {nxt} "
-                                    "after the message, not an end-of-turn token")
+                    raise ChatError(self._no_end_of_turn(text[offs[end][0]:] if end < len(ids) else ""))
                 end += 1
             out.append(ChatSpan(ids=tuple(ids[:end]), n_context=start, text=text))
         return out
+
+    def _no_end_of_turn(self, after: str) -> str:
+        """Why an end-of-turn token cannot be scored: the template (named) writes ``after`` after the message."""
+        what = "nothing" if not after else (repr(after) if len(after) <= 40 else repr(after[:40]) + "…")
+        name = "" if self.template.name is None else f" ({self.template.name!r})"
+        return (f"{self.template.source}{name}: the chat template writes no end-of-turn token after the "
+                f"{self.role}'s message (it writes {what} after it), so there is no end-of-turn token to score "
+                "(score_end_of_turn, --score-end-of-turn)")
 
     def conversation_ids(self, messages: list[dict], *, add_generation_prompt: bool = False) -> list[int]:
         """A whole conversation's ids (``apply_chat_template(messages, add_generation_prompt=...,
