@@ -199,7 +199,7 @@ def test_a_template_that_rewrites_the_content_is_refused(tokenizers):
     with pytest.raises(ChatTemplateError, match="writes a message's content 2 times"):
         ChatTurns(tok, twice)
     no_eot = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja")
-    # said of the template when the settings are read, not of the first phrase (issue 44.7), as text ('\n', not 'Ċ')
+    # said of the template when the settings are read, not of the first phrase, as text ('\n', not 'Ċ')
     with pytest.raises(ChatError, match=r"^plain.jinja: the chat template writes no end-of-turn token after the "
                                         r"user's message \(it writes '\\n' after it\)"):
         ChatTurns(tok, no_eot, role="user", score_end_of_turn=True)

@@ -39,3 +39,16 @@ def test_card_tags_the_architecture_and_says_what_a_single_run_is(tmp_path, caps
     if method != "cda":
         assert "(as the paper's CDA)" not in card and "as the paper trains CDA" not in card
     assert json.loads((out / "export.json").read_text())["model_type"] == tag
+
+
+@pytest.mark.parametrize("max_lines,said", [(100, "123.457 (on the first 100 lines only)."), (None, "123.457.")])
+def test_card_says_an_lmp_of_part_of_the_reference(tmp_path, capsys, max_lines, said):
+    """results.json records the LMP's line cap (``lmp.max_lines``); the card says it beside the figure."""
+    run = _run(tmp_path, "hd", "gpt2")
+    res = json.loads((run / "results.json").read_text())
+    res["lmp"] = {"perplexity": 123.4567, "max_lines": max_lines, "file": "humanref6k.txt"}
+    (run / "results.json").write_text(json.dumps(res))
+    assert main(["export", str(run), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert f"LMP (Reddit perplexity, §3.2) of this model: {said}\n" in card

@@ -316,7 +316,7 @@ def test_gather_targets_averages_subwords():
 
 def test_bf16_embeddings_give_float32_targets_and_subspace():
     """A frozen base stored in bf16 (--param-dtype bf16): the target vectors and the HD subspace are computed in
-    float32 from the bf16 values upcast (LAPACK has no bf16 SVD: issue 44.4), under jit as in training."""
+    float32 from the bf16 values upcast (LAPACK has no bf16 SVD), under jit as in training."""
     emb = jnp.asarray(_rng(5).normal(size=(20, 8)), jnp.bfloat16)
     ids = jnp.asarray(_rng(6).integers(0, 20, (6, 2, 3)))
     mask = jnp.asarray(_rng(7).random((6, 2, 3)) > 0.3).at[:, :, 0].set(True)

@@ -135,7 +135,7 @@ def test_measure_refuses_another_runs_folder(redditbias_dir, tiny_model_dir, tmp
     assert rc == 1 and "religion1_perplexities.csv (written from other inputs" in err and "--overwrite" in err
     assert (out / "lmb.json").read_bytes() == lmb
     # no CSV name collides (another model, another type): lmb.json and lmb.png are another run's results, said
-    # once, by the fields that differ (issue 44.7: not every type's inputs dumped whole, twice)
+    # once, by the fields that differ (not every type's inputs dumped whole, twice)
     rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "gender", "--data-dir", str(redditbias_dir),
                "--out", str(out), "--no-progress", "--n-bootstrap", "0"])
     err = capsys.readouterr().err

@@ -109,7 +109,7 @@ def test_a_record_its_container_vouches_for_is_judged_on_its_key():
 
 
 def test_difference_of_keys_names_fields_not_whole_sub_keys():
-    """A refusal or a recompute says which fields differ, each short (issue 44.7: a measurement's key lists its bias
+    """A refusal or a recompute says which fields differ, each short (a measurement's key lists its bias
     types, and a run of other types was dumped whole, every type's inputs, kilobytes of them)."""
     from rbjax.core.keys import describe_difference
 

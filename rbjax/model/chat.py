@@ -35,7 +35,8 @@ from rbjax.core.config import field
 from rbjax.core.errors import SettingError
 from rbjax.model.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 
-__all__ = ["FORMATS", "ROLES", "ChatSettings", "ChatSpan", "ChatTurns", "ChatError", "end_of_turn_id"]
+__all__ = ["FORMATS", "ROLES", "ChatSettings", "ChatSpan", "ChatTurns", "ChatError", "end_of_turn_id",
+           "describe_chat"]
 
 FORMATS = ("raw", "chat")
 ROLES = ("assistant", "user")
@@ -287,14 +288,21 @@ class ChatTurns:
         return rec
 
     def describe(self) -> str:
-        """One line for messages and reports."""
-        parts = [f"the {self.role}'s turn"]
-        if self.system is not None:
-            parts.append(f"system prompt {self.system!r}")
-        if self.prompt is not None:
-            parts.append(f"after the user message {self.prompt!r}")
-        parts.append("end-of-turn token scored" if self.score_end_of_turn else "end-of-turn token not scored")
-        return f"chat format ({self.template.source}): each phrase as " + ", ".join(parts)
+        """One line for messages and reports (:func:`describe_chat`)."""
+        return describe_chat({**self.key(), "template_source": self.template.source})
+
+
+def describe_chat(record) -> str:
+    """One line naming a chat format, from its record (:meth:`ChatTurns.record`: ``lmb.json``'s ``inputs.chat``, a
+    debiasing run's ``chat``): ``chat format (TEMPLATE SOURCE): each phrase as the assistant's turn, system prompt
+    '…', after the user message '…', end-of-turn token (not) scored``."""
+    parts = [f"the {record.get('role') or 'assistant'}'s turn"]
+    if record.get("system") is not None:
+        parts.append(f"system prompt {record['system']!r}")
+    if record.get("prompt") is not None:
+        parts.append(f"after the user message {record['prompt']!r}")
+    parts.append("end-of-turn token scored" if record.get("score_end_of_turn") else "end-of-turn token not scored")
+    return f"chat format ({record.get('template_source')}): each phrase as " + ", ".join(parts)
 
 
 def end_of_turn_id(tokenizer, template: ChatTemplate) -> int | None:
