@@ -106,6 +106,7 @@ class ChatSettings:
             rbjax.model.chat_template.NoChatTemplateError: the tokenizer folder has no template (named).
             FileNotFoundError, ChatTemplateError: a bad ``--chat-template`` file, a template that refuses the
                 conversation (Gemma: a system prompt, or an assistant turn without a user message first).
+            ChatError: ``score_end_of_turn`` with a template that writes no end-of-turn token after the phrase.
         """
         if not self.is_chat:
             return None
