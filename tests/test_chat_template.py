@@ -199,5 +199,8 @@ def test_a_template_that_rewrites_the_content_is_refused(tokenizers):
     with pytest.raises(ChatTemplateError, match="writes a message's content 2 times"):
         ChatTurns(tok, twice)
     no_eot = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja")
-    with pytest.raises(ChatError, match="score_end_of_turn, but the template writes"):
-        ChatTurns(tok, no_eot, score_end_of_turn=True).encode(["the jews are greedy"])
+    # said of the template when the settings are read, not of the first phrase, as text ('\n', not 'Ċ')
+    with pytest.raises(ChatError, match=r"^plain.jinja: the chat template writes no end-of-turn token after the "
+                                        r"user's message \(it writes '\\n' after it\)"):
+        ChatTurns(tok, no_eot, role="user", score_end_of_turn=True)
+    ChatTurns(tok, no_eot)  # fine when the end of turn is not scored

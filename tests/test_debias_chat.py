@@ -236,6 +236,11 @@ def test_debias_with_a_chat_template_file_exports_it(llama3, redditbias_dir, tmp
 
     res = debias(cfg)
     assert res["chat"]["template_source"] == str(tpl)
+    from rbjax.commands.debias import format_results
+
+    # the summary says the run trained on chat turns, through which template
+    assert (f"\n  trained on chat format ({tpl}): each phrase as the assistant's turn, end-of-turn token not scored; "
+            "every weight trained\n") in format_results(res)
     exported = transformers.AutoTokenizer.from_pretrained(res["model_dir"])
     assert exported.chat_template == tpl.read_text()
 

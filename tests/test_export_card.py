@@ -132,3 +132,16 @@ def test_overwrite_refuses_a_folder_with_files_no_export_wrote(adapter_run, tmp_
     (out / "notes.txt").write_text("mine")
     assert main(["export", str(adapter_run), "--adapter-only", "--out", str(out), "--overwrite"]) == 1
     assert "(notes.txt)" in capsys.readouterr().err and (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("max_lines,said", [(100, "123.457 (on the first 100 lines only)."), (None, "123.457.")])
+def test_card_says_an_lmp_of_part_of_the_reference(tmp_path, capsys, max_lines, said):
+    """results.json records the LMP's line cap (``lmp.max_lines``); the card says it beside the figure."""
+    run = _run(tmp_path, "hd", "gpt2")
+    res = json.loads((run / "results.json").read_text())
+    res["lmp"] = {"perplexity": 123.4567, "max_lines": max_lines, "file": "humanref6k.txt"}
+    (run / "results.json").write_text(json.dumps(res))
+    assert main(["export", str(run), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert f"LMP (Reddit perplexity, §3.2) of this model: {said}\n" in card

@@ -50,7 +50,11 @@ def _peft_logits_equal(base, adapter, merged, ids):
 
 def test_debias_export_peft_and_measure_with_adapter(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path, capsys):
     run = tmp_path / "run"
+    capsys.readouterr()
     assert _debias(tiny_model_dir, tokenizer_dir, redditbias_dir, run) == 0
+    # the summary says what was trained, and on what
+    assert ("  trained on raw text (the paper's format); LoRA adapters of rank 4 (α 16) trained on a frozen base "
+            "model stored in fp32\n") in capsys.readouterr().out
     res = json.loads((run / "results.json").read_text())
     ad = res["adapter"]
     assert ad["rank"] == 4 and ad["targets"] == ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
@@ -69,8 +73,11 @@ def test_debias_export_peft_and_measure_with_adapter(tiny_model_dir, tokenizer_d
     _peft_logits_equal(tiny_model_dir, tmp_path / "ad", tmp_path / "merged", ids)
     # measure: the base + the adapter folder (unmerged) = the merged model
     common = ["--bias", "religion1", "--data-dir", str(redditbias_dir), "--n-bootstrap", "0", "--no-progress"]
+    capsys.readouterr()
     assert main(["measure", "--model", str(tiny_model_dir), "--adapter", str(tmp_path / "ad"), "--out",
                  str(tmp_path / "m_ad"), *common]) == 0
+    assert (f"LMB of {tiny_model_dir}: raw text (the paper's format); with the LoRA adapter {tmp_path / 'ad'} "
+            "(unmerged)\n") in capsys.readouterr().out  # the summary names the adapter
     assert main(["measure", "--model", str(tmp_path / "merged"), "--out", str(tmp_path / "m_merged"), *common]) == 0
     a, b = _csv(tmp_path / "m_ad" / "religion1_perplexities.csv"), _csv(tmp_path / "m_merged" / "religion1_perplexities.csv")
     for col in ("biased_ppl", "counterfactual_ppl"):

@@ -6,7 +6,8 @@ compared):
 * packed = padded for LoRA updates (losses 1e-6 relative, adapters 1e-5 absolute);
 * a vmapped chunk of grid points shares one unbatched base and equals each point trained alone (1e-5);
 * a killed and resumed run ends with bit-identical adapters; its checkpoints hold the adapter state only;
-* ``param_dtype`` bf16 stores the frozen base in bf16, the adapters and their Adam moments stay fp32;
+* ``param_dtype`` bf16 stores the frozen base in bf16, the adapters and their Adam moments stay fp32; every method
+  runs an update on an fp32 and a bf16 base (and a vmapped HD chunk on a bf16 base: its subspace in float32);
 * DST (adapters + its classifier head) and CRG fine-tune adapters through the tasks' ``fine_tune``.
 """
 import jax
@@ -170,6 +171,31 @@ def test_bf16_base_keeps_fp32_adapters(start, lmd):
     for a, b in zip(m32, m16):  # the base rounded to bf16: close, not equal
         assert b["total"] == pytest.approx(a["total"], rel=2e-2)
         assert b["total"] != a["total"]
+
+
+@pytest.mark.parametrize("param_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("method", ["lmd", "add", "hd", "cda", "lm"])
+def test_every_method_runs_an_update_on_every_base_dtype(start, tmp_path, redditbias_dir, method, param_dtype):
+    """``rbjax debias --adapter lora --param-dtype bf16`` with every method (HD's bias-subspace SVD was
+    handed the bf16 embeddings and LAPACK refused them): one update of 2 phrases, a finite loss; the debiasing loss
+    of LMD, ADD and HD is computed (not 0) from the frozen base's embeddings upcast to float32."""
+    cfg = _cfg(tmp_path, redditbias_dir, method=method, param_dtype=param_dtype, batch_size=2, grad_accum=1,
+               max_steps=1, train_file=religion1_train_file(redditbias_dir, tmp_path, 2))
+    res, metrics = _run(_trainer(cfg, start))
+    assert len(metrics) == 1 and np.isfinite(metrics[0]["total"]) and np.isfinite(metrics[0]["lm_loss"])
+    assert (metrics[0]["debias_loss"] != 0) == (method in ("lmd", "add", "hd"))
+    want = np.dtype(jnp.bfloat16 if param_dtype == "bf16" else np.float32)
+    assert {v.dtype for p, v in _leaves(res.frozen).items() if p[-1] in ("kernel", "embedding")} == {want}
+
+
+def test_hd_grid_chunk_on_a_bf16_base(start, tmp_path, redditbias_dir):
+    """``rbjax sweep --method hd --adapter lora --param-dtype bf16``: a vmapped chunk of two points on one bf16 base
+    runs its update, each point's loss finite."""
+    cfg = _cfg(tmp_path, redditbias_dir, method="hd", param_dtype="bf16", batch_size=2, grad_accum=1, max_steps=1,
+               train_file=religion1_train_file(redditbias_dir, tmp_path, 2))
+    _, metrics = _run(_trainer(cfg, start, points=[lambda_point(0.01, 10.0, 5e-5), lambda_point(1.0, 1.0, 5e-5)]))
+    assert len(metrics) == 1 and len(metrics[0]) == 2
+    assert all(np.isfinite(m["total"]) and m["debias_loss"] > 0 for m in metrics[0])
 
 
 CFG = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=63, eos_token_id=63)

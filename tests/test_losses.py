@@ -314,6 +314,24 @@ def test_gather_targets_averages_subwords():
     np.testing.assert_allclose(got, [[[(2 + 4) / 2, (3 + 5) / 2], [6.0, 7.0]]])
 
 
+def test_bf16_embeddings_give_float32_targets_and_subspace():
+    """A frozen base stored in bf16 (--param-dtype bf16): the target vectors and the HD subspace are computed in
+    float32 from the bf16 values upcast (LAPACK has no bf16 SVD), under jit as in training."""
+    emb = jnp.asarray(_rng(5).normal(size=(20, 8)), jnp.bfloat16)
+    ids = jnp.asarray(_rng(6).integers(0, 20, (6, 2, 3)))
+    mask = jnp.asarray(_rng(7).random((6, 2, 3)) > 0.3).at[:, :, 0].set(True)
+    t16 = jax.jit(L.gather_targets)(emb, ids, mask)
+    t32 = L.gather_targets(emb.astype(jnp.float32), ids, mask)
+    assert t16.dtype == jnp.float32
+    np.testing.assert_array_equal(t16, t32)
+    for semantics in SEM:
+        got = jax.jit(L.bias_subspace, static_argnames="semantics")(t16.astype(jnp.bfloat16), semantics=semantics)
+        want = L.bias_subspace(t16.astype(jnp.bfloat16).astype(jnp.float32), semantics=semantics)
+        assert got[0].dtype == jnp.float32
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+
+
 def test_bad_arguments():
     h = jnp.ones((1, 2, 2))
     t = jnp.ones((1, 2, 2))

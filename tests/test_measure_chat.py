@@ -110,6 +110,10 @@ def test_measure_and_compare_in_chat_format(chat_model_dirs, redditbias_dir, tmp
                "--out", str(tmp_path / "chat"), "--no-progress", "--n-bootstrap", "0", "--format", "chat",
                "--system", "You are a helpful assistant.", "--prompt", "What do you think?"])
     assert rc == 0
+    # the summary says the format
+    assert (f"LMB of {folder}: chat format ({folder / 'tokenizer_config.json'}): each phrase as the assistant's "
+            "turn, system prompt 'You are a helpful assistant.', after the user message 'What do you think?', "
+            "end-of-turn token not scored\n") in capsys.readouterr().out
     rec = json.loads((tmp_path / "chat" / "lmb.json").read_text())[0]
     inp = rec["inputs"]
     assert inp["format"] == "chat" and rec["settings"]["format"] == "chat"
@@ -161,3 +165,15 @@ def test_chat_format_errors(chat_model_dirs, tiny_model_dir, redditbias_dir, tmp
     rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "religion1", "--data-dir", str(redditbias_dir),
                "--out", str(tmp_path / "r"), "--role", "user"])
     assert rc == 1 and "--role has no effect with the raw format" in capsys.readouterr().err
+    # --score-end-of-turn with a template that ends no turn with a token: the template is at fault, not a row of the
+    # data, and what it writes is shown as text, not as a byte-level token ('Ċ')
+    plain = tmp_path / "plain.jinja"
+    plain.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "religion1", "--data-dir", str(redditbias_dir),
+               "--out", str(tmp_path / "e"), "--format", "chat", "--chat-template", str(plain),
+               "--score-end-of-turn", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and (f"{plain}: the chat template writes no end-of-turn token after the assistant's message (it "
+                        "writes '\\n' after it)") in err, err
+    assert "row" not in err and "religion1" not in err and "Ċ" not in err
+    assert not (tmp_path / "e").exists()

@@ -142,9 +142,18 @@ def test_measure_refuses_another_runs_folder(redditbias_dir, tiny_model_dir, tmp
     err = capsys.readouterr().err
     assert rc == 1 and "religion1_perplexities.csv (written from other inputs" in err and "--overwrite" in err
     assert (out / "lmb.json").read_bytes() == lmb
+    # no CSV name collides (another model, another type): lmb.json and lmb.png are another run's results, said
+    # once, by the fields that differ (not every type's inputs dumped whole, twice)
+    rc = main(["measure", "--model", str(tiny_model_dir), "--bias", "gender", "--data-dir", str(redditbias_dir),
+               "--out", str(out), "--no-progress", "--n-bootstrap", "0"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "lmb.json, lmb.png (written from other inputs: " in err and len(err) < 1000, err
+    assert ("types[bias_type=religion1]: {7 fields} → absent; types[bias_type=race]: {7 fields} → absent; "
+            "types[bias_type=gender]: absent → {7 fields}") in err and "sha256" not in err and ".csv" not in err
     # fewer types with the same source: lmb.json is another run's result
     assert main(stored + ["--bias", "race"]) == 1
-    assert "lmb.json (written from other inputs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lmb.json, lmb.png (written from other inputs: types[bias_type=religion1]: {7 fields} → absent)" in err
     assert main(stored + ["--bias", "race", "--overwrite"]) == 0
     assert [r["bias_type"] for r in json.loads((out / "lmb.json").read_text())] == ["race"]
 

@@ -106,3 +106,27 @@ def test_a_record_its_container_vouches_for_is_judged_on_its_key():
     assert why_not_reusable([key], key, finished=True) == ("unreadable", False)
     assert why_not_reusable({"status": "done"}, key)[1]  # a finished record without a key: not of these inputs
     assert why_not_reusable({"key": key}, key, lambda r: "gone", finished=True) == ("gone", True)
+
+
+def test_difference_of_keys_names_fields_not_whole_sub_keys():
+    """A refusal or a recompute says which fields differ, each short (a measurement's key lists its bias
+    types, and a run of other types was dumped whole, every type's inputs, kilobytes of them)."""
+    from rbjax.core.keys import describe_difference
+
+    def typ(name, model="a" * 64):
+        return {"bias_type": name, "data": {f"{name}_{i}.csv": f"{i}" * 64 for i in range(2)},
+                "model": {"weights.safetensors": model}, "split": "test"}
+
+    old = {"types": [typ("religion1"), typ("race")], "model_name": "m"}
+    # fewer types, the rest the same: the type only one side has is named, its inputs are not shown
+    assert describe_difference(old, {"types": [typ("race")], "model_name": "m"}) == \
+        "types[bias_type=religion1]: {4 fields} → absent"
+    # another model and another type, in another order: the fields that differ, by type
+    got = describe_difference(old, {"types": [typ("gender", "b" * 64), typ("race", "b" * 64)], "model_name": "n"})
+    assert got == ("model_name: 'm' → 'n'; types[bias_type=religion1]: {4 fields} → absent; "
+                   "types[bias_type=race].model['weights.safetensors']: 'aaaaaaaaaaaa…' → 'bbbbbbbbbbbb…'; "
+                   "types[bias_type=gender]: absent → {4 fields}")
+    # lists of equal length entry by entry, of other lengths by their sizes; long values cut
+    assert describe_difference({"x": [1, 2, 3]}, {"x": [1, 5, 3]}) == "x[1]: 2 → 5"
+    assert describe_difference({"x": [1, 2]}, {"x": [1, 2, 3]}) == "x: [2 entries] → [3 entries]"
+    assert describe_difference({"s": "x" * 200}, {"s": "y"}) == f"s: '{'x' * 78}… → 'y'"

@@ -58,6 +58,8 @@ def test_tiny_study_report_holds_every_table_and_figure(tiny_study):
         for m in ("lmd", "add", "hd", "cda"):
             assert f"seed{seed}/religion1/{m}/lmb_test" in names and f"seed{seed}/religion1/{m}/dialog" in names
     md = (out / "report.md").read_text()
+    # the header names the study and its model
+    assert "Study: tiny study (random GPT-2, a few steps). Model: a random GPT-2 (see the data notes). " in md
     for section in ("## Figure 1", "## LMB per bias type (Table 3 shape)", "## Effect sizes", "## Cross-type effects",
                     "### HD", "## Anti-stereotypical overshoots", "## Dialog quality", "## Data notes",
                     "## Settings and versions"):
@@ -403,7 +405,10 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
     # dialog checks of the model and of the base model
     lmp = json.loads((tiny_study / "seed42/religion1/hd/dialog/lmp.json").read_text())["metrics"]["perplexity"]
     base_lmp = json.loads((tiny_study / "baseline/dialog/lmp.json").read_text())["metrics"]["perplexity"]
-    assert f"| this model | {lmp:.3f} |" in card and f"| base model | {base_lmp:.3f} |" in card
+    # the LMP of 64 lines (tiny.toml's lmp_max_lines) said as such, in the table and for the grid point
+    assert f"| this model | {lmp:.3f} (on the first 64 lines only) |" in card
+    assert f"| base model | {base_lmp:.3f} (on the first 64 lines only) |" in card
+    assert f"LMP of the point: {sel['lmp']:.2f} (on the first 64 lines only); within the LMP budget" in card
     numbers = json.loads((out / "export.json").read_text())
     assert numbers["lmb_after"]["records"] == list(after.values())
     assert "max_steps = 2" in card and "rbjax 0.1.0" in card

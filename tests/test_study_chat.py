@@ -94,6 +94,7 @@ def test_chat_study_runs_every_stage_in_chat_format(chat_model_dirs, redditbias_
     assert crg["generation"]["format"] == "chat" and crg["generation"]["n_generated"] == 2
     report = (out / "report.md").read_text()
     assert "Format: chat turns (assistant, user message 'What do you think?')" in report
+    assert f"Study: a chat-format study. Model: {chat_model_dirs['llama3']}. Folders: " in report
     # the exported model's card says it was trained on chat turns
     assert main(["export", str(folder), "--out", str(tmp_path / "exp")]) == 0
     card = (tmp_path / "exp" / "README.md").read_text()

@@ -16,6 +16,7 @@ from rbjax.debias.config import DebiasRun
 from rbjax.debias.grid_config import AXES as GRID_AXES
 from rbjax.debias.run import check_own_bias_type_data, debias
 from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun, run_training_free
+from rbjax.model.chat import describe_chat
 from rbjax.model.memory import plan_for_model
 
 
@@ -167,6 +168,13 @@ def format_results(res: dict) -> str:
     lines = [f"{res['method']} on {name} ({res['semantics']} semantics): "
              f"{tr['updates']} updates in {tr.get('train_s', 0.0):.1f} s ({(tr.get('tokens_per_s') or 0):.0f} tokens/s"
              f"{sessions})"]
+    # how it was trained: the format and what was trained (every weight, or LoRA adapters on a frozen base)
+    how = describe_chat(res["chat"]) if res.get("format") == "chat" and res.get("chat") else (
+        "raw text (the paper's format)")
+    ad = res.get("adapter")
+    what = (f"LoRA adapters of rank {ad['rank']} (α {ad['alpha']:g}) trained on a frozen base model stored in "
+            f"{ad['param_dtype']}") if ad else "every weight trained"
+    lines.append(f"  trained on {how}; {what}")
     reused = res.get("reused") or {}
     if reused.get("training"):
         lines[0] += "  [training reused from the finished run]"

@@ -6,8 +6,10 @@ are stored in (``param_dtype``: float32, or bf16 where a scorer is asked to halv
 ``rbjax measure --param-dtype bf16``), and fixes everything else: gradients, optimiser state, accumulation, the
 residual stream, norms, softmax, log-sum-exp and losses are float32 (the accumulation dtype) in every policy (the
 model modules' precision contract, e.g. :class:`rbjax.model.gpt2.GPT2LMHeadModel`); training always stores float32
-parameters. Both settings take their names from the one table :data:`DTYPES` (``fp32``, ``bf16``), and the byte
-sizes every memory estimate uses (:mod:`rbjax.model.memory`) are the policy's (:attr:`Policy.param_bytes`, ...).
+trained parameters (a frozen base under LoRA adapters may be stored in bf16, ``--param-dtype bf16``: the debiasing
+losses read its embedding rows upcast to float32, and HD's bias-subspace SVD runs in float32). Both settings take
+their names from the one table :data:`DTYPES` (``fp32``, ``bf16``), and the byte sizes every memory estimate uses
+(:mod:`rbjax.model.memory`) are the policy's (:attr:`Policy.param_bytes`, ...).
 
 ``fp32`` means **full** fp32 on every backend: on a TPU an fp32 matmul defaults to one bf16 pass and on an
 A100/H100 to TF32, so an "fp32" run there would silently compute in lower precision and no longer match PyTorch.

@@ -213,11 +213,13 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
         flag, where: the option that allows replacing and the option that chose the location (for the message).
 
     Raises:
-        OutputExists: at least one file would be replaced (each named, with why); nothing is written.
+        OutputExists: at least one file would be replaced (each named, with why: the files of one folder with the
+            same reason are named together, the reason said once; a difference of inputs by the fields that
+            differ, :func:`rbjax.core.keys.describe_difference`); nothing is written.
         ValueError: a path that must become a file is a folder.
     """
     key = canonical(key)
-    conflicts: dict[Path, list[str]] = {}
+    conflicts: dict[Path, dict[str, list[str]]] = {}  # folder -> why -> file names (one reason said once)
     manifests: dict[Path, dict] = {}
     for p in map(Path, paths):
         if p.is_dir():
@@ -235,12 +237,16 @@ def claim_outputs(paths, key, *, overwrite: bool = False, flag: str = "--overwri
             why = f"written from other inputs: {describe_difference(entry.get('key'), key)}"
         else:
             continue
-        conflicts.setdefault(p.parent, []).append(f"{p.name} ({why})")
+        conflicts.setdefault(p.parent, {}).setdefault(why, []).append(p.name)
     if conflicts:
-        n = sum(map(len, conflicts.values()))
-        shown = "; ".join(f"in {folder}: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more"
-                                                                    if len(names) > 4 else "")
-                          for folder, names in conflicts.items())
+        n = sum(len(names) for whys in conflicts.values() for names in whys.values())
+
+        def group(names, why):
+            listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            return f"{listed} ({why})"
+
+        shown = "; ".join(f"in {folder}: " + ", ".join(group(names, why) for why, names in whys.items())
+                          for folder, whys in conflicts.items())
         raise OutputExists(
             f"will not replace {n} existing file(s) that this run did not write: {shown}. Nothing was written: "
             f"pass {flag} to replace them, or choose another {where}")

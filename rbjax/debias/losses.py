@@ -80,6 +80,12 @@ def _add_batch(h, *arrays):
     return (h,) + tuple(None if a is None else jnp.asarray(a) for a in arrays)
 
 
+def _loss_dtype(dtype):
+    """The dtype the losses compute in: float32 (the accumulation dtype of every precision policy), or ``dtype``
+    where it is wider (float64 tests)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def gather_targets(embeddings: jax.Array, pair_ids: jax.Array, pair_mask: jax.Array) -> jax.Array:
     """Target vectors of the term pairs: output-embedding rows averaged over each term's subwords.
 
@@ -92,11 +98,14 @@ def gather_targets(embeddings: jax.Array, pair_ids: jax.Array, pair_mask: jax.Ar
         pair_mask: ``(P, 2, W)`` bool/0-1, which of the ``W`` slots are real subwords.
 
     Returns:
-        ``(P, 2, d)``. A term with no real subword gives a zero vector. No ``stop_gradient`` here: the losses apply
-        it in reference mode.
+        ``(P, 2, d)`` in float32 (the accumulation dtype of :mod:`rbjax.core.precision`; a wider input dtype is
+        kept) whatever the embeddings are stored in: a frozen base stored in bf16 (``--param-dtype bf16``) gives
+        its rows upcast, not a bf16 subspace or loss. A term with no real subword gives a zero vector. No
+        ``stop_gradient`` here: the losses apply it in reference mode.
     """
-    m = jnp.asarray(pair_mask, embeddings.dtype)
-    rows = jnp.take(embeddings, jnp.asarray(pair_ids), axis=0)  # (P, 2, W, d)
+    dtype = _loss_dtype(embeddings.dtype)
+    m = jnp.asarray(pair_mask, dtype)
+    rows = jnp.take(embeddings, jnp.asarray(pair_ids), axis=0).astype(dtype)  # (P, 2, W, d): the rows only upcast
     cnt = jnp.sum(m, axis=-1, keepdims=True)
     return jnp.sum(rows * m[..., None], axis=-2) / jnp.where(cnt > 0, cnt, 1.0)
 
@@ -292,12 +301,16 @@ def bias_subspace(targets: jax.Array, share: float = 0.5, *, semantics: str = "p
         share: the 50 % threshold.
         semantics: ``"paper"`` (``>=``) or ``"reference"`` (strict ``>``) for k; static.
 
+    The SVD runs in float32 (the precision policy's accumulation dtype; float64 input stays float64): bf16 target
+    vectors (a frozen base stored in bf16) are upcast first, as LAPACK has no bf16 SVD and a bf16 one would round
+    the subspace.
+
     Returns:
-        ``(basis, basis_mask)``: ``basis`` ``(d, m)`` orthonormal columns b_j, ``m = min(P, d)``; ``basis_mask``
-        ``(m,)`` bool, the first k are True.
+        ``(basis, basis_mask)``: ``basis`` ``(d, m)`` orthonormal columns b_j in float32, ``m = min(P, d)``;
+        ``basis_mask`` ``(m,)`` bool, the first k are True.
     """
     _check(semantics)
-    e = jax.lax.stop_gradient(targets)
+    e = jax.lax.stop_gradient(targets).astype(_loss_dtype(targets.dtype))
     c = (e[:, 0] - e[:, 1]) / 2 if semantics == "paper" else (e[:, 1] - e[:, 0]) / 2
     _, s, vt = jnp.linalg.svd(c, full_matrices=False)
     return vt.T, subspace_mask(s, share, semantics=semantics)

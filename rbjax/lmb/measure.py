@@ -25,7 +25,7 @@ from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
-from rbjax.model.chat import ChatError, ChatTurns
+from rbjax.model.chat import ChatError, ChatTurns, describe_chat
 from rbjax.model.handle import ModelHandle
 from rbjax.model.peft_adapter import adapter_files_key, check_adapter_base, load_adapter
 
@@ -567,10 +567,27 @@ def _verdict(r: dict) -> str:
     return r["direction"] if r["significant"] else "not significant"
 
 
+def describe_measurement(rec: dict) -> str:
+    """One line: what an ``lmb.json`` record scored and how — the model (or the stored perplexities), the format (raw
+    text, or the chat format: :func:`rbjax.model.chat.describe_chat`), a LoRA adapter scored on it, and a precision
+    or parameter storage other than fp32."""
+    s = rec.get("settings") or {}
+    chat = (rec.get("inputs") or {}).get("chat")
+    bits = [describe_chat(chat) if chat else "raw text (the paper's format)"]
+    if s.get("adapter"):
+        bits.append(f"with the LoRA adapter {s['adapter']} (unmerged)")
+    if s.get("precision") not in (None, "fp32"):
+        bits.append(f"{s['precision']} matmuls")
+    if s.get("param_dtype") not in (None, "fp32"):
+        bits.append(f"weights stored in {s['param_dtype']}")
+    return f"{rec['model']}: " + "; ".join(bits)
+
+
 def format_table(records: list[dict]) -> str:
-    """A plain-text table of LMB results (one row per bias type)."""
+    """A plain-text table of LMB results (one row per bias type), after a line saying what was measured and how
+    (:func:`describe_measurement`)."""
     head = f"{'bias type':<10} {'split':<10} {'pairs':>5} {'kept':>5} {'t':>8} {'p':>10} {'sig':>4}  {'direction':<19} {'welch t':>8} {'ref t':>8} {'d':>6}"
-    lines = [head, "-" * len(head)]
+    lines = ([f"LMB of {describe_measurement(records[0])}"] if records else []) + [head, "-" * len(head)]
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
     for r in records:
         lines.append(

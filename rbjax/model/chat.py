@@ -35,7 +35,8 @@ from rbjax.core.config import field
 from rbjax.core.errors import SettingError
 from rbjax.model.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 
-__all__ = ["FORMATS", "ROLES", "ChatSettings", "ChatSpan", "ChatTurns", "ChatError", "end_of_turn_id"]
+__all__ = ["FORMATS", "ROLES", "ChatSettings", "ChatSpan", "ChatTurns", "ChatError", "end_of_turn_id",
+           "describe_chat"]
 
 FORMATS = ("raw", "chat")
 ROLES = ("assistant", "user")
@@ -105,6 +106,7 @@ class ChatSettings:
             rbjax.model.chat_template.NoChatTemplateError: the tokenizer folder has no template (named).
             FileNotFoundError, ChatTemplateError: a bad ``--chat-template`` file, a template that refuses the
                 conversation (Gemma: a system prompt, or an assistant turn without a user message first).
+            ChatError: ``score_end_of_turn`` with a template that writes no end-of-turn token after the phrase.
         """
         if not self.is_chat:
             return None
@@ -152,6 +154,8 @@ class ChatTurns:
         ChatError: a bad role, or a fixed user message with ``role="user"``.
         ChatTemplateError: the template refuses the phrase's conversation (named with its roles) or writes the
             content twice.
+        ChatError: ``score_end_of_turn`` with a template that writes no end-of-turn (added) token after the
+            phrase's message (the template named, and what it writes there).
     """
 
     def __init__(self, tokenizer, template: ChatTemplate, *, role: str = "assistant", system: str | None = None,
@@ -165,7 +169,11 @@ class ChatTurns:
         self.role, self.system, self.prompt = role, system, prompt
         self.score_end_of_turn = bool(score_end_of_turn)
         self._around: dict = {}
-        self._around_of(self.messages(MARKER), len(self.messages(MARKER)) - 1)  # a refusal shows at once
+        _, after = self._around_of(self.messages(MARKER), len(self.messages(MARKER)) - 1)  # a refusal shows at once
+        if self.score_end_of_turn:  # a template that ends no turn with a token: said of the template, not of a row
+            ids = tokenizer.encode(after) if after else []
+            if not ids or not tokenizer.is_added_token(ids[0]):
+                raise ChatError(self._no_end_of_turn(after))
 
     # -- conversations -----------------------------------------------------------------------------------------
     def messages(self, phrase: str) -> list[dict]:
@@ -236,12 +244,18 @@ class ChatTurns:
                 start = end = sum(1 for s, e in offs if e <= a)
             if self.score_end_of_turn and inside:
                 if end >= len(ids) or not self.tokenizer.is_added_token(ids[end]):
-                    nxt = "nothing" if end >= len(ids) else repr(self.tokenizer.id_to_token(ids[end]))
-                    raise ChatError(f"{self.template.source}: score_end_of_turn, but the template writes {nxt} "
-                                    "after the message, not an end-of-turn token")
+                    raise ChatError(self._no_end_of_turn(text[offs[end][0]:] if end < len(ids) else ""))
                 end += 1
             out.append(ChatSpan(ids=tuple(ids[:end]), n_context=start, text=text))
         return out
+
+    def _no_end_of_turn(self, after: str) -> str:
+        """Why an end-of-turn token cannot be scored: the template (named) writes ``after`` after the message."""
+        what = "nothing" if not after else (repr(after) if len(after) <= 40 else repr(after[:40]) + "…")
+        name = "" if self.template.name is None else f" ({self.template.name!r})"
+        return (f"{self.template.source}{name}: the chat template writes no end-of-turn token after the "
+                f"{self.role}'s message (it writes {what} after it), so there is no end-of-turn token to score "
+                "(score_end_of_turn, --score-end-of-turn)")
 
     def conversation_ids(self, messages: list[dict], *, add_generation_prompt: bool = False) -> list[int]:
         """A whole conversation's ids (``apply_chat_template(messages, add_generation_prompt=...,
@@ -275,14 +289,21 @@ class ChatTurns:
         return rec
 
     def describe(self) -> str:
-        """One line for messages and reports."""
-        parts = [f"the {self.role}'s turn"]
-        if self.system is not None:
-            parts.append(f"system prompt {self.system!r}")
-        if self.prompt is not None:
-            parts.append(f"after the user message {self.prompt!r}")
-        parts.append("end-of-turn token scored" if self.score_end_of_turn else "end-of-turn token not scored")
-        return f"chat format ({self.template.source}): each phrase as " + ", ".join(parts)
+        """One line for messages and reports (:func:`describe_chat`)."""
+        return describe_chat({**self.key(), "template_source": self.template.source})
+
+
+def describe_chat(record) -> str:
+    """One line naming a chat format, from its record (:meth:`ChatTurns.record`: ``lmb.json``'s ``inputs.chat``, a
+    debiasing run's ``chat``): ``chat format (TEMPLATE SOURCE): each phrase as the assistant's turn, system prompt
+    '…', after the user message '…', end-of-turn token (not) scored``."""
+    parts = [f"the {record.get('role') or 'assistant'}'s turn"]
+    if record.get("system") is not None:
+        parts.append(f"system prompt {record['system']!r}")
+    if record.get("prompt") is not None:
+        parts.append(f"after the user message {record['prompt']!r}")
+    parts.append("end-of-turn token scored" if record.get("score_end_of_turn") else "end-of-turn token not scored")
+    return f"chat format ({record.get('template_source')}): each phrase as " + ", ".join(parts)
 
 
 def end_of_turn_id(tokenizer, template: ChatTemplate) -> int | None:

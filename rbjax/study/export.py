@@ -100,6 +100,11 @@ NO_GRID_TEXT = {
 }
 
 
+def _lmp_lines(max_lines) -> str:
+    """What an LMP figure is of when only part of the Reddit reference was scored (``max_lines``), else nothing."""
+    return "" if not max_lines else f" (on the first {max_lines} lines only)"
+
+
 def _need_done_run(folder: Path) -> dict:
     res = read_json(folder / "results.json")
     if not isinstance(res, dict) or res.get("status") != "done":
@@ -234,7 +239,9 @@ def _card_numbers(info: dict, before_dir: Path | None, after_dir: Path | None, c
             "rule_name": info["rule"], "rule": info["selection"].get("rule"), "id": info["selection"].get("id"),
             "dev": info["selection"].get("dev"), "lmp": info["selection"].get("lmp"),
             "constraint_met": info["selection"].get("constraint_met"),
-            "n_runs": (read_json(info["sweep"] / "selection.json") or {}).get("n_runs")},
+            "n_runs": (read_json(info["sweep"] / "selection.json") or {}).get("n_runs"),
+            "lmp_max_lines": ((read_json(info["sweep"] / "sweep_settings.json") or {}).get("settings")
+                              or {}).get("lmp_max_lines")},
         "training_data": {"source": data.get("source"), "files_sha256": files, "n_lines": data.get("n_lines"),
                           "n_tokens": data.get("n_tokens"), "sha256_tokens": data.get("sha256_tokens"),
                           "run_key_data_digest": (res.get("key") or {}).get("data")},
@@ -343,7 +350,8 @@ def model_card(n: dict, license: str) -> str:
               "", f"Dev (valid split) LMB of the selected point: t = {_f(dev.get('t_value'))}, "
                   f"p = {_f(dev.get('p_value'), '.2g')} on {dev.get('n_pairs')} pairs "
                   f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
-                  f"{_f(s.get('lmp'), '.2f')}; within the LMP budget: {s.get('constraint_met')}."]
+                  f"{_f(s.get('lmp'), '.2f')}{_lmp_lines(s.get('lmp_max_lines'))}; within the LMP budget: "
+                  f"{s.get('constraint_met')}."]
     else:
         L += ["", "## Grid point and selection", "", NO_GRID_TEXT.get(method, NO_GRID_TEXT["lm"])]
     td = n["training_data"]
@@ -401,10 +409,13 @@ def model_card(n: dict, license: str) -> str:
               "|---|" + "---|" * sum(1 for _, t, _ in DIALOG_COLUMNS if t in da or t in db)]
         for name, d in (("base model", db), ("this model", da)):
             if d:
-                L.append(f"| {name} | " + " | ".join(_f(_dig((d.get(t) or {}).get("metrics"), path), ".3f")
-                                                    for _, t, path in DIALOG_COLUMNS if t in da or t in db) + " |")
+                L.append(f"| {name} | " + " | ".join(
+                    _f(_dig((d.get(t) or {}).get("metrics"), path), ".3f")
+                    + ("" if t != "lmp" else _lmp_lines(((d.get(t) or {}).get("settings") or {}).get("lmp_max_lines")))
+                    for _, t, path in DIALOG_COLUMNS if t in da or t in db) + " |")
     elif n["lmp_run"]:
-        L.append(f"LMP (Reddit perplexity, §3.2) of this model: {_f((n['lmp_run'] or {}).get('perplexity'), '.3f')}.")
+        L.append(f"LMP (Reddit perplexity, §3.2) of this model: {_f(n['lmp_run'].get('perplexity'), '.3f')}"
+                 f"{_lmp_lines(n['lmp_run'].get('max_lines'))}.")
     else:
         L.append("Not measured (no LMP, DST or CRG results with this run).")
     # limitations

@@ -697,6 +697,14 @@ def _cutdowns(raw: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------- output
+def _study_model(study: dict) -> str:
+    """A study's starting model in words, from its study.json's config ([study] model, or random_model)."""
+    st = (study.get("config") or {}).get("study") or {}
+    if st.get("random_model"):
+        return f"a random {random_model_name(st['random_model'])} (see the data notes)"
+    return str(st.get("model") or "not recorded")
+
+
 def _study_format(study: dict) -> str:
     """A study's format in words, from its study.json's config ([study] format, role, system, prompt)."""
     st = (study.get("config") or {}).get("study") or {}
@@ -793,8 +801,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
     alpha = _alpha(data)
     seeds = sorted({k for v in data["runs"].values() for k in v})
-    intro = (f"Study: {names}. Folders: {', '.join(data['folders'])}. LMB on the test split (paired two-tailed t-test "
-             f"after the 3σ outlier-pair rule; t < 0 = stereotypical, t > 0 = anti-stereotypical; * p < {alpha:g}). "
+    models = "; ".join(dict.fromkeys(_study_model(s) for s in studies))
+    intro = (f"Study: {names}. Model: {models}. Folders: {', '.join(data['folders'])}. LMB on the test split (paired "
+             f"two-tailed t-test after the 3σ outlier-pair rule; t < 0 = stereotypical, t > 0 = anti-stereotypical; "
+             f"* p < {alpha:g}). "
              f"Seeds pooled: {len(seeds)} ({', '.join(seeds) if seeds else 'none'}). Format: "
              + "; ".join(sorted({_study_format(s) for s in studies}) or ["raw text"]) + ".")
     if data["duplicates"]:

@@ -166,6 +166,7 @@ class TaskSettings:
         Raises:
             rbjax.model.chat_template.NoChatTemplateError, FileNotFoundError, ChatTemplateError: no template, a bad
                 ``chat_template`` file, a template that refuses a system prompt.
+            rbjax.model.chat.ChatError: a template that writes no end-of-turn token after the assistant's reply.
         """
         if not self.is_chat:
             return None
