@@ -235,14 +235,15 @@ class LoadMonitor:
 
     def finish(self, result: dict, ratios: dict | None = None, depends: dict | None = None) -> dict:
         """Add the ``"load"`` block to ``result`` and file ``ratios`` (see :meth:`split`): the kept ones under
-        ``result["ratios"]`` (always set, empty when none is kept), the void ones under ``result["void_ratios"]``
-        (set only when there are any; a ``ratios`` dict already in ``result`` is replaced). Prints a VOID line to stderr per void section and names
+        ``result["ratios"]`` (set, maybe empty, unless ``ratios`` is None: a script without ratios), the void ones
+        under ``result["void_ratios"]`` (set only when there are any; a ``ratios`` dict already in ``result`` is
+        replaced). Prints a VOID line to stderr per void section and names
         the ratios set aside. Returns ``result``."""
         result["load"] = self.report()
-        result.pop("ratios", None)
-        result.pop("void_ratios", None)
         kept, void = self.split(ratios or {}, depends)
-        result["ratios"] = kept
+        if ratios is not None:
+            result.pop("void_ratios", None)
+            result["ratios"] = kept
         if void:
             result["void_ratios"] = void
         for s in self.void_sections():
