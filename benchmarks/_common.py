@@ -142,7 +142,7 @@ class Section:
         return self.foreign_cores > self.threshold
 
     def describe(self) -> str:
-        return (f"section {self.name!r}: foreign CPU {self.foreign_cores:.2f} cores over {self.wall_s:.1f} s "
+        return (f"section {self.name!r}: foreign CPU {self.foreign_cores:.2f} cores over {self.wall_s:.3g} s "
                 f"(threshold {self.threshold:.2f})")
 
     def as_dict(self) -> dict:
