@@ -13,7 +13,8 @@ Two models, since no trained DialoGPT weights are available offline:
     like a real model's.
 
 For each model and precision the whole test split (1,216 pairs) is scored with ``score_pairs``; the statistics
-are rbjax's LMB pipeline (3σ outlier pairs removed, paired t-test). The last line is JSON, with the foreign CPU of each timed section (``"load"``, ``benchmarks/_common.py``).
+are rbjax's LMB pipeline (3σ outlier pairs removed, paired t-test). The last line is JSON, with the foreign CPU
+of each timed section (``"load"``, ``benchmarks/_common.py``).
 
     python benchmarks/bench_bf16_effect.py [--steps 300]
 """

@@ -7,8 +7,9 @@ top-k 50 for ``--new-tokens`` new tokens, left-padded batches of ``--batch`` pro
 (PyTorch: ``GPT2LMHeadModel.generate(do_sample=True, top_k=50, attention_mask=...)``). Random weights almost never
 produce EOS, so every row generates the full budget; tokens/s counts the tokens actually generated (EOS included,
 padding after it excluded), over the whole call (prefill included, on both sides). rbjax's compile time is reported
-separately (first call minus a steady call); PyTorch gets one untimed warm-up call. The last line is JSON; its ``"ratios"`` move to ``"void_ratios"`` (and print
-as VOID) when the machine had foreign CPU load during the timed rounds (``"load"``, ``benchmarks/_common.py``).
+separately (first call minus a steady call); PyTorch gets one untimed warm-up call. The last line is JSON; its
+``"ratios"`` move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during the timed
+rounds (``"load"``, ``benchmarks/_common.py``).
 
     python benchmarks/bench_generate.py [--prompts 32] [--batch 16] [--new-tokens 32] [--rounds 3]
 """

@@ -79,7 +79,8 @@ def main() -> int:
         ratio = row["streamed_ms"] / row["one_step_ms"]
         ratios[f"streamed_over_one_step_{P}"], depends[f"streamed_over_one_step_{P}"] = ratio, [f"positions_{P}"]
         print(f"{P:6d} positions: one step {row['one_step_ms']:7.1f} ms, streamed {row['streamed_ms']:7.1f} ms "
-              f"({mon.ratio_text(ratio, unit='x', sections=[f'positions_{P}'])}), forward alone {row['forward_ms']:6.1f} ms, "
+              f"({mon.ratio_text(ratio, unit='x', sections=[f'positions_{P}'])}), "
+              f"forward alone {row['forward_ms']:6.1f} ms, "
               f"max rel. diff {row['emb_grad_max_rel_diff']:.1e}", flush=True)
         rows.append(row)
     print(json.dumps(mon.finish({"vocab": V, "width": d, "head_grad_bytes": budget, "repeats": args.repeats,

@@ -31,9 +31,9 @@ Usage::
 
     python benchmarks/bench_lora.py [--steps 12] [--repeats 1] [--memory] [--smoke]
 
-The last line printed is a JSON object with the figures and the ratios; each worker process is a section of the load monitor (``benchmarks/_common.py``, the worker's CPU counted as
-its own): the ratios move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during any
-worker (``"load"``).
+The last line printed is a JSON object with the figures and the ratios. Each worker process is a section of the
+load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios move to ``"void_ratios"``
+(and print as VOID) when the machine had foreign CPU load during any worker (``"load"``).
 """
 from __future__ import annotations
 

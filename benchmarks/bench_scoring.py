@@ -19,9 +19,9 @@ head on every position; rbjax runs shared prefixes once and the head only where 
 not counted as work: it is the method's overhead. Each method's "fraction of floor" = its rate / its floor rate.
 
 Also printed: the fraction of tokens prefix sharing saves, parity (rbjax vs PyTorch fp32 perplexities), what bf16
-changes (per-phrase relative error of the mean NLL, both frameworks), compile counts and times. The last line is JSON. The foreign CPU of the
-timed sections is recorded (``"load"``); the ratios move to ``"void_ratios"`` (and print as VOID) when it exceeds the
-threshold of ``benchmarks/_common.py``.
+changes (per-phrase relative error of the mean NLL, both frameworks), compile counts and times. The last line is JSON.
+The foreign CPU of the timed sections is recorded (``"load"``); the ratios move to ``"void_ratios"`` (and print as
+VOID) when it exceeds the threshold of ``benchmarks/_common.py``.
 
 The same script runs unchanged on an accelerator (rbjax on JAX's default device; PyTorch on CUDA when available,
 else CPU — then the PyTorch figures are not like for like and are marked so).

@@ -23,9 +23,9 @@ Usage::
     python benchmarks/bench_train_step.py [--steps 4] [--warmup 1] [--repeats 2] [--methods lm,lmd,add,hd,hd-ref]
 
 The last line printed is a JSON object with the figures and ratios (rbjax/PyTorch tokens/s per method; each
-debiasing loss's step time relative to the plain LM step, per framework) under ``"ratios"``; each worker process is a section of the load monitor (``benchmarks/_common.py``, the worker's CPU counted as
-its own): the ratios move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during any
-worker (``"load"``).
+debiasing loss's step time relative to the plain LM step, per framework) under ``"ratios"``. Each worker process is
+a section of the load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios move to
+``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during any worker (``"load"``).
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ Each speed figure is ``rbjax / PyTorch`` in the same process on the same device 
 compiles, is timed apart). The interleaved rounds of each section are a section of the load monitor
 (``benchmarks/_common.py``): its foreign CPU is in ``"load"``, and a section's ratio is kept (``"ratio"``, and under
 ``"ratios"``) only when the host had no foreign CPU load while it was timed; otherwise it is ``"void_ratio"`` (under
-``"void_ratios"``) and prints as VOID. ``--dry-run`` runs every section on the CPU at tiny shapes (a 2-layer width-64 GPT-2 and
-Llama, a few phrases): it checks the script, not speed, and is what ``tests/test_on_device.py`` runs.
+``"void_ratios"``) and prints as VOID. ``--dry-run`` runs every section on the CPU at tiny shapes (a 2-layer width-64
+GPT-2 and Llama, a few phrases): it checks the script, not speed, and is what ``tests/test_on_device.py`` runs.
 
     python benchmarks/on_device.py [--dry-run] [--out FILE] [--rounds 5]
 """
