@@ -13,7 +13,8 @@ Two models, since no trained DialoGPT weights are available offline:
     like a real model's.
 
 For each model and precision the whole test split (1,216 pairs) is scored with ``score_pairs``; the statistics
-are rbjax's LMB pipeline (3σ outlier pairs removed, paired t-test). The last line is JSON.
+are rbjax's LMB pipeline (3σ outlier pairs removed, paired t-test). The last line is JSON, with the foreign CPU
+of each timed section (``"load"``, ``benchmarks/_common.py``).
 
     python benchmarks/bench_bf16_effect.py [--steps 300]
 """
@@ -29,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TYPES = ("religion1", "religion2", "race", "gender", "queerness")
 TRAIN_FILES = {"religion1": "religion1/religion1_bias_manual_train.txt",
@@ -37,7 +41,7 @@ TRAIN_FILES = {"religion1": "religion1/religion1_bias_manual_train.txt",
                "queerness": "orientation/orientation_bias_manual_train.txt"}
 
 
-def train_small(tok, steps: int, seed: int = 0):
+def train_small(tok, steps: int, mon: LoadMonitor, seed: int = 0):
     import jax
     import optax
 
@@ -72,15 +76,16 @@ def train_small(tok, steps: int, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
-    for k in range(steps):
-        b = rng.integers(0, len(X), size=B)
-        params, state, v = step(params, state, X[b], Mk[b])
-        if k % 50 == 0 or k == steps - 1:
-            print(f"  train step {k}: loss {float(v):.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    with mon.section("small_trained_training"):
+        for k in range(steps):
+            b = rng.integers(0, len(X), size=B)
+            params, state, v = step(params, state, X[b], Mk[b])
+            if k % 50 == 0 or k == steps - 1:
+                print(f"  train step {k}: loss {float(v):.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return cfg, params, {"lines": len(ids), "steps": steps, "final_loss": float(v), "batch": B, "block": L}
 
 
-def effect(params, cfg, pairs_ids, pairs_by_type, batch_size: int) -> dict:
+def effect(params, cfg, pairs_ids, pairs_by_type, batch_size: int, mon: LoadMonitor, name: str) -> dict:
     from rbjax.lmb import stats
     from rbjax.lmb.perplexity import PerplexityScorer
 
@@ -89,7 +94,8 @@ def effect(params, cfg, pairs_ids, pairs_by_type, batch_size: int) -> dict:
     scores = {}
     for prec in ("fp32", "bf16"):
         t0 = time.perf_counter()
-        b, c = PerplexityScorer(params, cfg, batch_size=batch_size, precision=prec).score_pairs(A, C)
+        with mon.section(f"{name}_{prec}"):
+            b, c = PerplexityScorer(params, cfg, batch_size=batch_size, precision=prec).score_pairs(A, C)
         scores[prec] = (b, c)
         out[f"seconds_{prec}"] = round(time.perf_counter() - t0, 1)
     (b32, c32), (b16, c16) = scores["fp32"], scores["bf16"]
@@ -132,6 +138,7 @@ def main() -> None:
     from rbjax.model.gpt2 import GPT2Config, init_params
     from rbjax.model.tokenizer import load_tokenizer
 
+    mon = LoadMonitor()
     tok = load_tokenizer(SHARED / "tokenizers" / "gpt2")
     A, C, by_type = [], [], []
     for b in TYPES:
@@ -143,10 +150,11 @@ def main() -> None:
     if not args.skip_dialogpt_shape:
         print("DialoGPT-small shape, random weights", file=sys.stderr)
         cfg = GPT2Config()
-        res["dialogpt_shape_random"] = effect(init_params(cfg, 0), cfg, (A, C), by_type, args.batch_size)
+        res["dialogpt_shape_random"] = effect(init_params(cfg, 0), cfg, (A, C), by_type, args.batch_size, mon,
+                                               "dialogpt_shape_random")
     print("small model, trained here", file=sys.stderr)
-    cfg, params, info = train_small(tok, args.steps)
-    res["small_trained"] = effect(params, cfg, (A, C), by_type, args.batch_size)
+    cfg, params, info = train_small(tok, args.steps, mon)
+    res["small_trained"] = effect(params, cfg, (A, C), by_type, args.batch_size, mon, "small_trained")
     res["small_trained"]["training"] = info
     res["machine"] = f"{os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()})"
     for name in ("dialogpt_shape_random", "small_trained"):
@@ -163,6 +171,7 @@ def main() -> None:
             f, h = rec["fp32"], rec["bf16"]
             print(f"  {bt:<10} {f['t']:8.3f} {h['t']:8.3f} {rec['t_diff']:8.4f} {f['p']:9.2e} {h['p']:9.2e}  "
                   f"{f['significant']!s:>5} {h['significant']!s:>5} {f['kept']:>6} {h['kept']:>6}", file=sys.stderr)
+    mon.finish(res)  # no speed ratio here: the load block records how busy the machine was
     print(json.dumps(res))
 
 

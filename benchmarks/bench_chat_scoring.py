@@ -20,7 +20,9 @@ rounds (medians reported):
 
 Targets: rbjax_chat ≥ 0.8 × rbjax_raw and ≥ 1.4 × torch_sorted_chat (phrases per second). Also printed: the
 perplexities of rbjax_chat against PyTorch's (max relative difference), the work accounting of the scorer
-(``last_stats``: slots run, the row context, rows), machine and date. The last line is JSON.
+(``last_stats``: slots run, the row context, rows), machine and date. The last line is JSON. The foreign CPU of the
+timed sections is recorded (``"load"``); the ratios are VOID (under ``"void_ratios"``) when it exceeds the threshold
+of ``benchmarks/_common.py``.
 
     python benchmarks/bench_chat_scoring.py [--n-pairs 160] [--rounds 3] [--batch-size 64]
 """
@@ -40,6 +42,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TYPES = ("religion1", "religion2", "race", "gender", "queerness")
 LLAMA3_TEMPLATE = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
@@ -100,6 +105,7 @@ def main() -> None:
     from rbjax.model.tokenizer import load_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
+    mon = LoadMonitor()
     tmp = Path(tempfile.mkdtemp(prefix="rbjax-bench-chat-"))
     try:
         folder = chat_tokenizer_folder(Path(args.tokenizer), tmp / "model")
@@ -137,13 +143,14 @@ def main() -> None:
 
         scorer = PerplexityScorer(params, cfg, batch_size=args.batch_size)
         first = {}
-        t0 = time.perf_counter()
-        scorer.score_pairs(raw_a, raw_c)
-        first["raw"] = time.perf_counter() - t0
-        stats_raw = dict(scorer.last_stats)
-        t0 = time.perf_counter()
-        scorer.score_pairs(chat_a, chat_c, n_context=ctx)
-        first["chat"] = time.perf_counter() - t0
+        with mon.section("first_calls"):
+            t0 = time.perf_counter()
+            scorer.score_pairs(raw_a, raw_c)
+            first["raw"] = time.perf_counter() - t0
+            stats_raw = dict(scorer.last_stats)
+            t0 = time.perf_counter()
+            scorer.score_pairs(chat_a, chat_c, n_context=ctx)
+            first["chat"] = time.perf_counter() - t0
         stats_chat = dict(scorer.last_stats)
 
         def rb_raw():
@@ -180,20 +187,21 @@ def main() -> None:
         rates: dict = {k: [] for k in runs}
         outputs = {}
         start_time = datetime.datetime.now(datetime.timezone.utc)
-        for _ in range(args.rounds):
-            for k, fn in runs.items():
-                t0 = time.perf_counter()
-                outputs[k] = fn()
-                rates[k].append(n / (time.perf_counter() - t0))
+        with mon.section("rounds"):  # every method's rounds, interleaved
+            for _ in range(args.rounds):
+                for k, fn in runs.items():
+                    t0 = time.perf_counter()
+                    outputs[k] = fn()
+                    rates[k].append(n / (time.perf_counter() - t0))
         end_time = datetime.datetime.now(datetime.timezone.utc)
         res = {k: float(np.median(v)) for k, v in rates.items()}
         res["rounds"] = {k: [round(x, 2) for x in v] for k, v in rates.items()}
         # per round (the methods of a round ran back to back: a change of the machine's load between rounds cancels)
-        res["ratios_per_round"] = {
+        res["void_ratios_per_round" if mon.void_sections(["rounds"]) else "ratios_per_round"] = per_round = {
             "rbjax_chat_over_rbjax_raw": [round(c / r, 3) for c, r in zip(rates["rbjax_chat"], rates["rbjax_raw"])],
             "rbjax_chat_over_torch_sorted_chat": [round(c / t, 3) for c, t in zip(rates["rbjax_chat"],
                                                                                  rates["torch_sorted_chat"])]}
-        res["ratios"] = {"rbjax_chat_over_rbjax_raw": res["rbjax_chat"] / res["rbjax_raw"],
+        ratios = {"rbjax_chat_over_rbjax_raw": res["rbjax_chat"] / res["rbjax_raw"],
                          "rbjax_chat_over_torch_sorted_chat": res["rbjax_chat"] / res["torch_sorted_chat"],
                          "torch_chat_over_torch_raw": res["torch_sorted_chat"] / res["torch_sorted_raw"]}
         ours, ref = np.exp(outputs["rbjax_chat"]), np.exp(outputs["torch_sorted_chat"])
@@ -220,16 +228,17 @@ def main() -> None:
     print(f"\nmachine: {res['machine']}; {res['utc']} UTC", file=sys.stderr)
     for k in runs:
         print(f"{k:<20} {res[k]:8.1f} phrases/s   rounds {res['rounds'][k]}", file=sys.stderr)
-    r = res["ratios"]
-    pr = res["ratios_per_round"]
-    print(f"rbjax chat / rbjax raw: {r['rbjax_chat_over_rbjax_raw']:.2f}× (target ≥ 0.8; per round "
+    r = {k: mon.ratio_text(v, sections=["rounds"]) for k, v in ratios.items()}
+    pr = per_round
+    print(f"rbjax chat / rbjax raw: {r['rbjax_chat_over_rbjax_raw']} (target ≥ 0.8; per round "
           f"{pr['rbjax_chat_over_rbjax_raw']})\n"
-          f"rbjax chat / PyTorch sorted chat: {r['rbjax_chat_over_torch_sorted_chat']:.2f}× (target ≥ 1.4; per round "
+          f"rbjax chat / PyTorch sorted chat: {r['rbjax_chat_over_torch_sorted_chat']} (target ≥ 1.4; per round "
           f"{pr['rbjax_chat_over_torch_sorted_chat']})\n"
-          f"PyTorch chat / PyTorch raw: {r['torch_chat_over_torch_raw']:.2f}×\n"
+          f"PyTorch chat / PyTorch raw: {r['torch_chat_over_torch_raw']}\n"
           f"parity chat: max rel diff ppl {res['max_rel_diff_ppl_chat_rbjax_vs_torch']:.1e}; raw "
           f"{res['max_rel_diff_ppl_raw_rbjax_vs_torch']:.1e}\n"
           f"plan raw: {stats_raw}\nplan chat: {stats_chat}", file=sys.stderr)
+    mon.finish(res, ratios, depends={k: ["rounds"] for k in ratios})
     print(json.dumps(res))
 
 

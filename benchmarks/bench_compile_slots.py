@@ -12,7 +12,8 @@ Usage::
 
     python benchmarks/bench_compile_slots.py [--widths 128,256,384] [--calls 5] [--smoke]
 
-The last line printed is a JSON object with the figures.
+The last line printed is a JSON object with the figures and the foreign CPU of each program's timed section
+(``"load"``, ``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -63,22 +66,24 @@ def main() -> int:
     rows = plan.batch_rows(e, b)
     lengths = np.asarray(data.mask, np.int64).sum(axis=1)[rows]
     need = packed_need(lengths, plan.rows)
+    mon = LoadMonitor()
     figures = []
     for extra in (int(x) for x in args.extra_slots.split(",")):
         shape = (need[0], need[1] + extra)
         mb = plan.micro_batch(e, b, shape)
         batch = {**{k: v[None] for k, v in mb.items()}, **data.shared}
-        t0 = time.perf_counter()
-        prog = train_step_jit.lower(state, batch, {}, spec=spec).compile()
-        compile_s = time.perf_counter() - t0
-        state, m = prog(state, batch, {})  # the first call (not timed)
-        jax.block_until_ready(state.params)
-        times = []
-        for _ in range(args.calls):
+        with mon.section(f"slots_{shape[0] * shape[1]}"):
             t0 = time.perf_counter()
-            state, m = prog(state, batch, {})
+            prog = train_step_jit.lower(state, batch, {}, spec=spec).compile()
+            compile_s = time.perf_counter() - t0
+            state, m = prog(state, batch, {})  # the first call (not timed)
             jax.block_until_ready(state.params)
-            times.append(time.perf_counter() - t0)
+            times = []
+            for _ in range(args.calls):
+                t0 = time.perf_counter()
+                state, m = prog(state, batch, {})
+                jax.block_until_ready(state.params)
+                times.append(time.perf_counter() - t0)
         figures.append({"shape": list(shape), "slots": shape[0] * shape[1], "compile_s": round(compile_s, 3),
                         "update_s": round(statistics.median(times), 4), "times_s": [round(t, 4) for t in times]})
         print(f"shape {shape}: compile {compile_s:.1f} s, update {statistics.median(times):.3f} s", file=sys.stderr,
@@ -92,6 +97,7 @@ def main() -> int:
            "model": "smoke" if args.smoke else "DialoGPT-small shape", "need": list(need), "programs": figures,
            "seconds_per_slot": slope, "fixed_update_s": intercept, "compile_s_mean": compile_mean,
            "compile_slots": compile_mean / slope if slope > 0 else None, "COMPILE_SLOTS_768": COMPILE_SLOTS_768}
+    mon.finish(out)  # no peer ratio: the load block says how busy the machine was while each program was timed
     print(json.dumps(out))
     return 0
 

@@ -16,7 +16,9 @@ The methods run in interleaved rounds (``--rounds``; a change in machine load hi
 wall time are reported, with each method's process CPU time beside it (less sensitive to other processes on a shared
 machine). The model: GPT-2 at ``../shared/models/dialogpt-small-config`` built by ``transformers`` with seeded random weights
 and saved in the HF format with the GPT-2 tokenizer files; both load that folder. Parity (max |ΔLL| between rbjax and
-lm-evaluation-harness) is printed. The last line is JSON.
+lm-evaluation-harness) is printed. The last line is JSON; its ``"ratios"`` (rbjax over the best lm-evaluation-harness
+batch size) move to ``"void_ratios"``, and print as VOID, when the machine had foreign CPU load during the timed
+sections (``"load"``, ``benchmarks/_common.py``).
 
     python benchmarks/bench_crows_pairs.py [--rounds 3] [--lm-eval-batch 1 16 64] [--batch-size 64]
 """
@@ -34,6 +36,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -100,35 +105,38 @@ def main() -> None:
         pass
 
     # -- rbjax: the lm-evaluation-harness convention (the same work); compiled once before the rounds ------------
+    mon = LoadMonitor()
     m = LoadedModel(str(folder), batch_size=args.batch_size)
     tok = m.tokenizer
     scorer = m.scorer.with_bos(tok.bos_id)
-    t0 = time.perf_counter()
-    sb, sc = scorer.score_text_pairs(stereo, other, tok)
-    first = time.perf_counter() - t0
+    with mon.section("rbjax_first_call"):
+        t0 = time.perf_counter()
+        sb, sc = scorer.score_text_pairs(stereo, other, tok)
+        first = time.perf_counter() - t0
     ll_rbjax = np.concatenate([-sb.nll_sum, -sc.nll_sum])
     requests = [Instance(request_type="loglikelihood", doc={}, arguments=("", s), idx=0) for s in sentences]
     runs: dict[str, list[tuple[float, float]]] = {"rbjax": []}
     parity: dict[str, float] = {}
     pct: dict[str, float] = {}
-    for rnd in range(args.rounds):
-        c0, t0 = time.process_time(), time.perf_counter()
-        scorer.score_text_pairs(stereo, other, tok)
-        runs["rbjax"].append((time.perf_counter() - t0, time.process_time() - c0))
-        print(f"round {rnd + 1}: rbjax {runs['rbjax'][-1][0]:.1f} s", file=sys.stderr)
-        for bs in args.lm_eval_batch:
-            if bs == 1 and rnd >= args.default_batch_rounds:
-                continue
-            lm = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=bs)
+    with mon.section("rounds"):  # rbjax and every lm-evaluation-harness batch size, interleaved
+        for rnd in range(args.rounds):
             c0, t0 = time.process_time(), time.perf_counter()
-            res = lm.loglikelihood(requests, disable_tqdm=True)
-            runs.setdefault(str(bs), []).append((time.perf_counter() - t0, time.process_time() - c0))
-            ll = np.array([r[0] for r in res])
-            parity[str(bs)] = float(np.abs(ll - ll_rbjax).max())
-            pct[str(bs)] = float(np.mean(ll[:len(pf)] > ll[len(pf):]))
-            print(f"round {rnd + 1}: lm-eval hf batch {bs}: {runs[str(bs)][-1][0]:.1f} s, max |ΔLL| vs rbjax "
-                  f"{parity[str(bs)]:.2e}", file=sys.stderr)
-            del lm
+            scorer.score_text_pairs(stereo, other, tok)
+            runs["rbjax"].append((time.perf_counter() - t0, time.process_time() - c0))
+            print(f"round {rnd + 1}: rbjax {runs['rbjax'][-1][0]:.1f} s", file=sys.stderr)
+            for bs in args.lm_eval_batch:
+                if bs == 1 and rnd >= args.default_batch_rounds:
+                    continue
+                lm = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=bs)
+                c0, t0 = time.process_time(), time.perf_counter()
+                res = lm.loglikelihood(requests, disable_tqdm=True)
+                runs.setdefault(str(bs), []).append((time.perf_counter() - t0, time.process_time() - c0))
+                ll = np.array([r[0] for r in res])
+                parity[str(bs)] = float(np.abs(ll - ll_rbjax).max())
+                pct[str(bs)] = float(np.mean(ll[:len(pf)] > ll[len(pf):]))
+                print(f"round {rnd + 1}: lm-eval hf batch {bs}: {runs[str(bs)][-1][0]:.1f} s, max |ΔLL| vs rbjax "
+                      f"{parity[str(bs)]:.2e}", file=sys.stderr)
+                del lm
     st = scorer.last_stats
     med = {k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v]))) for k, v in runs.items()}
     out["rbjax"]["lm_eval_convention"] = {
@@ -145,10 +153,11 @@ def main() -> None:
 
     # -- rbjax measure end to end (both conventions, statistics, files) ------------------------------------------
     if not args.no_measure:
-        t0 = time.perf_counter()
-        r = measure_pair_benchmark(m, "crows-pairs", data_dir=args.crows_pairs, out_dir=tmp / "measure",
-                                   progress=False)
-        dt = time.perf_counter() - t0
+        with mon.section("measure_end_to_end"):
+            t0 = time.perf_counter()
+            r = measure_pair_benchmark(m, "crows-pairs", data_dir=args.crows_pairs, out_dir=tmp / "measure",
+                                       progress=False)
+            dt = time.perf_counter() - t0
         out["rbjax"]["measure_end_to_end_s"] = dt
         out["rbjax"]["pct_stereotype"] = r["summary"]["lm_eval"]["overall"]["pct_stereotype"]
         print(f"rbjax measure --benchmark crows-pairs end to end (two passes, 10,000-resample bootstrap CIs, "
@@ -157,17 +166,19 @@ def main() -> None:
     best = max(out["lm_eval"].values(), key=lambda x: x["sentences_per_s"])
     default = out["lm_eval"].get("1")
     rb = out["rbjax"]["lm_eval_convention"]
-    out["ratio_vs_best_lm_eval"] = rb["sentences_per_s"] / best["sentences_per_s"]
-    out["cpu_time_ratio_vs_best_lm_eval"] = best["median_cpu_s"] / rb["median_cpu_s"]
-    out["ratio_vs_best_lm_eval_first_call"] = best["median_s"] / rb["first_call_s"]
+    ratios = {"ratio_vs_best_lm_eval": rb["sentences_per_s"] / best["sentences_per_s"],
+              "cpu_time_ratio_vs_best_lm_eval": best["median_cpu_s"] / rb["median_cpu_s"],
+              "ratio_vs_best_lm_eval_first_call": best["median_s"] / rb["first_call_s"]}
     if default:
-        out["ratio_vs_lm_eval_default_batch"] = rb["sentences_per_s"] / default["sentences_per_s"]
+        ratios["ratio_vs_lm_eval_default_batch"] = rb["sentences_per_s"] / default["sentences_per_s"]
+    depends = {k: ["rounds"] for k in ratios}
+    depends["ratio_vs_best_lm_eval_first_call"] = ["rbjax_first_call", "rounds"]
     out["load_at_end"] = os.getloadavg()[0]
-    print(f"rbjax fp32 / best lm-eval: {out['ratio_vs_best_lm_eval']:.2f}× wall, "
-          f"{out['cpu_time_ratio_vs_best_lm_eval']:.2f}× CPU time (first call incl. compilation "
-          f"{out['ratio_vs_best_lm_eval_first_call']:.2f}×)", file=sys.stderr)
+    txt = {k: mon.ratio_text(v, sections=depends[k]) for k, v in ratios.items()}
+    print(f"rbjax fp32 / best lm-eval: {txt['ratio_vs_best_lm_eval']} wall, {txt['cpu_time_ratio_vs_best_lm_eval']} "
+          f"CPU time (first call incl. compilation {txt['ratio_vs_best_lm_eval_first_call']})", file=sys.stderr)
     shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps(out))
+    print(json.dumps(mon.finish(out, ratios, depends)))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ Usage::
 
     python benchmarks/bench_debias_run.py [--methods lm,hd,dst] [--steps 60] [--repeats 1] [--fixed]
 
-The last line printed is a JSON object with the figures and the ratios.
+The last line printed is a JSON object with the figures and the ratios (``"ratios"``: ``<method>_vs_torch``, PyTorch's
+time over rbjax's, warm and cold; ``fixed_*_over_floor``). Each run is a section of the load monitor
+(``benchmarks/_common.py``, its process tree included): a method's ratios move to ``"void_ratios"`` when the machine had
+foreign CPU load during one of its runs (``"load"``).
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TOKENIZER = SHARED / "tokenizers" / "gpt2"
 REDDITBIAS = SHARED / "redditbias"
@@ -269,26 +274,39 @@ def main() -> int:
         model = make_model(work / "model", args.smoke)
         out: dict = {"runs": {}, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
                      "steps": args.steps, "versions": versions(("torch", "transformers"))}
+        mon = LoadMonitor()
         for r in range(args.repeats):
             for m in args.methods.split(","):
                 cold = work / f"cache_cold_{m}_{r}"
                 res = out["runs"].setdefault(m, {"cold": [], "warm": [], "torch": []})
-                res["cold"].append(run_rbjax(m, model, work, cold, args.steps))
-                res["warm"].append(run_rbjax(m, model, work, cold, args.steps))  # the same cache, now filled
+                with mon.section(f"{m} rbjax cold"):
+                    res["cold"].append(run_rbjax(m, model, work, cold, args.steps))
+                with mon.section(f"{m} rbjax warm"):
+                    res["warm"].append(run_rbjax(m, model, work, cold, args.steps))  # the same cache, now filled
                 if not args.no_torch:
-                    res["torch"].append(run_torch(m, model, args.steps))
+                    with mon.section(f"{m} torch"):
+                        res["torch"].append(run_torch(m, model, args.steps))
                 line = {k: round(v[-1]["to_last_update_s"], 1) for k, v in res.items() if v}
                 print(f"[{m} repeat {r + 1}] seconds to the last update: {line}", file=sys.stderr, flush=True)
                 out.setdefault("cache_MB", {})[m] = round(sum(f.stat().st_size for f in cold.rglob("*")
                                                               if f.is_file()) / 2**20, 1)
+        ratios, depends = {}, {}
         for m, res in out["runs"].items():
             best = {k: min(x["to_last_update_s"] for x in v) for k, v in res.items() if v}
             out.setdefault("best_s", {})[m] = best
             if "torch" in best:
-                out.setdefault("ratio_vs_torch", {})[m] = {"warm": best["torch"] / best["warm"],
-                                                           "cold": best["torch"] / best["cold"]}
+                ratios[f"{m}_vs_torch"] = {"warm": best["torch"] / best["warm"], "cold": best["torch"] / best["cold"]}
+                depends[f"{m}_vs_torch"] = [f"{m} rbjax cold", f"{m} rbjax warm", f"{m} torch"]
+                print(f"[{m}] PyTorch / rbjax, time to the last update: warm "
+                      f"{mon.ratio_text(ratios[f'{m}_vs_torch']['warm'], sections=depends[f'{m}_vs_torch'])}, cold "
+                      f"{mon.ratio_text(ratios[f'{m}_vs_torch']['cold'], sections=depends[f'{m}_vs_torch'])}",
+                      file=sys.stderr)
         if args.fixed:
-            out["fixed_part"] = fixed_part(args.smoke)
+            with mon.section("fixed_part"):
+                out["fixed_part"] = fixed_part(args.smoke)
+            for k in ("fused_over_floor", "optax_over_floor"):
+                ratios[f"fixed_{k}"], depends[f"fixed_{k}"] = out["fixed_part"].pop(k), ["fixed_part"]
+        mon.finish(out, ratios, depends)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(out))

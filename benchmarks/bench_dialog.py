@@ -22,7 +22,8 @@ Usage::
     python benchmarks/bench_dialog.py [--steps 3] [--batch 12] [--variants dst,dst-128,lm]
 
 The last line printed is a JSON object with the figures (examples/s, tokens/s, ms per update, compile s) and the
-ratios DST/LM.
+ratios DST/LM; those move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during the
+timed rounds (``"load"``, ``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -134,15 +137,18 @@ def main() -> None:
     print(f"DialoGPT-small shape, random weights; {n} DST examples of the MultiWOZ 2.0 test split "
           f"(mean {arrays['attention_mask'].sum(1).mean():.1f} tokens, longest {arrays['attention_mask'].sum(1).max()}); "
           f"batch {args.batch}; {jax.default_backend()} ({os.cpu_count()} CPUs)")
+    mon = LoadMonitor()
     variants = []
     for v in args.variants.split(","):  # build and compile each (the first update), then time them in rounds
         var = Variant(v.strip(), config, params, arrays, args.batch, args.steps, tok.eos_id, tok)
-        var.first = var.update()
+        with mon.section(f"{var.name} first update"):
+            var.first = var.update()
         print(f"{var.name:>8}: width {var.width:>3}  compile + first update {var.first:6.1f} s", flush=True)
         variants.append(var)
-    for _ in range(args.steps):  # interleaved: a load change on the shared machine hits every variant alike
-        for var in variants:
-            var.times.append(var.update())
+    with mon.section("rounds"):
+        for _ in range(args.steps):  # interleaved: a load change on the shared machine hits every variant alike
+            for var in variants:
+                var.times.append(var.update())
     out = [var.summary() for var in variants]
     for r in out:
         print(f"{r['variant']:>8}: width {r['width']:>3}  update median {r['median_update_ms']:7.0f} ms (best "
@@ -155,9 +161,9 @@ def main() -> None:
     if "dst" in by and "dst-128" in by:
         ratios["trimmed_over_128_examples_per_s"] = by["dst"]["examples_per_s"] / by["dst-128"]["examples_per_s"]
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}")
-    print(json.dumps({"results": out, "ratios": ratios, "machine": platform.platform(), "cpus": os.cpu_count(),
-                      "backend": jax.default_backend()}))
+        print(f"{k}: {mon.ratio_text(v, unit='', sections=['rounds'])}")
+    print(json.dumps(mon.finish({"results": out, "machine": platform.platform(), "cpus": os.cpu_count(),
+                                 "backend": jax.default_backend()}, ratios, {k: ["rounds"] for k in ratios})))
 
 
 if __name__ == "__main__":

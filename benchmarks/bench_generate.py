@@ -7,7 +7,9 @@ top-k 50 for ``--new-tokens`` new tokens, left-padded batches of ``--batch`` pro
 (PyTorch: ``GPT2LMHeadModel.generate(do_sample=True, top_k=50, attention_mask=...)``). Random weights almost never
 produce EOS, so every row generates the full budget; tokens/s counts the tokens actually generated (EOS included,
 padding after it excluded), over the whole call (prefill included, on both sides). rbjax's compile time is reported
-separately (first call minus a steady call); PyTorch gets one untimed warm-up call. The last line is JSON.
+separately (first call minus a steady call); PyTorch gets one untimed warm-up call. The last line is JSON; its
+``"ratios"`` move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during the timed
+rounds (``"load"``, ``benchmarks/_common.py``).
 
     python benchmarks/bench_generate.py [--prompts 32] [--batch 16] [--new-tokens 32] [--rounds 3]
 """
@@ -24,6 +26,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -96,26 +101,30 @@ def main() -> None:
     res: dict = {}
     runs = {"torch_generate_fp32": torch_run, "rbjax_fp32": rbjax_run("fp32"), "rbjax_bf16": rbjax_run("bf16")}
     first = {}
+    mon = LoadMonitor()
     runs["torch_generate_fp32"]()  # warm-up (first-call overheads), not timed
-    for k in ("rbjax_fp32", "rbjax_bf16"):
-        t0 = time.perf_counter()
-        runs[k]()
-        first[k] = time.perf_counter() - t0
+    with mon.section("rbjax_first_calls"):
+        for k in ("rbjax_fp32", "rbjax_bf16"):
+            t0 = time.perf_counter()
+            runs[k]()
+            first[k] = time.perf_counter() - t0
     rates: dict = {k: [] for k in runs}
     counts = {}
-    for _ in range(args.rounds):
-        for k, fn in runs.items():
-            t0 = time.perf_counter()
-            counts[k] = fn()
-            rates[k].append(counts[k] / (time.perf_counter() - t0))
+    with mon.section("rounds"):  # both frameworks, interleaved
+        for _ in range(args.rounds):
+            for k, fn in runs.items():
+                t0 = time.perf_counter()
+                counts[k] = fn()
+                rates[k].append(counts[k] / (time.perf_counter() - t0))
     for k, v in rates.items():
         res[k] = float(np.median(v))
         res[k + "_rounds"] = [round(x, 1) for x in v]
         res[k + "_tokens"] = counts[k]
     steady = {k: counts[k] / res[k] for k in ("rbjax_fp32", "rbjax_bf16")}
     res["rbjax_compile_s"] = {k: round(first[k] - steady[k], 2) for k in first}
-    res["ratio_rbjax_fp32_over_torch"] = res["rbjax_fp32"] / res["torch_generate_fp32"]
-    res["ratio_rbjax_bf16_over_torch"] = res["rbjax_bf16"] / res["torch_generate_fp32"]
+    ratios = {"ratio_rbjax_fp32_over_torch": res["rbjax_fp32"] / res["torch_generate_fp32"],
+              "ratio_rbjax_bf16_over_torch": res["rbjax_bf16"] / res["torch_generate_fp32"]}
+    depends = {k: ["rounds"] for k in ratios}
     res.update(prompts=len(prompts), batch=args.batch, new_tokens=args.new_tokens, rounds=args.rounds,
                machine=f"{os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}), "
                        f"torch {torch.__version__}, transformers {transformers.__version__}")
@@ -125,9 +134,10 @@ def main() -> None:
         pass
     for k in runs:
         print(f"{k:>22}: {res[k]:8.1f} new tokens/s   rounds {res[k + '_rounds']}", file=sys.stderr)
-    print(f"rbjax fp32 / PyTorch generate: {res['ratio_rbjax_fp32_over_torch']:.2f}x; bf16: "
-          f"{res['ratio_rbjax_bf16_over_torch']:.2f}x; rbjax compile {res['rbjax_compile_s']} s", file=sys.stderr)
-    print(json.dumps(res))
+    txt = {k: mon.ratio_text(v, unit="x", sections=depends[k]) for k, v in ratios.items()}
+    print(f"rbjax fp32 / PyTorch generate: {txt['ratio_rbjax_fp32_over_torch']}; bf16: "
+          f"{txt['ratio_rbjax_bf16_over_torch']}; rbjax compile {res['rbjax_compile_s']} s", file=sys.stderr)
+    print(json.dumps(mon.finish(res, ratios, depends)))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ Usage::
                                     [--skip-training] [--skip-scoring] [--scoring-repeats 3]
                                     [--json-out FILE]
 
-The last line printed is a JSON object with every figure and the machine's description.
+The last line printed is a JSON object with every figure and the machine's description. The vmapped / one-at-a-time
+speedups are under ``"ratios"`` (``<measurement>_vmapped_speedup``), or under ``"void_ratios"`` (printed VOID) when the
+machine had foreign CPU load during that measurement (``"load"``: each measurement is a section of the load monitor,
+``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -56,6 +59,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 #: the paper's 6 (λ_LM, λ_D) combinations of one batch plan
@@ -279,19 +284,29 @@ def main() -> int:
     info = machine()
     print(f"machine: {json.dumps(info)}", flush=True)
     res: dict = {"machine": info}
+    mon = LoadMonitor()
     small = GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128)
     chunk = args.chunk or (2 if jax.devices()[0].platform == "cpu" else 6)  # points / models at DialoGPT-small
     if not args.skip_training:
-        res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
+        with mon.section("small"):
+            res["small"] = grid_throughput("small", small, args.small_points, 8, args.updates, args.repeats)
     if not args.skip_dialogpt and not args.skip_training:
-        res["dialogpt"] = grid_throughput("dialogpt", GPT2Config(), chunk, 8, args.updates, args.repeats)
+        with mon.section("dialogpt"):
+            res["dialogpt"] = grid_throughput("dialogpt", GPT2Config(), chunk, 8, args.updates, args.repeats)
     if not args.skip_scoring:
-        res["scoring_small"] = scoring_throughput("small", small, args.small_points, args.scoring_repeats)
+        with mon.section("scoring_small"):
+            res["scoring_small"] = scoring_throughput("small", small, args.small_points, args.scoring_repeats)
         if not args.skip_dialogpt:
-            res["scoring_dialogpt"] = scoring_throughput("dialogpt", GPT2Config(), chunk, args.scoring_repeats)
+            with mon.section("scoring_dialogpt"):
+                res["scoring_dialogpt"] = scoring_throughput("dialogpt", GPT2Config(), chunk, args.scoring_repeats)
     if not args.skip_sweep:
         print("  54-point grid (small GPT-2), 1 update per point ...", flush=True)
-        res["sweep54"] = sweep_compiles()
+        with mon.section("sweep54"):
+            res["sweep54"] = sweep_compiles()
+    ratios, depends = {}, {}
+    for k in ("small", "dialogpt", "scoring_small", "scoring_dialogpt"):
+        if k in res:  # each speedup out of its measurement's figures, into the ratios (void or not)
+            ratios[f"{k}_vmapped_speedup"], depends[f"{k}_vmapped_speedup"] = res[k].pop("vmapped_speedup"), [k]
     res["load_average_after"] = machine().get("load_average")
     print()
     for k in ("small", "dialogpt"):
@@ -299,20 +314,22 @@ def main() -> int:
             r = res[k]
             print(f"{k:9s} {r['points']} points, batch {r['batch_size']}: point-updates/s vmapped "
                   f"{r['vmapped']['point_updates_per_s']:.3f}, one at a time "
-                  f"{r['one_at_a_time']['point_updates_per_s']:.3f} (×{r['vmapped_speedup']:.2f}); tokens/s/device "
+                  f"{r['one_at_a_time']['point_updates_per_s']:.3f} "
+                  f"(×{mon.ratio_text(ratios[f'{k}_vmapped_speedup'], unit='', sections=[k])}); tokens/s/device "
                   f"{r['vmapped']['tokens_per_s_per_device']:.0f} vs {r['one_at_a_time']['tokens_per_s_per_device']:.0f}")
     for k in ("scoring_small", "scoring_dialogpt"):
         if k in res:
             r = res[k]
             print(f"{k:16s} {r['models']} models × {r['phrases_per_model']} phrases: model-phrases/s vmapped "
                   f"{r['vmapped']['model_phrases_per_s']:.1f}, one after another "
-                  f"{r['one_at_a_time']['model_phrases_per_s']:.1f} (×{r['vmapped_speedup']:.2f}); max rel diff "
+                  f"{r['one_at_a_time']['model_phrases_per_s']:.1f} "
+                  f"(×{mon.ratio_text(ratios[f'{k}_vmapped_speedup'], unit='', sections=[k])}); max rel diff "
                   f"{r['max_rel_diff_mean_nll']:.1e}")
     if "sweep54" in res:
         s = res["sweep54"]
         print(f"sweep54   {s['points']} points, {s['batch_plans']} batch plans: {s['training_programs']} training "
               f"programs, {s['training_compile_s']:.1f} s compiling them; whole sweep {s['sweep_wall_s']:.1f} s")
-    line = json.dumps(res)
+    line = json.dumps(mon.finish(res, ratios, depends))
     if args.json_out:
         from rbjax.core.io import atomic_write_text
 

@@ -18,7 +18,9 @@ Usage::
 
     python benchmarks/bench_lm_head.py [--positions 124,300,700,1152] [--repeats 7]
 
-The last line printed is a JSON object with every median.
+The last line printed is a JSON object with every median; the streamed / one-step ratios are under ``"ratios"``
+(``streamed_over_one_step_<positions>``), or ``"void_ratios"`` when the machine had foreign CPU load while they were
+timed (``"load"``, ``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
 
 
 def main() -> int:
@@ -50,7 +53,8 @@ def main() -> int:
     V, d = args.vocab, args.width
     emb = jax.random.normal(jax.random.PRNGKey(1), (V, d)) * 0.02
     budget = nll.HEAD_GRAD_BYTES
-    rows = []
+    mon = LoadMonitor()
+    rows, ratios, depends = [], {}, {}
     for P in (int(p) for p in args.positions.split(",")):
         h = jax.random.normal(jax.random.PRNGKey(0), (P, d)) * 0.5
         g = jnp.ones((P,))
@@ -63,21 +67,25 @@ def main() -> int:
         fns["forward"] = jax.jit(nll.chunked_logsumexp)
         jax.block_until_ready(fns["forward"](h, emb))
         times = {k: [] for k in fns}
-        for _ in range(args.repeats):
-            for k, f in fns.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(h, emb))
-                times[k].append(time.perf_counter() - t0)
+        with mon.section(f"positions_{P}"):  # every variant once a round, interleaved
+            for _ in range(args.repeats):
+                for k, f in fns.items():
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(h, emb))
+                    times[k].append(time.perf_counter() - t0)
         a, b = (np.asarray(outs[k][1]) for k in ("one_step", "streamed"))
         row = {"positions": P, **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()},
                "emb_grad_max_rel_diff": float(np.abs(a - b).max() / np.abs(b).max())}
-        row["streamed_over_one_step"] = row["streamed_ms"] / row["one_step_ms"]
+        ratio = row["streamed_ms"] / row["one_step_ms"]
+        ratios[f"streamed_over_one_step_{P}"], depends[f"streamed_over_one_step_{P}"] = ratio, [f"positions_{P}"]
         print(f"{P:6d} positions: one step {row['one_step_ms']:7.1f} ms, streamed {row['streamed_ms']:7.1f} ms "
-              f"({row['streamed_over_one_step']:.2f}x), forward alone {row['forward_ms']:6.1f} ms, "
+              f"({mon.ratio_text(ratio, unit='x', sections=[f'positions_{P}'])}), "
+              f"forward alone {row['forward_ms']:6.1f} ms, "
               f"max rel. diff {row['emb_grad_max_rel_diff']:.1e}", flush=True)
         rows.append(row)
-    print(json.dumps({"vocab": V, "width": d, "head_grad_bytes": budget, "repeats": args.repeats, "rows": rows,
-                      "jax": jax.__version__, "machine": platform.processor() or platform.machine()}))
+    print(json.dumps(mon.finish({"vocab": V, "width": d, "head_grad_bytes": budget, "repeats": args.repeats,
+                                 "rows": rows, "jax": jax.__version__,
+                                 "machine": platform.processor() or platform.machine()}, ratios, depends)))
     return 0
 
 

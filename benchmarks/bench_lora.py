@@ -31,7 +31,9 @@ Usage::
 
     python benchmarks/bench_lora.py [--steps 12] [--repeats 1] [--memory] [--smoke]
 
-The last line printed is a JSON object with the figures and the ratios.
+The last line printed is a JSON object with the figures and the ratios. Each worker process is a section of the
+load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios move to ``"void_ratios"``
+(and print as VOID) when the machine had foreign CPU load during any worker (``"load"``).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 BATCH, RANK, ALPHA = 8, 8, 16.0
 #: adapter dropout of the variants: none (PEFT's and rbjax's default) and 0.05 (a common choice)
@@ -316,10 +320,13 @@ def main() -> int:
 
     out: dict = {}
     loads = []
+    mon = LoadMonitor()
     for _ in range(args.repeats):
         for fw in ["rbjax"] + ([] if args.no_torch else ["torch"]):
             loads.append(os.getloadavg()[0])
-            for k, v in worker(fw).items():
+            with mon.section(f"{fw} worker"):
+                figures = worker(fw)
+            for k, v in figures.items():
                 if k.startswith("_"):
                     out[k] = v
                     continue
@@ -339,7 +346,7 @@ def main() -> int:
             line += f", PEFT LoRA (pad to batch max) {pt['tokens_per_s']:.1f} ({pt['real_fraction_timed']:.2f})"
         print(line)
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}")
+        print(f"{k}: {mon.ratio_text(v, unit='')}")
     memory = None
     if args.memory:
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
@@ -356,11 +363,12 @@ def main() -> int:
               f"{memory['base_per_point_would_be'] / gb:.2f} GB; full fine-tuning's plan "
               f"{memory['full_finetuning_plan_per_device'] / gb:.1f} GB")
     v = versions()
-    print(json.dumps({"results": out, "ratios": ratios, "memory": memory, "steps": args.steps,
-                      "repeats": args.repeats, "load_avg_1min_at_worker_starts": loads,
-                      "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                                  "jax_backend": v.get("jax_backend")},
-                      "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")}}))
+    print(json.dumps(mon.finish({"results": out, "memory": memory, "steps": args.steps,
+                                 "repeats": args.repeats, "load_avg_1min_at_worker_starts": loads,
+                                 "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                                             "jax_backend": v.get("jax_backend")},
+                                 "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")}},
+                                ratios)))
     return 0
 
 

@@ -25,7 +25,9 @@ Usage::
 
     python benchmarks/bench_packed_train.py [--steps 12] [--repeats 1] [--variants lm,dst]
 
-The last line printed is a JSON object with the figures and the ratios packed/torch and packed/padded.
+The last line printed is a JSON object with the figures and the ratios packed/torch and packed/padded. Each worker
+process is a section of the load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios
+move to ``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during any worker (``"load"``).
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 LM_BATCH, DST_BATCH = 8, 12
 
@@ -254,12 +258,14 @@ def main() -> int:
 
     out: dict = {}
     loads = []
+    mon = LoadMonitor()
     for _ in range(args.repeats):
         for fw in ["rbjax"] + ([] if args.no_torch else ["torch"]):
             cmd = [sys.executable, __file__, "--worker", fw, "--steps", str(args.steps), "--variants", args.variants,
                    "--tokenizer", args.tokenizer] + (["--smoke"] if args.smoke else [])
             loads.append(os.getloadavg()[0])
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+            with mon.section(f"{fw} worker"):
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
             if p.returncode != 0:
                 print(f"{fw} worker failed (exit {p.returncode})", file=sys.stderr)
                 return 1
@@ -284,13 +290,14 @@ def main() -> int:
             ratios[f"{task}_padded_over_torch"] = pd["tokens_per_s"] / th["tokens_per_s"]
         print(line)
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}")
+        print(f"{k}: {mon.ratio_text(v, unit='')}")
     v = versions()
-    print(json.dumps({"results": out, "ratios": ratios, "steps": args.steps, "repeats": args.repeats,
-                      "load_avg_1min_at_worker_starts": loads,
-                      "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                                  "jax_backend": v.get("jax_backend")},
-                      "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")}}))
+    print(json.dumps(mon.finish({"results": out, "steps": args.steps, "repeats": args.repeats,
+                                 "load_avg_1min_at_worker_starts": loads,
+                                 "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                                             "jax_backend": v.get("jax_backend")},
+                                 "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")}},
+                                ratios)))
     return 0
 
 

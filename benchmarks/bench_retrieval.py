@@ -25,7 +25,10 @@ Usage::
     python benchmarks/bench_retrieval.py [--sizes 250000 1000000] [--keep DIR]
     python benchmarks/bench_retrieval.py --only-parallel [--files 4 --file-size 250000 --no-ray]
 
-The last line printed is a JSON object with the figures.
+The last line printed is a JSON object with the figures. Every timed retrieval is a section of the load monitor
+(``benchmarks/_common.py``; the child processes are its own tree): the foreign CPU of each is in ``"load"``, and the
+multi-file ratios (``speedup_2_jobs``, ``efficiency_2_jobs``, ``cpu_efficiency_2_jobs``, ``speedup_ray_2_cpus``) are
+under ``"ratios"``, or ``"void_ratios"`` (printed VOID) when the machine had foreign CPU load during those runs.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 BIAS_TYPES = ("religion1", "religion2", "race", "gender", "queerness")
@@ -253,13 +257,16 @@ def main(argv=None) -> int:
         args.sizes, args.no_prefilter_size, args.long_window_size = [], 0, 0
     results = {"machine": f"{os.cpu_count()} CPU cores, no GPU; Python {sys.version.split()[0]}",
                "bias_types": list(BIAS_TYPES), "runs": []}
+    mon = LoadMonitor()
+    ratios = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = args.keep or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         for n in args.sizes:
             dump = base / f"RC_bench_{n}.zst"
             gen = generate(dump, n) if not dump.exists() else {"comments": n, "compressed_bytes": dump.stat().st_size}
-            r = run_child(dump, Path(tmp))
+            with mon.section(f"retrieve {n}"):
+                r = run_child(dump, Path(tmp))
             r.update(gen, prefilter=True)
             results["runs"].append(r)
             print(f"{n:>9,} comments: {r['comments_per_s']:,.0f} comments/s (wall), "
@@ -269,7 +276,8 @@ def main(argv=None) -> int:
             n = args.no_prefilter_size
             dump = base / f"RC_bench_{n}.zst"
             gen = generate(dump, n) if not dump.exists() else {"comments": n, "compressed_bytes": dump.stat().st_size}
-            r = run_child(dump, Path(tmp), prefilter=False)
+            with mon.section(f"retrieve {n} prefilter off"):
+                r = run_child(dump, Path(tmp), prefilter=False)
             r.update(gen, prefilter=False)
             results["runs"].append(r)
             print(f"{n:>9,} comments, prefilter off: {r['comments_per_s']:,.0f} comments/s, "
@@ -279,7 +287,8 @@ def main(argv=None) -> int:
             dump = base / f"RC_bench_{n}_long31.zst"
             gen = (generate(dump, n, window_log=31) if not dump.exists()
                    else {"comments": n, "compressed_bytes": dump.stat().st_size, "window_log": 31})
-            r = run_child(dump, Path(tmp))
+            with mon.section(f"retrieve {n} 2 GiB window"):
+                r = run_child(dump, Path(tmp))
             r.update(gen, prefilter=True)
             results["runs"].append(r)
             print(f"{n:>9,} comments, 2 GiB window: {r['comments_per_cpu_s']:,.0f} comments/CPU-s, "
@@ -287,13 +296,20 @@ def main(argv=None) -> int:
         if args.files:
             print(f"{args.files} files x {args.file_size:,} comments (2 GiB windows), 1 and 2 jobs"
                   + ("" if args.no_ray else ", local Ray cluster (2 CPUs)") + ":", file=sys.stderr)
-            par = parallel_bench(base, Path(tmp), args.files, args.file_size, not args.no_ray, args.rounds)
+            with mon.section("multi-file rounds"):  # dumps generated first, inside: own CPU, not foreign
+                par = parallel_bench(base, Path(tmp), args.files, args.file_size, not args.no_ray, args.rounds)
             results["parallel"] = par
-            print(f"  2 jobs: {par['speedup_2_jobs']:.2f}x one job (efficiency {par['efficiency_2_jobs']:.0%}, "
-                  f"per CPU-second {par['cpu_efficiency_2_jobs']:.0%})"
-                  + ("" if args.no_ray else f"; Ray, 2 CPUs: {par['speedup_ray_2_cpus']:.2f}x")
+            for k in ("speedup_2_jobs", "efficiency_2_jobs", "cpu_efficiency_2_jobs", "speedup_ray_2_cpus"):
+                if k in par:
+                    ratios[k] = par.pop(k)
+            txt = {k: mon.ratio_text(v, spec=".0%" if "efficiency" in k else ".2f",
+                                     unit="" if "efficiency" in k else "x", sections=["multi-file rounds"])
+                   for k, v in ratios.items()}
+            print(f"  2 jobs: {txt['speedup_2_jobs']} one job (efficiency {txt['efficiency_2_jobs']}, "
+                  f"per CPU-second {txt['cpu_efficiency_2_jobs']})"
+                  + ("" if args.no_ray else f"; Ray, 2 CPUs: {txt['speedup_ray_2_cpus']}")
                   + f"; outputs identical: {par['identical_outputs']}", file=sys.stderr)
-    print(json.dumps(results))
+    print(json.dumps(mon.finish(results, ratios, {k: ["multi-file rounds"] for k in ratios})))
     return 0
 
 

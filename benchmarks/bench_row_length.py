@@ -14,7 +14,8 @@ Usage::
 
     python benchmarks/bench_row_length.py [--rows 1,2,3,4,5,6,8] [--repeats 8] [--smoke]
 
-The last line printed is a JSON object with every shape's median update time and the fit.
+The last line printed is a JSON object with every shape's median update time and the fit, and the foreign CPU of
+the timed rounds (``"load"``, ``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -54,6 +57,7 @@ def main() -> int:
     _, data = dst_data(tok, 12)
     spec = StepSpec(config=config, objective=DSTObjective(), dropout=True)
     start = {"gpt2": jax.device_get(init_params(config, seed=0)), "head": init_head(config, 0)}
+    mon = LoadMonitor()
     runs = []
     for r in (int(x) for x in args.rows.split(",")):
         plan = BatchPlan(data, 12, 1, 1, 42, "drop", 1, layout="packed", rows=r, max_shapes=1)
@@ -66,14 +70,15 @@ def main() -> int:
         print(f"shape {shape}: compiled and run once in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         runs.append({"rows": r, "shape": shape, "host": host, "state": state, "times": []})
     tokens = int(runs[0]["host"]["attention_mask"].sum())
-    for i in range(args.repeats):
-        for x in runs:
-            t0 = time.perf_counter()
-            x["state"], _ = train_step_jit(x["state"], x["host"], spec=spec)
-            jax.block_until_ready(x["state"].params)
-            x["times"].append(time.perf_counter() - t0)
-        print(f"round {i + 1}/{args.repeats}: " + ", ".join(f"{x['shape']} {x['times'][-1]:.2f} s" for x in runs),
-              file=sys.stderr, flush=True)
+    with mon.section("rounds"):  # every shape once a round, interleaved
+        for i in range(args.repeats):
+            for x in runs:
+                t0 = time.perf_counter()
+                x["state"], _ = train_step_jit(x["state"], x["host"], spec=spec)
+                jax.block_until_ready(x["state"].params)
+                x["times"].append(time.perf_counter() - t0)
+            print(f"round {i + 1}/{args.repeats}: " + ", ".join(f"{x['shape']} {x['times'][-1]:.2f} s"
+                                                              for x in runs), file=sys.stderr, flush=True)
     figures = [{"shape": list(x["shape"]), "slots": x["shape"][0] * x["shape"][1],
                 "quadratic": x["shape"][0] * x["shape"][1] ** 2, "update_s": statistics.median(x["times"]),
                 "times_s": [round(t, 4) for t in x["times"]]} for x in runs]
@@ -86,10 +91,13 @@ def main() -> int:
         print(f"{tuple(f['shape'])}: {f['update_s']:.3f} s", file=sys.stderr)
     print(f"fit: {fixed:.3f} s + {a * 1e3:.3f} ms/slot + {b * 1e6:.3f} us per R·Lp² -> attention_slots "
           f"{fit['attention_slots']} (ATTENTION_SLOTS_768 = {ATTENTION_SLOTS_768})", file=sys.stderr)
-    print(json.dumps({"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
-                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jax": jax.__version__,
-                      "load_average": os.getloadavg(), "model": "smoke" if args.smoke else "DialoGPT-small shape",
-                      "tokens": tokens, "figures": figures, "fit": fit}))
+    if mon.void:
+        print("the fit's attention_slots was timed under foreign load: VOID", file=sys.stderr)
+    print(json.dumps(mon.finish({"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
+                                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jax": jax.__version__,
+                                 "load_average": os.getloadavg(),
+                                 "model": "smoke" if args.smoke else "DialoGPT-small shape",
+                                 "tokens": tokens, "figures": figures, "fit": fit})))
     return 0
 
 

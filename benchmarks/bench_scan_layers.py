@@ -12,7 +12,8 @@ Usage::
 
     python benchmarks/bench_scan_layers.py [--depths 2,6,12] [--calls 3]
 
-The last line printed is a JSON object with the figures.
+The last line printed is a JSON object with the figures and the foreign CPU of each timed section (``"load"``,
+``benchmarks/_common.py``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
 
 
 def main() -> int:
@@ -47,6 +49,7 @@ def main() -> int:
     from rbjax.model.layers import attention_inputs
 
     enable_compile_cache("off")  # compile times, not cache reads
+    mon = LoadMonitor()
     B, L = 8, 36
     out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}, "versions": versions(),
            "batch": [B, L], "width": args.width, "depths": {}}
@@ -78,15 +81,16 @@ def main() -> int:
 
         row, grads = {}, {}
         for name, fn in (("unrolled", unrolled), ("scanned", scanned)):
-            t0 = time.perf_counter()
-            compiled = jax.jit(jax.value_and_grad(fn)).lower(params).compile()
-            compile_s = time.perf_counter() - t0
-            times = []
-            for _ in range(args.calls):
+            with mon.section(f"depth_{depth}_{name}"):
                 t0 = time.perf_counter()
-                v, g = compiled(params)
-                jax.block_until_ready(g)
-                times.append(time.perf_counter() - t0)
+                compiled = jax.jit(jax.value_and_grad(fn)).lower(params).compile()
+                compile_s = time.perf_counter() - t0
+                times = []
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    v, g = compiled(params)
+                    jax.block_until_ready(g)
+                    times.append(time.perf_counter() - t0)
             grads[name] = (float(v), g)
             row[name] = {"compile_s": compile_s, "step_s": statistics.median(times)}
         (lu, gu), (ls, gs) = grads["unrolled"], grads["scanned"]
@@ -95,6 +99,7 @@ def main() -> int:
                                              for a, b in zip(jax.tree.leaves(gu), jax.tree.leaves(gs)))}
         out["depths"][depth] = row
         print(f"[depth {depth}] {json.dumps(row)}", file=sys.stderr, flush=True)
+    mon.finish(out)  # no ratio: the load block says how busy the machine was in each timed section
     print(json.dumps(out))
     return 0
 

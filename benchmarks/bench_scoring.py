@@ -20,6 +20,8 @@ not counted as work: it is the method's overhead. Each method's "fraction of flo
 
 Also printed: the fraction of tokens prefix sharing saves, parity (rbjax vs PyTorch fp32 perplexities), what bf16
 changes (per-phrase relative error of the mean NLL, both frameworks), compile counts and times. The last line is JSON.
+The foreign CPU of the timed sections is recorded (``"load"``); the ratios move to ``"void_ratios"`` (and print as
+VOID) when it exceeds the threshold of ``benchmarks/_common.py``.
 
 The same script runs unchanged on an accelerator (rbjax on JAX's default device; PyTorch on CUDA when available,
 else CPU — then the PyTorch figures are not like for like and are marked so).
@@ -47,6 +49,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TYPES = ("religion1", "religion2", "race", "gender", "queerness")
 
@@ -145,10 +150,12 @@ def main() -> None:
         del scorers["bf16"]
     res: dict = {}
     first = {}
-    for k, sc in scorers.items():  # first call: compile + run
-        t0 = time.perf_counter()
-        (sc.score_ids(A), sc.score_ids(C)) if k == "fp32_alone" else sc.score_pairs(A, C)
-        first[k] = time.perf_counter() - t0
+    mon = LoadMonitor()
+    with mon.section("first_calls"):
+        for k, sc in scorers.items():  # first call: compile + run
+            t0 = time.perf_counter()
+            (sc.score_ids(A), sc.score_ids(C)) if k == "fp32_alone" else sc.score_pairs(A, C)
+            first[k] = time.perf_counter() - t0
 
     loop_idx = np.linspace(0, n - 1, min(args.n_loop, n)).astype(int) if args.n_loop else np.array([], int)
 
@@ -243,13 +250,14 @@ def main() -> None:
     rates: dict = {k: [] for k in runs}
     peak_rounds: dict = {k: [] for k in peaks}
     outputs = {}
-    for _ in range(args.rounds):
-        for k, fn in peaks.items():
-            peak_rounds[k].append(fn())
-        for k, (fn, count) in runs.items():
-            t0 = time.perf_counter()
-            outputs[k] = fn()
-            rates[k].append(count / (time.perf_counter() - t0))
+    with mon.section("rounds"):  # the matmul peaks and every method, interleaved
+        for _ in range(args.rounds):
+            for k, fn in peaks.items():
+                peak_rounds[k].append(fn())
+            for k, (fn, count) in runs.items():
+                t0 = time.perf_counter()
+                outputs[k] = fn()
+                rates[k].append(count / (time.perf_counter() - t0))
     for k, v in rates.items():
         res[k] = float(np.median(v))
         res[k + "_rounds"] = [round(x, 2) for x in v]
@@ -308,15 +316,16 @@ def main() -> None:
                                         "torch_autocast_max": float(trel16.max())}
     res["compile"] = {k: {"programs": sc.compile_count, "first_call_s": round(first[k], 2)}
                       for k, sc in scorers.items()}
-    res["ratios"] = {"rbjax_fp32_over_torch_sorted_fp32": res["rbjax_fp32"] / res["torch_sorted_fp32"]}
+    ratios = {"rbjax_fp32_over_torch_sorted_fp32": res["rbjax_fp32"] / res["torch_sorted_fp32"]}
     if not args.no_bf16:
-        res["ratios"].update({
+        ratios.update({
             "rbjax_bf16_over_torch_sorted_bf16": res["rbjax_bf16"] / res["torch_sorted_bf16"],
             "rbjax_bf16_over_torch_sorted_fp32": res["rbjax_bf16"] / res["torch_sorted_fp32"],
             "rbjax_bf16_over_rbjax_fp32": res["rbjax_bf16"] / res["rbjax_fp32"],
         })
     if len(loop_idx):
-        res["ratios"]["rbjax_fp32_over_torch_one_at_a_time"] = res["rbjax_fp32"] / res["torch_one_at_a_time"]
+        ratios["rbjax_fp32_over_torch_one_at_a_time"] = res["rbjax_fp32"] / res["torch_one_at_a_time"]
+    depends = {k: ["rounds"] for k in ratios}
     res.update(family=args.family, model_class=type(tmodel).__name__, n_pairs=len(A), n_phrases=n, n_tokens=n_tok, batch_size=args.batch_size, torch_batch=args.torch_batch,
                rounds=args.rounds, torch_device=tdev, jax_backend=jax.default_backend(),
                machine=f"{cpu_name()}, {os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.default_backend()}: "
@@ -333,10 +342,10 @@ def main() -> None:
     for k in runs:
         print(f"{k:>30} {res[k]:10.1f} {res['floor_phrases_per_s'][k]:8.1f} {res['fraction_of_floor'][k]:9.1%}   "
               f"{res[k + '_rounds']}", file=sys.stderr)
-    r = res["ratios"]
-    print(f"rbjax fp32 / PyTorch sorted fp32: {r['rbjax_fp32_over_torch_sorted_fp32']:.2f}x" + (
-          "" if args.no_bf16 else f"   rbjax bf16 / PyTorch bf16 autocast: {r['rbjax_bf16_over_torch_sorted_bf16']:.2f}x"
-          f"   rbjax bf16 / fp32: {r['rbjax_bf16_over_rbjax_fp32']:.2f}x"), file=sys.stderr)
+    r = {k: mon.ratio_text(v, unit="x", sections=depends[k]) for k, v in ratios.items()}
+    print(f"rbjax fp32 / PyTorch sorted fp32: {r['rbjax_fp32_over_torch_sorted_fp32']}" + (
+          "" if args.no_bf16 else f"   rbjax bf16 / PyTorch bf16 autocast: {r['rbjax_bf16_over_torch_sorted_bf16']}"
+          f"   rbjax bf16 / fp32: {r['rbjax_bf16_over_rbjax_fp32']}"), file=sys.stderr)
     print(f"prefix sharing saves {res['tokens_saved_by_prefix_sharing']:.1%} of the tokens; padding "
           f"{res['rbjax_padding_fraction']:.1%} of the slots; head rows / predicting positions "
           f"{res['rbjax_head_rows_over_predicting']:.3f}", file=sys.stderr)
@@ -345,7 +354,7 @@ def main() -> None:
     print(f"compile: {res['compile']}", file=sys.stderr)
     if tdev != "cuda" and jax.default_backend() != "cpu":
         print("note: PyTorch ran on the CPU, rbjax on the accelerator: not like for like", file=sys.stderr)
-    print(json.dumps(res))
+    print(json.dumps(mon.finish(res, ratios, depends)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ collective-permute outputs in the optimized HLO, per device).
 
 Runs unchanged on CPUs (simulated devices:
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python benchmarks/bench_sharding.py``), GPUs
-and TPUs. ``--json FILE`` writes the figures.
+and TPUs. ``--json FILE`` writes the figures, with the foreign CPU of each mesh's timed sections (``"load"``,
+``benchmarks/_common.py``; also in the JSON line printed last).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -119,6 +121,7 @@ def main(argv=None) -> int:
 
     n = jax.device_count()
     dev = jax.devices()[0]
+    mon = LoadMonitor()
     rows = []
     for sizes in meshes(n):
         mesh = make_mesh(sizes)
@@ -140,13 +143,15 @@ def main(argv=None) -> int:
             state[0], state[1], v = f(state[0], state[1], x, xm)
             v.block_until_ready()
 
-        t_train = timed(train_once, a.repeats)
+        with mon.section(f"{mesh_label(mesh)} train"):
+            t_train = timed(train_once, a.repeats)
         pbytes = sum(s.data.nbytes for leaf in jax.tree.leaves(state[0]) for s in leaf.addressable_shards
                      if s.device == dev)
         state.clear()
         del p, o
         sc = PerplexityScorer(params, cfg, batch_size=64, mesh=mesh, row_len=32)
-        t_score = timed(lambda: sc.score_ids(phrases), a.repeats)
+        with mon.section(f"{mesh_label(mesh)} score"):
+            t_score = timed(lambda: sc.score_ids(phrases), a.repeats)
         rows.append({"mesh": mesh_label(mesh), "train_tokens_per_s": a.batch * a.seq / t_train,
                      "score_tokens_per_s": n_tok / t_score, "param_bytes_per_device": int(pbytes),
                      "bytes_accessed": float(ca.get("bytes accessed", float("nan"))) if ca else None,
@@ -159,6 +164,7 @@ def main(argv=None) -> int:
     meta = {"devices": f"{n} × {dev.device_kind} ({dev.platform})", "machine": platform.processor() or platform.machine(),
             "model": {"width": a.width, "layers": a.layers, "heads": a.heads, "vocab": a.vocab, "params": int(n_params)},
             "train_batch": [a.batch, a.seq], "phrases": a.phrases, "score_tokens": n_tok, "jax": jax.__version__}
+    mon.finish(meta)  # no ratio: the load block says how busy the machine was while each mesh was timed
     print(json.dumps(meta))
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

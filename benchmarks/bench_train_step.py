@@ -23,7 +23,9 @@ Usage::
     python benchmarks/bench_train_step.py [--steps 4] [--warmup 1] [--repeats 2] [--methods lm,lmd,add,hd,hd-ref]
 
 The last line printed is a JSON object with the figures and ratios (rbjax/PyTorch tokens/s per method; each
-debiasing loss's step time relative to the plain LM step, per framework).
+debiasing loss's step time relative to the plain LM step, per framework) under ``"ratios"``. Each worker process is
+a section of the load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios move to
+``"void_ratios"`` (and print as VOID) when the machine had foreign CPU load during any worker (``"load"``).
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 B, L = 8, 36
@@ -322,12 +326,14 @@ def main() -> int:
     names = args.methods.split(",")
     out: dict = {}
     loads = []
+    mon = LoadMonitor()
     for rep in range(args.repeats):
         for fw in ["rbjax"] + ([] if args.no_torch else ["torch"]):
             cmd = [sys.executable, __file__, "--worker", fw, "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--methods", args.methods, "--data-dir", args.data_dir, "--tokenizer", args.tokenizer]
             loads.append(os.getloadavg()[0])
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            with mon.section(f"{fw} worker"):
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
             if p.returncode != 0:
                 print(f"{fw} worker failed (exit {p.returncode})", file=sys.stderr)
                 return 1
@@ -351,7 +357,8 @@ def main() -> int:
                 f"(min {rj[n]['min_step_s']:.3f}), {rj[n]['tokens_per_s']:.0f} tok/s")
         if "torch" in out:
             t = out["torch"][n]
-            line += f" | torch: step {t['step_s']:.3f} s (min {t['min_step_s']:.3f}), {t['tokens_per_s']:.0f} tok/s"
+            line += (f" | torch: step {t['step_s']:.3f} s (min {t['min_step_s']:.3f}), {t['tokens_per_s']:.0f} tok/s"
+                     f" | rbjax/torch {mon.ratio_text(rj[n]['tokens_per_s'] / t['tokens_per_s'])}")
         print(line)
     v = versions()
     summary = {
@@ -364,8 +371,8 @@ def main() -> int:
         "rbjax_tokens_per_s": {n: rj[n]["tokens_per_s"] for n in names},
         "rbjax_step_s": {n: rj[n]["step_s"] for n in names},
         "rbjax_compile_s": {n: rj[n]["compile_s"] for n in names},
-        "rbjax_debias_overhead": {n: rj[n]["step_s"] / rj["lm"]["step_s"] - 1 for n in names},
     }
+    ratios = {"rbjax_debias_overhead": {n: rj[n]["step_s"] / rj["lm"]["step_s"] - 1 for n in names}}
     if "torch" in out:
         th = out["torch"]
         summary["versions"]["torch"] = th["_torch"]
@@ -373,12 +380,12 @@ def main() -> int:
         summary["torch_tokens_per_s"] = {n: th[n]["tokens_per_s"] for n in names}
         summary["torch_step_s"] = {n: th[n]["step_s"] for n in names}
         summary["torch_repeat_step_s"] = {n: th[n]["repeat_step_s"] for n in names}
-        summary["rbjax_over_torch"] = {n: rj[n]["tokens_per_s"] / th[n]["tokens_per_s"] for n in names}
-        summary["torch_debias_overhead"] = {n: th[n]["step_s"] / th["lm"]["step_s"] - 1 for n in names}
+        ratios["rbjax_over_torch"] = {n: rj[n]["tokens_per_s"] / th[n]["tokens_per_s"] for n in names}
+        ratios["torch_debias_overhead"] = {n: th[n]["step_s"] / th["lm"]["step_s"] - 1 for n in names}
         summary["loss_parity_max_rel"] = {
             n: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(rj[n]["eval_losses"], th[n]["eval_losses"]))
             for n in names}
-    print(json.dumps(summary))
+    print(json.dumps(mon.finish(summary, ratios)))
     return 0
 
 

@@ -17,8 +17,11 @@ about 8 minutes on one H100/H200; every figure lands in one JSON file (``--out``
   ``train_step`` against PEFT on ``GPT2LMHeadModel``, same batch, interleaved.
 
 Each speed figure is ``rbjax / PyTorch`` in the same process on the same device (the first update or round, which
-compiles, is timed apart). ``--dry-run`` runs every section on the CPU at tiny shapes (a 2-layer width-64 GPT-2 and
-Llama, a few phrases): it checks the script, not speed, and is what ``tests/test_on_device.py`` runs.
+compiles, is timed apart). The interleaved rounds of each section are a section of the load monitor
+(``benchmarks/_common.py``): its foreign CPU is in ``"load"``, and a section's ratio is kept (``"ratio"``, and under
+``"ratios"``) only when the host had no foreign CPU load while it was timed; otherwise it is ``"void_ratio"`` (under
+``"void_ratios"``) and prints as VOID. ``--dry-run`` runs every section on the CPU at tiny shapes (a 2-layer width-64
+GPT-2 and Llama, a few phrases): it checks the script, not speed, and is what ``tests/test_on_device.py`` runs.
 
     python benchmarks/on_device.py [--dry-run] [--out FILE] [--rounds 5]
 """
@@ -37,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 GPT2_FULL = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12,
@@ -119,7 +124,7 @@ def _phrases(n: int):
     return tok, [ids for ids in tok.encode_batch(texts[::step][:n]) if len(ids) >= 2]
 
 
-def scoring(cfg, params, torch, device, tm, n: int, rounds: int, batch: int) -> dict:
+def scoring(cfg, params, torch, device, tm, n: int, rounds: int, batch: int, mon: LoadMonitor) -> dict:
     import numpy as np
 
     from rbjax.lmb.perplexity import PerplexityScorer
@@ -151,16 +156,17 @@ def scoring(cfg, params, torch, device, tm, n: int, rounds: int, batch: int) -> 
     ours = scorer.score_ids(ids)
     out["rbjax_first_s"] = time.perf_counter() - first
     times = {"rbjax": [], "torch": []}
-    for _ in range(rounds):
-        times["rbjax"].append(clock(lambda: scorer.score_ids(ids)))
-        times["torch"].append(clock(torch_score))
+    with mon.section("scoring"):
+        for _ in range(rounds):
+            times["rbjax"].append(clock(lambda: scorer.score_ids(ids)))
+            times["torch"].append(clock(torch_score))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {**out, "phrases": len(ids), "tokens": int(sum(map(len, ids))), "times_s": times,
             "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"],
             "max_abs_mean_nll_diff": float(np.nanmax(np.abs(ours.mean_nll - ref)))}
 
 
-def debias_update(cfg, params, torch, device, rounds: int) -> dict:
+def debias_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> dict:
     import bench_train_step as bts  # the PyTorch HD loss and the batch of that benchmark, not written twice
     import jax
     import numpy as np
@@ -180,9 +186,10 @@ def debias_update(cfg, params, torch, device, rounds: int) -> dict:
     first = ours(batch, shared, "hd", "paper")
     clock(lambda: ref(conv, sh, "hd", "paper"))  # warm-up
     times = {"rbjax": [], "torch": []}
-    for _ in range(rounds):
-        times["rbjax"].append(ours(batch, shared, "hd", "paper"))
-        times["torch"].append(clock(lambda: ref(conv, sh, "hd", "paper")))
+    with mon.section("debias_update"):
+        for _ in range(rounds):
+            times["rbjax"].append(ours(batch, shared, "hd", "paper"))
+            times["torch"].append(clock(lambda: ref(conv, sh, "hd", "paper")))
     med = {k: statistics.median(v) for k, v in times.items()}
     del ref
     jax.clear_caches()
@@ -190,7 +197,7 @@ def debias_update(cfg, params, torch, device, rounds: int) -> dict:
             "times_s": times, "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"]}
 
 
-def lora_update(cfg, params, torch, device, rounds: int) -> dict:
+def lora_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> dict:
     import bench_train_step as bts
     import jax
     import numpy as np
@@ -250,9 +257,10 @@ def lora_update(cfg, params, torch, device, rounds: int) -> dict:
     first = ours()
     clock(theirs)  # warm-up
     times = {"rbjax": [], "torch": []}
-    for _ in range(rounds):
-        times["rbjax"].append(ours())
-        times["torch"].append(clock(theirs))
+    with mon.section("lora_update"):
+        for _ in range(rounds):
+            times["rbjax"].append(ours())
+            times["torch"].append(clock(theirs))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"rank": 8, "tokens": int(mask.numel()), "rbjax_first_s": first, "times_s": times,
             "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"]}
@@ -281,6 +289,7 @@ def main(argv=None) -> int:
     if not args.dry_run and jax.default_backend() != "gpu":
         _log(f"jax runs on {jax.default_backend()}, not a GPU: install the CUDA wheel (benchmarks/on_device.sh)")
     t_all = time.perf_counter()
+    mon = LoadMonitor()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         res["parity"] = []
@@ -294,18 +303,24 @@ def main(argv=None) -> int:
         tm = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).to(device).eval()
         _log("scoring")
         res["scoring"] = scoring(cfg, params, torch, device, tm, 48 if args.dry_run else args.phrases, rounds,
-                                 batch=16 if args.dry_run else 64)
+                                 batch=16 if args.dry_run else 64, mon=mon)
         del tm
         _log("debias update (hd)")
-        res["debias_update"] = debias_update(cfg, params, torch, device, rounds)
+        res["debias_update"] = debias_update(cfg, params, torch, device, rounds, mon)
         _log("lora update")
-        res["lora_update"] = lora_update(cfg, params, torch, device, rounds)
+        res["lora_update"] = lora_update(cfg, params, torch, device, rounds, mon)
     res["total_s"] = time.perf_counter() - t_all
+    sections = ("scoring", "debias_update", "lora_update")  # each ratio timed in its own section of the monitor
+    ratios = {k: res[k].pop("ratio") for k in sections}
+    for k in sections:
+        _log(f"{k}: time PyTorch / rbjax {mon.ratio_text(ratios[k], unit='x', sections=[k])}")
+        res[k]["void_ratio" if mon.void_sections([k]) else "ratio"] = ratios[k]
+    mon.finish(res, ratios, {k: [k] for k in sections})
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     _log(f"wrote {args.out} in {res['total_s']:.0f} s")
     print(json.dumps({k: res[k] for k in ("gpu", "jax_devices")} | {
-        "parity_relative": [p["relative"] for p in res["parity"]],
-        "ratios": {k: res[k]["ratio"] for k in ("scoring", "debias_update", "lora_update")}}))
+        "parity_relative": [p["relative"] for p in res["parity"]]}
+        | {k: res[k] for k in ("ratios", "void_ratios", "load") if k in res}))
     return 0
 
 
