@@ -191,7 +191,6 @@ def debias_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> 
             times["rbjax"].append(ours(batch, shared, "hd", "paper"))
             times["torch"].append(clock(lambda: ref(conv, sh, "hd", "paper")))
     med = {k: statistics.median(v) for k, v in times.items()}
-    del ref
     jax.clear_caches()
     return {"method": "hd", "tokens": int(np.asarray(batch["attention_mask"]).size), "rbjax_first_s": first,
             "times_s": times, "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"]}

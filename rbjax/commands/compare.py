@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.lmb.bbq_compare import compare_bbq, format_bbq_comparison, is_bbq_run
 from rbjax.lmb.compare import compare_models, format_comparison
 from rbjax.lmb.config import CompareConfig
 
@@ -36,8 +37,6 @@ def run(args) -> int:
     config = CompareConfig(**config_values(args, CompareConfig))
     sides = [[f for f in x.split(",") if f] for x in (args.a, args.b)]
     bias = None if not args.bias else [t.strip() for x in args.bias for t in x.split(",") if t.strip()]
-    from rbjax.lmb.bbq_compare import compare_bbq, format_bbq_comparison, is_bbq_run
-
     if len(sides[0]) == len(sides[1]) == 1 and is_bbq_run(sides[0][0]) and is_bbq_run(sides[1][0]):
         res = compare_bbq(sides[0][0], sides[1][0], out_dir=args.out, categories=bias,
                           n_bootstrap=10000 if config.n_bootstrap is None else config.n_bootstrap,

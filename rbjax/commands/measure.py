@@ -7,6 +7,7 @@ from rbjax.commands import CLIError, HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
+from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY, format_bbq, measure_bbq
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import format_table, measure_bias
 from rbjax.lmb.pair_benchmark import SUMMARY_FILE, format_benchmark, measure_pair_benchmark
@@ -138,8 +139,6 @@ def _run_pair_benchmark(args, config: MeasureConfig) -> int:
 
 def _run_bbq(args, config: MeasureConfig) -> int:
     """``--benchmark bbq``: :func:`rbjax.lmb.bbq.measure_bbq`."""
-    from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY, format_bbq, measure_bbq
-
     if args.stored_perplexities or args.pairs is not None:
         raise CLIError("--benchmark bbq needs --model (and reads its rows from --data-dir or the download, not "
                        "--pairs / --stored-perplexities)")

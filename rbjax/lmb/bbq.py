@@ -51,6 +51,7 @@ from rbjax.data.bbq import BBQ, UNKNOWN_RESPONSES, BBQCategory, bbq_manifest, bb
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import LoadedModel
 from rbjax.lmb.perplexity import PhraseError
+from rbjax.model.chat_template import load_chat_template
 
 __all__ = ["CONVENTIONS", "METRICS", "CSV_HEADER", "SUMMARY_FILE", "lm_eval_encode", "chat_context",
            "row_outcomes", "bbq_metrics", "bootstrap_cis", "metrics_with_ci", "measure_bbq", "read_bbq_csv",
@@ -360,8 +361,6 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
     tok = loaded.tokenizer
     chat = None
     if cfg.is_chat:
-        from rbjax.model.chat_template import load_chat_template
-
         chat = (load_chat_template(tok.source, override=cfg.chat_template), cfg.system)
         bos_id = tok.default_bos_id  # lm-eval: the tokenizer's own, unless the rendered text starts with it
     else:
