@@ -206,7 +206,10 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
         r.clear()
         t.draw(r)
         masks.append(np.asarray(r.buffer_rgba())[..., 3] > 100)
-    assert all(m.any() for m in masks)  # every text is drawn on the canvas
+    assert all(m.any() for m in masks)  # every text is drawn on the canvas, whole
+    for t in texts:
+        e = t.get_window_extent(r)
+        assert fig.bbox.x0 <= e.x0 and e.x1 <= fig.bbox.x1 and fig.bbox.y0 <= e.y0 and e.y1 <= fig.bbox.y1, t
     return [(texts[i].get_text(), texts[j].get_text()) for i in range(len(texts)) for j in range(i + 1, len(texts))
             if (masks[i] & masks[j]).any()]
 

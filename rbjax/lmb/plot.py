@@ -251,15 +251,17 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     return fig
 
 
-def fit_labels(fig, ax, *, legend_below: bool = False, max_passes: int = 4) -> None:
+def fit_labels(fig, ax, *, legend_below: bool = False, min_height: float = 2.6, max_passes: int = 5) -> None:
     """Lay out a one-axes figure so that no two of its labels overlap, whatever the length of the category names,
     the title or the number of categories; in place.
 
     * x tick labels: upright when each fits between its neighbours' ticks, else slanted by 30° (anchored at the
       tick, so neighbours are parallel strips ``gap · sin 30°`` apart: they clear each other when that exceeds the
       text height), else vertical; when even vertical labels are closer than their height, the figure is widened.
-    * the title and the y label are wrapped at spaces to the axes' width and height.
-    * a legend under the axes (``legend_below``) is moved below the tick labels, however tall they are.
+    * the title and the y label are wrapped at spaces to the axes' width and height (a label written with its own
+      line breaks is kept); the figure is made taller where the axes would be lower than ``min_height`` inches.
+    * a legend under the axes (``legend_below``) is moved below the tick labels, however tall they are; the figure
+      is widened where the legend is wider than it.
 
     ``fig.tight_layout`` after each change, until nothing changes (at most ``max_passes`` passes).
     """
@@ -269,11 +271,19 @@ def fit_labels(fig, ax, *, legend_below: bool = False, max_passes: int = 4) -> N
     title, ylab = ax.title, ax.yaxis.label
     raw = {id(title): title.get_text(), id(ylab): ylab.get_text()}
     legend = ax.get_legend()
+    if legend_below and legend is not None:  # a legend wider than the figure: the figure widened to hold it
+        fig.canvas.draw()
+        need = legend.get_window_extent().width / fig.dpi + 0.6
+        if need > fig.get_figwidth():
+            fig.set_figwidth(need)
     for _ in range(max_passes):
         fig.tight_layout()
         r = fig.canvas.get_renderer()
         frame = ax.get_window_extent(r)
         changed = False
+        if frame.height < min_height * fig.dpi:  # squeezed by tall tick labels or a legend below: a taller figure
+            fig.set_figheight(fig.get_figheight() + min_height - frame.height / fig.dpi)
+            continue
         if len(ticks) > 1:
             xs = sorted(float(ax.transData.transform((x, 0))[0]) for x in ax.get_xticks())
             gap = min(np.diff(xs))
@@ -377,10 +387,9 @@ def figure_changes(res: dict, title: str | None = None):
                         capsize=4, gid=f"ci:{r['bias_type']}")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [r["bias_type"] for r in rows])  # slanted or upright by fit_labels when they would overlap
-    ax.set_ylabel("mean change of log ppl(biased) − log ppl(counterf.)\n(A − B; > 0: A toward the\n"
-                  "anti-stereotypical side)", fontsize=9)
-    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
-                 fontsize=10)
+    ax.set_ylabel("mean change of e, A − B\n(> 0: A toward the\nanti-stereotypical side)", fontsize=9)
+    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type of "
+                          "e = log ppl(biased) − log ppl(counterfactual)", fontsize=10)
     level = res.get("ci_level", 1 - alpha)
     lvl = f"{100 * level:.4g}%" + ("" if len(rows) <= 1 else f", Bonferroni-adjusted for {len(rows)} types (the "
                                                              "level of the verdict)")
