@@ -194,7 +194,7 @@ def test_overshoot_is_a_significant_change_past_zero(tmp_path):
         text = describe_change(r, ("HD", "baseline"))
         assert text.startswith("significant change: the bias moved " + (
             "past zero (stereotypical → anti-stereotypical)" if want else
-            "away from zero (|mean effect| up, anti-stereotypical)"))  # B already anti-stereotypical: further away
+            "away from zero (the mean effect further from 0, anti-stereotypical)"))  # B already anti-stereotypical: further away
         assert ("overshoot: HD is now significantly anti-stereotypical" in text) == (want is not None)
 
 
@@ -231,11 +231,11 @@ def _folder(path, effects: dict, ll_diff: dict | None = None):
 STRONG = [0.30, 0.25, 0.35, 0.28, 0.32, 0.27]
 WEAK = [0.05, 0.02, 0.08, 0.01, 0.06, 0.03]
 CASES = {  # type: (e of B, e of A, kind, sides in words)
-    "toward": (STRONG, WEAK, "toward zero", "toward zero (|mean effect| down, still anti-stereotypical)"),
+    "toward": (STRONG, WEAK, "toward zero", "toward zero (the mean effect nearer 0, still anti-stereotypical)"),
     "past": ([-0.20, -0.15, -0.25, -0.18, -0.22, -0.19], [0.10, 0.12, 0.08, 0.15, 0.11, 0.09], "past zero",
              "past zero (stereotypical → anti-stereotypical)"),
     "away": ([-x for x in WEAK], [-x for x in STRONG], "away from zero",
-             "away from zero (|mean effect| up, stereotypical)"),
+             "away from zero (the mean effect further from 0, stereotypical)"),
 }
 MEANS = {"toward": (0.295, 0.25 / 6), "past": (-1.19 / 6, 0.65 / 6), "away": (-0.25 / 6, -0.295)}
 
@@ -267,6 +267,7 @@ def test_verdict_says_whether_the_bias_moved_toward_past_or_away_from_zero(tmp_p
         assert "more stereotypical" not in r["verdict"] and "less stereotypical" not in r["verdict"]
         assert short_verdict(r) == f"significant: {words}" + (
             ", an overshoot: now significantly anti-stereotypical" if t == "past" else "")
+        assert "|" not in short_verdict(r)  # it goes into the model card's Markdown table as it is
         assert f"{t}: {r['verdict']}" in text
         assert rows[t]["movement"] == kind and float(rows[t]["t_effect_b"]) == pytest.approx(tb)
         # the table: each side's own effect beside the change
@@ -297,7 +298,7 @@ def test_bias_movement_edges():
     from rbjax.lmb.compare import bias_movement, movement_text
 
     assert bias_movement(0.0, -0.2)["kind"] == "toward zero" and movement_text(bias_movement(0.0, -0.2)) == \
-        "toward zero (|mean effect| down to 0)"
+        "toward zero (the mean effect down to 0)"
     assert movement_text(bias_movement(-0.1, 0.0)) == "away from zero (from 0 to stereotypical)"
     assert bias_movement(0.2, -0.2)["kind"] == "past zero"  # the same size, the other side
     assert bias_movement(None, 0.1) is None

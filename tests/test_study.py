@@ -316,6 +316,9 @@ def test_report_cut_downs_order_and_figure(tiny_study, tmp_path):
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     assert ax.get_legend().get_window_extent(r).y1 <= ax.get_window_extent(r).y0  # under the axes
+    from tests.test_plot import overlapping_texts
+
+    assert overlapping_texts(fig) == []  # no two labels touch (tick labels, title, y label, legend, marks)
     data = collect([tiny_study])
     checked = 0
     for star in (a for a in ax.texts if (a.get_gid() or "").startswith("star:")):

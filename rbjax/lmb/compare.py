@@ -5,7 +5,7 @@ two such t-values is not a test of whether the models differ (a t-value grows wi
 tests the change itself, pair by pair:
 
     e_i(M) = log ppl_M(biased_i) − log ppl_M(counterfactual_i)        (< 0: M prefers the stereotypical phrase)
-    d_i    = e_i(A) − e_i(B)                                           (> 0: A lies toward the anti-stereotypical side)
+    d_i    = e_i(A) − e_i(B)                                           (> 0: A toward the anti-stereotypical side)
 
 on the pairs both runs kept (scorable and not a 3σ outlier in any run compared). Per bias type: the two-tailed paired
 t-test of e(A) vs e(B) (the one-sample t-test of d, ``scipy.stats.ttest_rel``), the Wilcoxon signed-rank test of d
@@ -53,8 +53,8 @@ from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
            "describe_change", "short_verdict", "effects_text", "movement_text", "bias_movement", "default_labels",
-           "format_comparison", "mcnemar_text", "write_comparison", "run_format", "record_format", "describe_format", "ci_label",
-           "plural"]
+           "format_comparison", "mcnemar_text", "write_comparison", "run_format", "record_format", "describe_format",
+           "ci_label", "plural"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant" (and sets the CI's level)
 wilcoxon = stats.wilcoxon  # the test of d (rbjax.lmb.stats.wilcoxon)
@@ -404,8 +404,9 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         config: how they are compared (:class:`rbjax.lmb.config.CompareConfig`): ``alpha``, the significance level
             (default: the runs' own ``settings.alpha``, else 0.05); ``n_bootstrap``, the bootstrap resamples (default:
             the runs' own ``settings.n_bootstrap``, else 10000); ``seed``; ``labels``, the names of A and B in
-            messages and in the result (default: their folder names, :func:`default_labels`); ``allow_format_change``, compare runs measured in different formats (raw vs
-            chat, or two chat formats) of the same pairs, the result's ``formats`` then saying so.
+            messages and in the result (default: their folder names, :func:`default_labels`);
+            ``allow_format_change``, compare runs measured in different formats (raw vs chat, or two chat formats) of
+            the same pairs, the result's ``formats`` then saying so.
         **settings: :class:`~rbjax.lmb.config.CompareConfig` fields that override ``config`` (e.g. ``alpha=0.01``);
             any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
@@ -570,19 +571,20 @@ def effects_text(r: dict, labels: tuple[str, str] = ("B", "A")) -> str:
 
 
 def movement_text(mv: dict | None) -> str:
-    """:func:`bias_movement` in words: ``"toward zero (|mean effect| down, still anti-stereotypical)"``, ``"past zero
-    (stereotypical → anti-stereotypical)"``, ``"away from zero (|mean effect| up, stereotypical)"``."""
+    """:func:`bias_movement` in words (no ``|``: the words go into Markdown tables): ``"toward zero (the mean effect
+    nearer 0, still anti-stereotypical)"``, ``"past zero (stereotypical → anti-stereotypical)"``, ``"away from zero
+    (the mean effect further from 0, stereotypical)"``."""
     if mv is None:
         return "n/a"
     k = mv["kind"]
     if k == "toward zero":
-        return ("toward zero (|mean effect| down to 0)" if mv["side_a"] == "zero" else
-                f"toward zero (|mean effect| down, still {mv['side_a']})")
+        return ("toward zero (the mean effect down to 0)" if mv["side_a"] == "zero" else
+                f"toward zero (the mean effect nearer 0, still {mv['side_a']})")
     if k == "past zero":
         return f"past zero ({mv['side_b']} → {mv['side_a']})"
     if k == "away from zero":
         return ("away from zero (from 0 to " + mv["side_a"] + ")" if mv["side_b"] == "zero" else
-                f"away from zero (|mean effect| up, {mv['side_a']})")
+                f"away from zero (the mean effect further from 0, {mv['side_a']})")
     return "unchanged (equal mean effects)"
 
 

@@ -379,8 +379,8 @@ SIDE_INTRO = (
     "or away from it, Wilcoxon p, bootstrap CI, sign flips, seed spread. The last column is lm-evaluation-harness's "
     "pct_stereotype of the baseline and of the model, with the exact McNemar test of the change in the per-pair "
     "preference (one seed per side; its p uncorrected, the Bonferroni p across the benchmark's categories beside it; "
-    "n/a says why: no pair changed its preference, or several seeds). ≈ marks the category that holds the RedditBias type's groups. "
-    "CrowS-Pairs carries the upstream reliability warning (Data notes).")
+    "n/a says why: no pair changed its preference, or several seeds). ≈ marks the category that holds the "
+    "RedditBias type's groups. CrowS-Pairs carries the upstream reliability warning (Data notes).")
 LM_EVAL_INTRO = (
     "lm-evaluation-harness's crows_pairs metrics of each model (total log-likelihood of each sentence given the "
     "start token): pct_stereotype, the share of pairs whose stereotype-consistent sentence is more likely (0.5: no "
