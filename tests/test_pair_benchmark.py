@@ -264,3 +264,36 @@ def test_an_interrupt_at_96_percent_keeps_the_finished_categories_and_resume_sco
         r.pop("reused_perplexities")
     assert rb == ra
     assert json.loads((b / "benchmark.json").read_text()) == json.loads((a / "benchmark.json").read_text())
+
+
+def test_benchmark_table_prints_the_uncorrected_p_its_star_marks():
+    """rbjax's side of the table: the star marks the uncorrected p < alpha, so that p is printed beside the
+    Bonferroni p (a category with p = 0.03 among three: starred, p bonf 0.09), the footnote says which is which, the
+    pooled overall row has no corrected p, and a long category name does not shift the columns."""
+    from rbjax.lmb.pair_benchmark import format_benchmark
+
+    lm = {"pct_stereotype": 0.6, "pct_stereotype_stderr": 0.05, "likelihood_diff": 1.2, "likelihood_diff_stderr": 0.1,
+          "n_pairs": 100}
+
+    def rb(p, pb, sig):
+        return {"n_pairs_after_outliers": 98, "t_value": -2.2, "p_value": p, "p_bonferroni": pb, "significant": sig,
+                "wilcoxon_p": 0.04, "cohens_d_paired": -0.2}
+
+    cats = {"religion": rb(0.03, 0.09, True), "a-much-longer-category-name": rb(0.5, 1.0, False),
+            "age": rb(0.2, 0.6, False)}
+    overall = {**rb(0.01, None, True), "wilcoxon": {"p_value": 0.02}}
+    del overall["wilcoxon_p"]
+    s = {"benchmark": "pairs:mine.csv", "model": "m", "categories": list(cats),
+         "settings": {"alpha": 0.05, "lm_eval_prefix_token": "<|endoftext|>"},
+         "lm_eval": {"categories": {c: lm for c in cats}, "overall": lm},
+         "rbjax": {"categories": cats, "overall": overall}, "notes": []}
+    lines = format_benchmark({"summary": s}).splitlines()
+    head = lines[1]
+    rows = {ln.split()[0]: ln for ln in lines[3:7]}
+    assert head.split("|")[1].split() == ["kept", "t", "p", "sig", "p", "bonf", "wilcoxon", "p", "d"]
+    assert rows["religion"].split("|")[1].split() == ["98", "-2.200", "3.00e-02", "*", "9.00e-02", "4.00e-02", "-0.200"]
+    assert rows["age"].split("|")[1].split()[2:4] == ["2.00e-01", "6.00e-01"]  # no star
+    assert rows["overall"].split("|")[1].split()[2:5] == ["1.00e-02", "*", "-"]
+    assert len({ln.index("|") for ln in [head, *rows.values()]}) == 1 and len({len(ln) for ln in rows.values()}) == 1
+    assert ("p: uncorrected, two-tailed; * p < 0.05, uncorrected; p bonf: Bonferroni-corrected across the 3 "
+            "categories (overall, pooled: no correction, '-')") in lines[-1]

@@ -186,3 +186,70 @@ def test_plot_of_real_measure_records(redditbias_dir, tmp_path):
     out = plot_lmb({"a": recs}, tmp_path / "p.svg")
     assert out.read_text().lstrip().startswith("<?xml")
     assert np.isfinite([r["t_value"] for r in recs]).all()
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of texts of ``fig``'s axes whose drawn glyphs share a pixel: the figure is drawn, then each text alone
+    onto a cleared canvas, and the pixels each inks are compared — exact for slanted labels too, whose axis-aligned
+    bounding boxes overlap even where the glyphs do not. The texts: title, axis labels, x tick labels, the y tick
+    labels within the limits, the legend's texts and the texts in the axes."""
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.texts,
+             *[t for t, y in zip(ax.get_yticklabels(), ax.get_yticks()) if lo <= y <= hi],
+             *(ax.get_legend().get_texts() if ax.get_legend() else [])]
+    texts = [t for t in texts if t.get_visible() and t.get_text().strip()]
+    r = fig.canvas.get_renderer()
+    masks = []
+    for t in texts:
+        r.clear()
+        t.draw(r)
+        masks.append(np.asarray(r.buffer_rgba())[..., 3] > 100)
+    assert all(m.any() for m in masks)  # every text is drawn on the canvas, whole
+    for t in texts:
+        e = t.get_window_extent(r)
+        assert fig.bbox.x0 <= e.x0 and e.x1 <= fig.bbox.x1 and fig.bbox.y0 <= e.y0 and e.y1 <= fig.bbox.y1, t
+    return [(texts[i].get_text(), texts[j].get_text()) for i in range(len(texts)) for j in range(i + 1, len(texts))
+            if (masks[i] & masks[j]).any()]
+
+
+CROWS = ["race-color", "socioeconomic", "gender", "disability", "nationality", "sexual-orientation",
+         "physical-appearance", "religion", "age"]
+
+
+def _crows_records(names):
+    return [dict(rec(c, (i - 4) * 1.3, 0.01 if i % 2 else 0.3, df=100, split="all"), benchmark="crows-pairs")
+            for i, c in enumerate(names)]
+
+
+def test_no_two_labels_of_a_pair_benchmarks_lmb_png_overlap():
+    """CrowS-Pairs' nine categories with the long title `rbjax measure --benchmark` gives: no label touches another
+    (tick labels, title — wrapped to the axes' width —, y label, legend); the long names are slanted."""
+    names = CROWS
+    fig = figure_lmb({"dialogpt-small": _crows_records(names)},
+                     title="crows-pairs, rbjax convention: two-tailed paired t-test per category (t < 0: "
+                           "stereotype-consistent sentences more likely)")
+    assert overlapping_texts(fig) == []
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == names  # wrapped nowhere, in the benchmark's order
+    assert {t.get_rotation() for t in ax.get_xticklabels()} == {30.0}  # too long to stand upright
+
+
+def test_no_two_labels_of_compare_png_overlap_and_short_names_stand_upright():
+    """compare.png of CrowS-Pairs' nine categories: no overlap (the legend under the axes sits below the slanted tick
+    labels); a comparison of RedditBias' short names keeps them upright."""
+    from rbjax.lmb.plot import figure_changes
+
+    def res(names):
+        return {"a": {"label": "cda/crows-pairs"}, "b": {"label": "baseline/crows-pairs"}, "alpha": 0.05,
+                "ci_level": 1 - 0.05 / len(names), "correction": "bonferroni",
+                "types": [{"bias_type": c, "mean_change": 0.01 * (i - 4), "significant": i % 2 == 0,
+                           "mean_change_ci": [0.01 * (i - 4) - 0.005, 0.01 * (i - 4) + 0.005]}
+                          for i, c in enumerate(names)]}
+
+    fig = figure_changes(res(CROWS))
+    assert overlapping_texts(fig) == []
+    fig = figure_changes(res(["religion1", "religion2", "race", "gender", "queerness"]))
+    assert overlapping_texts(fig) == []
+    assert {t.get_rotation() for t in fig.axes[0].get_xticklabels()} == {0.0}

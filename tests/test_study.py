@@ -240,6 +240,7 @@ def test_report_changes_are_paired_tests_on_the_same_pairs(tiny_study, tmp_path)
     import numpy as np
     from scipy import stats as sps
 
+    from rbjax.lmb.compare import effects_text, short_verdict
     from rbjax.study.report import write_report
 
     out = tiny_study
@@ -276,6 +277,9 @@ def test_report_changes_are_paired_tests_on_the_same_pairs(tiny_study, tmp_path)
         r = next(x for c in comp["vs_baseline"] if c["method"].upper() == row[1] for x in c["types"]
                  if x["bias_type"] == row[3])
         assert row[0].startswith("significant" if r["significant"] else "not significant"), row
+        # the model card's wording; each side's own effect beside the change (baseline → model)
+        assert row[0] == short_verdict(r) and row[head.index("mean effect e (t): baseline → model")] == \
+            effects_text(r, ("", ""))
     over = [f"{c['method']}:{r['bias_type']}" for c in comp["vs_baseline"] for r in c["types"]
             if r["overshoot"] == "anti-stereotypical"]
     assert len(rep["tables"]["overshoots"]) == len(over)
@@ -288,6 +292,7 @@ def test_report_changes_are_paired_tests_on_the_same_pairs(tiny_study, tmp_path)
     keep = ka[0] & ka[1] & kc[0] & kc[1]
     ref = sps.ttest_rel((ea[0][keep] + ea[1][keep]) / 2, (ec[0][keep] + ec[1][keep]) / 2)
     assert mrows[-1][mh.index("t")] == f"{ref.statistic:.2f}"
+    assert "mean effect e (t): B → A" in mh
 
 
 def test_report_cut_downs_order_and_figure(tiny_study, tmp_path):
@@ -313,6 +318,9 @@ def test_report_cut_downs_order_and_figure(tiny_study, tmp_path):
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     assert ax.get_legend().get_window_extent(r).y1 <= ax.get_window_extent(r).y0  # under the axes
+    from tests.test_plot import overlapping_texts
+
+    assert overlapping_texts(fig) == []  # no two labels touch (tick labels, title, y label, legend, marks)
     data = collect([tiny_study])
     checked = 0
     for star in (a for a in ax.texts if (a.get_gid() or "").startswith("star:")):
@@ -391,9 +399,10 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
     before = {r["bias_type"]: r for r in json.loads((tiny_study / "baseline/lmb_test/lmb.json").read_text())}
     after = {r["bias_type"]: r for r in json.loads((tiny_study / "seed42/religion1/hd/lmb_test/lmb.json").read_text())}
     comp = json.loads((out / "evidence" / "compare.json").read_text())
-    from rbjax.lmb.compare import compare_runs, fmt_change
+    from rbjax.lmb.compare import compare_runs, effects_text, fmt_change, short_verdict
 
     ref = compare_runs(tiny_study / "seed42/religion1/hd/lmb_test", tiny_study / "baseline/lmb_test")
+    assert "| bias type | before | after | mean e (t): before → after | change [" in card
     for t in before:
         line = next(ln for ln in card.splitlines() if ln.startswith(f"| {t}"))
         assert f"t = {before[t]['t_value']:.2f}, p = {before[t]['p_value']:.2g}" in line.split("|")[2]
@@ -401,7 +410,11 @@ def test_export_of_a_study_method_carries_a_card_checkable_against_the_run(tiny_
         c = next(r for r in comp["types"] if r["bias_type"] == t)
         r = next(r for r in ref["types"] if r["bias_type"] == t)
         assert c["mean_change"] == pytest.approx(r["mean_change"]) and fmt_change(r["mean_change"]) in line
-        assert line.split("|")[6].strip().startswith("significant" if r["significant"] else "not significant")
+        cells = [x.strip() for x in line.split("|")]
+        # each model's own effect beside the change, and the report's wording of the verdict (toward / past / away
+        # from zero)
+        assert cells[4] == effects_text(r, ("", "")) and cells[7] == short_verdict(r)
+        assert cells[7].startswith("significant: " if r["significant"] else "not significant")
     # dialog checks of the model and of the base model
     lmp = json.loads((tiny_study / "seed42/religion1/hd/dialog/lmp.json").read_text())["metrics"]["perplexity"]
     base_lmp = json.loads((tiny_study / "baseline/dialog/lmp.json").read_text())["metrics"]["perplexity"]

@@ -108,6 +108,9 @@ def test_benchmarks_are_stages_and_the_report_puts_them_beside_redditbias(study)
         assert c["pairs"] == str(ref["n_pairs"]) and c["verdict"].startswith(("not significant", "significant"))
         lm = ref["lm_eval"]
         assert c[head[-1]].startswith(f"{lm['pct_stereotype_b'][0]:.3f} → {lm['pct_stereotype_a'][0]:.3f}")
+        mc = lm["mcnemar"]  # the p said to be uncorrected, or why there is none
+        assert (" (McNemar p n/a: no pair changed its preference)" if mc["p_value"] is None else
+                f" (McNemar p {mc['p_value']:.2g} uncorrected, Bonferroni ") in c[head[-1]]
     # lm-evaluation-harness's numbers of each model, as its benchmark.json says
     (name, lhead, lrows), _ = rep["tables"]["benchmarks_lm_eval"]
     assert name == "crows-pairs" and [r[0] for r in lrows] == ["baseline", "CDA (religion1)"]

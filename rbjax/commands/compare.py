@@ -18,7 +18,9 @@ def register(sub) -> None:
         description="Per bias type, the per-pair change d = [log ppl(biased) − log ppl(counterfactual)] under A minus "
                     "the same under B, on the pairs both runs kept: paired t-test and Wilcoxon signed-rank test of d, "
                     "the mean change with a bootstrap CI, the share of pairs whose sign flipped, p-values corrected "
-                    "across the types compared. d > 0: A is less stereotypical than B. Runs whose pairs differ (pair "
+                    "across the types compared. d > 0: A lies toward the anti-stereotypical side of B; each side's own mean "
+                    "effect is printed, and the verdict says whether the bias moved toward zero, past zero or away "
+                    "from it. Runs whose pairs differ (pair "
                     "phrases, data files, split, outlier handling, tokenizer, BOS, format) are refused with the reason. "
                     "Writes OUT/compare.json, OUT/compare.csv, OUT/compare.png and OUT/<type>_changes.csv.",
         formatter_class=HelpFormatter)

@@ -5,7 +5,7 @@ two such t-values is not a test of whether the models differ (a t-value grows wi
 tests the change itself, pair by pair:
 
     e_i(M) = log ppl_M(biased_i) − log ppl_M(counterfactual_i)        (< 0: M prefers the stereotypical phrase)
-    d_i    = e_i(A) − e_i(B)                                           (> 0: A is more anti-stereotypical than B)
+    d_i    = e_i(A) − e_i(B)                                           (> 0: A toward the anti-stereotypical side)
 
 on the pairs both runs kept (scorable and not a 3σ outlier in any run compared). Per bias type: the two-tailed paired
 t-test of e(A) vs e(B) (the one-sample t-test of d, ``scipy.stats.ttest_rel``), the Wilcoxon signed-rank test of d
@@ -14,6 +14,11 @@ the m types compared (:func:`rbjax.lmb.stats.adjust_pvalues`; a change is *signi
 t-test p-value is below alpha), and the mean change with a BCa bootstrap CI (:func:`rbjax.lmb.stats.bootstrap_ci`) at
 the same family-wise level as that verdict: 1 − alpha/m, Bonferroni-adjusted (``ci_level``; 97.5 % for two types at
 alpha 0.05), so the CI printed beside a verdict is the one the verdict answers to.
+
+The verdict (:func:`describe_change`, :func:`short_verdict`) prints each side's own effect on these pairs (mean e and
+its one-sample t against 0) and says how the bias moved from B to A relative to zero (:func:`bias_movement`): toward
+zero (|mean e| down, same sign), past zero (sign flipped) or away from zero (|mean e| up). The sign of d alone does
+not say that: a model moving from anti-stereotypical toward zero has d < 0.
 
 With several runs per side (training seeds), e_i of that side is the mean over its runs, and the mean change of each
 seed is given beside the result (the seed spread).
@@ -47,7 +52,8 @@ from rbjax.lmb.pair_benchmark import lm_eval_change, read_loglikelihoods
 from rbjax.lmb.plot import figure_changes, load_results
 
 __all__ = ["MeasuredType", "MismatchError", "load_run", "compare_runs", "compare_models", "paired_change",
-           "describe_change", "format_comparison", "write_comparison", "run_format", "record_format", "describe_format",
+           "describe_change", "short_verdict", "effects_text", "movement_text", "bias_movement", "default_labels",
+           "format_comparison", "mcnemar_text", "write_comparison", "run_format", "record_format", "describe_format",
            "ci_label", "plural"]
 
 CORRECTION = "bonferroni"  # the correction that decides "significant" (and sets the CI's level)
@@ -296,8 +302,9 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
     Returns:
         ``{"n_pairs", "mean_change", "mean_change_ci", "ci_level", "ttest": {t_value, p_value, df, status},
         "wilcoxon": {...},
-        "sign_flip": {...}, "effect_a": {...}, "effect_b": {...}}``; the effects are one-sample t-tests of each
-        side's per-pair effects against 0 on these pairs (is A past zero?).
+        "sign_flip": {...}, "effect_a": {...}, "effect_b": {...}, "movement": {...}}``; the effects are each
+        side's mean per-pair effect on these pairs with its one-sample t-test against 0 (is A past zero?), and
+        ``movement`` (:func:`bias_movement`) says whether the bias moved toward zero, past zero or away from it.
     """
     a, b = np.asarray(effect_a, dtype=np.float64), np.asarray(effect_b, dtype=np.float64)
     if a.shape != b.shape:
@@ -321,7 +328,40 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
                       "to_stereotypical": int(np.sum((sb > 0) & (sa < 0)))},
         "effect_a": _test_zero(a, alpha),
         "effect_b": _test_zero(b, alpha),
+        "movement": bias_movement(float(a.mean()) if n else None, float(b.mean()) if n else None),
     }
+
+
+def _side(m: float) -> str:
+    return "stereotypical" if m < 0 else "anti-stereotypical" if m > 0 else "zero"
+
+
+def bias_movement(mean_a: float | None, mean_b: float | None) -> dict | None:
+    """How the bias moved from B to A relative to zero, read from each side's mean effect on the compared pairs
+    (mean of e = log ppl(biased) − log ppl(counterfactual); < 0: stereotypical, > 0: anti-stereotypical).
+
+    Returns:
+        ``None`` without pairs, else ``{"kind", "from", "to", "side_b", "side_a", "abs_change"}``: ``kind`` is
+        ``"toward zero"`` (|mean e| down on the same side, or down to exactly 0), ``"past zero"`` (the sign flipped),
+        ``"away from zero"`` (|mean e| up on the same side, or up from exactly 0) or ``"unchanged"`` (equal means);
+        ``from`` / ``to`` are B's and A's mean e, ``side_b`` / ``side_a`` their sides (``"stereotypical"``,
+        ``"anti-stereotypical"`` or ``"zero"``), ``abs_change`` = |mean e(A)| − |mean e(B)|.
+    """
+    if mean_a is None or mean_b is None:
+        return None
+    sa, sb = _side(mean_a), _side(mean_b)
+    if mean_a == mean_b:
+        kind = "unchanged"
+    elif sb == "zero":
+        kind = "away from zero"
+    elif sa == "zero":
+        kind = "toward zero"
+    elif sa != sb:
+        kind = "past zero"
+    else:
+        kind = "toward zero" if abs(mean_a) < abs(mean_b) else "away from zero"
+    return {"kind": kind, "from": mean_b, "to": mean_a, "side_b": sb, "side_a": sa,
+            "abs_change": abs(mean_a) - abs(mean_b)}
 
 
 def _as_runs(x) -> list[dict[str, MeasuredType]]:
@@ -330,6 +370,23 @@ def _as_runs(x) -> list[dict[str, MeasuredType]]:
     if isinstance(x, (str, os.PathLike)):
         return [load_run(x)]
     return [r if isinstance(r, dict) else load_run(r) for r in x]
+
+
+def _folders(runs: list[dict[str, MeasuredType]]) -> list[Path]:
+    return [next(iter(r.values())).folder for r in runs]
+
+
+def default_labels(folders_a: Sequence[str | os.PathLike], folders_b: Sequence[str | os.PathLike]) -> tuple[str, str]:
+    """The names of A and B when none are given: each side's folder name, with as many trailing parts of the
+    (resolved) paths as tell the two sides apart (``hd/lmb_test`` vs ``baseline/lmb_test``); the distinct names of a
+    side with several runs joined by ``+``; ``("A", "B")`` for the same folder on both sides."""
+    pa, pb = ([Path(f).resolve().parts for f in fs] for fs in (folders_a, folders_b))
+    for k in range(1, max(map(len, pa + pb)) + 1):
+        name = lambda ps: "+".join(dict.fromkeys("/".join(p[-k:]) for p in ps))  # noqa: E731
+        la, lb = name(pa), name(pb)
+        if la != lb:
+            return la, lb
+    return "A", "B"
 
 
 def _setting(runs, name, default):
@@ -347,8 +404,9 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         config: how they are compared (:class:`rbjax.lmb.config.CompareConfig`): ``alpha``, the significance level
             (default: the runs' own ``settings.alpha``, else 0.05); ``n_bootstrap``, the bootstrap resamples (default:
             the runs' own ``settings.n_bootstrap``, else 10000); ``seed``; ``labels``, the names of A and B in
-            messages and in the result; ``allow_format_change``, compare runs measured in different formats (raw vs
-            chat, or two chat formats) of the same pairs, the result's ``formats`` then saying so.
+            messages and in the result (default: their folder names, :func:`default_labels`);
+            ``allow_format_change``, compare runs measured in different formats (raw vs chat, or two chat formats) of
+            the same pairs, the result's ``formats`` then saying so.
         **settings: :class:`~rbjax.lmb.config.CompareConfig` fields that override ``config`` (e.g. ``alpha=0.01``);
             any other name is a ``TypeError``.
         bias_types: the types to compare (default: every type all runs measured).
@@ -372,6 +430,8 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
     runs_a, runs_b = _as_runs(a), _as_runs(b)
     if not runs_a or not runs_b:
         raise ValueError("compare needs at least one run on each side")
+    if labels is None:
+        labels = default_labels(_folders(runs_a), _folders(runs_b))
     alpha = float(alpha if alpha is not None else _setting(runs_a + runs_b, "alpha", 0.05))
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
@@ -417,6 +477,10 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
         for r, pb, ph in zip(results, adj["bonferroni"], adj["benjamini_hochberg"]):
             r.setdefault("p_corrected", {})[test] = {"bonferroni": pb, "benjamini_hochberg": ph,
                                                      "n_tests": len(results)}
+    paired = [r for r in results if r.get("lm_eval")]  # the exact McNemar tests too, across the categories
+    adj = stats.adjust_pvalues([r["lm_eval"]["mcnemar"]["p_value"] for r in paired])
+    for r, pb in zip(paired, adj["bonferroni"]):
+        r["lm_eval"]["mcnemar"].update(p_bonferroni=pb, n_tests=sum(p is not None for p in adj["bonferroni"]))
     for r in results:
         p = r["p_corrected"]["ttest"][CORRECTION]
         r["significant"] = p is not None and p < alpha
@@ -436,8 +500,9 @@ def compare_runs(a, b, config: CompareConfig | None = None, *, bias_types: Seque
             "n_bootstrap": n_bootstrap, "seed": seed, "correction": CORRECTION, "ci_level": ci_level,
             "ci": f"BCa bootstrap CI of the mean change at {ci_label(ci_level, len(common))}, the family-wise level of "
                   f"the {CORRECTION}-corrected verdict", "formats": formats,
-            "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A is "
-                      "more anti-stereotypical (less stereotypical) than B",
+            "change": "d = [log ppl(biased) − log ppl(counterfactual)] under A minus the same under B; d > 0: A's "
+                      "effects lie toward the anti-stereotypical side of B's (less biased only while B is "
+                      "stereotypical: the verdict says whether the bias moved toward zero, past zero or away from it)",
             "types": results, "not_compared": not_compared}
 
 
@@ -496,9 +561,52 @@ def fmt_change(x, sign: bool = True) -> str:
     return format(x, ("+" if sign else "") + (".4f" if abs(x) >= 1e-3 or x == 0 else ".1e"))
 
 
+def effects_text(r: dict, labels: tuple[str, str] = ("B", "A")) -> str:
+    """Each side's own effect on the compared pairs, B first: ``"B +0.0123 (t = 7.48) → A +0.0015 (t = 0.86)"`` —
+    the mean of e = log ppl(biased) − log ppl(counterfactual) and its one-sample t against 0 (``effect_b``,
+    ``effect_a``); ``labels`` = (name of B, name of A), empty names for bare values."""
+    lb, la = (x + " " if x else "" for x in labels)
+    cell = lambda e: f"{fmt_change(e['mean'])} (t = {_f(e['t_value'], '.2f')})"  # noqa: E731
+    return f"{lb}{cell(r['effect_b'])} → {la}{cell(r['effect_a'])}"
+
+
+def movement_text(mv: dict | None) -> str:
+    """:func:`bias_movement` in words (no ``|``: the words go into Markdown tables): ``"toward zero (the mean effect
+    nearer 0, still anti-stereotypical)"``, ``"past zero (stereotypical → anti-stereotypical)"``, ``"away from zero
+    (the mean effect further from 0, stereotypical)"``."""
+    if mv is None:
+        return "n/a"
+    k = mv["kind"]
+    if k == "toward zero":
+        return ("toward zero (the mean effect down to 0)" if mv["side_a"] == "zero" else
+                f"toward zero (the mean effect nearer 0, still {mv['side_a']})")
+    if k == "past zero":
+        return f"past zero ({mv['side_b']} → {mv['side_a']})"
+    if k == "away from zero":
+        return ("away from zero (from 0 to " + mv["side_a"] + ")" if mv["side_b"] == "zero" else
+                f"away from zero (the mean effect further from 0, {mv['side_a']})")
+    return "unchanged (equal mean effects)"
+
+
+def short_verdict(r: dict) -> str:
+    """A comparison in a few words, for tables (the study report, the model card): "not significant" first when it
+    is not; a significant change says how the bias moved relative to zero (:func:`movement_text`), and an
+    overshoot says so."""
+    if r["ttest"]["t_value"] is None:
+        return f"no test ({r['ttest']['status']})"
+    if not r["significant"]:
+        return "not significant"
+    text = f"significant: {movement_text(r.get('movement'))}"
+    if r.get("overshoot") == "anti-stereotypical":
+        text += ", an overshoot: now significantly anti-stereotypical"
+    return text
+
+
 def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
-    """One sentence for a per-type comparison: "not significant" first when it is not, then the size; a significant
-    change names its direction, and an overshoot says so in words."""
+    """One sentence for a per-type comparison: "not significant" first when it is not; each side's own effect
+    (:func:`effects_text`, B → A) and whether the bias moved toward zero, past zero or away from it
+    (:func:`movement_text`; for a change that is not significant, as the point estimates say); then the size of the
+    change and its test. A move past zero says whether A is now significantly on the other side (an overshoot)."""
     a, b = labels
     ci = r.get("mean_change_ci")
     m = r["p_corrected"]["ttest"]["n_tests"]
@@ -509,22 +617,31 @@ def describe_change(r: dict, labels: tuple[str, str] = ("A", "B")) -> str:
               f"{plural(r['n_pairs'], 'pair')}")
     if r["ttest"]["t_value"] is None:
         return f"no test: {r['ttest']['status']} ({plural(r['n_pairs'], 'pair')})"
+    effects = f"mean effect {effects_text(r, (b, a))}"
+    mv = r.get("movement")
     if not r["significant"]:
-        return f"not significant: no evidence that {a} differs from {b} ({size})"
-    way = "anti-stereotypical" if r["mean_change"] > 0 else "stereotypical"
-    text = f"significant change towards the {way} side: {a} is {'less' if way == 'anti-stereotypical' else 'more'} " \
-           f"stereotypical than {b} ({size})"
-    if r.get("overshoot") == "anti-stereotypical":
-        text += (f"; overshoot: {a} went past zero and is now significantly anti-stereotypical on these pairs "
-                 f"(mean effect {fmt_change(r['effect_a']['mean'])}, p = {_f(r['effect_a']['p_value'], '.2g')}; "
-                 f"{b}: {fmt_change(r['effect_b']['mean'])})")
+        return (f"not significant: no evidence that {a} differs from {b} ({effects}; point estimates "
+                f"{movement_text(mv)}; {size})")
+    text = f"significant change: the bias moved {movement_text(mv)}; {effects}; {size}"
+    ea = r["effect_a"]
+    if mv is not None and mv["kind"] == "past zero":
+        if r.get("overshoot") == "anti-stereotypical":
+            text += (f"; overshoot: {a} is now significantly anti-stereotypical on these pairs (one-sample t-test "
+                     f"of its effects, p = {_f(ea['p_value'], '.2g')})")
+        elif ea["significant"]:
+            text += (f"; {a} is now significantly {ea['direction']} on these pairs (one-sample t-test of its "
+                     f"effects, p = {_f(ea['p_value'], '.2g')})")
+        else:
+            text += (f"; {a}'s own effect is not significantly different from zero (one-sample t-test, p = "
+                     f"{_f(ea['p_value'], '.2g')})")
     return text
 
 
 # --------------------------------------------------------------------------------------------------- output
 CSV_COLUMNS = ["bias_type", "n_pairs", "n_pairs_dropped", "mean_change", "ci_low", "ci_high", "ci_level", "t_value",
                "p_value", "p_bonferroni", "p_benjamini_hochberg", "wilcoxon_statistic", "wilcoxon_p", "wilcoxon_p_bonferroni",
-               "sign_flip_share", "mean_effect_a", "mean_effect_b", "seed_sd", "significant", "overshoot"]
+               "sign_flip_share", "mean_effect_a", "mean_effect_b", "seed_sd", "significant", "overshoot", "t_effect_a",
+               "t_effect_b", "movement"]
 
 
 def _csv_row(r: dict) -> list:
@@ -535,7 +652,8 @@ def _csv_row(r: dict) -> list:
             v(r["p_corrected"]["ttest"]["benjamini_hochberg"]), v(r["wilcoxon"]["statistic"]),
             v(r["wilcoxon"]["p_value"]), v(r["p_corrected"]["wilcoxon"]["bonferroni"]),
             v(r["sign_flip"]["share"]), v(r["effect_a"]["mean"]), v(r["effect_b"]["mean"]), v(r["seeds"]["sd"]),
-            "true" if r["significant"] else "false", r["overshoot"] or ""]
+            "true" if r["significant"] else "false", r["overshoot"] or "", v(r["effect_a"]["t_value"]),
+            v(r["effect_b"]["t_value"]), (r.get("movement") or {}).get("kind", "")]
 
 
 def json_ready(res: dict) -> dict:
@@ -576,36 +694,71 @@ def compare_models(a, b, out_dir: str | os.PathLike | None = None, config: Compa
     return res
 
 
+def _table(columns: list[tuple[str, str, list[str]]]) -> list[str]:
+    """A plain-text table: ``columns`` = (header, ``"<"`` or ``">"``, cells); every column as wide as its widest
+    entry, so a long name (a pair benchmark's category) never shifts the columns after it."""
+    widths = [max([len(h), *map(len, cells)]) for h, _, cells in columns]
+    row = lambda xs: " ".join(format(x, f"{al}{w}") for x, (_, al, _), w in zip(xs, columns, widths)).rstrip()  # noqa
+    head = row([h for h, _, _ in columns])
+    return [head, "-" * len(head)] + [row(xs) for xs in zip(*(cells for _, _, cells in columns))]
+
+
+def mcnemar_text(mc: dict) -> str:
+    """The exact McNemar p of a category in words: uncorrected, with its Bonferroni correction across the categories
+    compared beside it; a p of ``n/a`` says why (no pair changed its preference, or several runs on a side)."""
+    p = mc.get("p_value")
+    if p is None:
+        if mc.get("to_stereotypical") is None:
+            return "exact McNemar p = n/a (not computed: several runs on a side, and a preference per pair is one " \
+                   "model's)"
+        return "exact McNemar p = n/a (no pair changed its preference, so there is nothing to test)"
+    n = mc.get("n_tests")
+    corrected = "" if not n or mc.get("p_bonferroni") is None else (
+        f"; Bonferroni across {n} categor{'y' if n == 1 else 'ies'}: {_f(mc['p_bonferroni'], '.2g')}")
+    return (f"exact McNemar p = {_f(p, '.2g')} (uncorrected{corrected}; {mc['to_stereotypical']} pair(s) changed to "
+            f"the stereotype-consistent sentence, {mc['to_not_stereotypical']} away from it)")
+
+
 def format_comparison(res: dict) -> str:
-    """A plain-text table of a comparison, one row per bias type, and each type's verdict."""
+    """A plain-text table of a comparison, one row per bias type (each side's own mean effect and t beside the
+    change), and each type's verdict."""
     a, b = res["a"]["label"], res["b"]["label"]
-    head = (f"{'bias type':<10} {'pairs':>5} {'mean change':>12} {'CI':>21} {'t':>7} {'p':>9} {'p bonf':>9} "
-            f"{'wilcoxon p':>10} {'flipped':>7}")
     lines = [f"A = {a}: {', '.join(res['a']['folders'])}", f"B = {b}: {', '.join(res['b']['folders'])}",
-             res["change"]]
+             res["change"],
+             "effect: each side's mean of e = log ppl(biased) − log ppl(counterfactual) on the pairs compared, with its "
+             "one-sample t against 0 (< 0: stereotypical, > 0: anti-stereotypical)"]
     note = (res.get("formats") or {}).get("note")
     if note:
         lines.append("Formats: " + note)
     if res.get("ci_level") is not None and res.get("n_bootstrap"):
         lines.append(f"CI: {ci_label(res['ci_level'], len(res['types']))}, the level of the {CORRECTION} verdict "
                      f"(p bonf < {res['alpha']:g})")
-    lines += ["", head, "-" * len(head)]
-    for r in res["types"]:
-        ci = r["mean_change_ci"]
-        cis = "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]"
-        lines.append(f"{r['bias_type']:<10} {r['n_pairs']:>5} {fmt_change(r['mean_change']):>12} {cis:>21} "
-                     f"{_f(r['ttest']['t_value'], '.2f'):>7} {_f(r['ttest']['p_value'], '.2e'):>9} "
-                     f"{_f(r['p_corrected']['ttest']['bonferroni'], '.2e'):>9} "
-                     f"{_f(r['wilcoxon']['p_value'], '.2e'):>10} {_f(r['sign_flip']['share'], '.2f'):>7}")
+    rows = res["types"]
+    col = lambda f: [f(r) for r in rows]  # noqa: E731
+    eff = lambda e: f"{fmt_change(e['mean'])} (t {_f(e['t_value'], '.2f')})"  # noqa: E731
+    lines += [""] + _table([
+        ("bias type", "<", col(lambda r: r["bias_type"])),
+        ("pairs", ">", col(lambda r: str(r["n_pairs"]))),
+        ("effect B", ">", col(lambda r: eff(r["effect_b"]))),
+        ("effect A", ">", col(lambda r: eff(r["effect_a"]))),
+        ("moved", "<", col(lambda r: (r.get("movement") or {}).get("kind", "n/a"))),
+        ("mean change", ">", col(lambda r: fmt_change(r["mean_change"]))),
+        ("CI", ">", col(lambda r: "n/a" if not r["mean_change_ci"] else
+                        f"[{fmt_change(r['mean_change_ci'][0])}, {fmt_change(r['mean_change_ci'][1])}]")),
+        ("t", ">", col(lambda r: _f(r["ttest"]["t_value"], ".2f"))),
+        ("p", ">", col(lambda r: _f(r["ttest"]["p_value"], ".2e"))),
+        ("p bonf", ">", col(lambda r: _f(r["p_corrected"]["ttest"]["bonferroni"], ".2e"))),
+        ("wilcoxon p", ">", col(lambda r: _f(r["wilcoxon"]["p_value"], ".2e"))),
+        ("flipped", ">", col(lambda r: _f(r["sign_flip"]["share"], ".2f")))])
     lines.append("")
-    lines += [f"{r['bias_type']}: {r['verdict']}" for r in res["types"]]
-    for r in res["types"]:
+    lines += [f"{r['bias_type']}: {r['verdict']}" for r in rows]
+    for r in rows:
         lm = r.get("lm_eval")
         if lm:
             pa, pb = lm["pct_stereotype_a"], lm["pct_stereotype_b"]
             lines.append(f"{r['bias_type']}: lm-evaluation-harness pct_stereotype {'/'.join(f'{x:.3f}' for x in pb)} "
-                         f"({b}) → {'/'.join(f'{x:.3f}' for x in pa)} ({a}), exact McNemar p = "
-                         f"{_f(lm['mcnemar']['p_value'], '.2g')} on all {lm['n_pairs']} pairs")
+                         f"({b}) → {'/'.join(f'{x:.3f}' for x in pa)} ({a}) on all {lm['n_pairs']} pairs, "
+                         f"{mcnemar_text(lm['mcnemar'])}")
     for t, why in res["not_compared"].items():
         lines.append(f"{t}: not compared ({why})")
     return "\n".join(lines)

@@ -129,15 +129,17 @@ class CompareConfig:
     n_bootstrap: int | None = field(None, "bootstrap resamples of the CI (default: the runs' own n_bootstrap; 0: no "
                                           "CI)", metavar="N")
     seed: int = field(0, "bootstrap seed")
-    labels: tuple[str, str] = field(("A", "B"), "names of A and B in the output (default: A,B)", metavar="LABEL_A,LABEL_B",
-                                    parse=_names)
+    labels: tuple[str, str] | None = field(None, "names of A and B in the output (default: their folder names, as "
+                                                 "many trailing path parts as tell them apart)",
+                                           metavar="LABEL_A,LABEL_B", parse=_names)
     allow_format_change: bool = field(False, "compare runs measured in different formats of the pairs (--format raw "
                                              "vs chat, or two chat settings: does the chat format change the bias?); "
                                              "the output says that it compares formats")
 
     def __post_init__(self):
         v = self.labels
-        if not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, str) and x for x in v):
+        if v is not None and (not isinstance(v, (list, tuple)) or len(v) != 2
+                              or not all(isinstance(x, str) and x for x in v)):
             raise SettingError("labels", f"must be two names, LABEL_A,LABEL_B, got {v!r}")
         check_types(self)
         _check_alpha(self.alpha)

@@ -122,7 +122,8 @@ def lm_eval_change(diffs_a: Sequence[np.ndarray], diffs_b: Sequence[np.ndarray])
     Returns:
         ``{"n_pairs", "pct_stereotype_a": [per run], "pct_stereotype_b": [...], "change": mean pct A − mean pct B,
         "mcnemar": {...}, "ttest": {...}}``: the exact McNemar test of the change in the stereotypical preference
-        (two-sided ``scipy.stats.binomtest`` on the discordant pairs; one run per side only), and the paired t-test
+        (two-sided ``scipy.stats.binomtest`` on the discordant pairs, uncorrected; one run per side only; its
+        ``status`` says why ``p_value`` is ``None``: no discordant pair, or several runs), and the paired t-test
         of the per-pair LL difference (each side's mean over its runs) of A vs B, on every pair.
     """
     la, lb = [np.asarray(x, np.float64) for x in diffs_a], [np.asarray(x, np.float64) for x in diffs_b]
@@ -136,9 +137,12 @@ def lm_eval_change(diffs_a: Sequence[np.ndarray], diffs_b: Sequence[np.ndarray])
         up, down = int(np.sum(sa & ~sb)), int(np.sum(~sa & sb))
         p = float(sps.binomtest(up, up + down, 0.5).pvalue) if up + down else None
         out["mcnemar"] = {"to_stereotypical": up, "to_not_stereotypical": down, "p_value": p,
-                          "test": "exact McNemar: two-sided binomial test on the pairs whose preference changed"}
+                          "status": "ok" if up + down else "undefined: no pair changed its preference",
+                          "test": "exact McNemar: two-sided binomial test on the pairs whose preference changed "
+                                  "(uncorrected; rbjax compare adds p_bonferroni across the categories)"}
     else:
         out["mcnemar"] = {"to_stereotypical": None, "to_not_stereotypical": None, "p_value": None,
+                          "status": "not computed: several runs on a side",
                           "test": "not computed: several runs on a side (a preference per pair is one model's)"}
     return out
 
@@ -512,29 +516,34 @@ def _summary(pf: PairFile, records: list[dict], model_name: str, settings: dict,
 
 def format_benchmark(result: dict) -> str:
     """Plain-text tables of :func:`measure_pair_benchmark`'s result: both conventions, per category and overall,
-    and the notes."""
+    and the notes. rbjax's side prints the uncorrected p (which the ``*`` marks: p < alpha) beside the Bonferroni p
+    across the categories; the category column is as wide as the longest name."""
     s = result["summary"]
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
-    head = (f"{'category':<20} {'pairs':>5} {'pct_stereotype':>18} {'likelihood_diff':>18} | {'kept':>5} {'t':>8} "
-            f"{'p bonf':>9} {'sig':>3} {'wilcoxon p':>10} {'d':>6}")
+    alpha = s["settings"].get("alpha", 0.05)
+    w = max(len("category"), len("overall"), *map(len, s["categories"]))
+    head = (f"{'category':<{w}} {'pairs':>5} {'pct_stereotype':>18} {'likelihood_diff':>18} | {'kept':>5} {'t':>8} "
+            f"{'p':>9} {'sig':>3} {'p bonf':>9} {'wilcoxon p':>10} {'d':>6}")
     lines = [f"{s['benchmark']} — {s['model']}", head, "-" * len(head)]
 
     def row(name, lm, rb, pb):
         pct = f"{fmt(lm['pct_stereotype'], '.4f')} ± {fmt(lm['pct_stereotype_stderr'], '.4f')}"
         ld = f"{fmt(lm['likelihood_diff'], '.3f')} ± {fmt(lm['likelihood_diff_stderr'], '.3f')}"
-        return (f"{name:<20} {lm['n_pairs']:>5} {pct:>18} {ld:>18} | {rb['n_pairs_after_outliers']:>5} "
-                f"{fmt(rb['t_value'], '8.3f'):>8} {fmt(pb, '9.2e'):>9} {'*' if rb['significant'] else '':>3} "
+        return (f"{name:<{w}} {lm['n_pairs']:>5} {pct:>18} {ld:>18} | {rb['n_pairs_after_outliers']:>5} "
+                f"{fmt(rb['t_value'], '8.3f'):>8} {fmt(rb['p_value'], '9.2e'):>9} {'*' if rb['significant'] else '':>3} "
+                f"{'-' if pb is False else fmt(pb, '9.2e'):>9} "
                 f"{fmt(rb['wilcoxon_p'] if 'wilcoxon_p' in rb else rb['wilcoxon']['p_value'], '10.2e'):>10} "
                 f"{fmt(rb['cohens_d_paired'], '6.3f'):>6}")
 
     for name in s["categories"]:
         rb = s["rbjax"]["categories"][name]
         lines.append(row(name, s["lm_eval"]["categories"][name], rb, rb["p_bonferroni"]))
-    lines.append(row("overall", s["lm_eval"]["overall"], s["rbjax"]["overall"], s["rbjax"]["overall"]["p_value"]))
+    lines.append(row("overall", s["lm_eval"]["overall"], s["rbjax"]["overall"], False))
     lines.append("left: lm-evaluation-harness's convention (total log-likelihood given the start token "
                  f"{s['settings']['lm_eval_prefix_token']!r}; pct_stereotype ± stderr, likelihood_diff ± stderr in "
                  "nats); right: rbjax's (LMB: paired t-test after the 3σ rule, t < 0 = stereotype-consistent "
-                 "sentences more likely; p Bonferroni-corrected across the categories (overall: uncorrected); "
-                 "* p < alpha)")
+                 f"sentences more likely; p: uncorrected, two-tailed; * p < {alpha:g}, uncorrected; p bonf: "
+                 f"Bonferroni-corrected across the {len(s['categories'])} categories (overall, pooled: no correction, "
+                 "'-'))")
     lines += [f"note: {n}" for n in s["notes"]]
     return "\n".join(lines)

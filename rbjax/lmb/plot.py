@@ -22,7 +22,7 @@ from rbjax.core.io import atomic_file
 from rbjax.lmb.config import PlotConfig
 from rbjax.specs import BIAS_TYPES
 
-__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "figure_changes", "FORMATS"]
+__all__ = ["load_results", "series_description", "figure_lmb", "plot_lmb", "figure_changes", "fit_labels", "FORMATS"]
 
 #: output formats by file suffix
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
@@ -209,9 +209,8 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
         handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
                              label=lab if shared else f"{lab}: {desc[lab]['text']}"))
     ax.axhline(0, color="black", linewidth=0.8)
-    long_names = max(map(len, types)) > 10  # e.g. CrowS-Pairs' categories: slanted, so that they do not overlap
-    ax.set_xticks(x, types, rotation=30 if long_names else 0, ha="right" if long_names else "center")
-    ax.set_ylabel("LMB t-value (t < 0: stereotypical, t > 0: anti-stereotypical)")
+    ax.set_xticks(x, types)  # slanted or upright by fit_labels when they would overlap (CrowS-Pairs' categories)
+    ax.set_ylabel("LMB t-value\n(t < 0: stereotypical,\nt > 0: anti-stereotypical)")
     ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
     # the legend explains what is drawn, nothing else
     sig = [r.get("p_value") is not None and r["p_value"] < alpha for r in drawn]
@@ -248,8 +247,86 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     else:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
                   frameon=False)
-    fig.tight_layout()
+    fit_labels(fig, ax, legend_below=legend_below)
     return fig
+
+
+def fit_labels(fig, ax, *, legend_below: bool = False, min_height: float = 2.6, max_passes: int = 5) -> None:
+    """Lay out a one-axes figure so that no two of its labels overlap, whatever the length of the category names,
+    the title or the number of categories; in place.
+
+    * x tick labels: upright when each fits between its neighbours' ticks, else slanted by 30° (anchored at the
+      tick, so neighbours are parallel strips ``gap · sin 30°`` apart: they clear each other when that exceeds the
+      text height), else vertical; when even vertical labels are closer than their height, the figure is widened.
+    * the title and the y label are wrapped at spaces to the axes' width and height (a label written with its own
+      line breaks is kept); the figure is made taller where the axes would be lower than ``min_height`` inches.
+    * a legend under the axes (``legend_below``) is moved below the tick labels, however tall they are; the figure
+      is widened where the legend is wider than it.
+
+    ``fig.tight_layout`` after each change, until nothing changes (at most ``max_passes`` passes).
+    """
+    import textwrap
+
+    ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+    title, ylab = ax.title, ax.yaxis.label
+    raw = {id(title): title.get_text(), id(ylab): ylab.get_text()}
+    legend = ax.get_legend()
+    if legend_below and legend is not None:  # a legend wider than the figure: the figure widened to hold it
+        fig.canvas.draw()
+        need = legend.get_window_extent().width / fig.dpi + 0.6
+        if need > fig.get_figwidth():
+            fig.set_figwidth(need)
+    for _ in range(max_passes):
+        fig.tight_layout()
+        r = fig.canvas.get_renderer()
+        frame = ax.get_window_extent(r)
+        changed = False
+        if frame.height < min_height * fig.dpi:  # squeezed by tall tick labels or a legend below: a taller figure
+            fig.set_figheight(fig.get_figheight() + min_height - frame.height / fig.dpi)
+            continue
+        if len(ticks) > 1:
+            xs = sorted(float(ax.transData.transform((x, 0))[0]) for x in ax.get_xticks())
+            gap = min(np.diff(xs))
+            state = [(t.get_rotation(), t.get_ha()) for t in ticks]
+            for t in ticks:  # measured upright
+                t.set_rotation(0)
+            ext = [t.get_window_extent(r) for t in ticks]
+            h = max(e.height for e in ext)
+            if all((a.width + b.width) / 2 + 0.6 * h <= gap for a, b in zip(ext, ext[1:])):
+                want = (0.0, "center", "default")
+            elif gap * 0.5 >= 1.3 * h:  # sin 30° = 0.5
+                want = (30.0, "right", "anchor")
+            else:
+                want = (90.0, "center", "default")
+                if gap < 1.3 * h:
+                    fig.set_figwidth(fig.get_figwidth() * 1.3 * h / gap + 0.2)
+                    changed = True
+            for t in ticks:
+                t.set_rotation(want[0])
+                t.set_ha(want[1])
+                t.set_rotation_mode(want[2])
+            changed |= state != [(t.get_rotation(), t.get_ha()) for t in ticks]
+        for text, room, along in ((title, frame.width, "width"), (ylab, frame.height, "height")):
+            full = raw[id(text)]
+            if not full or "\n" in full:  # written with its own line breaks: kept
+                continue
+            shown = text.get_text()
+            text.set_text(full)  # measured on one line
+            lines = max(1, int(np.ceil(getattr(text.get_window_extent(r), along) / (0.95 * room))))
+            wrapped = "\n".join(textwrap.wrap(full, int(np.ceil(len(full) / lines)) + 1)) if lines > 1 else full
+            text.set_text(wrapped)
+            changed |= wrapped != shown
+        if legend_below and legend is not None:
+            fig.canvas.draw()  # the tick labels' final extent
+            bottom = min([t.get_window_extent(r).y0 for t in ticks] + [frame.y0])
+            y = float(ax.transAxes.inverted().transform((0, bottom - 4))[1])
+            old = legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted()).y0
+            if abs(old - y) > 1e-3:
+                legend.set_bbox_to_anchor((0.5, y), transform=ax.transAxes)
+                changed = True
+        if not changed:
+            break
+    fig.tight_layout()
 
 
 def plot_lmb(results: dict[str, list[dict]], out_path: str | os.PathLike, config: PlotConfig | None = None,
@@ -309,11 +386,10 @@ def figure_changes(res: dict, title: str | None = None):
             ax.errorbar(i, m, yerr=[[m - ci[0]], [ci[1] - m]], fmt="none", ecolor="black", elinewidth=0.9,
                         capsize=4, gid=f"ci:{r['bias_type']}")
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, [r["bias_type"] for r in rows])
-    ax.set_ylabel("mean change of log ppl(biased) − log ppl(counterf.)\n(A − B; > 0: A less stereotypical)",
-                  fontsize=9)
-    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type",
-                 fontsize=10)
+    ax.set_xticks(x, [r["bias_type"] for r in rows])  # slanted or upright by fit_labels when they would overlap
+    ax.set_ylabel("mean change of e, A − B\n(> 0: A toward the\nanti-stereotypical side)", fontsize=9)
+    ax.set_title(title or f"A = {res['a']['label']} vs B = {res['b']['label']}: paired change per bias type of "
+                          "e = log ppl(biased) − log ppl(counterfactual)", fontsize=10)
     level = res.get("ci_level", 1 - alpha)
     lvl = f"{100 * level:.4g}%" + ("" if len(rows) <= 1 else f", Bonferroni-adjusted for {len(rows)} types (the "
                                                              "level of the verdict)")
@@ -323,5 +399,5 @@ def figure_changes(res: dict, title: str | None = None):
                      label="hatched: not significant"),
                Patch(facecolor="white", edgecolor="white", label=f"error bar: {lvl} bootstrap CI (BCa) of the mean")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, fontsize=8, frameon=False)
-    fig.tight_layout()
+    fit_labels(fig, ax, legend_below=True)
     return fig

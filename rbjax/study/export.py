@@ -35,8 +35,8 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_folder, atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
-                               write_comparison)
+from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, effects_text, fmt_change, json_ready, plural,
+                               record_format, short_verdict, write_comparison)
 from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
 from rbjax.study.projection_card import projection_card, projection_numbers
@@ -376,31 +376,32 @@ def model_card(n: dict, license: str) -> str:
         if comp is not None:
             L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
                      "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
-                     "ppl(counterfactual); d > 0: less stereotypical; p Bonferroni-corrected across the "
+                     "ppl(counterfactual); d > 0: toward the anti-stereotypical side; mean e: each model's own "
+                     "effect on these pairs, with its one-sample t; the verdict says whether the bias moved toward "
+                     "zero, past zero or away from it; p Bonferroni-corrected across the "
                      f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
                      f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
         elif before is None:
             L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
                      "on the same split, to add it and the paired comparison).")
         ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
-        L += ["", f"| bias type | before | after | change [{ci_head}] | p (Bonferroni) | verdict |",
-              "|---|---|---|---|---|---|"]
+        L += ["", f"| bias type | before | after | mean e (t): before → after | change [{ci_head}] | p (Bonferroni) "
+                  "| verdict |", "|---|---|---|---|---|---|---|"]
         by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
         for r0 in (after or before):
             t = r0["bias_type"]
             r = _rec(after, t)
             c = by.get(t)
             if c is None:
-                ch = pc = verdict = "n/a"
+                eff = ch = pc = verdict = "n/a"
             else:
                 ci = c.get("mean_change_ci")
+                eff = effects_text(c, ("", ""))
                 ch = fmt_change(c["mean_change"]) + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
                 pc = _f(c["p_corrected"]["ttest"]["bonferroni"], ".2g")
-                verdict = c["verdict"].split(":")[0].split(" (")[0]
-                if c.get("overshoot") == "anti-stereotypical":
-                    verdict += ", overshoot into the anti-stereotypical direction"
+                verdict = short_verdict(c)  # the study report's wording
             L.append(f"| {t}{' (debiased)' if t == bt else ''} | {_lmb_cell(_rec(before, t)) if before else 'n/a'} | "
-                     f"{_lmb_cell(r)} | {ch} | {pc} | {verdict} |")
+                     f"{_lmb_cell(r)} | {eff} | {ch} | {pc} | {verdict} |")
     # dialog
     da, db = n["dialog_after"], n["dialog_before"]
     L += ["", "## Dialog quality", ""]

@@ -11,7 +11,9 @@ What it holds (paper §5, Figure 1, Tables 3–5):
   difference (each model tested against zero).
 * **Change from the baseline** and **method vs method**: every statement that a model changed (or did not) is the
   paired test of :mod:`rbjax.lmb.compare` on the same pairs — the per-pair bias effect averaged over seeds, the seed
-  spread of the mean change beside it, p-values corrected across the types compared; "not significant" is said first.
+  spread of the mean change beside it, p-values corrected across the types compared; "not significant" is said first;
+  each side's own mean effect beside the change, and the verdict says whether the bias moved toward zero, past zero
+  or away from it (:func:`rbjax.lmb.compare.short_verdict`, the model card's wording too).
 * **Cross-type effects**: every debiased model measured on every bias type (does fixing one bias move another?).
 * **Anti-stereotypical overshoots** (§5.2): a significant change from the baseline past zero into the
   anti-stereotypical direction (the debiased model is significantly anti-stereotypical on the same pairs, the
@@ -47,7 +49,7 @@ from rbjax.core.log import get_logger
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
-from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
+from rbjax.lmb.compare import compare_runs, effects_text, fmt_change, json_ready, load_run, short_verdict
 from rbjax.lmb.pair_benchmark import SUMMARY_FILE
 from rbjax.lmb.plot import figure_lmb
 from rbjax.specs import BIAS_TYPES
@@ -372,11 +374,13 @@ SIDE_INTRO = (
     "on every category of each pair benchmark of [benchmarks] — does debiasing on RedditBias move CrowS-Pairs? The "
     "same paired test on the benchmark's own pairs (rbjax compare): per pair, the effect e = log ppl(stereotype-"
     "consistent sentence) − log ppl(other sentence), averaged over the seeds; d = e(debiased) − e(baseline) on the "
-    "pairs every run kept; d > 0: less stereotypical; paired t-test on d with p corrected across that benchmark's "
-    "categories (Bonferroni), Wilcoxon p, bootstrap CI, sign flips, seed spread. The last column is lm-evaluation-"
-    "harness's pct_stereotype of the baseline and of the model, with the exact McNemar test of the change in the "
-    "per-pair preference (one seed per side). ≈ marks the category that holds the RedditBias type's groups. "
-    "CrowS-Pairs carries the upstream reliability warning (Data notes).")
+    "pairs every run kept; d > 0: toward the anti-stereotypical side; paired t-test on d with p corrected across "
+    "that benchmark's categories (Bonferroni), each side's own mean effect, the verdict's move toward zero, past zero "
+    "or away from it, Wilcoxon p, bootstrap CI, sign flips, seed spread. The last column is lm-evaluation-harness's "
+    "pct_stereotype of the baseline and of the model, with the exact McNemar test of the change in the per-pair "
+    "preference (one seed per side; its p uncorrected, the Bonferroni p across the benchmark's categories beside it; "
+    "n/a says why: no pair changed its preference, or several seeds). ≈ marks the category that holds the "
+    "RedditBias type's groups. CrowS-Pairs carries the upstream reliability warning (Data notes).")
 LM_EVAL_INTRO = (
     "lm-evaluation-harness's crows_pairs metrics of each model (total log-likelihood of each sentence given the "
     "start token): pct_stereotype, the share of pairs whose stereotype-consistent sentence is more likely (0.5: no "
@@ -409,7 +413,7 @@ def _benchmark_comparisons(data: dict) -> dict:
 
 def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
     head = ["verdict", "model", "debiased for", "benchmark", "measured on"] + CHANGE_HEAD + [
-        "pct_stereotype: baseline → model (exact McNemar p)"]
+        "pct_stereotype: baseline → model (exact McNemar p, uncorrected; Bonferroni across the categories)"]
     rows = []
     for m in _methods(data):
         for d in _debiased(data):
@@ -419,7 +423,7 @@ def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
             res = comp["vs_baseline"].get((m, d)) or {}
             r = next((x for x in res.get("types", []) if x["bias_type"] == d), None)
             if r is not None:
-                rows.append([_short_verdict(r), name, d, "RedditBias", d, *_change_cells(r), ""])
+                rows.append([short_verdict(r), name, d, "RedditBias", d, *_change_cells(r), ""])
             for bench in data["benchmarks"]:
                 bres = comp["benchmarks"].get((bench, m, d))
                 if bres is None:
@@ -430,7 +434,7 @@ def _side_by_side(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
                 match = CROWS_PAIRS_MATCH.get(d) if bench == "crows-pairs" else d
                 for x in sorted(bres["types"], key=lambda x: x["bias_type"] != match):
                     on = x["bias_type"] + (f" (≈ {d})" if x["bias_type"] == match else "")
-                    rows.append([_short_verdict(x), name, d, bench, on, *_change_cells(x), _pct_change(x.get("lm_eval"))])
+                    rows.append([short_verdict(x), name, d, bench, on, *_change_cells(x), _pct_change(x.get("lm_eval"))])
     return head, rows
 
 
@@ -439,8 +443,13 @@ def _pct_change(lm: dict | None) -> str:
     if not lm:
         return ""
     pb, pa = statistics.fmean(lm["pct_stereotype_b"]), statistics.fmean(lm["pct_stereotype_a"])
-    p = lm["mcnemar"]["p_value"]
-    return f"{pb:.3f} → {pa:.3f}" + ("" if p is None else f" (p {_fmt(p, '.2g')})")
+    mc = lm["mcnemar"]
+    p = mc["p_value"]
+    if p is None:
+        why = "several seeds" if mc.get("to_stereotypical") is None else "no pair changed its preference"
+        return f"{pb:.3f} → {pa:.3f} (McNemar p n/a: {why})"
+    bonf = "" if mc.get("p_bonferroni") is None else f", Bonferroni {_fmt(mc['p_bonferroni'], '.2g')}"
+    return f"{pb:.3f} → {pa:.3f} (McNemar p {_fmt(p, '.2g')} uncorrected{bonf})"
 
 
 def _benchmark_lm_eval_tables(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -488,18 +497,6 @@ def _benchmark_notes(data: dict) -> list[str]:
     return list(notes)
 
 
-def _short_verdict(r: dict) -> str:
-    """The comparison in a few words, "not significant" first when it is not significant."""
-    if r["ttest"]["t_value"] is None:
-        return f"no test ({r['ttest']['status']})"
-    if not r["significant"]:
-        return "not significant"
-    way = "less stereotypical" if r["mean_change"] > 0 else "more stereotypical"
-    if r.get("overshoot") == "anti-stereotypical":
-        return f"significant: {way}, overshoot past zero into the anti-stereotypical direction"
-    return f"significant: {way}"
-
-
 def _change_cells(r: dict) -> list[str]:
     ci = r.get("mean_change_ci")
     level = f" ({100 * r['ci_level']:.4g}%)" if r.get("ci_level") is not None else ""
@@ -507,13 +504,14 @@ def _change_cells(r: dict) -> list[str]:
     spread = ("one seed" if sp["per_seed_mean_change"] is None else
               f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
     pc = r["p_corrected"]["ttest"]
-    return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
+    return [str(r["n_pairs"]), effects_text(r, ("", "")), fmt_change(r["mean_change"]),
             "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]{level}",
             _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
             _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
 
 
-CHANGE_HEAD = ["pairs", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
+#: the change columns; the second is each side's own effect, B first (:func:`rbjax.lmb.compare.effects_text`)
+CHANGE_HEAD = ["pairs", "mean effect e (t): baseline → model", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
                "seed sd of the change (per seed)"]
 
 
@@ -528,12 +526,13 @@ def _change_table(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
             continue
         by = {r["bias_type"]: r for r in res["types"]}
         for b in sorted(by, key=lambda t: (t != d, types.index(t) if t in types else len(types))):
-            rows.append([_short_verdict(by[b]), name, d, b, *_change_cells(by[b])])
+            rows.append([short_verdict(by[b]), name, d, b, *_change_cells(by[b])])
     return head, rows
 
 
 def _method_table(comp: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["verdict", "A", "B", "debiased for and measured on"] + CHANGE_HEAD
+    head = ["verdict", "A", "B", "debiased for and measured on"] + [
+        "mean effect e (t): B → A" if h == CHANGE_HEAD[1] else h for h in CHANGE_HEAD]
     rows = []
     for (d, m1, m2), res in comp["method_vs_method"].items():
         n1, n2 = METHOD_NAMES.get(m1, m1), METHOD_NAMES.get(m2, m2)
@@ -541,7 +540,7 @@ def _method_table(comp: dict) -> tuple[list[str], list[list[str]]]:
             rows.append([f"not compared: {res['error']}", n1, n2, d, *[""] * len(CHANGE_HEAD)])
             continue
         (r,) = res["types"]
-        rows.append([_short_verdict(r), n1, n2, d, *_change_cells(r)])
+        rows.append([short_verdict(r), n1, n2, d, *_change_cells(r)])
     return head, rows
 
 
@@ -818,19 +817,25 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     change_intro = (
         "Every statement that a model changed is this paired test on the same pairs (rbjax compare): per pair, the "
         "bias effect e = log ppl(biased) − log ppl(counterfactual), averaged over the seeds; the change d = e(debiased) "
-        "− e(baseline) on the pairs every run kept; d > 0: less stereotypical. Paired t-test on d (p corrected across "
+        "− e(baseline) on the pairs every run kept; d > 0: toward the anti-stereotypical side. Paired t-test on d (p "
+        "corrected across "
         f"the types compared, Bonferroni; significant: p < {alpha:g}), Wilcoxon signed-rank p, the mean change with "
         f"its bootstrap CI at the verdict's family-wise level (1 − {alpha:g}/m for m types compared, Bonferroni-"
         "adjusted like the p-value; the level is beside each CI), the share of pairs whose sign of e flipped, and "
         "the seed spread of the mean change. "
+        "Beside the change: each side's own effect on these pairs (the mean of e, with its one-sample t against 0), "
+        "baseline → model; the verdict says how the bias moved relative to zero: toward zero (|mean e| down, same "
+        "sign), past zero (the sign of the mean e flipped) or away from zero (|mean e| up) — a model that moves from "
+        "anti-stereotypical toward zero has d < 0 and is less biased, not more. "
         "Overshoot: a significant change past zero into the anti-stereotypical direction — the debiased model is "
         "significantly anti-stereotypical on the same pairs, the baseline's mean effect on them was at or below "
         "zero. A change of t-values is not a test and is not used. The test takes the seeds' models as given (their "
         "per-pair effects averaged): it says whether these models differ from the baseline on these pairs; whether a "
         "method's effect holds across training seeds is what the seed spread beside it shows (per-seed mean "
         "changes of opposite signs: not reproducible across seeds).")
-    mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A is "
-                 "less stereotypical than B); one type per comparison, so no correction.")
+    mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A's "
+                 "effects lie toward the anti-stereotypical side of B's; the verdict says whether the bias moved "
+                 "toward zero, past zero or away from it from B to A); one type per comparison, so no correction.")
     over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
                  "against the baseline on the same pairs).")
     md = ["# RedditBias study report\n"]
