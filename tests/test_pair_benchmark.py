@@ -288,6 +288,11 @@ def test_benchmark_table_prints_the_uncorrected_p_its_star_marks():
          "lm_eval": {"categories": {c: lm for c in cats}, "overall": lm},
          "rbjax": {"categories": cats, "overall": overall}, "notes": []}
     lines = format_benchmark({"summary": s}).splitlines()
+    assert lines[0] == "pairs:mine.csv — m: raw text (lm-evaluation-harness's convention)"
+    s["settings"].update(adapter="ad", param_dtype="bf16")  # the summary line says what was scored and how
+    assert format_benchmark({"summary": s}).splitlines()[0] == (
+        "pairs:mine.csv — m: raw text (lm-evaluation-harness's convention); with the LoRA adapter ad (unmerged); "
+        "weights stored in bf16")
     head = lines[1]
     rows = {ln.split()[0]: ln for ln in lines[3:7]}
     assert head.split("|")[1].split() == ["kept", "t", "p", "sig", "p", "bonf", "wilcoxon", "p", "d"]

@@ -567,13 +567,13 @@ def _verdict(r: dict) -> str:
     return r["direction"] if r["significant"] else "not significant"
 
 
-def describe_measurement(rec: dict) -> str:
+def describe_measurement(rec: dict, raw: str = "raw text (the paper's format)") -> str:
     """One line: what an ``lmb.json`` record scored and how — the model (or the stored perplexities), the format (raw
-    text, or the chat format: :func:`rbjax.model.chat.describe_chat`), a LoRA adapter scored on it, and a precision
-    or parameter storage other than fp32."""
+    text — ``raw`` says whose convention that is —, or the chat format: :func:`rbjax.model.chat.describe_chat`), a
+    LoRA adapter scored on it, and a precision or parameter storage other than fp32."""
     s = rec.get("settings") or {}
     chat = (rec.get("inputs") or {}).get("chat")
-    bits = [describe_chat(chat) if chat else "raw text (the paper's format)"]
+    bits = [describe_chat(chat) if chat else raw]
     if s.get("adapter"):
         bits.append(f"with the LoRA adapter {s['adapter']} (unmerged)")
     if s.get("precision") not in (None, "fp32"):

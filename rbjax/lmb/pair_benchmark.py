@@ -48,8 +48,8 @@ from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.pairs import CategoryPairs, PairFile, load_benchmark
 from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
-from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, measure_state, pair_statistics,
-                               record_inputs, reuse_perplexities_csv)
+from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, describe_measurement, measure_state,
+                               pair_statistics, record_inputs, reuse_perplexities_csv)
 from rbjax.lmb.perplexity import PhraseError, PhraseScores
 from rbjax.lmb.plot import plot_lmb
 
@@ -524,7 +524,9 @@ def format_benchmark(result: dict) -> str:
     w = max(len("category"), len("overall"), *map(len, s["categories"]))
     head = (f"{'category':<{w}} {'pairs':>5} {'pct_stereotype':>18} {'likelihood_diff':>18} | {'kept':>5} {'t':>8} "
             f"{'p':>9} {'sig':>3} {'p bonf':>9} {'wilcoxon p':>10} {'d':>6}")
-    lines = [f"{s['benchmark']} — {s['model']}", head, "-" * len(head)]
+    what = describe_measurement({"model": s["model"], "settings": s["settings"]},
+                                raw="raw text (lm-evaluation-harness's convention)")
+    lines = [f"{s['benchmark']} — {what}", head, "-" * len(head)]
 
     def row(name, lm, rb, pb):
         pct = f"{fmt(lm['pct_stereotype'], '.4f')} ± {fmt(lm['pct_stereotype_stderr'], '.4f')}"
