@@ -158,3 +158,44 @@ def test_a_bad_tokenizer_is_named_as_given(tmp_path, tiny_model_dir, tiny_model_
         assert why in err and "pass --tokenizer" not in err
     with pytest.raises(FileNotFoundError, match="the model folder has no tokenizer files; pass --tokenizer"):
         ModelHandle.open(tiny_model_dir_no_tokenizer).tokenizer  # noqa: B018
+
+
+def test_model_resolved_once_and_its_config_read_once_per_command(tiny_model_dir, tokenizer_dir, redditbias_dir,
+                                                                  tmp_path, monkeypatch, capsys):
+    """--model goes through one ModelHandle per command (the memory plan, the content keys and the loader share it):
+    one resolution and one read of its config.json for measure, debias and a sweep's dry run (which reads no
+    weights)."""
+    from pathlib import Path
+
+    from rbjax.cli import main
+    from rbjax.model import hf
+
+    opens, reads = [], []
+    real_open, real_read = ModelHandle.open.__func__, hf.read_config_json
+
+    def counting_open(cls, model, tokenizer=None):
+        opens.append(str(model))
+        return real_open(cls, model, tokenizer)
+
+    monkeypatch.setattr(ModelHandle, "open", classmethod(counting_open))
+    monkeypatch.setattr(hf, "read_config_json", lambda folder: reads.append(Path(folder).resolve()) or real_read(folder))
+    model = Path(tiny_model_dir).resolve()
+
+    def counts():
+        n = (opens.count(str(tiny_model_dir)), reads.count(model))
+        opens.clear(), reads.clear()
+        return n
+
+    assert main(["measure", "--model", str(tiny_model_dir), "--bias", "religion1", "--data-dir", str(redditbias_dir),
+                 "--n-bootstrap", "0", "--no-progress", "--out", str(tmp_path / "m")]) == 0
+    assert counts() == (1, 1)
+    assert main(["debias", "--method", "lm", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+                 str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "d"),
+                 "--batch-size", "4", "--max-steps", "1", "--layout", "padded", "--no-eval", "--no-lmp",
+                 "--no-export", "--no-progress"]) == 0
+    assert counts() == (1, 1)
+    assert main(["sweep", "--method", "lmd", "--bias", "religion1", "--model", str(tiny_model_dir), "--tokenizer",
+                 str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--out", str(tmp_path / "s"),
+                 "--lambda-lms", "0.01", "--lambda-ds", "10,100", "--max-points", "2", "--dry-run"]) == 0
+    assert counts() == (1, 1)
+    capsys.readouterr()

@@ -24,6 +24,7 @@ import pytest
 
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_product, parse_mesh
 from rbjax.model import registry
+from rbjax.model.handle import ModelHandle
 from rbjax.model.memory import PlanError, plan_for_model, plan_memory
 from rbjax.model.partition import LOGICAL_AXES, logical_axes_of_family
 from tests.conftest import simulated_devices_env
@@ -111,7 +112,7 @@ def test_plan_llama3_8b_parameter_count_and_bytes():
     """Llama-3-8B (the real hyper-parameters, tests/fixtures/llama3_8b/config.json; no weights): 8,030,261,248
     parameters (Meta's model card: 8.03B), from jax.eval_shape of the family's init; fp32 training on fsdp=8 holds
     1/8 of the parameters, as much gradient and twice that in Adam moments per device."""
-    p = plan_for_model(str(LLAMA3_8B), mesh="fsdp=8", training=True, batch_size=8, seq_len=36, n_devices=8,
+    p = plan_for_model(ModelHandle.open(LLAMA3_8B), mesh="fsdp=8", training=True, batch_size=8, seq_len=36, n_devices=8,
                        device_memory_gb=16)
     assert p.n_params == 8_030_261_248
     norms = (2 * 32 + 1) * 4096  # two RMSNorm scales per layer and the final one: replicated, all else split 8 ways
@@ -122,10 +123,10 @@ def test_plan_llama3_8b_parameter_count_and_bytes():
     with pytest.raises(PlanError, match="largest part is optimizer") as e:
         p.check()
     assert "at least 9 devices" in str(e.value)  # 128.5 GB of state / 14.4 GB usable
-    s = plan_for_model(str(LLAMA3_8B), mesh="data=8", training=False, batch_size=16, seq_len=64, n_devices=8,
+    s = plan_for_model(ModelHandle.open(LLAMA3_8B), mesh="data=8", training=False, batch_size=16, seq_len=64, n_devices=8,
                        device_memory_gb=16)
     assert not s.fits and s.largest == "parameters" and "--mesh fsdp=8" in s.suggestion  # 32 GB fp32 weights
-    b = plan_for_model(str(LLAMA3_8B), mesh="data=8", training=False, batch_size=16, seq_len=64, n_devices=8,
+    b = plan_for_model(ModelHandle.open(LLAMA3_8B), mesh="data=8", training=False, batch_size=16, seq_len=64, n_devices=8,
                        device_memory_gb=24, param_dtype="bf16")
     assert b.parts["parameters"] == 8_030_261_248 * 2 and b.fits  # 16 GB of bf16 weights on a 24 GB device
     assert "DOES NOT FIT" in p.format() and "fits" in b.format()
@@ -177,7 +178,7 @@ def test_dry_run_plan_says_what_per_device_and_whole_run_mean(capsys):
     assert main(["measure", "--model", str(LLAMA3_8B), "--mesh", "data=2,fsdp=4", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "(8 devices)" in out and "per device" in out and "whole run" in out
-    plan = plan_for_model(str(LLAMA3_8B), mesh="data=2,fsdp=4", training=False, batch_size=16, seq_len=64,
+    plan = plan_for_model(ModelHandle.open(LLAMA3_8B), mesh="data=2,fsdp=4", training=False, batch_size=16, seq_len=64,
                           n_devices=8)
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("parameters"))
     assert line.split()[1:] == [f"{plan.parts['parameters'] / 1e9:.3f}", "GB", f"{plan.totals['parameters'] / 1e9:.3f}",

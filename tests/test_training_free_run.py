@@ -79,7 +79,7 @@ def test_sentence_debias_run_folder_is_read_as_a_run(tiny_model_dir, redditbias_
 
     # the memory plan that measure / evaluate make first knows the untied GPT-2 head (its logical axes)
     from rbjax.model.memory import plan_for_model
-    plan = plan_for_model(str(out), mesh=None, training=False, batch_size=1, seq_len=8)
+    plan = plan_for_model(ModelHandle.open(out), mesh=None, training=False, batch_size=1, seq_len=8)
     assert plan.format()
 
     # export: the folded model with a card that names the method and what was projected

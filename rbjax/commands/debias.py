@@ -17,6 +17,7 @@ from rbjax.debias.grid_config import AXES as GRID_AXES
 from rbjax.debias.run import check_own_bias_type_data, debias
 from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun, run_training_free
 from rbjax.model.chat import describe_chat
+from rbjax.model.handle import ModelHandle
 from rbjax.model.memory import plan_for_model
 
 
@@ -102,8 +103,20 @@ def add_training_free_arguments(p) -> None:
                    help="inlp: share of the counterfactual sets held out (default: 0.3)")
 
 
+#: the training settings a training-free method reads (the others are refused when given: nothing is ignored)
+TRAINING_FREE_SETTINGS = ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed")
+
+
 def run_without_training(args) -> int:
-    """``rbjax debias --method sentence-debias|inlp``."""
+    """``rbjax debias --method sentence-debias|inlp``. A training setting given to it (``--lr``, ``--mesh``,
+    ``--dry-run``, …) is refused by its flag: it would do nothing."""
+    given = [leaf for leaf in _cli_leaves(False) if leaf.name not in TRAINING_FREE_SETTINGS
+             and hasattr(args, leaf.name) and getattr(args, leaf.name) != leaf.default]
+    given = [option_spec(leaf.owner, leaf.field, default=leaf.default, help=leaf.help)[0][0] for leaf in given]
+    given += [f for f, v in (("--dry-run", args.dry_run), ("--device-memory-gb", args.device_memory_gb)) if v]
+    if given:
+        raise SystemExit(f"--method {args.method} trains nothing: {', '.join(given)} would have no effect (it reads "
+                         "--model, --tokenizer, --bias, --data-dir, --out, --seed and its own options)")
     cfg = ProjectionRun(method=args.method, bias_type=args.bias_type, model=args.model, tokenizer=args.tokenizer,
                         out_dir=args.out_dir, data_dir=args.data_dir, corpus=args.corpus, pairs=args.pairs, k=args.k,
                         iterations=args.inlp_iterations, epsilon=args.inlp_epsilon,
@@ -127,12 +140,12 @@ def add_plan_arguments(p) -> None:
                         "--mesh and batch) and stop, loading no weights; exit status 1 when it does not fit")
 
 
-def check_plan(args, cfg) -> bool:
-    """The run's memory plan from the model's config.json, printed with ``--dry-run`` (then ``True``: stop), and
-    checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is loaded; under ``--dry-run``
-    after the plan is printed, so a plan that does not fit exits non-zero)."""
+def check_plan(args, cfg, model: ModelHandle) -> bool:
+    """The run's memory plan from the model's config.json (``model``: the run's handle), printed with ``--dry-run``
+    (then ``True``: stop), and checked (:class:`rbjax.model.memory.PlanError` when it cannot fit, before anything is
+    loaded; under ``--dry-run`` after the plan is printed, so a plan that does not fit exits non-zero)."""
     t = cfg.trainer
-    plan = plan_for_model(cfg.model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
+    plan = plan_for_model(model, mesh=cfg.mesh, training=True, batch_size=t.batch_size,
                           seq_len=cfg.plan_seq_len, grad_accum=t.grad_accum, precision=t.precision,
                           device_memory_gb=args.device_memory_gb,
                           n_devices=mesh_product(cfg.mesh) if args.dry_run and cfg.mesh else None,
@@ -216,9 +229,10 @@ def run(args) -> int:
     check_own_bias_type_data(cfg)  # before the memory plan reads the model's config: the phrases are what is missing
     if not args.dry_run:
         check_output_dir(cfg.out_dir, "--out")  # a bad --out is named before the model is read
-    if check_plan(args, cfg):
+    model = ModelHandle.open(cfg.model, cfg.tokenizer)  # the one handle: the plan, the key and the loader
+    if check_plan(args, cfg, model):
         return 0
-    res = debias(cfg, overwrite=args.overwrite)
+    res = debias(cfg, overwrite=args.overwrite, model=model)
     print(format_results(res))
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")
     return 0

@@ -12,6 +12,7 @@ from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import format_table, measure_bias
 from rbjax.lmb.pair_benchmark import SUMMARY_FILE, format_benchmark, measure_pair_benchmark
 from rbjax.lmb.perplexity import SLOTS_PER_PHRASE
+from rbjax.model.handle import ModelHandle
 from rbjax.model.memory import plan_for_model
 
 BIAS_CHOICES = ["religion1", "religion2", "race", "gender", "queerness", "orientation", "all"]
@@ -86,11 +87,14 @@ def run(args) -> int:
         check_output_dir(args.out, "--out")  # a bad --out fails before the model is even read
     config = MeasureConfig(**config_values(args, MeasureConfig, MEASURE_OPTIONS + CHAT_OPTIONS),  # checked first
                            outlier_removal={"auto": None, "on": True, "off": False}[args.outlier_removal])
+    model = None
     if args.model is not None:  # the plan before any weight is read; refuses what cannot fit
+        # one handle for the plan, the keys and the loader: --model resolved and its config.json read once
+        model = ModelHandle.open(args.model, args.tokenizer)
         # a batch: batch_size × SLOTS_PER_PHRASE token slots, planned as rows of 64 (the chat format: rows of up to
         # 256, which hold the template's shared prefix once)
         row = 256 if args.format == "chat" else 64
-        plan = plan_for_model(args.model, mesh=args.mesh, training=False,
+        plan = plan_for_model(model, mesh=args.mesh, training=False,
                               batch_size=max(1, args.batch_size * SLOTS_PER_PHRASE // row), seq_len=row,
                               precision=args.precision, param_dtype=args.param_dtype,
                               device_memory_gb=args.device_memory_gb,
@@ -103,14 +107,14 @@ def run(args) -> int:
     elif args.dry_run:
         raise ValueError("--dry-run plans a model's memory: give --model")
     if args.benchmark == "bbq":
-        return _run_bbq(args, config)
+        return _run_bbq(args, config, model)
     if args.benchmark != "redditbias":
-        return _run_pair_benchmark(args, config)
+        return _run_pair_benchmark(args, config, model)
     if args.pairs is not None:
         raise CLIError("--pairs FILE is read with --benchmark pairs")
     records = measure_bias(
-        model=args.model, bias_types=",".join(args.bias) if args.bias else "all", config=config,
-        data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out,
+        model=model, bias_types=",".join(args.bias) if args.bias else "all", config=config,
+        data_dir=args.data_dir, out_dir=args.out, tokenizer=None if model is not None else args.tokenizer,
         stored_perplexities=args.stored_perplexities, resume=args.resume, progress=not args.no_progress,
         overwrite=args.overwrite, adapter=args.adapter)
     print(format_table(records))
@@ -120,14 +124,14 @@ def run(args) -> int:
     return 0
 
 
-def _run_pair_benchmark(args, config: MeasureConfig) -> int:
+def _run_pair_benchmark(args, config: MeasureConfig, model: ModelHandle | None) -> int:
     """``--benchmark crows-pairs`` / ``--benchmark pairs``: :func:`rbjax.lmb.pair_benchmark.measure_pair_benchmark`."""
     if args.stored_perplexities:
         raise CLIError(f"--stored-perplexities is RedditBias's (its released perplexity columns); --benchmark "
                        f"{args.benchmark} needs --model")
     res = measure_pair_benchmark(
-        args.model, args.benchmark, config, pairs_file=args.pairs,
-        categories=",".join(args.bias) if args.bias else "all", data_dir=args.data_dir, tokenizer=args.tokenizer,
+        model, args.benchmark, config, pairs_file=args.pairs,
+        categories=",".join(args.bias) if args.bias else "all", data_dir=args.data_dir,
         out_dir=args.out, resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite,
         adapter=args.adapter)
     print(format_benchmark(res))
@@ -137,13 +141,13 @@ def _run_pair_benchmark(args, config: MeasureConfig) -> int:
     return 0
 
 
-def _run_bbq(args, config: MeasureConfig) -> int:
+def _run_bbq(args, config: MeasureConfig, model: ModelHandle | None) -> int:
     """``--benchmark bbq``: :func:`rbjax.lmb.bbq.measure_bbq`."""
     if args.stored_perplexities or args.pairs is not None:
         raise CLIError("--benchmark bbq needs --model (and reads its rows from --data-dir or the download, not "
                        "--pairs / --stored-perplexities)")
-    summary = measure_bbq(args.model, config, categories=",".join(args.bias) if args.bias else "all",
-                          data_dir=args.data_dir, tokenizer=args.tokenizer, out_dir=args.out, resume=args.resume,
+    summary = measure_bbq(model, config, categories=",".join(args.bias) if args.bias else "all",
+                          data_dir=args.data_dir, out_dir=args.out, resume=args.resume,
                           progress=not args.no_progress, overwrite=args.overwrite, adapter=args.adapter)
     print(format_bbq(summary))
     out = Path(args.out)

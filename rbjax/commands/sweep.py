@@ -16,6 +16,7 @@ from rbjax.debias.config import METHODS
 from rbjax.debias.sweep_config import SweepConfig
 from rbjax.debias.sweep import (PAPER_GRID, SELECTED_FOLDERS, SWEEP_FILES, clear_sweep, format_selection,
                                 grid_memory_plan, grid_points, run_sweeps)
+from rbjax.model.handle import ModelHandle
 from rbjax.specs import is_spec_path
 
 
@@ -151,6 +152,7 @@ def run(args) -> int:
     # prints its largest chunk; a run is refused when a chunk of --grid-chunk points (else of one point: the
     # automatic chunk size fits as many as the free memory takes) cannot fit
     planned = set()
+    model = ModelHandle.open(bases[0][0].model, bases[0][0].tokenizer)  # every sweep's start model: one handle
     for (b, m), (base, _) in zip(combos, bases):
         if m in planned:
             continue
@@ -159,15 +161,15 @@ def run(args) -> int:
         n_dev = mesh_product(base.mesh) if args.dry_run and base.mesh else None
         if args.dry_run:
             plan = grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk, device_memory_gb=args.device_memory_gb,
-                                    n_devices=n_dev)
+                                    n_devices=n_dev, model=model)
             print(f"{m}: the largest chunk of its grid\n{plan.format()}")
         else:
             grid_memory_plan(base, pts, grid_chunk=scfg.grid_chunk or 1,
-                             device_memory_gb=args.device_memory_gb).check()
+                             device_memory_gb=args.device_memory_gb, model=model).check()
     if args.dry_run:
         return 0
     sels = _run_sweeps(bases, args.overwrite, scfg, grid=cli_grid, method_grids=grids, progress=args.progress,
-                       replace_other_inputs=args.overwrite)  # a selected_<rule> run of another point, too
+                       replace_other_inputs=args.overwrite, model=model)  # a selected_<rule> run of another point, too
     for (b, m), (_, folder), sel in zip(combos, bases, sels):
         print(f"{m} on {b}: " + format_selection(sel).replace("\n", "\n  "))
         print(f"  wrote {folder / 'selection.json'}, {folder / 'sweep.csv'}, {folder / 'sweep.jsonl'}")

@@ -457,7 +457,8 @@ class _Unfinished(Exception):
 
 
 def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = False,
-           trainer: Trainer | None = None, replace_other_inputs: bool = False) -> dict:
+           trainer: Trainer | None = None, replace_other_inputs: bool = False,
+           model: ModelHandle | None = None) -> dict:
     """Run a debiasing job end to end: train (resuming if possible), export, evaluate, write ``results.json``.
 
     Args:
@@ -470,6 +471,8 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
             finished; an error, an interrupt or ``stop_after`` before then discards the new run's files and puts the
             earlier run back as it was (an interrupted ``--overwrite`` run is not resumable: it starts over).
         trainer: a prepared trainer of ``cfg`` (:func:`debias_trainer`; reuses loaded weights).
+        model: the starting model's handle when the caller opened it already (the command's, which planned the
+            memory with it); default: :func:`debias_trainer` opens ``cfg.model``.
         replace_other_inputs: a folder holding a run of other inputs (another setting, model or data: its
             ``results.json`` or checkpoints) is cleared and trained again instead of refused; a run of the same
             inputs is still reused or resumed. For callers that own the folder (the study runner, whose stages
@@ -489,7 +492,7 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
     if cfg.evaluation.lmp and not lmp_reference_file(cfg).is_file():  # fail before training, not after it
         raise FileNotFoundError(f"--lmp-file {cfg.evaluation.lmp_file}: LMP reference file not found")
     t0 = time.perf_counter()
-    trainer = trainer or debias_trainer(cfg)
+    trainer = trainer or debias_trainer(cfg, model=model)
     key = canonical(trainer.key())
     if not overwrite:
         return _debias(cfg, out, trainer, key, t0, stop_after, replace_other_inputs)

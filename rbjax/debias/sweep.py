@@ -298,18 +298,20 @@ def auto_grid_chunk(params, n_points: int, devices=None, *, activation_bytes: in
 
 
 def grid_memory_plan(base: DebiasRun, points: Sequence[GridPoint], *, grid_chunk: int | None = None,
-                     device_memory_gb: float | None = None, n_devices: int | None = None):
+                     device_memory_gb: float | None = None, n_devices: int | None = None,
+                     model: ModelHandle | None = None):
     """The memory plan (:func:`rbjax.model.memory.plan_for_model`, from the start model's ``config.json``: no weights)
     of a sweep's largest chunk: the most points of one batch plan (or ``grid_chunk``) trained together at the grid's
     largest batch, with accumulation when any point accumulates, on ``base.mesh``. Under adapters the frozen base is
     counted once and every point its adapters, their gradient and Adam moments and its activations; the sweep's
     other chunks run after it on the same base. ``n_devices``: the mesh's device count for a plan made elsewhere
-    (``--dry-run``)."""
+    (``--dry-run``). ``model``: the start model's handle (default: opened from ``base.model``)."""
     groups = batch_plans(points)
     n = max(len(g) for _, g in groups)
     n = min(n, grid_chunk) if grid_chunk else n
     t, a = base.trainer, base.adapter
-    return plan_for_model(base.model, mesh=base.mesh, training=True, seq_len=base.plan_seq_len,
+    model = model or ModelHandle.open(base.model, base.tokenizer)
+    return plan_for_model(model, mesh=base.mesh, training=True, seq_len=base.plan_seq_len,
                           batch_size=max(p.batch_size for p in points),
                           grad_accum=max(p.grad_accum for p in points), n_points=n, precision=t.precision,
                           device_memory_gb=device_memory_gb, n_devices=n_devices,
@@ -336,27 +338,30 @@ class SweepContext:
     tokenizer = property(lambda self: self.model.tokenizer)
 
     @staticmethod
-    def key_of(base: DebiasRun) -> str:
+    def key_of(base: DebiasRun, model: ModelHandle | None = None) -> str:
         """The settings a context depends on, hashed; keyed on the model files' content too (weights replaced at
-        the same path are another model; :func:`rbjax.core.digests.file_digest` reads each large file once)."""
+        the same path are another model; :func:`rbjax.core.digests.file_digest` reads each large file once).
+        ``model``: the start model's handle (default: opened from ``base.model``)."""
         d, e = base.debias, base.evaluation
-        return digest({"model_files": ModelHandle.open(base.model).files_key(), "model": base.model,
+        model = model or ModelHandle.open(base.model, base.tokenizer)
+        return digest({"model_files": model.files_key(), "model": base.model,
                        "tokenizer": base.tokenizer, "data_dir": d.data_dir, "train_file": d.train_file,
                        "bias_type": d.bias_type, "method": d.method, "semantics": d.semantics,
                        "block_size": base.trainer.block_size, "lmp": e.lmp, "lmp_file": e.lmp_file,
                        "lmp_max_lines": e.lmp_max_lines, "chat": chat_fields(d)})
 
     @classmethod
-    def load(cls, base: DebiasRun, key: str | None = None) -> SweepContext:
-        """Load the start model, tokenizer and data of the sweep ``base`` describes.
+    def load(cls, base: DebiasRun, key: str | None = None, model: ModelHandle | None = None) -> SweepContext:
+        """Load the start model, tokenizer and data of the sweep ``base`` describes (``model``: its handle, default
+        opened from ``base.model``).
 
         Raises:
             FileNotFoundError, ValueError: a missing or malformed model, tokenizer or data file (named).
         """
-        model = ModelHandle.open(base.model, base.tokenizer)
+        model = model or ModelHandle.open(base.model, base.tokenizer)
         model.load()
         lmp_path = lmp_reference_file(base) if base.evaluation.lmp else None
-        return cls(key=key or cls.key_of(base), model=model,
+        return cls(key=key or cls.key_of(base, model), model=model,
                    data=TrainingData(base, model.tokenizer, model.config.vocab_size),
                    lmp_lines=None if lmp_path is None else read_reference_lines(lmp_path,
                                                                                 base.evaluation.lmp_max_lines),
@@ -369,15 +374,26 @@ class ContextCache:
     caller: :func:`run_sweeps` makes one per call and hands it to the chunks it runs in this process; a chunk run
     elsewhere (a Ray worker) loads its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: ModelHandle | None = None) -> None:
         self._held: SweepContext | None = None
+        self._model = model  # the start model's handle (the command's, which planned the memory with it)
+
+    def _handle(self, base: DebiasRun) -> ModelHandle:
+        """The handle of ``base``'s start model: the one held when it names the same model and tokenizer (the model
+        is resolved and its config.json read once), else a new one (held in its place)."""
+        m = self._model
+        if m is None or m.name != str(base.model) or m.tokenizer_source != (
+                None if base.tokenizer is None else str(base.tokenizer)):
+            self._model = m = ModelHandle.open(base.model, base.tokenizer)
+        return m
 
     def get(self, base: DebiasRun) -> SweepContext:
         """The context of ``base``: the one held when its key matches, else a fresh load (dropping the old)."""
-        k = SweepContext.key_of(base)
+        model = self._handle(base)
+        k = SweepContext.key_of(base, model)
         if self._held is None or self._held.key != k:
             self._held = None  # free the old model before loading the next
-            self._held = SweepContext.load(base, key=k)
+            self._held = SweepContext.load(base, key=k, model=model)
         return self._held
 
 
@@ -657,9 +673,10 @@ def _finish(sw: _Sweep, *, lmp_tolerance: float, final: str, final_evaluate: boo
 def run_sweeps(bases: Sequence[tuple[DebiasRun, str | Path]], config: SweepConfig | None = None, *,
                grid: dict[str, Sequence] | None = None, method_grids: dict[str, dict[str, Sequence]] | None = None,
                resources: dict | None = None, progress: bool = True, final_evaluate: bool = True,
-               replace_other_inputs: bool = False, **settings) -> list[dict]:
+               replace_other_inputs: bool = False, model: ModelHandle | None = None, **settings) -> list[dict]:
     """Run the grid for several (bias type, method) settings (each ``(base, out_dir)``), all chunks as tasks of one
-    executor, then select on the valid split in each folder (see the module docstring).
+    executor, then select on the valid split in each folder (see the module docstring). ``model``: the start model's
+    handle when the caller opened it (the command's: one handle for its plan, its keys and its loads).
 
     Args:
         bases: ``(settings shared by every point, sweep folder)`` per sweep; batch size, accumulation and λ of the
@@ -693,7 +710,7 @@ def run_sweeps(bases: Sequence[tuple[DebiasRun, str | Path]], config: SweepConfi
     ray_address, jobs, keep_checkpoints = cfg.ray_address, cfg.jobs, cfg.keep_point_checkpoints
     for _, o in bases:  # every output location before any work
         check_output_dir(o, "--out")
-    contexts = ContextCache()  # one loaded start model at a time, shared by the chunks run in this process
+    contexts = ContextCache(model)  # one loaded start model at a time, shared by the chunks run in this process
     sweeps = [_prepare(b.replace(progress=progress and executor == "local"), Path(o), contexts,
                        grid=(method_grids or {}).get(b.debias.method, grid),
                        max_points=max_points, n_bootstrap=n_bootstrap, dev_max_pairs=dev_max_pairs,

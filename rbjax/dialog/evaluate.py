@@ -55,6 +55,7 @@ from rbjax.core.log import get_logger
 from rbjax.dialog.crg_metrics import format_crg_table
 from rbjax.dialog.tasks import TASKS, get_task
 from rbjax.dialog.tasks.common import memory_plans, resolve_model, result_path, training_layout
+from rbjax.model.handle import ModelHandle
 
 __all__ = ["TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
 
@@ -124,13 +125,14 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     tasks = TASKS if task == "all" else (task,)
     resolved = {t: get_task(t).settings.from_settings(settings) for t in tasks}  # validate everything before any work
-    if dry_run:
-        return {t: memory_plans(model, resolved[t], get_task(t).plans(resolved[t]), dry_run=True) for t in tasks}
+    if dry_run:  # the plans from config.json alone (of a hub id only that file is fetched)
+        m = model if isinstance(model, ModelHandle) else resolve_model(model, tokenizer)
+        return {t: memory_plans(m, resolved[t], get_task(t).plans(resolved[t]), dry_run=True) for t in tasks}
     if out_dir is None:
         raise ValueError("out_dir is needed (only a dry run writes nothing)")
     out = check_output_dir(Path(out_dir).expanduser(), "--out")
     out.mkdir(parents=True, exist_ok=True)
-    m = resolve_model(model, tokenizer)
+    m = model if isinstance(model, ModelHandle) else resolve_model(model, tokenizer)
     results = {}
     for t in tasks:
         if len(tasks) > 1:

@@ -93,10 +93,15 @@ class LoadedModel:
     choice is :attr:`bos`.
     """
 
-    def __init__(self, model: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, model: str | os.PathLike | ModelHandle, tokenizer: str | os.PathLike | None = None,
                  batch_size: int = 64, bos: bool | None = None, precision: str = "fp32", *, mesh=None,
                  param_dtype: str = "fp32", adapter: str | os.PathLike | None = None, allow_other_base: bool = False):
-        handle = ModelHandle.open(model, tokenizer)
+        if isinstance(model, ModelHandle):  # the command's handle (it planned the memory with it)
+            if tokenizer is not None:
+                raise ValueError("a ModelHandle brings its own tokenizer source")
+            handle = model
+        else:
+            handle = ModelHandle.open(model, tokenizer)
         base = None
         if adapter is not None:  # before the weights are read: an adapter of another base is refused at once
             base = check_adapter_base(adapter, handle.folder, allow_other_base=allow_other_base)
@@ -278,7 +283,7 @@ def _perplexities_for(pairs: PhrasePairs, model: LoadedModel | None, show_progre
     return res
 
 
-def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_types: str | Sequence[str] = "all",
+def measure_bias(model: str | os.PathLike | ModelHandle | LoadedModel | None = None, bias_types: str | Sequence[str] = "all",
                  config: MeasureConfig | None = None, *, data_dir: str | os.PathLike | None = None,
                  tokenizer: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
                  stored_perplexities: bool = False, resume: bool = False, progress: bool = True, plot: bool = True,
@@ -394,6 +399,7 @@ def measure_bias(model: str | os.PathLike | LoadedModel | None = None, bias_type
             loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
                                  param_dtype=param_dtype, adapter=adapter,
                                  allow_other_base=cfg.allow_other_base)  # fail on a bad model before out_dir
+            model_name = loaded.name
         bos = loaded.bos
     else:
         bos = False

@@ -31,8 +31,8 @@ from pathlib import Path
 from rbjax.core.digests import files_key
 from rbjax.core.keys import digest, tree_digest
 from rbjax.model.chat import end_of_turn_id
-from rbjax.model.hf import (TOKENIZER_FILES, WEIGHT_FILES, load_pretrained, model_files_key, read_generation_config,
-                            resolve_model_dir)
+from rbjax.model.hf import (TOKENIZER_FILES, WEIGHT_FILES, _looks_like_hub_id, hub_config_folder, load_pretrained,
+                            model_files_key, read_generation_config, read_model_config, resolve_model_dir)
 from rbjax.model.registry import family_of_config
 from rbjax.model.tokenizer import load_tokenizer
 
@@ -86,18 +86,47 @@ def _run_model_folder(p: Path) -> Path:
 class ModelHandle:
     """A model and its tokenizer (module docstring).
 
+    It is the one place that turns ``--model`` into files: a command opens one handle and hands it to the memory
+    plan (:func:`rbjax.model.memory.plan_for_model`), the content keys and the loader, so ``config.json`` is read
+    once (:meth:`model_config`) and a hub id is downloaded once, and only when weights are needed (a plan of a hub
+    model fetches its ``config.json`` alone).
+
     Attributes:
         name: the model as given (folder, hub id, run folder, or a display name for parameters in memory).
-        folder: the HF folder read (``None`` for parameters in memory). run_folder: the ``rbjax debias`` run folder
-            it came from, or ``None``. tokenizer_source: the tokenizer folder / hub id.
+        folder: the HF folder read (``None`` for parameters in memory); of a hub id, the download (made when first
+            asked for). run_folder: the ``rbjax debias`` run folder it came from, or ``None``. hub_id: the hub id,
+            or ``None``. tokenizer_source: the tokenizer folder / hub id.
     """
 
-    def __init__(self, name: str, folder: Path | None, run_folder: Path | None, tokenizer_source: str | None):
-        self.name, self.folder, self.run_folder = str(name), folder, run_folder
+    def __init__(self, name: str, folder: Path | None, run_folder: Path | None, tokenizer_source: str | None,
+                 hub_id: str | None = None):
+        self.name, self._folder, self.run_folder, self.hub_id = str(name), folder, run_folder, hub_id
         self.tokenizer_source = tokenizer_source
         self._config = self._params = self._tokenizer = None
         self._files_key: dict | None = None
         self._tok_key: dict | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        """The model's HF folder; of a hub id, downloaded (weights included) on first use
+        (:func:`rbjax.model.hf.resolve_model_dir`)."""
+        if self._folder is None and self.hub_id is not None:
+            self._folder = resolve_model_dir(self.hub_id)
+        return self._folder
+
+    def model_config(self):
+        """The family config from ``config.json`` alone — read once, and shared with :meth:`load` — for plans and
+        cost estimates before any weight is read (of a hub id not yet downloaded, only its ``config.json`` is
+        fetched).
+
+        Raises:
+            FileNotFoundError: no ``config.json``. ValueError: a malformed config or one rbjax does not implement.
+            RuntimeError: a hub id whose ``config.json`` cannot be fetched.
+        """
+        if self._config is None:
+            where = self._folder if self._folder is not None or self.hub_id is None else hub_config_folder(self.hub_id)
+            self._config = read_model_config(where)
+        return self._config
 
     # -- construction ------------------------------------------------------------------------------------------
     @classmethod
@@ -111,12 +140,15 @@ class ModelHandle:
             RuntimeError: a hub id that cannot be downloaded.
         """
         p = Path(model).expanduser()
-        run_folder = None
+        run_folder = hub_id = None
+        tok = str(tokenizer) if tokenizer is not None else None
         if p.is_dir() and is_run_folder(p):
             run_folder, folder = p, _run_model_folder(p)
+        elif not p.exists() and _looks_like_hub_id(str(model)):
+            folder, hub_id = None, str(model)  # downloaded when first needed (the folder property)
         else:
             folder = resolve_model_dir(model)
-        return cls(str(model), folder, run_folder, str(tokenizer) if tokenizer is not None else None)
+        return cls(str(model), folder, run_folder, tok, hub_id=hub_id)
 
     @classmethod
     def from_params(cls, params, config, tokenizer, *, name: str, digest: str | None = None) -> "ModelHandle":
@@ -146,7 +178,7 @@ class ModelHandle:
             SpecialTokenError: a bos/eos/pad id outside the model vocabulary.
         """
         if self._params is None:
-            self._config, self._params = load_pretrained(self.folder, mesh=mesh)
+            self._config, self._params = load_pretrained(self.folder, mesh=mesh, config=self._config)
             self._load_tokenizer()
             self._check()
         return self._config, self._params, self.tokenizer
@@ -167,9 +199,8 @@ class ModelHandle:
 
     @property
     def config(self):
-        if self._config is None:
-            self.load()
-        return self._config
+        """The family config (:meth:`model_config`: no weights are read for it)."""
+        return self.model_config()
 
     @property
     def params(self):
@@ -315,4 +346,4 @@ class ModelHandle:
                 "tokenizer_digest": self.tokenizer_digest}
 
     def __repr__(self) -> str:
-        return f"ModelHandle({self.name!r}, folder={self.folder!s})"
+        return f"ModelHandle({self.name!r}, folder={self._folder!s})"

@@ -39,7 +39,7 @@ from rbjax.model.partition import logical_axes_for
 
 __all__ = ["WEIGHT_FILES", "TOKENIZER_FILES", "GENERATION_CONFIG", "LazyTensor", "read_generation_config",
            "load_pretrained", "save_pretrained", "resolve_model_dir", "model_files_key", "weight_files", "read_safetensors",
-           "read_config_json", "state_dict_to_params", "params_to_state_dict"]
+           "read_config_json", "read_model_config", "hub_config_folder", "state_dict_to_params", "params_to_state_dict"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "flax_model.msgpack", "pytorch_model.bin")
 #: files that make a tokenizer (a model folder's content key covers those that exist)
@@ -333,37 +333,32 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     return cfg.parent
 
 
-def model_config(name_or_path: str | os.PathLike):
-    """The family config of a model from its ``config.json`` alone: a model folder (a finished ``rbjax debias`` run
-    folder: its ``model/``), a ``config.json`` path, or a hub id (only its ``config.json`` is fetched, from the local cache when the hub cannot be reached): for plans and
-    cost estimates before any weight is downloaded.
+def hub_config_folder(hub_id: str) -> Path:
+    """The local folder holding a hub model's ``config.json``, fetched alone (from the local cache when the hub
+    cannot be reached): for plans and cost estimates before any weight is downloaded
+    (:meth:`rbjax.model.handle.ModelHandle.model_config`).
 
     Raises:
-        FileNotFoundError: no such folder or file (and not a hub id), or no ``config.json``.
-        ValueError: a malformed config or one rbjax does not implement (named).
-        RuntimeError: a hub id whose ``config.json`` cannot be fetched.
+        RuntimeError: ``config.json`` cannot be fetched (named with the reason).
     """
-    p = Path(name_or_path).expanduser()
-    if p.is_file() and p.name == "config.json":
-        folder = p.parent
-    elif p.exists():
-        folder = p
-    elif _looks_like_hub_id(str(name_or_path)):
-        from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download
 
-        offline = _hub_unreachable()
-        try:
-            folder = Path(hf_hub_download(str(name_or_path), "config.json",
-                                          local_files_only=offline is not None)).parent
-        except Exception as e:
-            why = f"the hub is not reachable ({offline}) and it is not in the local cache" if offline else (
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            raise RuntimeError(f"cannot fetch config.json of hub model {name_or_path!r} ({why})") from None
-    else:
-        raise FileNotFoundError(f"model folder not found: {name_or_path}")
-    if (folder / "results.json").is_file() and (folder / "model" / "config.json").is_file():
-        folder = folder / "model"  # a finished rbjax debias run folder: its exported model (as ModelHandle.open)
-    return _folder_config(folder)[1]
+    offline = _hub_unreachable()
+    try:
+        return Path(hf_hub_download(str(hub_id), "config.json", local_files_only=offline is not None)).parent
+    except Exception as e:
+        why = f"the hub is not reachable ({offline}) and it is not in the local cache" if offline else (
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise RuntimeError(f"cannot fetch config.json of hub model {hub_id!r} ({why})") from None
+
+
+def read_model_config(folder: str | os.PathLike):
+    """The family config of an HF model folder from its ``config.json`` (read once per call).
+
+    Raises:
+        FileNotFoundError: no ``config.json``. ValueError: a malformed config or one rbjax does not implement.
+    """
+    return _folder_config(Path(folder))[1]
 
 
 def _folder_config(folder: Path) -> tuple:
@@ -407,7 +402,7 @@ def read_generation_config(folder: str | os.PathLike) -> dict | None:
     return d
 
 
-def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None) -> tuple:
+def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None, config=None) -> tuple:
     """Load a checkpoint of any registered family (local folder or hub id) as ``(config, params)``.
 
     Args:
@@ -416,6 +411,8 @@ def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None) -> tuple:
             (one file or sharded) are read slice by slice straight into the devices, laid out by the family's
             logical axes — no full copy of the model on the host or on one device (other formats are read whole,
             then placed). ``None``, or a mesh that splits no parameter: numpy arrays on the host, as before.
+        config: the folder's config when already read (:meth:`rbjax.model.handle.ModelHandle.model_config`), so
+            that ``config.json`` is not read again.
     Returns:
         ``(config, params)``: the family's frozen config (``GPT2Config``, ``LlamaConfig``, …; its family is
         :func:`rbjax.model.registry.family_of_config`) and a nested dict of float32 numpy arrays (layouts in the
@@ -427,7 +424,7 @@ def load_pretrained(name_or_path: str | os.PathLike, *, mesh=None) -> tuple:
         RuntimeError: hub download failed, or a PyTorch-only checkpoint without PyTorch.
     """
     folder = resolve_model_dir(name_or_path)
-    family, cfg = _folder_config(folder)
+    family, cfg = (registry.family_of_config(config), config) if config is not None else _folder_config(folder)
     if mesh is not None and is_model_parallel(mesh):
         lazy = _lazy_state(folder)
         state, wsource = lazy if lazy is not None else _read_state(folder, family, cfg)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -51,10 +51,12 @@ import numpy as np
 from rbjax.core.mesh import AXES, DEFAULT_RULES, logical_spec, mesh_label, mesh_sizes, parse_mesh
 from rbjax.core.precision import get_policy
 from rbjax.model import registry
-from rbjax.model.hf import model_config
 from rbjax.model.lora import LORA, LoraSpec, adapter_param_count, target_modules
 from rbjax.model.nll import HEAD_CHUNK
 from rbjax.model.partition import logical_axes_for
+
+if TYPE_CHECKING:  # the plan reads a handle's config only
+    from rbjax.model.handle import ModelHandle
 
 __all__ = ["flops_per_token", "MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes",
            "HEADROOM", "FLAGS"]
@@ -364,22 +366,23 @@ def device_memory_bytes(device=None) -> int | None:
     return int(st["bytes_limit"]) if st and st.get("bytes_limit") else None
 
 
-def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch_size: int, seq_len: int,
+def plan_for_model(model: "ModelHandle", *, mesh: str | dict | None, training: bool, batch_size: int, seq_len: int,
                    grad_accum: int = 1, n_points: int = 1, precision: str = "fp32", param_dtype: str = "fp32",
                    device_memory_gb: float | None = None, n_devices: int | None = None, kv_cache=None,
                    flag_prefix: str = "--", flags: dict | None = None, adapter: LoraSpec | None = None) -> MemoryPlan:
-    """The plan of a model folder (or a ``config.json`` path) from its ``config.json`` only.
+    """The plan of a model from its ``config.json`` only.
 
-    ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default ``jax.device_count()``) or sizes; ``None``:
-    the default layout (parameters replicated, rows over ``data``). ``device_memory_gb``: overrides what the device
-    reports. Of a hub id only ``config.json`` is fetched (:func:`rbjax.model.hf.model_config`): no weights.
-    ``flags``: :func:`plan_memory`'s.
+    ``model``: the run's :class:`rbjax.model.handle.ModelHandle` (its :meth:`~rbjax.model.handle.ModelHandle.model_config`:
+    of a hub id only ``config.json`` is fetched, no weights; the same handle then loads the model without reading
+    ``config.json`` again). ``mesh``: a ``--mesh`` string (parsed against ``n_devices``, default
+    ``jax.device_count()``) or sizes; ``None``: the default layout (parameters replicated, rows over ``data``).
+    ``device_memory_gb``: overrides what the device reports. ``flags``: :func:`plan_memory`'s.
 
     Raises:
         FileNotFoundError: no ``config.json``. ValueError: a bad mesh or config. RuntimeError: a hub id whose
         ``config.json`` cannot be fetched.
     """
-    config = model_config(model)
+    config = model.model_config()
     n = jax.device_count() if n_devices is None else n_devices
     if isinstance(mesh, str) or mesh is None:
         sizes = parse_mesh(mesh, n, flag=f"{flag_prefix}mesh") or {"grid": 1, "data": n, "fsdp": 1, "tensor": 1}
@@ -388,4 +391,4 @@ def plan_for_model(model: str, *, mesh: str | dict | None, training: bool, batch
     dev_bytes = int(device_memory_gb * GB) if device_memory_gb else device_memory_bytes()
     return plan_memory(config, mesh=sizes, training=training, batch_size=batch_size, seq_len=seq_len,
                        grad_accum=grad_accum, n_points=n_points, precision=precision, param_dtype=param_dtype,
-                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=str(model), flags=flags, adapter=adapter)
+                       kv_cache=kv_cache, device_bytes=dev_bytes, model_name=model.name, flags=flags, adapter=adapter)

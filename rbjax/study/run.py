@@ -45,7 +45,7 @@ from rbjax.lmb.measure import measure_bias
 from rbjax.lmb.pair_benchmark import measure_pair_benchmark
 from rbjax.model.gpt2 import GPT2Config
 from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
-from rbjax.model.hf import model_config, resolve_model_dir, save_pretrained
+from rbjax.model.hf import resolve_model_dir, save_pretrained
 from rbjax.model.memory import flops_per_token
 from rbjax.model.registry import family_of_config
 from rbjax.study.config import StudyConfig
@@ -303,7 +303,7 @@ def model_size_ratio(cfg: StudyConfig) -> tuple[float, str]:
     fetched — or its ``random_model`` table), and a phrase saying so; ``(1.0, why)`` when the config cannot be
     read."""
     try:
-        config = cfg.random_model_config() if cfg.random_model else model_config(cfg.model)
+        config = cfg.random_model_config() if cfg.random_model else ModelHandle.open(cfg.model).model_config()
     except (OSError, ValueError, RuntimeError) as e:
         return 1.0, f"at the DialoGPT-small shape (the model's config.json could not be read: {str(e).splitlines()[0]})"
     r = flops_per_token(config) / flops_per_token(GPT2Config())

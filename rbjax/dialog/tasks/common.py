@@ -364,8 +364,7 @@ def task_mesh(s: TaskSettings):
     return None if sizes is None else make_mesh(sizes)
 
 
-def memory_plans(model: EvalModel | str | os.PathLike, s: TaskSettings, plans: list[dict], *,
-                 dry_run: bool = False) -> list:
+def memory_plans(model: EvalModel, s: TaskSettings, plans: list[dict], *, dry_run: bool = False) -> list:
     """The memory plans (:func:`rbjax.model.memory.plan_for_model`, from the model folder's ``config.json``: no
     weights are read) of a task's computations on its mesh. ``plans``: one ``plan_for_model`` keyword dict per
     computation (the task module's ``memory_plans``). A model held only in memory has none. ``dry_run``: the mesh
@@ -374,11 +373,11 @@ def memory_plans(model: EvalModel | str | os.PathLike, s: TaskSettings, plans: l
     Raises:
         FileNotFoundError: no ``config.json``. ValueError: a mesh that does not fit the devices.
     """
-    folder = model.folder if isinstance(model, ModelHandle) else model
-    if folder is None:
+    handle = model
+    if handle.hub_id is None and handle.folder is None:  # a model held only in memory
         return []
     n = mesh_product(s.mesh) if dry_run and s.mesh else None
-    return [plan_for_model(str(folder), mesh=s.mesh, device_memory_gb=s.device_memory_gb, n_devices=n, **kw)
+    return [plan_for_model(handle, mesh=s.mesh, device_memory_gb=s.device_memory_gb, n_devices=n, **kw)
             for kw in plans]
 
 
