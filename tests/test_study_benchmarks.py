@@ -160,7 +160,8 @@ def test_bbq_in_the_study_report_and_card(study, tmp_path):
         ref = direct["categories"][c["category"]][c["convention"]]
         assert entry["categories"][c["category"]][c["convention"]] == ref
         d = ref["disamb_bias_score"]
-        assert c["s_DIS: baseline → model (change [CI])"].startswith(f"{d['b']:+.3f} → {d['a']:+.3f} ({d['change']:+.3f}")
+        cell = c["s_DIS: baseline → model (change [CI])"]
+        assert cell.startswith(f"{d['b']:+.3f} → {d['a']:+.3f} ({d['change']:+.3f}")
         assert c["s_DIS moved"] == movement_words(d["movement"]).split(" (")[0]
         mc = ref["mcnemar"]
         assert c["correctness"] == ("no row changed" if mc["p_value"] is None else

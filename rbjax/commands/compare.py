@@ -35,8 +35,8 @@ def register(sub) -> None:
                                           "for seeds")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--bias", action="append", metavar="BIAS",
-                   help="bias type(s) to compare, comma-separated or repeated (default: every type both measured; BBQ runs: "
-                        "categories)")
+                   help="bias type(s) to compare, comma-separated or repeated (default: every type both measured; "
+                        "BBQ runs: categories)")
     add_config_arguments(p, CompareConfig)
     p.set_defaults(func=run)
 

@@ -13,7 +13,8 @@ def register(sub) -> None:
         description="Copies the run's HF model folder to OUT and writes OUT/README.md, the model card (Hugging Face "
                     "metadata block, base model, method, semantics, grid point and selection rule, training data "
                     "and its sha256, LMB before/after on every bias type with the paired comparison of "
-                    "'rbjax compare', BBQ before/after where measured, LMP, DST/CRG where measured, versions), OUT/export.json (the same numbers) and "
+                    "'rbjax compare', BBQ before/after where measured, LMP, DST/CRG where measured, "
+                    "versions), OUT/export.json (the same numbers) and "
                     "OUT/evidence/ (the comparison's files). RUN: an 'rbjax debias' run folder, an 'rbjax sweep' "
                     "folder (its selected point), or a study's seed<S>/<type>/<method> folder.",
         formatter_class=HelpFormatter)

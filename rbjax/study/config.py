@@ -381,7 +381,8 @@ class StudyConfig:
                         "data_dir": None, "categories": "all"})
         if b.get("bbq"):
             out.append({"name": "bbq", "benchmark": "bbq", "pairs_file": None,
-                        "data_dir": self._resolve(b.get("bbq_dir")), "categories": list(b.get("bbq_categories") or []) or "all"})
+                        "data_dir": self._resolve(b.get("bbq_dir")),
+                        "categories": list(b.get("bbq_categories") or []) or "all"})
         return out
 
     def grid(self) -> dict:

@@ -16,9 +16,9 @@ method and semantics, grid point and selection rule, training data with sha256, 
 with the paired comparison of :mod:`rbjax.lmb.compare`, BBQ before/after where measured with the comparison of
 :mod:`rbjax.lmb.bbq_compare`, LMP, DST/CRG where measured, limitations, versions),
 ``export.json`` (the same numbers, machine-readable) and ``evidence/`` (``compare.json``/``.csv``/``.png`` and the
-per-pair changes; ``compare_bbq.json`` for BBQ) when a before/after comparison was possible. ``DIR`` is written whole: in a temporary folder
-beside it, put in its place once complete; with ``overwrite`` it replaces an earlier export there, none of whose
-files survive.
+per-pair changes; ``compare_bbq.json`` for BBQ) when a before/after comparison was possible. ``DIR`` is written whole:
+in a temporary folder beside it, put in its place once complete; with ``overwrite`` it replaces an earlier export
+there, none of whose files survive.
 
 Every number on the card is read from the run's files (``results.json``, ``config.json``, ``selection.json``,
 ``lmb.json``, ``<task>.json``) or computed from its per-pair perplexities by :func:`rbjax.lmb.compare.compare_runs`.
@@ -36,13 +36,13 @@ from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.digests import file_digest
 from rbjax.core.errors import SettingError
 from rbjax.core.io import atomic_folder, atomic_write_json, atomic_write_text, read_json, sha256_file
-from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
-from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY
-from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, fmt_change, json_ready, plural, record_format,
                                write_comparison)
 from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
+from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
+from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY
+from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
 __all__ = ["ExportConfig", "SELECTION_RULES", "resolve_run", "export_model", "model_card"]
@@ -241,8 +241,8 @@ def _bbq_card(b: dict | None) -> list[str]:
         return L
     alpha = comp["settings"]["alpha"]
     L += ["", "Change per category on the same rows (`rbjax compare`; files in `evidence/`): the exact McNemar test "
-          f"of the per-row correctness, p Bonferroni-corrected across the {plural(len(comp['categories']), 'category')}"
-          f" (significant: below {alpha:g}); each bias score base → this model with the change and its "
+          "of the per-row correctness, p Bonferroni-corrected across the "
+          f"{len(comp['categories'])} categor{'y' if len(comp['categories']) == 1 else 'ies'} (significant: below {alpha:g}); each bias score base → this model with the change and its "
           f"{100 * (1 - alpha):.4g}% paired bootstrap CI, and whether it moved toward zero, past zero or away.", "",
           "| convention | category | acc: base → this (change) | McNemar p (Bonferroni) | s_DIS: base → this "
           "(change [CI]) | s_DIS moved | s_AMB: base → this (change [CI]) | s_AMB moved |",
@@ -474,7 +474,6 @@ def model_card(n: dict, license: str) -> str:
                     verdict += ", overshoot into the anti-stereotypical direction"
             L.append(f"| {t}{' (debiased)' if t == bt else ''} | {_lmb_cell(_rec(before, t)) if before else 'n/a'} | "
                      f"{_lmb_cell(r)} | {ch} | {pc} | {verdict} |")
-    L += _bbq_card(n.get("bbq"))
     # dialog
     da, db = n["dialog_after"], n["dialog_before"]
     L += ["", "## Dialog quality", ""]
@@ -489,6 +488,7 @@ def model_card(n: dict, license: str) -> str:
         L.append(f"LMP (Reddit perplexity, §3.2) of this model: {_f((n['lmp_run'] or {}).get('perplexity'), '.3f')}.")
     else:
         L.append("Not measured (no LMP, DST or CRG results with this run).")
+    L += _bbq_card(n.get("bbq"))
     # limitations
     lim = []
     if tr.get("max_steps") is not None:

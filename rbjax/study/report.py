@@ -52,12 +52,11 @@ from rbjax.core.log import get_logger
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.sweep import PAPER_GRID
-from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
-from rbjax.lmb.bbq_compare import BIAS_SCORES as BBQ_SCORES
-from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.lmb.compare import compare_runs, fmt_change, json_ready, load_run
 from rbjax.lmb.pair_benchmark import SUMMARY_FILE
 from rbjax.lmb.plot import figure_lmb
+from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
+from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.specs import BIAS_TYPES
 from rbjax.train.config import AdapterConfig
 
@@ -500,6 +499,93 @@ def _benchmark_notes(data: dict) -> list[str]:
     return list(notes)
 
 
+def _short_verdict(r: dict) -> str:
+    """The comparison in a few words, "not significant" first when it is not significant."""
+    if r["ttest"]["t_value"] is None:
+        return f"no test ({r['ttest']['status']})"
+    if not r["significant"]:
+        return "not significant"
+    way = "less stereotypical" if r["mean_change"] > 0 else "more stereotypical"
+    if r.get("overshoot") == "anti-stereotypical":
+        return f"significant: {way}, overshoot past zero into the anti-stereotypical direction"
+    return f"significant: {way}"
+
+
+def _change_cells(r: dict) -> list[str]:
+    ci = r.get("mean_change_ci")
+    level = f" ({100 * r['ci_level']:.4g}%)" if r.get("ci_level") is not None else ""
+    sp = r["seeds"]
+    spread = ("one seed" if sp["per_seed_mean_change"] is None else
+              f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
+    pc = r["p_corrected"]["ttest"]
+    return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
+            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]{level}",
+            _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
+            _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
+
+
+CHANGE_HEAD = ["pairs", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
+               "seed sd of the change (per seed)"]
+
+
+def _change_table(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["verdict", "model", "debiased for", "measured on"] + CHANGE_HEAD
+    rows = []
+    types = _types(data)
+    for (m, d), res in comp["vs_baseline"].items():
+        name = METHOD_NAMES.get(m, m)
+        if "error" in res:
+            rows.append([f"not compared: {res['error']}", name, d, "", *[""] * len(CHANGE_HEAD)])
+            continue
+        by = {r["bias_type"]: r for r in res["types"]}
+        for b in sorted(by, key=lambda t: (t != d, types.index(t) if t in types else len(types))):
+            rows.append([_short_verdict(by[b]), name, d, b, *_change_cells(by[b])])
+    return head, rows
+
+
+def _method_table(comp: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["verdict", "A", "B", "debiased for and measured on"] + CHANGE_HEAD
+    rows = []
+    for (d, m1, m2), res in comp["method_vs_method"].items():
+        n1, n2 = METHOD_NAMES.get(m1, m1), METHOD_NAMES.get(m2, m2)
+        if "error" in res:
+            rows.append([f"not compared: {res['error']}", n1, n2, d, *[""] * len(CHANGE_HEAD)])
+            continue
+        (r,) = res["types"]
+        rows.append([_short_verdict(r), n1, n2, d, *_change_cells(r)])
+    return head, rows
+
+
+def _cross(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    types = _types(data)
+    out = []
+    for m in _methods(data):
+        head = ["debiased for \\ measured on"] + types
+        rows = []
+        for d in _debiased(data):
+            row = [d]
+            for b in types:
+                c = _cell(data, m, d, b)
+                mark = " *" if c["n"] and c["n_sig"] == c["n"] else ""
+                row.append(_ms(c["t"]) + mark if c["n"] else "n/a")
+            rows.append(row)
+        out.append((METHOD_NAMES.get(m, m), head, rows))
+    return out
+
+
+def _overshoots(data: dict, comp: dict) -> list[str]:
+    """Significant changes from the baseline past zero into the anti-stereotypical direction, in words."""
+    out = []
+    for (m, d), res in comp["vs_baseline"].items():
+        for r in res.get("types", []):
+            if r.get("overshoot") != "anti-stereotypical":
+                continue
+            b = r["bias_type"]
+            what = "the type it was debiased for" if b == d else f"{b} (debiased for {d})"
+            out.append(f"{METHOD_NAMES.get(m, m)} on {what}: {r['verdict']}")
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------- BBQ
 BBQ_INTRO = (
     "BBQ (Parrish et al. 2022; docs/bbq.md), multiple choice by log-likelihood in lm-evaluation-harness's convention "
@@ -598,93 +684,6 @@ def _bbq_notes(data: dict) -> list[str]:
         for n in (read_json(f / SUMMARY_FILE) or {}).get("notes") or []:
             notes[f"bbq: {n}"] = None
     return list(notes)
-
-
-def _short_verdict(r: dict) -> str:
-    """The comparison in a few words, "not significant" first when it is not significant."""
-    if r["ttest"]["t_value"] is None:
-        return f"no test ({r['ttest']['status']})"
-    if not r["significant"]:
-        return "not significant"
-    way = "less stereotypical" if r["mean_change"] > 0 else "more stereotypical"
-    if r.get("overshoot") == "anti-stereotypical":
-        return f"significant: {way}, overshoot past zero into the anti-stereotypical direction"
-    return f"significant: {way}"
-
-
-def _change_cells(r: dict) -> list[str]:
-    ci = r.get("mean_change_ci")
-    level = f" ({100 * r['ci_level']:.4g}%)" if r.get("ci_level") is not None else ""
-    sp = r["seeds"]
-    spread = ("one seed" if sp["per_seed_mean_change"] is None else
-              f"{fmt_change(sp['sd'], False)} ({', '.join(fmt_change(x) for x in sp['per_seed_mean_change'])})")
-    pc = r["p_corrected"]["ttest"]
-    return [str(r["n_pairs"]), fmt_change(r["mean_change"]),
-            "n/a" if not ci else f"[{fmt_change(ci[0])}, {fmt_change(ci[1])}]{level}",
-            _fmt(r["ttest"]["t_value"]), f"{_fmt(pc['bonferroni'], '.2g')} (of {pc['n_tests']})",
-            _fmt(r["wilcoxon"]["p_value"], ".2g"), _fmt(r["sign_flip"]["share"], ".2f"), spread]
-
-
-CHANGE_HEAD = ["pairs", "mean change", "CI (level of the verdict)", "t", "p (Bonferroni, types)", "Wilcoxon p", "sign flipped",
-               "seed sd of the change (per seed)"]
-
-
-def _change_table(data: dict, comp: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["verdict", "model", "debiased for", "measured on"] + CHANGE_HEAD
-    rows = []
-    types = _types(data)
-    for (m, d), res in comp["vs_baseline"].items():
-        name = METHOD_NAMES.get(m, m)
-        if "error" in res:
-            rows.append([f"not compared: {res['error']}", name, d, "", *[""] * len(CHANGE_HEAD)])
-            continue
-        by = {r["bias_type"]: r for r in res["types"]}
-        for b in sorted(by, key=lambda t: (t != d, types.index(t) if t in types else len(types))):
-            rows.append([_short_verdict(by[b]), name, d, b, *_change_cells(by[b])])
-    return head, rows
-
-
-def _method_table(comp: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["verdict", "A", "B", "debiased for and measured on"] + CHANGE_HEAD
-    rows = []
-    for (d, m1, m2), res in comp["method_vs_method"].items():
-        n1, n2 = METHOD_NAMES.get(m1, m1), METHOD_NAMES.get(m2, m2)
-        if "error" in res:
-            rows.append([f"not compared: {res['error']}", n1, n2, d, *[""] * len(CHANGE_HEAD)])
-            continue
-        (r,) = res["types"]
-        rows.append([_short_verdict(r), n1, n2, d, *_change_cells(r)])
-    return head, rows
-
-
-def _cross(data: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    types = _types(data)
-    out = []
-    for m in _methods(data):
-        head = ["debiased for \\ measured on"] + types
-        rows = []
-        for d in _debiased(data):
-            row = [d]
-            for b in types:
-                c = _cell(data, m, d, b)
-                mark = " *" if c["n"] and c["n_sig"] == c["n"] else ""
-                row.append(_ms(c["t"]) + mark if c["n"] else "n/a")
-            rows.append(row)
-        out.append((METHOD_NAMES.get(m, m), head, rows))
-    return out
-
-
-def _overshoots(data: dict, comp: dict) -> list[str]:
-    """Significant changes from the baseline past zero into the anti-stereotypical direction, in words."""
-    out = []
-    for (m, d), res in comp["vs_baseline"].items():
-        for r in res.get("types", []):
-            if r.get("overshoot") != "anti-stereotypical":
-                continue
-            b = r["bias_type"]
-            what = "the type it was debiased for" if b == d else f"{b} (debiased for {d})"
-            out.append(f"{METHOD_NAMES.get(m, m)} on {what}: {r['verdict']}")
-    return out
 
 
 def _dialog_table(data: dict) -> tuple[list[str], list[list[str]]]:
