@@ -163,6 +163,8 @@ def test_bbq_in_the_study_report_and_card(study, tmp_path):
         cell = c["s_DIS: baseline → model (change [CI])"]
         assert cell.startswith(f"{d['b']:+.3f} → {d['a']:+.3f} ({d['change']:+.3f}")
         assert c["s_DIS moved"] == movement_words(d["movement"]).split(" (")[0]
+        acc = ref["acc"]
+        assert c["acc: baseline → model (change)"] == f"{acc['b']:.3f} → {acc['a']:.3f} ({acc['change']:+.3f})"
         mc = ref["mcnemar"]
         assert c["correctness"] == ("no row changed" if mc["p_value"] is None else
                                     "not significant" if not mc["significant"] else c["correctness"])

@@ -250,7 +250,8 @@ def _bbq_card(b: dict | None) -> list[str]:
 
     def cell(x, ci=True):
         c = x.get("change_ci")
-        return (f"{_f(x['b'], '+.3f')} → {_f(x['a'], '+.3f')} ({_f(x['change'], '+.3f')}"
+        v = "+.3f" if ci else ".3f"  # a bias score signed, an accuracy not
+        return (f"{_f(x['b'], v)} → {_f(x['a'], v)} ({_f(x['change'], '+.3f')}"
                 + (f" [{c[0]:+.3f}, {c[1]:+.3f}]" if ci and c else "") + ")")
 
     for cv in BBQ_CONVENTIONS:

@@ -651,7 +651,8 @@ def _bbq_change_table(comp: dict) -> tuple[list[str], list[list[str]]]:
 
     def cell(x: dict, ci: bool = True) -> str:
         c = x.get("change_ci")
-        return (f"{_fmt(x['b'], '+.3f')} → {_fmt(x['a'], '+.3f')} ({_fmt(x['change'], '+.3f')}"
+        v = "+.3f" if ci else ".3f"  # a bias score signed, an accuracy not
+        return (f"{_fmt(x['b'], v)} → {_fmt(x['a'], v)} ({_fmt(x['change'], '+.3f')}"
                 + (f" [{c[0]:+.3f}, {c[1]:+.3f}]" if ci and c else "") + ")")
 
     for (m, d, seed), res in comp.items():
