@@ -145,3 +145,40 @@ def test_card_says_an_lmp_of_part_of_the_reference(tmp_path, capsys, max_lines, 
     capsys.readouterr()
     card = (tmp_path / "export" / "README.md").read_text()
     assert f"LMP (Reddit perplexity, §3.2) of this model: {said}\n" in card
+
+
+def test_card_shows_bbq_before_and_after(tmp_path, capsys, tiny_model_dir, bbq_dir):
+    """--bbq-baseline / --bbq-after: the card's BBQ section carries both models' numbers and the comparison of
+    rbjax compare (kept in evidence/); a folder that is not a BBQ run is refused by its flag."""
+    from rbjax.lmb.bbq_compare import compare_bbq, movement_words
+    from tests.conftest import make_rbjax_gpt2_folder
+
+    data = tmp_path / "bbq"
+    data.mkdir()
+    rows = (bbq_dir / "Religion.jsonl").read_text(encoding="utf-8").splitlines()[:8]
+    (data / "Religion.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    other = make_rbjax_gpt2_folder(tmp_path / "other", seed=5, tokenizer_dir=tiny_model_dir)
+    before, after = tmp_path / "before", tmp_path / "after"
+    for model, out in ((tiny_model_dir, before), (other, after)):
+        assert main(["measure", "--model", str(model), "--benchmark", "bbq", "--data-dir", str(data), "--out",
+                     str(out), "--n-bootstrap", "50", "--no-progress"]) == 0
+    run = _run(tmp_path, "hd", "gpt2")
+    assert main(["export", str(run), "--out", str(tmp_path / "x"), "--bbq-after", str(run)]) != 0
+    assert f"--bbq-after {run}: not an 'rbjax measure --benchmark bbq' folder" in capsys.readouterr().err
+    out = tmp_path / "export"
+    assert main(["export", str(run), "--out", str(out), "--bbq-baseline", str(before), "--bbq-after",
+                 str(after)]) == 0
+    assert "BBQ: compared with the base model on Religion" in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert "## BBQ before and after" in card and f"Before: `{before}`; after: `{after}`." in card
+    assert "Bonferroni-corrected across the 1 category (significant: below 0.05)" in card
+    ref = compare_bbq(after, before, labels=("debiased", "base model"))
+    assert json.loads((out / "evidence" / "compare_bbq.json").read_text())["categories"] == ref["categories"]
+    sb, sa = (json.loads((f / "benchmark.json").read_text()) for f in (before, after))
+    for cv in ("lm_eval", "paper"):
+        for name, s in (("base model", sb), ("this model", sa)):
+            o = s[cv]["overall"]
+            assert f"| {cv} | {name} | 8 | {o['accuracy_amb']:.3f} | {o['accuracy_disamb']:.3f} |" in card
+        d = ref["categories"]["Religion"][cv]["amb_bias_score"]
+        row = next(x for x in card.splitlines() if x.startswith(f"| {cv} | Religion | "))
+        assert f"{d['b']:+.3f} → {d['a']:+.3f} ({d['change']:+.3f}" in row and movement_words(d["movement"]) in row

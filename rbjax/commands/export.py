@@ -13,7 +13,8 @@ def register(sub) -> None:
         description="Copies the run's HF model folder to OUT and writes OUT/README.md, the model card (Hugging Face "
                     "metadata block, base model, method, semantics, grid point and selection rule, training data "
                     "and its sha256, LMB before/after on every bias type with the paired comparison of "
-                    "'rbjax compare', LMP, DST/CRG where measured, versions), OUT/export.json (the same numbers) and "
+                    "'rbjax compare', BBQ before/after where measured, LMP, DST/CRG where measured, "
+                    "versions), OUT/export.json (the same numbers) and "
                     "OUT/evidence/ (the comparison's files). RUN: an 'rbjax debias' run folder, an 'rbjax sweep' "
                     "folder (its selected point), or a study's seed<S>/<type>/<method> folder.",
         formatter_class=HelpFormatter)
@@ -25,6 +26,12 @@ def register(sub) -> None:
     p.add_argument("--after", metavar="DIR",
                    help="'rbjax measure' folder of the exported model (default: the study's lmb_test of the method, "
                         "else the run's lmb_valid)")
+    p.add_argument("--bbq-baseline", metavar="DIR",
+                   help="'rbjax measure --benchmark bbq' folder of the base model, for BBQ before and the comparison "
+                        "(default: the study's baseline/bbq when RUN is inside a study that measured BBQ)")
+    p.add_argument("--bbq-after", metavar="DIR",
+                   help="'rbjax measure --benchmark bbq' folder of the exported model (default: the study's bbq of "
+                        "the method)")
     add_config_arguments(p, ExportConfig)
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export in --out as a whole (written beside it, then swapped in: none of "
@@ -35,7 +42,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     res = export_model(args.run, args.out, ExportConfig(**config_values(args, ExportConfig)), baseline=args.baseline,
-                       after=args.after, overwrite=args.overwrite)
+                       after=args.after, bbq_baseline=args.bbq_baseline, bbq_after=args.bbq_after,
+                       overwrite=args.overwrite)
     n = res["numbers"]
     comp = n["comparison"]
     print(f"exported {n['source_run']} ({n['method']}, {n['bias_type']}) to {res['out']}")
@@ -44,5 +52,7 @@ def run(args) -> int:
             print(f"  {r['bias_type']}: {r['verdict']}")
     else:
         print("  no before/after comparison (no LMB of the base model on the same pairs: pass --baseline)")
+    if (n.get("bbq") or {}).get("comparison"):
+        print(f"  BBQ: compared with the base model on {', '.join(n['bbq']['comparison']['categories'])}")
     print(f"wrote {res['card']} and {res['out'] / 'export.json'}")
     return 0

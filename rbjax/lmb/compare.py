@@ -332,25 +332,21 @@ def paired_change(effect_a: np.ndarray, effect_b: np.ndarray, *, alpha: float = 
     }
 
 
-def _side(m: float) -> str:
-    return "stereotypical" if m < 0 else "anti-stereotypical" if m > 0 else "zero"
-
-
-def bias_movement(mean_a: float | None, mean_b: float | None) -> dict | None:
-    """How the bias moved from B to A relative to zero, read from each side's mean effect on the compared pairs
-    (mean of e = log ppl(biased) − log ppl(counterfactual); < 0: stereotypical, > 0: anti-stereotypical).
-
-    Returns:
-        ``None`` without pairs, else ``{"kind", "from", "to", "side_b", "side_a", "abs_change"}``: ``kind`` is
-        ``"toward zero"`` (|mean e| down on the same side, or down to exactly 0), ``"past zero"`` (the sign flipped),
-        ``"away from zero"`` (|mean e| up on the same side, or up from exactly 0) or ``"unchanged"`` (equal means);
-        ``from`` / ``to`` are B's and A's mean e, ``side_b`` / ``side_a`` their sides (``"stereotypical"``,
-        ``"anti-stereotypical"`` or ``"zero"``), ``abs_change`` = |mean e(A)| − |mean e(B)|.
-    """
-    if mean_a is None or mean_b is None:
+def movement(a: float | None, b: float | None, negative: str, positive: str) -> dict | None:
+    """How a signed bias measure moved from B (``b``) to A (``a``) relative to zero, its sides named ``negative``
+    (below zero) and ``positive`` (above): ``None`` when either is undefined, else ``{"kind", "from", "to",
+    "side_b", "side_a", "abs_change"}`` — ``kind`` ``"toward zero"`` (|x| down on the same side, or down to exactly
+    0), ``"past zero"`` (the sign flipped), ``"away from zero"`` (|x| up on the same side, or up from exactly 0) or
+    ``"unchanged"``; ``side_*`` one of the two names or ``"zero"``; ``abs_change`` = |a| − |b|. The one rule of
+    :func:`bias_movement` (LMB) and BBQ's :func:`rbjax.lmb.bbq_compare.score_movement`."""
+    if a is None or b is None:
         return None
-    sa, sb = _side(mean_a), _side(mean_b)
-    if mean_a == mean_b:
+
+    def side(x):
+        return negative if x < 0 else positive if x > 0 else "zero"
+
+    sa, sb = side(a), side(b)
+    if a == b:
         kind = "unchanged"
     elif sb == "zero":
         kind = "away from zero"
@@ -359,9 +355,15 @@ def bias_movement(mean_a: float | None, mean_b: float | None) -> dict | None:
     elif sa != sb:
         kind = "past zero"
     else:
-        kind = "toward zero" if abs(mean_a) < abs(mean_b) else "away from zero"
-    return {"kind": kind, "from": mean_b, "to": mean_a, "side_b": sb, "side_a": sa,
-            "abs_change": abs(mean_a) - abs(mean_b)}
+        kind = "toward zero" if abs(a) < abs(b) else "away from zero"
+    return {"kind": kind, "from": b, "to": a, "side_b": sb, "side_a": sa, "abs_change": abs(a) - abs(b)}
+
+
+def bias_movement(mean_a: float | None, mean_b: float | None) -> dict | None:
+    """How the bias moved from B to A relative to zero, read from each side's mean effect on the compared pairs
+    (mean of e = log ppl(biased) − log ppl(counterfactual); < 0: stereotypical, > 0: anti-stereotypical):
+    :func:`movement` with those sides (``from`` / ``to`` are B's and A's mean e)."""
+    return movement(mean_a, mean_b, negative="stereotypical", positive="anti-stereotypical")
 
 
 def _as_runs(x) -> list[dict[str, MeasuredType]]:

@@ -22,7 +22,8 @@
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
     [benchmarks]    # pair benchmarks on the baseline and every debiased model (docs/pairs.md): crows_pairs = true,
-                    # crows_pairs_dir, crows_pairs_categories = [...] (default all nine), pair_files = ["mine.csv"]
+                    # crows_pairs_dir, crows_pairs_categories = [...] (default all nine), pair_files = ["mine.csv"];
+                    # BBQ (docs/bbq.md): bbq = true, bbq_dir (a folder of BBQ .jsonl), bbq_categories = [...]
 
 Each section is a settings dataclass, whose fields are its keys and whose types and ranges are checked in one place:
 [study] :class:`StudySettings`, [training] :class:`~rbjax.debias.config.DebiasRun`, [sweep]
@@ -52,6 +53,7 @@ from rbjax.core.errors import SettingError
 from rbjax.core.io import read_toml
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.core.precision import PRECISIONS
+from rbjax.data.bbq import bbq_files
 from rbjax.data.pairs import read_pair_file
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, SEMANTICS, DebiasRun
@@ -117,25 +119,32 @@ class StudySettings(ChatSettings):
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarksSettings:
-    """The ``[benchmarks]`` section: the pair benchmarks measured, like ``[measure]`` says, on the baseline and on
-    every debiased model (docs/pairs.md; frozen, TOML lists may be given for the tuples).
+    """The ``[benchmarks]`` section: the pair benchmarks (docs/pairs.md) and BBQ (docs/bbq.md) measured, like
+    ``[measure]`` says, on the baseline and on every debiased model (frozen, TOML lists may be given for the tuples).
 
     Raises:
-        rbjax.core.errors.SettingError: a value of the wrong type, or a CrowS-Pairs setting without ``crows_pairs``.
+        rbjax.core.errors.SettingError: a value of the wrong type, a CrowS-Pairs setting without ``crows_pairs`` or
+            a BBQ setting without ``bbq``.
     """
 
     crows_pairs: bool = field(False, "measure CrowS-Pairs (folder crows-pairs of each model's stage)")
     crows_pairs_dir: str | None = field(None, "CrowS-Pairs data folder (default: the verified download)")
     crows_pairs_categories: tuple[str, ...] = field((), "CrowS-Pairs categories (default, or empty: all nine)")
     pair_files: tuple[str, ...] = field((), "pair files of one's own (docs/pairs.md; folder pairs-<file stem>)")
+    bbq: bool = field(False, "measure BBQ (docs/bbq.md; folder bbq of each model's stage)")
+    bbq_dir: str | None = field(None, "a folder of BBQ .jsonl files, one per category (default: the verified "
+                                      "download)")
+    bbq_categories: tuple[str, ...] = field((), "BBQ categories (file names without .jsonl; default, or empty: all)")
 
     def __post_init__(self):
         check_types(self)
-        if not self.crows_pairs:
-            for name in ("crows_pairs_dir", "crows_pairs_categories"):
-                if getattr(self, name):
-                    raise SettingError(name, "is set but crows_pairs is not true")
-        for name in ("crows_pairs_categories", "pair_files"):
+        for on, names in (("crows_pairs", ("crows_pairs_dir", "crows_pairs_categories")),
+                          ("bbq", ("bbq_dir", "bbq_categories"))):
+            if not getattr(self, on):
+                for name in names:
+                    if getattr(self, name):
+                        raise SettingError(name, f"is set but {on} is not true")
+        for name in ("crows_pairs_categories", "pair_files", "bbq_categories"):
             if not all(getattr(self, name)):
                 raise SettingError(name, f"must be a list of names, got {list(getattr(self, name))!r}")
 
@@ -153,7 +162,8 @@ MEASURE_KEYS = {f.name for f in dataclasses.fields(MeasureConfig)} - {"precision
 #: the dialog tasks that have a chat format (the others refuse it: a chat-format study leaves them out)
 CHAT_DIALOG_TASKS = ("crg",)
 DIALOG_KEYS = {"tasks", "lmp", "dst", "crg"}
-#: [benchmarks]: CrowS-Pairs (its folder, its categories) and pair files, each measured like [measure] says
+#: [benchmarks]: CrowS-Pairs (its folder, its categories), pair files and BBQ (its folder, its categories), each
+#: measured like [measure] says
 BENCHMARK_KEYS = {f.name for f in dataclasses.fields(BenchmarksSettings)}
 #: the fields each section takes ([training] takes DebiasRun's settings, checked against the dataclass)
 SECTION_KEYS = {"study": STUDY_KEYS, "sweep": SWEEP_KEYS, "measure": MEASURE_KEYS, "dialog": DIALOG_KEYS,
@@ -355,9 +365,10 @@ class StudyConfig:
         return d
 
     def benchmarks(self) -> list[dict]:
-        """The pair benchmarks of ``[benchmarks]``, each ``{"name": stage folder name, "benchmark": "crows-pairs" |
-        "pairs", "pairs_file", "data_dir", "categories"}``: CrowS-Pairs (folder ``crows-pairs``) when ``crows_pairs``
-        is true, then every pair file (folder ``pairs-<file stem>``)."""
+        """The benchmarks of ``[benchmarks]``, each ``{"name": stage folder name, "benchmark": "crows-pairs" |
+        "pairs" | "bbq", "pairs_file", "data_dir", "categories"}``: CrowS-Pairs (folder ``crows-pairs``) when
+        ``crows_pairs`` is true, then every pair file (folder ``pairs-<file stem>``), then BBQ (folder ``bbq``) when
+        ``bbq`` is true."""
         b = self.raw.get("benchmarks", {})
         out = []
         if b.get("crows_pairs"):
@@ -368,6 +379,10 @@ class StudyConfig:
             path = self._resolve(str(f))
             out.append({"name": f"pairs-{Path(path).stem}", "benchmark": "pairs", "pairs_file": path,
                         "data_dir": None, "categories": "all"})
+        if b.get("bbq"):
+            out.append({"name": "bbq", "benchmark": "bbq", "pairs_file": None,
+                        "data_dir": self._resolve(b.get("bbq_dir")),
+                        "categories": list(b.get("bbq_categories") or []) or "all"})
         return out
 
     def grid(self) -> dict:
@@ -547,10 +562,12 @@ class StudyConfig:
 
     def _validate_benchmarks(self) -> None:
         """[benchmarks]: its settings (:class:`BenchmarksSettings`), pair files that exist and read, no two with one
-        folder name; none in a chat-format study (a pair benchmark has no chat format)."""
-        if self.is_chat and self.benchmarks():
+        folder name, BBQ's folder and categories; no pair benchmark in a chat-format study (a pair benchmark has no
+        chat format; BBQ has one: it is measured in the study's format)."""
+        if self.is_chat and any(b["benchmark"] != "bbq" for b in self.benchmarks()):
             raise ValueError(f"{self.where('benchmarks', None)}: [study] format = \"chat\", but a pair benchmark "
-                             "has no chat format (rbjax measure --benchmark refuses it); leave [benchmarks] out")
+                             "has no chat format (rbjax measure --benchmark refuses it); leave crows_pairs and "
+                             "pair_files out of [benchmarks] (bbq has a chat format)")
         try:
             BenchmarksSettings(**self.raw.get("benchmarks", {}))
         except SettingError as e:
@@ -561,6 +578,12 @@ class StudyConfig:
             raise ValueError(f"{self.where('benchmarks', 'pair_files')}: two pair files share the name {dup[0]} "
                              "(their result folders would collide); rename one")
         for x in self.benchmarks():
+            if x["benchmark"] == "bbq" and x["data_dir"] is not None:  # the files are read when measured
+                try:
+                    bbq_files(x["data_dir"], x["categories"], download=False)
+                except (ValueError, FileNotFoundError) as e:
+                    key = "bbq_categories" if isinstance(e, ValueError) else "bbq_dir"
+                    raise ValueError(f"{self.where('benchmarks', key)}: {e}") from None
             if x["benchmark"] != "pairs":
                 continue
             try:

@@ -13,11 +13,12 @@ byte for byte — or, with ``adapter_only`` for a run trained with low-rank adap
 (``adapter_config.json``, ``adapter_model.safetensors``) —, ``README.md`` (the model card: the
 Hugging Face metadata block — YAML front matter with ``base_model``, ``tags``, ``license``, … — then base model,
 method and semantics, grid point and selection rule, training data with sha256, LMB before/after on every bias type
-with the paired comparison of :mod:`rbjax.lmb.compare`, LMP, DST/CRG where measured, limitations, versions),
+with the paired comparison of :mod:`rbjax.lmb.compare`, BBQ before/after where measured with the comparison of
+:mod:`rbjax.lmb.bbq_compare`, LMP, DST/CRG where measured, limitations, versions),
 ``export.json`` (the same numbers, machine-readable) and ``evidence/`` (``compare.json``/``.csv``/``.png`` and the
-per-pair changes) when a before/after comparison was possible. ``DIR`` is written whole: in a temporary folder
-beside it, put in its place once complete; with ``overwrite`` it replaces an earlier export there, none of whose
-files survive.
+per-pair changes; ``compare_bbq.json`` for BBQ) when a before/after comparison was possible. ``DIR`` is written whole:
+in a temporary folder beside it, put in its place once complete; with ``overwrite`` it replaces an earlier export
+there, none of whose files survive.
 
 Every number on the card is read from the run's files (``results.json``, ``config.json``, ``selection.json``,
 ``lmb.json``, ``<task>.json``) or computed from its per-pair perplexities by :func:`rbjax.lmb.compare.compare_runs`.
@@ -39,6 +40,9 @@ from rbjax.lmb.compare import (ci_label, compare_runs, describe_format, effects_
                                record_format, short_verdict, write_comparison)
 from rbjax.model.chat_template import ADDITIONAL_TEMPLATES_DIR
 from rbjax.model.peft_adapter import ADAPTER_CONFIG
+from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
+from rbjax.lmb.bbq import SUMMARY_FILE as BBQ_SUMMARY
+from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.study.projection_card import projection_card, projection_numbers
 from rbjax.study.report import DIALOG_COLUMNS, _dig, random_model_name
 
@@ -187,6 +191,85 @@ def _lmb_before_after(info: dict, before: str | os.PathLike | None, after: str |
     if before is None and study is not None and (study / "baseline" / "lmb_test" / "lmb.json").exists():
         before = study / "baseline" / "lmb_test"
     return (None if before is None else Path(before)), (None if after is None else Path(after))
+
+
+def _bbq_before_after(info: dict, before, after) -> tuple[Path | None, Path | None]:
+    """(before, after) BBQ run folders: explicit ones (each must be an ``rbjax measure --benchmark bbq`` folder),
+    else the study's ``baseline/bbq`` and the method's ``bbq`` where they were measured.
+
+    Raises:
+        ValueError: an explicit folder that is not a BBQ run.
+    """
+    for flag, f in (("--bbq-baseline", before), ("--bbq-after", after)):
+        if f is not None and not is_bbq_run(f):
+            raise ValueError(f"{flag} {f}: not an 'rbjax measure --benchmark bbq' folder (no bbq benchmark.json)")
+    mf, study = info["method_folder"], info["study"]
+    if after is None and mf is not None and is_bbq_run(mf / "bbq"):
+        after = mf / "bbq"
+    if before is None and study is not None and is_bbq_run(study / "baseline" / "bbq"):
+        before = study / "baseline" / "bbq"
+    return (None if before is None else Path(before)), (None if after is None else Path(after))
+
+
+def _bbq_numbers(before: Path | None, after: Path | None, comparison: dict | None) -> dict | None:
+    """The card's BBQ numbers: each side's overall metrics per convention and the comparison (or ``None``)."""
+    if before is None and after is None:
+        return None
+
+    def overall(f):
+        s = None if f is None else read_json(f / BBQ_SUMMARY)
+        return None if s is None else {cv: s[cv]["overall"] for cv in BBQ_CONVENTIONS}
+
+    return {"before": None if before is None else str(before), "after": None if after is None else str(after),
+            "before_overall": overall(before), "after_overall": overall(after), "comparison": comparison}
+
+
+def _bbq_card(b: dict | None) -> list[str]:
+    """The card's "BBQ before and after" section (empty without BBQ)."""
+    if b is None:
+        return []
+    L = ["", "## BBQ before and after", "",
+         "BBQ (Parrish et al. 2022; rbjax docs/bbq.md), multiple choice by log-likelihood in lm-evaluation-harness's "
+         "convention (lm_eval) and the paper's: accuracy on the ambiguous / disambiguated rows, and the bias scores "
+         "s_DIS and s_AMB (> 0: the answers follow the stereotype, < 0: they go against it). "
+         + (f"Before: `{b['before']}`" if b["before"] else "Before: not measured (export with --bbq-baseline)")
+         + (f"; after: `{b['after']}`." if b["after"] else "; after: not measured (export with --bbq-after)."), "",
+         "| convention | model | rows | acc_amb | acc_dis | s_DIS | s_AMB |", "|---|---|---|---|---|---|---|"]
+    for cv in BBQ_CONVENTIONS:
+        for name, o in (("base model", b["before_overall"]), ("this model", b["after_overall"])):
+            if o is not None:
+                x = o[cv]
+                L.append(f"| {cv} | {name} | {x['n_rows']} | {_f(x['accuracy_amb'], '.3f')} | "
+                         f"{_f(x['accuracy_disamb'], '.3f')} | {_f(x['disamb_bias_score'], '+.3f')} | "
+                         f"{_f(x['amb_bias_score'], '+.3f')} |")
+    comp = b["comparison"]
+    if comp is None:
+        return L
+    alpha = comp["settings"]["alpha"]
+    L += ["", "Change per category on the same rows (`rbjax compare`; files in `evidence/`): the exact McNemar test "
+          "of the per-row correctness, p Bonferroni-corrected across the "
+          f"{len(comp['categories'])} categor{'y' if len(comp['categories']) == 1 else 'ies'} (significant: below {alpha:g}); each bias score base → this model with the change and its "
+          f"{100 * (1 - alpha):.4g}% paired bootstrap CI, and whether it moved toward zero, past zero or away.", "",
+          "| convention | category | acc: base → this (change) | McNemar p (Bonferroni) | s_DIS: base → this "
+          "(change [CI]) | s_DIS moved | s_AMB: base → this (change [CI]) | s_AMB moved |",
+          "|---|---|---|---|---|---|---|---|"]
+
+    def cell(x, ci=True):
+        c = x.get("change_ci")
+        v = "+.3f" if ci else ".3f"  # a bias score signed, an accuracy not
+        return (f"{_f(x['b'], v)} → {_f(x['a'], v)} ({_f(x['change'], '+.3f')}"
+                + (f" [{c[0]:+.3f}, {c[1]:+.3f}]" if ci and c else "") + ")")
+
+    for cv in BBQ_CONVENTIONS:
+        for c, blk in comp["categories"].items():
+            x, mc = blk[cv], blk[cv]["mcnemar"]
+            p = ("n/a (no row changed)" if mc["p_value"] is None else
+                 f"{_f(mc['p_value'], '.2g')} ({_f(mc['p_bonferroni'], '.2g')})"
+                 + (", significant" if mc["significant"] else ", not significant"))
+            L.append(f"| {cv} | {c} | {cell(x['acc'], False)} | {p} | {cell(x['disamb_bias_score'])} | "
+                     f"{movement_words(x['disamb_bias_score']['movement'])} | {cell(x['amb_bias_score'])} | "
+                     f"{movement_words(x['amb_bias_score']['movement'])} |")
+    return L
 
 
 def _dialog(folder: Path | None) -> dict:
@@ -419,6 +502,7 @@ def model_card(n: dict, license: str) -> str:
                  f"{_lmp_lines(n['lmp_run'].get('max_lines'))}.")
     else:
         L.append("Not measured (no LMP, DST or CRG results with this run).")
+    L += _bbq_card(n.get("bbq"))
     # limitations
     lim = []
     if tr.get("max_steps") is not None:
@@ -449,6 +533,7 @@ def model_card(n: dict, license: str) -> str:
 
 def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: ExportConfig | None = None, *,
                  baseline: str | os.PathLike | None = None, after: str | os.PathLike | None = None,
+                 bbq_baseline: str | os.PathLike | None = None, bbq_after: str | os.PathLike | None = None,
                  overwrite: bool = False, **settings) -> dict:
     """Export a finished debiasing run (or a sweep's selected point, or a study's method) as an HF folder with a
     model card; see the module docstring.
@@ -469,13 +554,17 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
         baseline: an ``rbjax measure`` folder of the base model (default: the study's ``baseline/lmb_test``).
         after: an ``rbjax measure`` folder of the exported model (default: the study's ``lmb_test`` of the method,
             else the run's ``lmb_valid``).
+        bbq_baseline, bbq_after: ``rbjax measure --benchmark bbq`` folders of the base model and of the exported
+            model (default: the study's ``baseline/bbq`` and the method's ``bbq``, where measured); with both, the
+            card shows their comparison (:func:`rbjax.lmb.bbq_compare.compare_bbq`).
     Returns:
         ``{"out": folder, "card": README.md, "numbers": export.json content}``.
     Raises:
         FileNotFoundError / ValueError: what :func:`resolve_run` raises; an output folder that is not empty (without
         ``overwrite``) or that holds files no export wrote (with it); a
         setting of the wrong type or not a choice (:class:`rbjax.core.errors.SettingError`);
-        :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs.
+        :class:`rbjax.lmb.compare.MismatchError` when before and after were not measured on the same pairs; a BBQ
+        folder that is not a BBQ run, or BBQ runs of different rows.
     """
     cfg = (config or ExportConfig()).replace(**settings)
     info = resolve_run(run, cfg.rule)
@@ -492,6 +581,11 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
     if before_dir is not None and after_dir is not None:
         comparison = compare_runs(after_dir, before_dir, labels=("debiased", "base model"))
     n = _card_numbers(info, before_dir, after_dir, comparison)
+    bbq_before, bbq_after = _bbq_before_after(info, bbq_baseline, bbq_after)
+    bbq_comp = None
+    if bbq_before is not None and bbq_after is not None:
+        bbq_comp = compare_bbq(bbq_after, bbq_before, labels=("debiased", "base model"))
+    n["bbq"] = _bbq_numbers(bbq_before, bbq_after, bbq_comp)
     model = info["run"] / "model"
     if cfg.adapter_only:
         ad = info["results"].get("adapter") or {}
@@ -517,6 +611,8 @@ def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: Exp
         n["files_sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}
         if comparison is not None:
             write_comparison(comparison, tmp / "evidence")
+        if bbq_comp is not None:
+            atomic_write_json(tmp / "evidence" / "compare_bbq.json", bbq_comp)
         card = projection_card(n, cfg.license) if n.get("projection") else model_card(n, cfg.license)
         atomic_write_text(tmp / "README.md", card)
         atomic_write_json(tmp / "export.json", n)

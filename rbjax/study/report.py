@@ -22,6 +22,11 @@ What it holds (paper §5, Figure 1, Tables 3–5):
   change on the RedditBias type it was debiased for and on every category of each benchmark, side by side (does
   debiasing on RedditBias move CrowS-Pairs?), and lm-evaluation-harness's ``pct_stereotype`` of every model; the
   benchmarks' notes (CrowS-Pairs' licence and reliability warning) in the data notes.
+* **BBQ beside them** (``[benchmarks] bbq``): the accuracies and bias scores (s_DIS, s_AMB) of every model in both
+  conventions, and per debiased model and seed the change from the baseline per category
+  (:func:`rbjax.lmb.bbq_compare.compare_bbq`: the exact McNemar test of the per-row correctness, Bonferroni across
+  the categories; each bias score baseline → model with its paired bootstrap CI and whether it moved toward zero,
+  past zero or away).
 * **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length.
 * **Data notes**: every setting that cuts the study down from the paper's (training steps, the dev pairs of the
   selection, a reduced grid, LMP/DST/CRG cut-downs), what stood in for an official split, un-fine-tuned CRG.
@@ -52,6 +57,8 @@ from rbjax.debias.sweep import PAPER_GRID
 from rbjax.lmb.compare import compare_runs, effects_text, fmt_change, json_ready, load_run, short_verdict
 from rbjax.lmb.pair_benchmark import SUMMARY_FILE
 from rbjax.lmb.plot import figure_lmb
+from rbjax.lmb.bbq import CONVENTIONS as BBQ_CONVENTIONS
+from rbjax.lmb.bbq_compare import compare_bbq, is_bbq_run, movement_words
 from rbjax.specs import BIAS_TYPES
 from rbjax.train.config import AdapterConfig
 
@@ -112,7 +119,7 @@ def collect(folders: list[Path]) -> dict:
         ValueError: folders whose baselines differ (their seeds cannot be pooled against one baseline).
     """
     out: dict[str, Any] = {"baseline": None, "runs": {}, "studies": [], "folders": [str(f) for f in folders],
-                           "missing": {}, "duplicates": [], "benchmarks": {}}
+                           "missing": {}, "duplicates": [], "benchmarks": {}, "bbq": {"baseline": None, "runs": {}}}
     seen: dict[str, str] = {}  # stage key → where it was first found
     base_key = None
     names = [Path(f).name for f in folders]
@@ -143,6 +150,8 @@ def collect(folders: list[Path]) -> dict:
         for bd in _benchmark_dirs(f / "baseline"):
             b = out["benchmarks"].setdefault(bd.name, {"baseline": None, "runs": {}})
             b["baseline"] = b["baseline"] or bd
+        if is_bbq_run(f / "baseline" / "bbq"):
+            out["bbq"]["baseline"] = out["bbq"]["baseline"] or f / "baseline" / "bbq"
         for sd in sorted(f.glob("seed*")):
             if not sd.is_dir():
                 continue
@@ -168,6 +177,8 @@ def collect(folders: list[Path]) -> dict:
                     for bd in _benchmark_dirs(md):
                         b = out["benchmarks"].setdefault(bd.name, {"baseline": None, "runs": {}})
                         b["runs"].setdefault((md.name, td.name), {})[f"{label}:{seed}"] = bd
+                    if is_bbq_run(md / "bbq"):
+                        out["bbq"]["runs"].setdefault((md.name, td.name), {})[f"{label}:{seed}"] = md / "bbq"
     return out
 
 
@@ -574,6 +585,107 @@ def _overshoots(data: dict, comp: dict) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------------------- BBQ
+BBQ_INTRO = (
+    "BBQ (Parrish et al. 2022; docs/bbq.md), multiple choice by log-likelihood in lm-evaluation-harness's convention "
+    "(lm_eval: the row's two other answers and ten phrasings of 'unknown') and the paper's (the row's three "
+    "answers). acc_amb / acc_dis: accuracy on the ambiguous / disambiguated rows; s_DIS = 2·(biased / non-unknown "
+    "answers) − 1 on the disambiguated rows, s_AMB = (1 − acc_amb) · the same on the ambiguous rows (> 0: the "
+    "answers follow the stereotype, < 0: they go against it). Overall pools every row measured; mean ± seed sd for "
+    "the debiased models.")
+BBQ_CHANGE_INTRO = (
+    "Each debiased model (one row per seed: BBQ compares one run with another) against the baseline on the same "
+    "rows, per category and convention (rbjax compare): the exact McNemar test of the per-row correctness, p "
+    "corrected across the categories (Bonferroni; significant: below alpha); each score baseline → model with the "
+    "change and its paired bootstrap CI (rows resampled together), and whether the bias score moved toward zero "
+    "(less biased), past zero (biased the other way) or away from zero (more biased).")
+
+
+def _bbq_comparisons(data: dict) -> dict:
+    """Each debiased model's BBQ run (per seed) against the baseline's (:func:`rbjax.lmb.bbq_compare.compare_bbq`):
+    ``{(method, debiased, seed label): result | {"error": why}}``."""
+    b = data["bbq"]
+    out: dict = {}
+    for (m, d), seeds in b["runs"].items():
+        for seed, folder in sorted(seeds.items()):
+            if b["baseline"] is None:
+                out[(m, d, seed)] = {"error": "the baseline has no finished bbq stage"}
+                continue
+            try:
+                out[(m, d, seed)] = compare_bbq(folder, b["baseline"],
+                                                labels=(f"{METHOD_NAMES.get(m, m)} ({d})", "baseline"))
+            except (OSError, ValueError, KeyError) as e:
+                out[(m, d, seed)] = {"error": str(e)}
+    return out
+
+
+def _bbq_scores_table(data: dict) -> tuple[list[str], list[list[str]]]:
+    """Every model's BBQ numbers, overall, in both conventions."""
+    b = data["bbq"]
+    keys = ("accuracy_amb", "accuracy_disamb", "disamb_bias_score", "amb_bias_score")
+    head = ["model", "convention", "rows", "acc_amb", "acc_dis", "s_DIS", "s_AMB"]
+    rows = []
+    models = [("baseline", [b["baseline"]] if b["baseline"] is not None else [])]
+    for m in _methods(data):
+        for d in _debiased(data):
+            seeds = b["runs"].get((m, d)) or {}
+            if seeds:
+                models.append((f"{METHOD_NAMES.get(m, m)} ({d})", [f for _, f in sorted(seeds.items())]))
+    for name, folders in models:
+        sums = [x for x in (read_json(f / SUMMARY_FILE) for f in folders) if x]
+        if not sums:
+            continue
+        for cv in BBQ_CONVENTIONS:
+            ov = [x[cv]["overall"] for x in sums]
+            rows.append([name, cv, str(ov[0]["n_rows"]), *(_ms(_stats([o[k] for o in ov]), ".3f") for k in keys)])
+    return head, rows
+
+
+def _bbq_change_table(comp: dict) -> tuple[list[str], list[list[str]]]:
+    """Per debiased model, seed, category and convention: the change from the baseline (:func:`_bbq_comparisons`)."""
+    head = ["correctness", "model", "seed", "category", "convention", "rows", "acc: baseline → model (change)",
+            "McNemar p (Bonferroni, categories)", "s_DIS: baseline → model (change [CI])", "s_DIS moved",
+            "s_AMB: baseline → model (change [CI])", "s_AMB moved"]
+    rows = []
+
+    def cell(x: dict, ci: bool = True) -> str:
+        c = x.get("change_ci")
+        v = "+.3f" if ci else ".3f"  # a bias score signed, an accuracy not
+        return (f"{_fmt(x['b'], v)} → {_fmt(x['a'], v)} ({_fmt(x['change'], '+.3f')}"
+                + (f" [{c[0]:+.3f}, {c[1]:+.3f}]" if ci and c else "") + ")")
+
+    for (m, d, seed), res in comp.items():
+        name = f"{METHOD_NAMES.get(m, m)} ({d})"
+        if "error" in res:
+            rows.append([f"not compared: {res['error']}", name, seed.split(":")[-1], *[""] * (len(head) - 3)])
+            continue
+        for cv in BBQ_CONVENTIONS:
+            for c, blk in res["categories"].items():
+                x, mc = blk[cv], blk[cv]["mcnemar"]
+                verdict = ("no row changed" if mc["p_value"] is None else
+                           ("significant: " + ("more" if x["acc"]["change"] > 0 else "less") + " accurate")
+                           if mc["significant"] else "not significant")
+                p = ("n/a" if mc["p_value"] is None else
+                     f"{_fmt(mc['p_value'], '.2g')} ({_fmt(mc['p_bonferroni'], '.2g')} of {mc['n_tests']})")
+                score = [v for k in ("disamb_bias_score", "amb_bias_score")
+                         for v in (cell(x[k]), movement_words(x[k]["movement"]).split(" (")[0])]
+                rows.append([verdict, name, seed.split(":")[-1], c, cv, str(x["n_rows"]), cell(x["acc"], False), p,
+                             *score])
+    return head, rows
+
+
+def _bbq_notes(data: dict) -> list[str]:
+    """BBQ's own notes (its source and licence, local files), once each."""
+    b = data["bbq"]
+    folders = ([b["baseline"]] if b["baseline"] is not None else []) + \
+        [f for seeds in b["runs"].values() for f in seeds.values()]
+    notes: dict[str, None] = {}
+    for f in folders[:1]:
+        for n in (read_json(f / SUMMARY_FILE) or {}).get("notes") or []:
+            notes[f"bbq: {n}"] = None
+    return list(notes)
+
+
 def _dialog_table(data: dict) -> tuple[list[str], list[list[str]]]:
     head = ["model"] + [c[0] for c in DIALOG_COLUMNS]
     base = data["baseline"]["dialog"]
@@ -747,6 +859,8 @@ def _comparisons_json(comp: dict) -> dict:
                                  for (d, m1, m2), r in comp["method_vs_method"].items()],
             "benchmarks": [{"benchmark": b, "method": m, "debiased_for": d, **ready(r)}
                            for (b, m, d), r in comp.get("benchmarks", {}).items()],
+            "bbq": [{"method": m, "debiased_for": d, "seed": seed, **r}
+                    for (m, d, seed), r in comp.get("bbq", {}).items()],
             **({"error": comp["error"]} if "error" in comp else {})}
 
 
@@ -783,9 +897,12 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         f.write(png)
     comp = _comparisons(data)
     comp["benchmarks"] = _benchmark_comparisons(data)
+    comp["bbq"] = _bbq_comparisons(data)
     atomic_write_json(out / "comparisons.json", _comparisons_json(comp))
     side = _side_by_side(data, comp)
     bench_lm = _benchmark_lm_eval_tables(data)
+    has_bbq = data["bbq"]["baseline"] is not None or bool(data["bbq"]["runs"])
+    bbq_scores, bbq_change = _bbq_scores_table(data), _bbq_change_table(comp["bbq"])
     t3 = _table3(data)
     eff = _effects(data)
     change = _change_table(data, comp)
@@ -794,7 +911,7 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     over = _overshoots(data, comp)
     dia = _dialog_table(data)
     sel_head, sel_rows, sel_rules = _selections(data)
-    notes = _notes(data) + _benchmark_notes(data)
+    notes = _notes(data) + _benchmark_notes(data) + _bbq_notes(data)
     incomplete = _incomplete(data)
     studies = data["studies"]
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
@@ -866,6 +983,10 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
                   + (_md_table(*side) if side[1] else "No debiased model finished a pair benchmark.") + "\n")
         md.append("### lm-evaluation-harness's convention\n\n" + LM_EVAL_INTRO + "\n\n"
                   + "\n\n".join(f"**{name}**\n\n" + _md_table(h, r) for name, h, r in bench_lm) + "\n")
+    if has_bbq:
+        md.append("## BBQ beside RedditBias and the pair benchmarks\n\n" + BBQ_INTRO + "\n\n" + _md_table(*bbq_scores)
+                  + "\n\n### Change from the baseline on BBQ\n\n" + BBQ_CHANGE_INTRO + "\n\n"
+                  + (_md_table(*bbq_change) if bbq_change[1] else "No debiased model finished BBQ.") + "\n")
     md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else over_none)
               + "\n")
     md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*dia) + "\n")
@@ -907,6 +1028,11 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
               + "<h3>lm-evaluation-harness's convention</h3><p>" + html.escape(LM_EVAL_INTRO) + "</p>"
               + "".join(f"<h4>{html.escape(name)}</h4>" + _html_table(h, r) for name, h, r in bench_lm)
               if data["benchmarks"] else ""),
+             ("<h2>BBQ beside RedditBias and the pair benchmarks</h2><p>" + html.escape(BBQ_INTRO) + "</p>"
+              + _html_table(*bbq_scores) + "<h3>Change from the baseline on BBQ</h3><p>"
+              + html.escape(BBQ_CHANGE_INTRO) + "</p>"
+              + (_html_table(*bbq_change) if bbq_change[1] else "<p>No debiased model finished BBQ.</p>")
+              if has_bbq else ""),
              "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + (ul(over) if over else
                                                                f"<p>{html.escape(over_none)}</p>"),
              "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*dia),
@@ -923,5 +1049,6 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
             "comparisons": out / "comparisons.json", "incomplete": incomplete, "duplicates": data["duplicates"],
             "tables": {"table3": t3, "effects": eff, "change": change, "method_vs_method": mvm, "cross": cross,
-                       "benchmarks": side, "benchmarks_lm_eval": bench_lm,
+                       "benchmarks": side, "benchmarks_lm_eval": bench_lm, "bbq": bbq_scores,
+                       "bbq_change": bbq_change,
                        "dialog": dia, "overshoots": over, "selections": (sel_head, sel_rows), "notes": notes}}

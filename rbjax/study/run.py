@@ -11,8 +11,9 @@ Stages (in order; folders under ``OUT``)::
     seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
     seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model
     baseline/<benchmark>, seed<S>/<type>/<method>/<benchmark>
-                                  [benchmarks]: CrowS-Pairs (crows-pairs) and each pair file (pairs-<stem>)
-                                  on the starting model and on every debiased model      rbjax measure --benchmark
+                                  [benchmarks]: CrowS-Pairs (crows-pairs), each pair file (pairs-<stem>) and
+                                  BBQ (bbq) on the starting model and on every debiased
+                                  model                                                  rbjax measure --benchmark
     report                        OUT/report.md, OUT/report.html (rbjax.study.report)
 
 Every stage has a key: the content of what it reads (model files, the upstream stage's outputs) and its settings.
@@ -39,7 +40,9 @@ from rbjax.debias.config import DebiasRun
 from rbjax.debias.run import debias
 from rbjax.debias.sweep import grid_memory_plan, grid_points, run_sweeps
 from rbjax.dialog.evaluate import evaluate
+from rbjax.data.bbq import bbq_files, git_blob_sha1
 from rbjax.data.pairs import crows_pairs_manifest, read_pair_file
+from rbjax.lmb.bbq import measure_bbq
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import measure_bias
 from rbjax.lmb.pair_benchmark import measure_pair_benchmark
@@ -150,8 +153,27 @@ class _Study:
         return {"types": [r["bias_type"] for r in recs], "t": {r["bias_type"]: r["t_value"] for r in recs},
                 "reused_perplexities": [r["bias_type"] for r in recs if r.get("reused_perplexities")]}
 
+    def _bbq_config(self) -> MeasureConfig:
+        """[measure] for BBQ: RedditBias's own settings (split, outlier handling, the phrase's role, user message
+        and end-of-turn scoring) at their defaults; the format, system prompt and chat template as the study's."""
+        d = MeasureConfig()
+        return self.cfg.measure_config().replace(
+            **{k: getattr(d, k) for k in ("split", "outlier_removal", "skip_unscorable", "n_std", "ddof", "role",
+                                          "prompt", "score_end_of_turn")})
+
+    def _bbq(self, model: str | Path, out_dir: Path, bench: dict) -> dict:
+        """BBQ on ``model`` (:func:`rbjax.lmb.bbq.measure_bbq`, both conventions)."""
+        s = measure_bbq(str(model), self._bbq_config(), categories=bench["categories"], data_dir=bench["data_dir"],
+                        tokenizer=self._tok_for(model), out_dir=out_dir, progress=self.progress, resume=True,
+                        overwrite=True)  # the study owns the folder
+        o = s["lm_eval"]["overall"]
+        return {"categories": s["categories"], "n_rows": s["n_rows"],
+                **{k: o[k] for k in ("acc", "amb_bias_score", "disamb_bias_score")}}
+
     def _benchmark(self, model: str | Path, out_dir: Path, bench: dict) -> dict:
-        """A pair benchmark of [benchmarks] on ``model`` (``split`` is RedditBias's: not a setting of it)."""
+        """A benchmark of [benchmarks] on ``model`` (``split`` is RedditBias's: not a setting of it)."""
+        if bench["benchmark"] == "bbq":
+            return self._bbq(model, out_dir, bench)
         res = measure_pair_benchmark(
             str(model), bench["benchmark"], self.cfg.measure_config().replace(split=MeasureConfig.split),
             pairs_file=bench["pairs_file"], categories=bench["categories"], data_dir=bench["data_dir"],
@@ -162,6 +184,12 @@ class _Study:
                 "t": {r["bias_type"]: r["t_value"] for r in res["records"]}}
 
     def _benchmark_key(self, model: str | Path, bench: dict) -> dict:
+        if bench["benchmark"] == "bbq":  # the category files' git blob SHA-1 (FileNotFoundError before a download)
+            data = {c: git_blob_sha1(p) for c, p, _ in bbq_files(bench["data_dir"], bench["categories"],
+                                                                 download=False)}
+            return {"model": _model_digest(model), "measure": self.cfg.measure, "benchmark": "bbq", "data": data,
+                    "categories": bench["categories"], "precision": self.cfg.precision,
+                    "tokenizer": self.cfg.tokenizer, **self.cfg.chat_key()}
         data = (crows_pairs_manifest()["sha256"] if bench["benchmark"] == "crows-pairs"
                 else sha256_file(bench["pairs_file"]))
         return {"model": _model_digest(model), "measure": self.cfg.measure, "benchmark": bench["benchmark"],
@@ -365,7 +393,10 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     # [benchmarks]: each pair's two sentences, twice where the two conventions need two passes (GPT-2); CrowS-Pairs
     # counted whole even when only some of its categories are measured
     test_scored += n_models * 4 * sum(crows_pairs_manifest()["n_pairs"] if b["benchmark"] == "crows-pairs"
-                                      else len(read_pair_file(b["pairs_file"])) for b in cfg.benchmarks())
+                                      else len(read_pair_file(b["pairs_file"])) for b in cfg.benchmarks()
+                                      if b["benchmark"] != "bbq")
+    # BBQ: each row's 13 answers (its three and ten "unknown" phrasings) counted as phrases
+    test_scored += n_models * 13 * sum(_bbq_rows(b) for b in cfg.benchmarks() if b["benchmark"] == "bbq")
     train_h = seconds * ratio / 3600
     score_h = (dev_scored + test_scored) * ratio / c["score_phrases_per_s"] / 3600
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
@@ -373,6 +404,20 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
             "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note,
             "chat_context_tokens": context}
+
+
+#: the rows of the eleven upstream BBQ files (lm-evaluation-harness's bbq task: 58,492)
+BBQ_ROWS = 58492
+
+
+def _bbq_rows(bench: dict) -> int:
+    """The rows BBQ measures (for the estimate): the lines of its files where they are here, else the upstream
+    count (all of it, even when only some categories are measured)."""
+    try:
+        files = bbq_files(bench["data_dir"], bench["categories"], download=False)
+    except (OSError, ValueError):
+        return BBQ_ROWS
+    return sum(sum(1 for line in open(p, encoding="utf-8", errors="replace") if line.strip()) for _, p, _ in files)
 
 
 def study_format(cfg: StudyConfig) -> str:
