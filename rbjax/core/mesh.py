@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXES", "DEFAULT_RULES", "grid_mesh", "padded_points", "shard_state", "shard_batch", "replicate", "to_host",
-           "parse_mesh", "make_mesh", "mesh_sizes", "mesh_label", "logical_spec", "tree_shardings", "shard_tree",
+           "parse_mesh", "make_mesh", "mesh_of", "mesh_sizes", "mesh_label", "logical_spec", "tree_shardings", "shard_tree",
            "is_model_parallel", "batch_axes", "mesh_product", "run_mesh"]
 
 #: the mesh axes, outermost first (``grid`` and ``data`` neighbours are the farthest apart; ``tensor`` neighbours,
@@ -141,6 +141,16 @@ def run_mesh(text: str | None, *, n_points: int = 1, batch_size: int = 1, stacke
         raise ValueError(f"{flag} {text}: a single run has no grid points to spread; use data, fsdp, tensor (grid is "
                          "for rbjax sweep)")
     return make_mesh(sizes)
+
+
+def mesh_of(text: str | None, *, flag: str = "--mesh") -> Mesh | None:
+    """The mesh a ``--mesh`` setting names over all devices, or ``None`` without one (the default layout: rows over
+    this process's devices, parameters replicated) — the scorers' mesh, where :func:`run_mesh` is a training run's.
+
+    Raises:
+        ValueError: naming ``flag``: a mesh that does not fit the devices.
+    """
+    return None if not text else make_mesh(parse_mesh(text, jax.device_count(), flag=flag))
 
 
 def mesh_product(text: str | None) -> int:

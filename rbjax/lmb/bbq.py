@@ -38,18 +38,17 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
 from rbjax.core.log import get_logger
-from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
+from rbjax.core.mesh import mesh_label
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedEntries, claim_outputs, record_outputs
 from rbjax.data.bbq import BBQ, UNKNOWN_RESPONSES, BBQCategory, bbq_manifest, bbq_notes, load_bbq
 from rbjax.lmb.config import MeasureConfig
-from rbjax.lmb.measure import LoadedModel
+from rbjax.lmb.measure import LoadedModel, open_for_measurement
 from rbjax.lmb.perplexity import PhraseError
 from rbjax.model.chat_template import load_chat_template
 
@@ -345,19 +344,10 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
     if cfg.is_chat and (cfg.role not in (None, "assistant") or cfg.prompt is not None or cfg.score_end_of_turn):
         raise ValueError("--format chat with --benchmark bbq: the prompt is the user's turn and each answer the "
                          "assistant's reply; --role, --prompt and --score-end-of-turn do not apply (--system does)")
-    if cfg.allow_other_base and adapter is None:
-        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
     out = None if out_dir is None else check_output_dir(out_dir, "--out")
     cats = load_bbq(data_dir, categories)
-    mesh_obj = None if not cfg.mesh else make_mesh(parse_mesh(cfg.mesh, jax.device_count()))
-    if isinstance(model, LoadedModel):
-        if tokenizer is not None or adapter is not None:
-            raise ValueError("a LoadedModel brings its own tokenizer and parameters: load an adapter with it")
-        loaded = model
-    else:
-        loaded = LoadedModel(model, tokenizer, cfg.batch_size, None if cfg.is_chat else cfg.bos, cfg.precision,
-                             mesh=mesh_obj, param_dtype=cfg.param_dtype, adapter=adapter,
-                             allow_other_base=cfg.allow_other_base)
+    loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter,
+                                  bos=None if cfg.is_chat else cfg.bos)
     tok = loaded.tokenizer
     chat = None
     if cfg.is_chat:

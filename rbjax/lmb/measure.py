@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from rbjax.core.digests import files_key
@@ -17,7 +16,7 @@ from rbjax.core.interrupt import interruptible
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, versions
 from rbjax.core.keys import digest
 from rbjax.core.log import get_logger
-from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
+from rbjax.core.mesh import mesh_label, mesh_of
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import KeyedEntries, claim_outputs, record_outputs
 from rbjax.data.redditbias import PhrasePairs, RedditBiasData, expand_bias_types, load_pairs
@@ -152,6 +151,31 @@ class LoadedModel:
     def score(self, texts: Sequence[str], progress=None):
         return self.scorer.score_texts(texts, self.tokenizer, progress=progress)
 
+
+
+def open_for_measurement(model: str | os.PathLike | ModelHandle | LoadedModel, cfg: MeasureConfig, *,
+                         tokenizer: str | os.PathLike | None = None, adapter: str | os.PathLike | None = None,
+                         bos: bool | None = None) -> LoadedModel:
+    """The one model prologue of the measurements (:func:`measure_bias`, the pair benchmarks'
+    :func:`rbjax.lmb.pair_benchmark.measure_pair_benchmark`, BBQ's :func:`rbjax.lmb.bbq.measure_bbq`): a model held
+    in memory (a :class:`LoadedModel`: a sweep point, a finished training run) as it is, else ``model`` (a folder,
+    hub id, run folder or the command's :class:`~rbjax.model.handle.ModelHandle`) opened with ``cfg``'s batch size,
+    precision, parameter storage and mesh (``--mesh``), with ``adapter`` scored on it unmerged. ``bos``: the BOS
+    policy (:meth:`rbjax.model.handle.ModelHandle.bos_id`; the chat format leaves it to the template).
+
+    Raises:
+        ValueError: a tokenizer or adapter beside a model in memory (it brings its own); ``--allow-other-base``
+            without an adapter; a bad mesh. What :class:`LoadedModel` raises (a bad model, tokenizer or adapter,
+            an adapter of another base: :class:`rbjax.model.peft_adapter.OtherBaseError`).
+    """
+    if cfg.allow_other_base and adapter is None:
+        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
+    if isinstance(model, LoadedModel):
+        if tokenizer is not None or adapter is not None:
+            raise ValueError("a LoadedModel brings its own tokenizer and parameters: load an adapter with it")
+        return model
+    return LoadedModel(model, tokenizer, cfg.batch_size, bos, cfg.precision, mesh=mesh_of(cfg.mesh),
+                       param_dtype=cfg.param_dtype, adapter=adapter, allow_other_base=cfg.allow_other_base)
 
 def pair_statistics(b: np.ndarray, c: np.ndarray, notes: Sequence[str], **kw) -> tuple[dict, np.ndarray]:
     """LMB statistics of one bias type's perplexities (:func:`rbjax.lmb.stats.lmb_statistics` on the scorable
@@ -370,37 +394,23 @@ def measure_bias(model: str | os.PathLike | ModelHandle | LoadedModel | None = N
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
     if stored_perplexities and adapter is not None:
         raise ValueError("--adapter has no effect with --stored-perplexities")
-    if cfg.allow_other_base and adapter is None:
-        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
     if stored_perplexities and (mesh or param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
     if stored_perplexities and cfg.is_chat:
         raise ValueError("--format chat scores phrases with a model; the stored perplexities are of bare text")
-    mesh_obj = None if not mesh else make_mesh(parse_mesh(mesh, jax.device_count()))
     if outlier_removal is None:
         outlier_removal = not stored_perplexities
     out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
     types = expand_bias_types(bias_types)
     data = RedditBiasData(data_dir)
     all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
-    model_name = STORED_LABEL if stored_perplexities else str(model)
+    model_name, mesh_obj = STORED_LABEL, None
     loaded: LoadedModel | None = None
-    if not stored_perplexities:
-        if isinstance(model, LoadedModel):  # in memory (a sweep point, a finished training run)
-            if tokenizer is not None:
-                raise ValueError("a LoadedModel brings its own tokenizer")
-            if adapter is not None:
-                raise ValueError("a LoadedModel brings its own parameters: load the adapter with it")
-            loaded = model
-            model_name = loaded.name
-            batch_size, precision = loaded.batch_size, loaded.precision
-            mesh_obj, param_dtype = loaded.mesh, loaded.param_dtype
-        else:
-            loaded = LoadedModel(model, tokenizer, batch_size, bos, precision, mesh=mesh_obj,
-                                 param_dtype=param_dtype, adapter=adapter,
-                                 allow_other_base=cfg.allow_other_base)  # fail on a bad model before out_dir
-            model_name = loaded.name
-        bos = loaded.bos
+    if not stored_perplexities:  # a bad model fails here, before out_dir
+        loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter, bos=bos)
+        model_name, bos = loaded.name, loaded.bos
+        batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, \
+            loaded.param_dtype
     else:
         bos = False
     chat = None

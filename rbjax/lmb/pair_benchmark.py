@@ -34,7 +34,6 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import jax
 import numpy as np
 from scipy import stats as sps
 
@@ -42,14 +41,14 @@ from rbjax.core.interrupt import interruptible
 from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir, sha256_file, versions
 from rbjax.core.digests import files_key
 from rbjax.core.log import get_logger
-from rbjax.core.mesh import make_mesh, mesh_label, parse_mesh
+from rbjax.core.mesh import mesh_label
 from rbjax.core.progress import progress_bar
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.pairs import CategoryPairs, PairFile, load_benchmark
 from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, describe_measurement, measure_state,
-                               pair_statistics, record_inputs, reuse_perplexities_csv)
+                               open_for_measurement, pair_statistics, record_inputs, reuse_perplexities_csv)
 from rbjax.lmb.perplexity import PhraseError, PhraseScores
 from rbjax.lmb.plot import plot_lmb
 
@@ -296,19 +295,8 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
     out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
     pf: PairFile = load_benchmark(benchmark, pairs_file=pairs_file, data_dir=data_dir)
     cats = [pf.category(c) for c in pf.select(categories)]
-    mesh_obj = None if not cfg.mesh else make_mesh(parse_mesh(cfg.mesh, jax.device_count()))
-    batch_size, precision, param_dtype = cfg.batch_size, cfg.precision, cfg.param_dtype
-    if cfg.allow_other_base and adapter is None:
-        raise ValueError("--allow-other-base lets an --adapter be scored on another base: give --adapter")
-    if isinstance(model, LoadedModel):  # in memory
-        if tokenizer is not None or adapter is not None:
-            raise ValueError("a LoadedModel brings its own tokenizer and parameters: load an adapter with it")
-        loaded = model
-        batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, \
-            loaded.param_dtype
-    else:
-        loaded = LoadedModel(model, tokenizer, batch_size, cfg.bos, precision, mesh=mesh_obj, param_dtype=param_dtype,
-                             adapter=adapter, allow_other_base=cfg.allow_other_base)
+    loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter, bos=cfg.bos)
+    batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, loaded.param_dtype
     model_name = loaded.name
     bos = loaded.bos
     prefix = lm_eval_prefix_id(loaded.tokenizer)
