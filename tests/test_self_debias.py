@@ -48,3 +48,88 @@ def test_default_prefixes_are_bias_benchs():
         default_prefixes("nonsense")
     with pytest.raises(ValueError, match="empty"):
         SelfDebiasSettings(("",))
+
+
+@pytest.fixture(scope="module")
+def sd_run(tiny_model_dir, tmp_path_factory):
+    from rbjax.cli import main
+
+    out = tmp_path_factory.mktemp("selfdebias") / "run"
+    rc = main(["debias", "--method", "self-debias", "--bias", "religion1", "--model", str(tiny_model_dir),
+               "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_run_folder_records_the_prefixes_and_the_keys(sd_run, tiny_model_dir, capsys):
+    from rbjax.cli import main
+    from rbjax.model.handle import ModelHandle
+
+    res = json.loads((sd_run / "results.json").read_text())
+    assert res["status"] == "done" and res["method"] == "self-debias" and res["training_free"] is True
+    assert res["self_debias"] == {"prefixes": [BIAS_BENCH_PREFIXES["religion"]], "decay_constant": 50.0,
+                                  "epsilon": 0.01}
+    assert set(res["key"]) == {"method", "settings", "bias_type", "model", "tokenizer"}
+    base = ModelHandle.open(tiny_model_dir)
+    assert res["key"]["model"] == base.digest and not (sd_run / "model").exists()
+    pre = json.loads((sd_run / "prefixes.json").read_text())
+    assert pre[0]["token_ids"] == base.tokenizer.encode(BIAS_BENCH_PREFIXES["religion"])
+    # the same command reuses it; other settings are refused without --overwrite
+    assert main(["debias", "--method", "self-debias", "--bias", "religion1", "--model", str(tiny_model_dir),
+                 "--out", str(sd_run)]) == 0
+    assert "[reused]" in capsys.readouterr().out
+    rc = main(["debias", "--method", "self-debias", "--bias", "religion1", "--model", str(tiny_model_dir),
+               "--out", str(sd_run), "--prefix", "Be fair: "])
+    assert rc != 0 and "pass --overwrite" in capsys.readouterr().err
+    # the handle reads the folder as the base with the settings, under another key than the base
+    h = ModelHandle.open(sd_run)
+    assert h.folder == base.folder.resolve() and h.self_debias.prefixes == (BIAS_BENCH_PREFIXES["religion"],)
+    assert h.digest != base.digest and h.files_key()["base"] == base.files_key()
+
+
+def test_own_prefixes_and_wrong_method_options(tiny_model_dir, tmp_path):
+    from rbjax.cli import main
+
+    out = tmp_path / "own"
+    assert main(["debias", "--method", "self-debias", "--bias", "gender", "--model", str(tiny_model_dir),
+                 "--out", str(out), "--prefix", "Be fair: ", "--prefix", "No stereotypes: ",
+                 "--decay-constant", "10"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["self_debias"]["prefixes"] == ["Be fair: ", "No stereotypes: "]
+    assert res["self_debias"]["decay_constant"] == 10.0 and res["prefixes_default"] is False
+    with pytest.raises(SystemExit, match="--prefix is an option of --method self-debias"):
+        main(["debias", "--method", "lmd", "--bias", "gender", "--model", str(tiny_model_dir), "--out",
+              str(tmp_path / "x"), "--prefix", "Be fair: "])
+
+
+def test_measure_scores_the_run_folder_with_the_rescaled_distribution(sd_run, tiny_model_dir, redditbias_dir):
+    from rbjax.data.redditbias import RedditBiasData, load_pairs
+    from rbjax.lmb.measure import LoadedModel, pair_perplexities_of_models
+    from rbjax.lmb.self_debias import SelfDebiasScorer
+    from rbjax.model.handle import ModelHandle
+
+    pairs = load_pairs("religion1", "test", RedditBiasData(redditbias_dir))
+    m = LoadedModel(sd_run, batch_size=16)
+    assert isinstance(m.scorer, SelfDebiasScorer)
+    a = m.tokenizer.encode_batch(list(pairs.biased[:6]))
+    c = m.tokenizer.encode_batch(list(pairs.counterfactual[:6]))
+    got_a, got_c = m.scorer.score_pairs(a, c)
+    base = ModelHandle.open(tiny_model_dir)
+    cfg, params, tok = base.load()
+    ref = SelfDebiasScorer(params, cfg, [tok.encode(BIAS_BENCH_PREFIXES["religion"])],
+                           SelfDebiasSettings((BIAS_BENCH_PREFIXES["religion"],)), batch_size=16)
+    want_a, _ = ref.score_pairs(a, c)
+    np.testing.assert_allclose(got_a.nll_sum, want_a.nll_sum, rtol=1e-6)
+    # the tiny model is near uniform (Δ ≈ 1e-6): a large λ shows that the rescaling is applied at all
+    strong = SelfDebiasScorer(params, cfg, ref.prefix_ids, SelfDebiasSettings(("x",), 1e6), batch_size=16)
+    plain = LoadedModel(tiny_model_dir, batch_size=16).scorer.score_ids(a)
+    assert np.abs(plain.nll_sum - strong.score_ids(a).nll_sum).max() > 1e-2
+    assert m.files_key()["model"]["self_debias"]["prefixes"] == [BIAS_BENCH_PREFIXES["religion"]]
+
+
+def test_export_refuses_self_debias_by_name(sd_run, tmp_path):
+    from rbjax.study.export import export_model
+
+    with pytest.raises(ValueError, match="Self-Debias cannot be exported: it is inference-time only"):
+        export_model(sd_run, tmp_path / "exp")
+    assert not (tmp_path / "exp").exists()

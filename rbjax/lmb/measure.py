@@ -25,6 +25,7 @@ from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
+from rbjax.lmb.self_debias import SelfDebiasScorer
 from rbjax.model.chat import ChatError, ChatTurns
 from rbjax.model.handle import ModelHandle
 from rbjax.model.peft_adapter import adapter_files_key, check_adapter_base, load_adapter
@@ -81,7 +82,8 @@ def reuse_perplexities_csv(path: Path, biased: Sequence[str], counterfactual: Se
 
 class LoadedModel:
     """A model handle (:class:`rbjax.model.handle.ModelHandle`) with its packed scorer, loaded once and reused across
-    bias types.
+    bias types (a Self-Debias run folder: a :class:`rbjax.lmb.self_debias.SelfDebiasScorer`, whose log-probabilities
+    are the rescaled ones).
 
     Build it from a folder, hub id or finished ``rbjax debias`` run folder (``LoadedModel(model, tokenizer, ...)``),
     or from parameters already in memory (:meth:`from_params`: the sweep's grid points and a finished training run
@@ -134,6 +136,14 @@ class LoadedModel:
         self.mesh, self.param_dtype = mesh, param_dtype
         self.bos = handle.resolve_bos(bos)
         self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
+        if handle.self_debias is not None:  # a Self-Debias run folder: the rescaled distribution scores
+            if mesh is not None:
+                raise ValueError(f"{handle.name}: a Self-Debias model is scored on one device (no --mesh)")
+            self.scorer = SelfDebiasScorer(handle.params if params is None else params, self.config,
+                                           handle.self_debias_prefix_ids(), handle.self_debias,
+                                           batch_size=batch_size, bos_id=handle.bos_id(bos), precision=precision,
+                                           param_dtype=param_dtype)
+            return
         self.scorer = PerplexityScorer(handle.params if params is None else params, self.config, batch_size=batch_size,
                                        bos_id=handle.bos_id(bos), precision=precision,
                                        mesh=mesh, param_dtype=param_dtype)
