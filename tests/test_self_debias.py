@@ -133,3 +133,11 @@ def test_export_refuses_self_debias_by_name(sd_run, tmp_path):
     with pytest.raises(ValueError, match="Self-Debias cannot be exported: it is inference-time only"):
         export_model(sd_run, tmp_path / "exp")
     assert not (tmp_path / "exp").exists()
+
+
+def test_commands_that_do_not_rescale_refuse_the_run_folder(sd_run):
+    from rbjax.model.handle import ModelHandle
+
+    h = ModelHandle.open(sd_run)  # as evaluate, debias (a starting model), the Reddit perplexity open it
+    with pytest.raises(ValueError, match="does not apply that rescaling"):
+        h.load()

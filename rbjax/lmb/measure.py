@@ -105,6 +105,7 @@ class LoadedModel:
             if base["same"] is False:
                 log.warning(f"--allow-other-base: scoring {adapter} on {model}, whose weights are not those the "
                             "adapter was trained on")
+        handle.self_debias_accepted = True  # a Self-Debias run folder: scored with the rescaling (_setup)
         handle.load(mesh=mesh)  # on an fsdp/tensor mesh: each device reads its slices of the weights
         params = None
         if adapter is not None:  # a PEFT adapter on the base, unmerged (rbjax.model.peft_adapter)

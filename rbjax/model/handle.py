@@ -130,6 +130,9 @@ class ModelHandle:
         #: the :class:`rbjax.model.self_debias.SelfDebiasSettings` of a Self-Debias run folder (scorers and the sampler
         #: rescale with them), else ``None``
         self.self_debias: SelfDebiasSettings | None = None
+        #: set by a consumer that applies :attr:`self_debias` (the scorers of ``measure``): :meth:`load` refuses a
+        #: Self-Debias model to every other, which would otherwise use the plain base model
+        self.self_debias_accepted = False
         self._config = self._params = self._tokenizer = None
         self._files_key: dict | None = None
         self._tok_key: dict | None = None
@@ -185,10 +188,16 @@ class ModelHandle:
         :func:`rbjax.model.hf.load_pretrained`). Later calls return what the first one read.
 
         Raises:
+            ValueError: a Self-Debias run folder whose consumer did not set :attr:`self_debias_accepted`.
             FileNotFoundError: no tokenizer files (pass a tokenizer); whatever the weight loader raises.
             VocabularyError: the tokenizer has more tokens than the model.
             SpecialTokenError: a bos/eos/pad id outside the model vocabulary.
         """
+        if self.self_debias is not None and not self.self_debias_accepted:
+            raise ValueError(f"{self.name}: a Self-Debias run folder (inference-time only: it rescales the base "
+                             "model's next-token distribution when scoring); this command does not apply that "
+                             "rescaling, so it would evaluate the plain base model. Use rbjax measure (RedditBias "
+                             "LMB, pair benchmarks, BBQ), or the base model itself")
         if self._params is None:
             self._config, self._params = load_pretrained(self.folder, mesh=mesh)
             self._load_tokenizer()
