@@ -141,3 +141,18 @@ def test_commands_that_do_not_rescale_refuse_the_run_folder(sd_run):
     h = ModelHandle.open(sd_run)  # as evaluate, debias (a starting model), the Reddit perplexity open it
     with pytest.raises(ValueError, match="does not apply that rescaling"):
         h.load()
+
+
+def test_target_log_probs_is_the_formula_from_logits():
+    import jax
+
+    from rbjax.model.self_debias import target_log_probs
+
+    rng = np.random.default_rng(0)
+    z, z1, z2 = (rng.normal(size=(3, 5, 7)).astype(np.float32) * 3 for _ in range(3))
+    t = rng.integers(0, 7, size=(3, 5))
+    for lam, eps in ((50.0, 0.01), (3.0, 0.0)):
+        full = rescaled_log_probs(jax.nn.log_softmax(z), np.stack([jax.nn.log_softmax(z1), jax.nn.log_softmax(z2)]),
+                                  lam, eps)
+        want = np.take_along_axis(np.asarray(full), t[..., None], -1)[..., 0]
+        np.testing.assert_allclose(target_log_probs(z, [z1, z2], t, lam, eps), want, atol=1e-5)

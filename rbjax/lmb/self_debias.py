@@ -14,8 +14,9 @@ How a batch is computed (sequences sorted by length, right-padded, ``batch_size`
   into a KV cache of one row, which is broadcast to the batch's rows; each row then runs its text on that cache,
   starting with the prefix's last token (so that the prefixed distribution of the text's first token is the row's
   own), with position ids continuing from the prefix;
-* the distributions are combined (:func:`rbjax.model.self_debias.rescaled_log_probs`) and the log-probability of
-  each target is read.
+* the distributions are combined and the log-probability of each target is read
+  (:func:`rbjax.model.self_debias.target_log_probs`: the formula of
+  :func:`~rbjax.model.self_debias.rescaled_log_probs` with no (…, V) distribution kept but the logits).
 
 So a batch costs one regular forward and one forward per prefix (each one token wider), plus one prefix row per
 prefix: (1 + number of prefixes) × the padded regular pass. Pairs share no prefix here (unlike the packed scorer)
@@ -35,7 +36,7 @@ from rbjax.core.precision import get_policy
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.model.layers import soft_cap
 from rbjax.model.registry import family_of_config
-from rbjax.model.self_debias import SelfDebiasSettings, rescaled_log_probs
+from rbjax.model.self_debias import SelfDebiasSettings, target_log_probs
 
 __all__ = ["SelfDebiasScorer", "self_debias_token_log_probs", "MAX_LOGIT_ELEMENTS"]
 
@@ -44,10 +45,9 @@ __all__ = ["SelfDebiasScorer", "self_debias_token_log_probs", "MAX_LOGIT_ELEMENT
 MAX_LOGIT_ELEMENTS = 1 << 26
 
 
-def _log_softmax_head(hidden, emb, dt, softcap):
+def _head(hidden, emb, dt, softcap):
     z = jnp.einsum("bld,vd->blv", hidden.astype(dt), emb.astype(dt), preferred_element_type=jnp.float32)
-    z = soft_cap(z, softcap)
-    return jax.nn.log_softmax(z, axis=-1)
+    return soft_cap(z, softcap)
 
 
 @partial(jax.jit, static_argnames=("config", "precision", "decay_constant", "epsilon"))
@@ -74,8 +74,8 @@ def self_debias_token_log_probs(params, head_emb, ids, mask, targets, prefixes, 
     with policy.matmul_context():
         model = fam.module(config, dtype=dt)
         _, hidden = model.apply({"params": params}, ids, attention_mask=mask, return_logits=False)
-        logp = _log_softmax_head(hidden, head_emb, dt, cap)  # (B, W, V)
-        p_biased = None
+        zr = _head(hidden, head_emb, dt, cap)  # (B, W, V)
+        zb = []
         for pre, blk, bm, g in zip(prefixes, blocks, block_mask, gather):
             P = pre.shape[1]
             cache = fam.init_cache(config, 1, P + blk.shape[1], dt)
@@ -85,10 +85,8 @@ def self_debias_token_log_probs(params, head_emb, ids, mask, targets, prefixes, 
             cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape[1:]) if x.ndim else x, cache)
             _, h, _ = model.apply({"params": params}, blk, bm, cache=cache, return_logits=False)
             h = jnp.take_along_axis(h, g[..., None], axis=1)  # (B, W, d): aligned with the regular positions
-            pb = jnp.exp(_log_softmax_head(h, head_emb, dt, cap))
-            p_biased = pb if p_biased is None else jnp.maximum(p_biased, pb)
-    logq = rescaled_log_probs(logp, jnp.log(p_biased)[None], decay_constant, epsilon)
-    return jnp.take_along_axis(logq, targets[..., None], axis=-1)[..., 0]
+            zb.append(_head(h, head_emb, dt, cap))
+    return target_log_probs(zr, zb, targets, decay_constant, epsilon)
 
 
 class SelfDebiasScorer(PerplexityScorer):

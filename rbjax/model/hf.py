@@ -363,6 +363,15 @@ def model_config(name_or_path: str | os.PathLike):
         raise FileNotFoundError(f"model folder not found: {name_or_path}")
     if (folder / "results.json").is_file() and (folder / "model" / "config.json").is_file():
         folder = folder / "model"  # a finished rbjax debias run folder: its exported model (as ModelHandle.open)
+    elif (folder / "results.json").is_file() and not (folder / "config.json").is_file():
+        try:  # a Self-Debias run folder: no weights of its own, its base model's config (as ModelHandle.open)
+            res = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+            base = res["base_model"] if res.get("method") == "self-debias" else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            base = None
+        if base is not None:
+            b = Path(base.get("folder") or "")
+            return model_config(b if b.is_dir() else base["source"])
     return _folder_config(folder)[1]
 
 

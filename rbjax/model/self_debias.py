@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 __all__ = ["BIAS_BENCH_PREFIXES", "CATEGORY_PREFIXES", "DECAY_CONSTANT", "EPSILON", "SelfDebiasSettings",
-           "default_prefixes", "rescaled_log_probs"]
+           "default_prefixes", "rescaled_log_probs", "target_log_probs"]
 
 DECAY_CONSTANT = 50.0
 EPSILON = 0.01
@@ -131,6 +132,33 @@ def rescaled_log_probs(logp, logp_prefixed, decay_constant: float = DECAY_CONSTA
         log_factor = jnp.maximum(log_factor, jnp.log(jnp.float32(epsilon)))
     z = logp + log_factor
     return z - jax_logsumexp(z)
+
+
+def target_log_probs(logits, logits_prefixed, targets, decay_constant: float = DECAY_CONSTANT,
+                     epsilon: float = EPSILON):
+    """``log q(target)`` from raw logits, without the (…, V) distributions held in memory: the log-sum-exps of
+    the regular and of each prefixed logits, then one fused pass for the normaliser ``Σ_v p_v·f_v``; equal to
+    ``rescaled_log_probs(log_softmax(logits), log_softmax(logits_prefixed))[target]``.
+
+    Args:
+        logits: (..., V) float32 next-token logits given the text. logits_prefixed: a sequence of K (..., V) logits
+            with each prefix. targets: int (...) the token whose log-probability is wanted.
+    Returns:
+        float32 (...): log q(targets).
+    """
+    lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    p = jnp.exp(logits - lse)
+    pb = None
+    for z in logits_prefixed:
+        pk = jnp.exp(z - jax.nn.logsumexp(z, axis=-1, keepdims=True))
+        pb = pk if pb is None else jnp.maximum(pb, pk)
+    log_factor = -decay_constant * jnp.maximum(pb - p, 0.0)
+    if epsilon > 0:
+        log_factor = jnp.maximum(log_factor, jnp.log(jnp.float32(epsilon)))
+    norm = jnp.sum(p * jnp.exp(log_factor), axis=-1)
+    t = targets[..., None]
+    pick = lambda x: jnp.take_along_axis(x, t, axis=-1)[..., 0]  # noqa: E731
+    return pick(logits - lse) + pick(log_factor) - jnp.log(norm)
 
 
 def jax_logsumexp(z):
