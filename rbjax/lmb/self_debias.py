@@ -51,19 +51,20 @@ def _head(hidden, emb, dt, softcap):
 
 
 @partial(jax.jit, static_argnames=("config", "precision", "decay_constant", "epsilon"))
-def self_debias_token_log_probs(params, head_emb, ids, mask, targets, prefixes, blocks, block_mask, gather, *,
+def self_debias_token_log_probs(params, head_emb, ids, mask, pidx, targets, prefixes, blocks, block_mask, gather, *,
                                 config, precision: str, decay_constant: float, epsilon: float):
-    """log q(target) at every position of a right-padded batch, q the self-debiased distribution.
+    """log q(target) at the predicting positions of a right-padded batch, q the self-debiased distribution.
 
     Args:
         params, head_emb: the model's parameters and (V, d) LM head. ids, mask: int32 (B, W) the regular rows and
-            their real tokens. targets: int32 (B, W) the token each position predicts (position j: token j+1).
+            their real tokens. pidx: int32 (B, P) the positions read (the LM head runs there only). targets: int32
+            (B, P) the token each read position predicts (position j: token j+1).
         prefixes: a tuple of K int32 (1, P_k) arrays: each prefix's tokens but its last (may be empty, P_k = 0).
         blocks: a tuple of K int32 (B, W_k) arrays: each row's text after the prefix, starting with the prefix's
-            last token; block_mask: a tuple of their (B, W_k) real-token masks. gather: a tuple of K int32 (B, W):
-            the block position whose state predicts the same token as regular position j.
+            last token; block_mask: a tuple of their (B, W_k) real-token masks. gather: a tuple of K int32 (B, P):
+            the block position whose state predicts the same token as the regular position ``pidx``.
     Returns:
-        float32 (B, W) log q(targets); junk where nothing is predicted (the caller masks).
+        float32 (B, P) log q(targets); junk at filler entries (the caller masks).
     """
     policy = get_policy(precision)
     dt = policy.compute_dtype
@@ -74,7 +75,7 @@ def self_debias_token_log_probs(params, head_emb, ids, mask, targets, prefixes, 
     with policy.matmul_context():
         model = fam.module(config, dtype=dt)
         _, hidden = model.apply({"params": params}, ids, attention_mask=mask, return_logits=False)
-        zr = _head(hidden, head_emb, dt, cap)  # (B, W, V)
+        zr = _head(jnp.take_along_axis(hidden, pidx[..., None], axis=1), head_emb, dt, cap)  # (B, P, V)
         zb = []
         for pre, blk, bm, g in zip(prefixes, blocks, block_mask, gather):
             P = pre.shape[1]
@@ -84,7 +85,7 @@ def self_debias_token_log_probs(params, head_emb, ids, mask, targets, prefixes, 
                                           return_logits=False)
             cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape[1:]) if x.ndim else x, cache)
             _, h, _ = model.apply({"params": params}, blk, bm, cache=cache, return_logits=False)
-            h = jnp.take_along_axis(h, g[..., None], axis=1)  # (B, W, d): aligned with the regular positions
+            h = jnp.take_along_axis(h, g[..., None], axis=1)  # (B, P, d): aligned with the regular positions
             zb.append(_head(h, head_emb, dt, cap))
     return target_log_probs(zr, zb, targets, decay_constant, epsilon)
 
@@ -222,15 +223,20 @@ class SelfDebiasScorer(PerplexityScorer):
     def _batch(self, seqs, firsts, lead, W, owners, sums, counts) -> None:
         B = len(seqs)
         R = -(-B // 8) * 8 if B > 1 else 1  # few shapes: rows in steps of 8
+        P = -(-max(len(s) - f for s, f in zip(seqs, firsts)) // 8) * 8  # predicting positions a row, at most
         ids = np.zeros((R, W), np.int32)
         mask = np.zeros((R, W), np.int32)
-        tgt = np.zeros((R, W), np.int32)
-        scored = np.zeros((R, W), bool)
+        mask[:, 0] = 1  # filler rows: one real token (no row without a key)
+        pidx = np.zeros((R, P), np.int32)
+        tgt = np.zeros((R, P), np.int32)
+        scored = np.zeros((R, P), bool)
         for r, (s, f) in enumerate(zip(seqs, firsts)):
             ids[r, :len(s)] = s
             mask[r, :len(s)] = 1
-            tgt[r, :len(s) - 1] = s[1:]
-            scored[r, f - 1:len(s) - 1] = True
+            n = len(s) - f
+            pidx[r, :n] = np.arange(f - 1, len(s) - 1)
+            tgt[r, :n] = s[f:]
+            scored[r, :n] = True
         bos = [self.bos_id] if lead else []
         pres, blocks, bmasks, gathers = [], [], [], []
         for p in self.prefix_ids:
@@ -238,6 +244,7 @@ class SelfDebiasScorer(PerplexityScorer):
             pres.append(jnp.asarray(np.asarray(full[:-1], np.int32).reshape(1, -1)))
             blk = np.zeros((R, W), np.int32)
             bm = np.zeros((R, W), np.int32)
+            bm[:, 0] = 1
             for r, s in enumerate(seqs):
                 row = [full[-1]] + list(s[lead:])
                 blk[r, :len(row)] = row
@@ -245,10 +252,11 @@ class SelfDebiasScorer(PerplexityScorer):
             blocks.append(jnp.asarray(blk))
             bmasks.append(jnp.asarray(bm))
             # regular position j (predicting token j+1) ↔ block position j + 1 − lead
-            gathers.append(jnp.asarray(np.broadcast_to(np.clip(np.arange(W) + 1 - lead, 0, W - 1), (R, W)).copy()))
-        self.programs.add(("self-debias", R, W, tuple(len(p) + lead - 1 for p in self.prefix_ids), self.precision))
+            gathers.append(jnp.asarray(np.clip(pidx + 1 - lead, 0, W - 1).astype(np.int32)))
+        self.programs.add(("self-debias", R, W, P, tuple(len(p) + lead - 1 for p in self.prefix_ids), self.precision))
         out = self_debias_token_log_probs(
-            self._compute_params, self._head_emb, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(tgt), tuple(pres),
+            self._compute_params, self._head_emb, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(pidx),
+            jnp.asarray(tgt), tuple(pres),
             tuple(blocks), tuple(bmasks), tuple(gathers), config=self.config, precision=self.precision,
             decay_constant=float(self.settings.decay_constant), epsilon=float(self.settings.epsilon))
         out = np.asarray(out, np.float64)

@@ -146,11 +146,16 @@ def target_log_probs(logits, logits_prefixed, targets, decay_constant: float = D
     Returns:
         float32 (...): log q(targets).
     """
-    lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-    p = jnp.exp(logits - lse)
+    def softmax(z):  # one exp per logit: (probabilities, log-sum-exp)
+        m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+        e = jnp.exp(z - m)
+        s = jnp.sum(e, axis=-1, keepdims=True)
+        return e / s, m + jnp.log(s)
+
+    p, lse = softmax(logits)
     pb = None
     for z in logits_prefixed:
-        pk = jnp.exp(z - jax.nn.logsumexp(z, axis=-1, keepdims=True))
+        pk = softmax(z)[0]
         pb = pk if pb is None else jnp.maximum(pb, pk)
     log_factor = -decay_constant * jnp.maximum(pb - p, 0.0)
     if epsilon > 0:
