@@ -104,7 +104,7 @@ def test_own_prefixes_and_wrong_method_options(tiny_model_dir, tmp_path):
 
 def test_measure_scores_the_run_folder_with_the_rescaled_distribution(sd_run, tiny_model_dir, redditbias_dir):
     from rbjax.data.redditbias import RedditBiasData, load_pairs
-    from rbjax.lmb.measure import LoadedModel, pair_perplexities_of_models
+    from rbjax.lmb.measure import LoadedModel
     from rbjax.lmb.self_debias import SelfDebiasScorer
     from rbjax.model.handle import ModelHandle
 
