@@ -15,6 +15,7 @@ from rbjax.core.mesh import mesh_product
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.grid_config import AXES as GRID_AXES
 from rbjax.debias.run import check_own_bias_type_data, debias
+from rbjax.debias.self_debias import METHOD as SELF_DEBIAS, SelfDebiasRun, run_self_debias
 from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun, run_training_free
 from rbjax.model.chat import describe_chat
 from rbjax.model.handle import ModelHandle
@@ -76,7 +77,42 @@ def register(sub) -> None:
     add_training_arguments(p)
     add_plan_arguments(p)
     add_training_free_arguments(p)
+    add_self_debias_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_self_debias_arguments(p) -> None:
+    """``--method self-debias`` (:mod:`rbjax.debias.self_debias`) and its options; it reads ``--model``,
+    ``--tokenizer``, ``--out``, ``--bias`` (the default prefix) and ``--overwrite`` of the training options."""
+    method = next(a for a in p._actions if a.dest == "method")
+    method.choices = list(method.choices) + [SELF_DEBIAS]
+    method.help += ("; self-debias: rescale the next-token distribution at decoding time with self-debiasing "
+                    "prefixes (Schick et al. 2021) — inference-time only, see docs/debiasing.md")
+    g = p.add_argument_group("Self-Debias (--method self-debias)")
+    g.add_argument("--prefix", action="append", metavar="TEXT", dest="self_debias_prefix",
+                   help="a self-debiasing prefix of your own (repeatable: several are combined by their elementwise "
+                        "maximum); default: bias-bench's for --bias")
+    g.add_argument("--decay-constant", type=float, default=50.0, metavar="λ",
+                   help="self-debias: the decay constant λ (default: 50, bias-bench's)")
+    g.add_argument("--self-debias-epsilon", type=float, default=0.01, metavar="ε",
+                   help="self-debias: the least factor a probability is multiplied by (default: 0.01, bias-bench's)")
+
+
+def run_self_debias_command(args) -> int:
+    """``rbjax debias --method self-debias``."""
+    cfg = SelfDebiasRun(bias_type=args.bias_type, model=args.model, tokenizer=args.tokenizer, out_dir=args.out_dir,
+                        prefixes=tuple(args.self_debias_prefix or ()), decay_constant=args.decay_constant,
+                        epsilon=args.self_debias_epsilon)
+    res = run_self_debias(cfg, overwrite=args.overwrite)
+    sd = res["self_debias"]
+    print(f"self-debias on {res['bias_type']}: {len(sd['prefixes'])} prefix(es), λ = {sd['decay_constant']:g}, "
+          f"ε = {sd['epsilon']:g}{'  [reused]' if res.get('reused') else ''}")
+    for t, n in zip(sd["prefixes"], res["prefix_tokens"]):
+        print(f"  {t!r} ({n} tokens)")
+    print("  inference-time only: measure/evaluate read the run folder as the base model with the rescaled "
+          "distribution; export refuses it")
+    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")
+    return 0
 
 
 def add_training_free_arguments(p) -> None:
@@ -221,6 +257,12 @@ def format_results(res: dict) -> str:
 
 
 def run(args) -> int:
+    if args.method != SELF_DEBIAS and getattr(args, "self_debias_prefix", None):
+        raise SystemExit(f"--prefix is an option of --method self-debias, not {args.method}")
+    if args.method == SELF_DEBIAS:
+        if getattr(args, "corpus", None) is not None or getattr(args, "pairs", None) is not None:
+            raise SystemExit("--corpus and --pairs are options of --method sentence-debias or inlp, not self-debias")
+        return run_self_debias_command(args)
     if args.method in TRAINING_FREE_METHODS:
         return run_without_training(args)
     if getattr(args, "corpus", None) is not None or getattr(args, "pairs", None) is not None:

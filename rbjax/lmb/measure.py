@@ -24,6 +24,7 @@ from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
 from rbjax.lmb.perplexity import PerplexityScorer, PhraseError
 from rbjax.lmb.plot import plot_lmb
+from rbjax.lmb.self_debias import SelfDebiasScorer
 from rbjax.model.chat import ChatError, ChatTurns, describe_chat
 from rbjax.model.handle import ModelHandle
 from rbjax.model.peft_adapter import adapter_files_key, check_adapter_base, load_adapter
@@ -80,7 +81,8 @@ def reuse_perplexities_csv(path: Path, biased: Sequence[str], counterfactual: Se
 
 class LoadedModel:
     """A model handle (:class:`rbjax.model.handle.ModelHandle`) with its packed scorer, loaded once and reused across
-    bias types.
+    bias types (a Self-Debias run folder: a :class:`rbjax.lmb.self_debias.SelfDebiasScorer`, whose log-probabilities
+    are the rescaled ones).
 
     Build it from a folder, hub id or finished ``rbjax debias`` run folder (``LoadedModel(model, tokenizer, ...)``),
     or from parameters already in memory (:meth:`from_params`: the sweep's grid points and a finished training run
@@ -105,8 +107,9 @@ class LoadedModel:
         if adapter is not None:  # before the weights are read: an adapter of another base is refused at once
             base = check_adapter_base(adapter, handle.folder, allow_other_base=allow_other_base)
             if base["same"] is False:
-                log.warning(f"--allow-other-base: scoring {adapter} on {model}, whose weights are not those the "
+                log.warning(f"--allow-other-base: scoring {adapter} on {handle.name}, whose weights are not those the "
                             "adapter was trained on")
+        handle.self_debias_accepted = True  # a Self-Debias run folder: scored with the rescaling (_setup)
         handle.load(mesh=mesh)  # on an fsdp/tensor mesh: each device reads its slices of the weights
         params = None
         if adapter is not None:  # a PEFT adapter on the base, unmerged (rbjax.model.peft_adapter)
@@ -138,6 +141,14 @@ class LoadedModel:
         self.mesh, self.param_dtype = mesh, param_dtype
         self.bos = handle.resolve_bos(bos)
         self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
+        if handle.self_debias is not None:  # a Self-Debias run folder: the rescaled distribution scores
+            if mesh is not None:
+                raise ValueError(f"{handle.name}: a Self-Debias model is scored on one device (no --mesh)")
+            self.scorer = SelfDebiasScorer(handle.params if params is None else params, self.config,
+                                           handle.self_debias_prefix_ids(), handle.self_debias,
+                                           batch_size=batch_size, bos_id=handle.bos_id(bos), precision=precision,
+                                           param_dtype=param_dtype)
+            return
         self.scorer = PerplexityScorer(handle.params if params is None else params, self.config, batch_size=batch_size,
                                        bos_id=handle.bos_id(bos), precision=precision,
                                        mesh=mesh, param_dtype=param_dtype)

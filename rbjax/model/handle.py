@@ -3,7 +3,8 @@
 Every command and the study load a model through :class:`ModelHandle`:
 
 * :meth:`ModelHandle.open` — an HF folder, a hub id (downloaded into the HF cache), or a finished ``rbjax debias``
-  run folder (its exported ``model/``); nothing is read until :meth:`load`.
+  run folder (its exported ``model/``; a Self-Debias run folder: its base model, with :attr:`ModelHandle.self_debias`
+  set — the scorers and the sampler then rescale the next-token distribution); nothing is read until :meth:`load`.
 * :meth:`ModelHandle.from_params` — parameters already in memory (a sweep point, a run that just finished).
 
 Content keys, one name per concept: :meth:`files_key` is ``{file: sha256}`` of ``config.json``, of *every* weight
@@ -34,6 +35,7 @@ from rbjax.model.chat import end_of_turn_id
 from rbjax.model.hf import (TOKENIZER_FILES, WEIGHT_FILES, _looks_like_hub_id, hub_config_folder, load_pretrained,
                             model_files_key, read_generation_config, read_model_config, resolve_model_dir)
 from rbjax.model.registry import family_of_config
+from rbjax.model.self_debias import SelfDebiasSettings
 from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_files_key",
@@ -67,14 +69,44 @@ def is_run_folder(p: Path) -> bool:
     return p.is_dir() and not has_weights and any((p / n).exists() for n in RUN_FOLDER_MARKS)
 
 
+def _run_results(p: Path) -> dict | None:
+    try:
+        res = json.loads((p / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return res if isinstance(res, dict) else None
+
+
+def _self_debias_base(p: Path, res: dict) -> tuple[Path, SelfDebiasSettings, dict]:
+    """``(base model folder, settings, base files key)`` of a finished Self-Debias run folder (it holds no weights:
+    the base's files are checked against the key it recorded).
+
+    Raises:
+        ValueError: an unfinished or malformed run, or a base whose files changed since the run was made.
+    """
+    if res.get("status") != "done":
+        raise ValueError(f"{p}: an unfinished Self-Debias run (results.json status: {res.get('status')}); run "
+                         "`rbjax debias --method self-debias` again")
+    try:
+        base = res["base_model"]
+        settings = SelfDebiasSettings.from_dict(res["self_debias"])
+        recorded = base["files_key"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{p / 'results.json'}: not a readable Self-Debias run ({e})") from None
+    folder = Path(base["folder"]) if base.get("folder") and Path(base["folder"]).is_dir() else \
+        resolve_model_dir(base["source"])
+    if model_files_key(folder) != recorded:
+        raise ValueError(f"{p}: the files of its base model {folder} differ from those the Self-Debias run was made "
+                         "with; run `rbjax debias --method self-debias` again (with --overwrite)")
+    return folder, settings, recorded
+
+
 def _run_model_folder(p: Path) -> Path:
     res = p / "results.json"
     status = None
     if res.exists():
-        try:
-            status = json.loads(res.read_text(encoding="utf-8")).get("status")
-        except (OSError, ValueError):
-            status = "unreadable"
+        got = _run_results(p)
+        status = "unreadable" if got is None else got.get("status")
     if not (p / "model" / "config.json").exists() or status not in ("done", None):
         raise ValueError(f"{p}: a debiasing run folder without a finished, exported model ({p / 'model'}"
                          f"{'' if (p / 'model').exists() else ' is missing'}; results.json status: "
@@ -102,6 +134,12 @@ class ModelHandle:
                  hub_id: str | None = None):
         self.name, self._folder, self.run_folder, self.hub_id = str(name), folder, run_folder, hub_id
         self.tokenizer_source = tokenizer_source
+        #: the :class:`rbjax.model.self_debias.SelfDebiasSettings` of a Self-Debias run folder (scorers and the sampler
+        #: rescale with them), else ``None``
+        self.self_debias: SelfDebiasSettings | None = None
+        #: set by a consumer that applies :attr:`self_debias` (the scorers of ``measure``): :meth:`load` refuses a
+        #: Self-Debias model to every other, which would otherwise use the plain base model
+        self.self_debias_accepted = False
         self._config = self._params = self._tokenizer = None
         self._files_key: dict | None = None
         self._tok_key: dict | None = None
@@ -142,6 +180,15 @@ class ModelHandle:
         p = Path(model).expanduser()
         run_folder = hub_id = None
         tok = str(tokenizer) if tokenizer is not None else None
+        res = _run_results(p) if p.is_dir() and is_run_folder(p) else None
+        if res is not None and res.get("method") == "self-debias":  # the base model, rescaled at decoding time
+            folder, settings, base_key = _self_debias_base(p, res)
+            if tokenizer is None and res.get("tokenizer"):
+                tok = str(res["tokenizer"])
+            self = cls(str(model), folder, p, tok)
+            self.self_debias = settings
+            self._files_key = {"base": base_key, "self_debias": settings.to_dict()}
+            return self
         if p.is_dir() and is_run_folder(p):
             run_folder, folder = p, _run_model_folder(p)
         elif not p.exists() and _looks_like_hub_id(str(model)):
@@ -173,10 +220,16 @@ class ModelHandle:
         :func:`rbjax.model.hf.load_pretrained`). Later calls return what the first one read.
 
         Raises:
+            ValueError: a Self-Debias run folder whose consumer did not set :attr:`self_debias_accepted`.
             FileNotFoundError: no tokenizer files (pass a tokenizer); whatever the weight loader raises.
             VocabularyError: the tokenizer has more tokens than the model.
             SpecialTokenError: a bos/eos/pad id outside the model vocabulary.
         """
+        if self.self_debias is not None and not self.self_debias_accepted:
+            raise ValueError(f"{self.name}: a Self-Debias run folder (inference-time only: it rescales the base "
+                             "model's next-token distribution when scoring); this command does not apply that "
+                             "rescaling, so it would evaluate the plain base model. Use rbjax measure (RedditBias "
+                             "LMB, pair benchmarks, BBQ), or the base model itself")
         if self._params is None:
             self._config, self._params = load_pretrained(self.folder, mesh=mesh, config=self._config)
             self._load_tokenizer()
@@ -270,6 +323,23 @@ class ModelHandle:
                                     "names a BOS token")
         return int(b)
 
+    def self_debias_prefix_ids(self) -> list[list[int]]:
+        """The token ids of each Self-Debias prefix, each tokenised on its own without special tokens
+        (:attr:`self_debias`; docs/debiasing.md).
+
+        Raises:
+            ValueError: not a Self-Debias model, or a prefix that encodes to no token.
+        """
+        if self.self_debias is None:
+            raise ValueError(f"{self.name}: not a Self-Debias model")
+        out = []
+        for i, text in enumerate(self.self_debias.prefixes):
+            ids = [int(t) for t in self.tokenizer.encode(text)]
+            if not ids:
+                raise ValueError(f"{self.name}: Self-Debias prefix {i + 1} ({text!r}) encodes to no token")
+            out.append(ids)
+        return out
+
     def resolve_bos(self, bos: bool | None) -> bool:
         """``bos`` with ``None`` replaced by what the model's tokenizer does (recorded in results)."""
         return self.tokenizer.adds_bos if bos is None else bool(bos)
@@ -312,7 +382,8 @@ class ModelHandle:
     # -- keys --------------------------------------------------------------------------------------------------
     def files_key(self) -> dict | str:
         """``{file: sha256}`` of the model folder (:func:`model_files_key`); for parameters in memory, their digest
-        (a string)."""
+        (a string); for a Self-Debias run folder ``{"base": the base's key, "self_debias": its settings}`` (another
+        model than the base: its scores are reused under another key)."""
         if self._files_key is None:
             self._files_key = (model_files_key(self.folder) if self.folder is not None
                                else tree_digest(self._params))
@@ -342,6 +413,7 @@ class ModelHandle:
         return {"source": self.name, "folder": None if self.folder is None else str(self.folder),
                 "run_folder": None if self.run_folder is None else str(self.run_folder),
                 "files_digest": self.digest,
+                **({} if self.self_debias is None else {"self_debias": self.self_debias.to_dict()}),
                 "tokenizer": self.tokenizer_source if self.tokenizer_source is not None else str(self.folder),
                 "tokenizer_digest": self.tokenizer_digest}
 

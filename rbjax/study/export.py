@@ -114,6 +114,10 @@ def _need_done_run(folder: Path) -> dict:
     if not isinstance(res, dict) or res.get("status") != "done":
         raise ValueError(f"{folder}: not a finished debiasing run (no results.json with status 'done'); finish it "
                          "with the same 'rbjax debias' (or 'rbjax run') command first")
+    if res.get("method") == "self-debias":  # nothing to fold: it rescales at decoding time
+        raise ValueError(f"{folder}: Self-Debias cannot be exported: it is inference-time only (it rescales the "
+                         "next-token distribution with the prefixes' distributions at every step; no weights hold "
+                         f"it). Score with the run folder itself (rbjax measure --model {folder})")
     model = folder / "model"
     if not (model / "config.json").is_file():
         raise ValueError(f"{folder}: the run has no exported model ({model}/config.json missing); it was trained "
