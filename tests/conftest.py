@@ -31,7 +31,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the many small programs too
 # Compile for compile time: the suite's programs are tiny and mostly compiled once, so XLA's CPU compiler spends far
 # longer optimising them than they run. LLVM without optimisation and XLA's elemental (not the MLIR fusion) emitters
-# cut the backend compile time of a training-step test about 3x and the suite's time by about a third (README, Test).
+# cut the backend compile time of a training-step test about 3x and the suite's time by about a third (docs/testing.md).
 # They change float32 rounding, not results: what most tests check (values within their tolerances, programs
 # counted, files written) does not depend on code generation. A test or module whose tolerances sit at the rounding
 # of the code users run, or whose programs run longer than they compile (generation, scoring), is marked

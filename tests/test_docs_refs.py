@@ -1,6 +1,6 @@
 """The docs point at things that exist (`../shared/reference-*.md` was cited where the files are in
 `../shared/docs/`, a script citing a test file that does not exist, a README count of slow tests that was wrong, one
-option described three ways)."""
+option described three ways), and the README's first screen holds the commands CI runs."""
 import re
 from pathlib import Path
 
@@ -34,12 +34,43 @@ def test_cited_test_files_and_functions_exist():
     assert not missing, missing
 
 
-def test_readme_counts_the_slow_tests():
+def test_testing_doc_counts_the_slow_tests():
     n = sum(len(re.findall(r"^@pytest\.mark\.slow\b", f.read_text(encoding="utf-8"), re.M))
             for f in (ROOT / "tests").glob("test_*.py"))
-    m = re.search(r"Tests marked `slow` \((\d+):", " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()))
-    assert m, "README.md: the sentence counting the slow tests is gone"
+    m = re.search(r"Tests marked `slow` \((\d+):",
+                  " ".join((ROOT / "docs" / "testing.md").read_text(encoding="utf-8").split()))
+    assert m, "docs/testing.md: the sentence counting the slow tests is gone"
     assert int(m.group(1)) == n
+
+
+#: the lines of a first screen: a newcomer sees what rbjax is, how to install it, the main command and the tests
+FIRST_SCREEN = 45
+
+
+def test_readme_first_screen_holds_the_ci_commands_and_the_main_command():
+    """`.ci/run` runs the README's install command and its test command: the very lines, on the README's first
+    screen, with the main command (`rbjax measure` on DialoGPT-small) between them."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if ln.startswith(("python3 -m venv", ".venv/bin/python -m pytest"))]
+    assert len(ci) == 2, ci
+    main = "rbjax measure --model microsoft/DialoGPT-small --bias all --split test --out results/dialogpt-small"
+    for line in (*ci, main):
+        assert line in readme, f"README.md lacks the line {line!r}"
+        assert readme.index(line) < FIRST_SCREEN, f"README.md: {line!r} is at line {readme.index(line) + 1}"
+    # the test command CI runs is the README's first test command
+    assert [ln for ln in readme if ln.startswith(".venv/bin/python -m pytest")][0] == ci[1]
+
+
+def test_relative_links_resolve():
+    """A section moved from the README into docs/ keeps working links (`[x](docs/y.md)` in the README,
+    `[x](y.md)` between docs)."""
+    broken = []
+    for doc in DOCS:
+        for m in re.finditer(r"\]\(([^)#\s]+\.(?:md|py|json|toml))(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+            if not m.group(1).startswith("http") and not (doc.parent / m.group(1)).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
+    assert not broken, broken
 
 
 def test_scoring_batch_size_has_one_description():

@@ -95,7 +95,7 @@ def test_one_token_phrase_is_reported_not_zero(tiny_model_dir, redditbias_dir, t
 
 
 def test_stored_perplexities_command_line(redditbias_dir, tmp_path):
-    """The README's no-weights command, as a user runs it (a subprocess of the installed entry point)."""
+    """docs/lmb.md's no-weights command, as a user runs it (a subprocess of the installed entry point)."""
     out = tmp_path / "stored"
     r = subprocess.run([sys.executable, "-m", "rbjax.cli", "measure", "--stored-perplexities", "--bias", "all",
                         "--data-dir", str(redditbias_dir), "--out", str(out), "--n-bootstrap", "200"],

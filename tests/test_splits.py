@@ -320,8 +320,8 @@ def _check_debias_run(out: Path, method: str, n_train: int, n_valid: int) -> dic
 
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 def test_worked_example_continues_through_debiasing(example_data_dir, tiny_model_dir, shared_dir, capsys):
-    """The README's worked example for a new bias type after `rbjax splits --model`: `rbjax measure`, the training
-    data and triggers of lmd/add/hd/cda, `rbjax debias --method hd` on the spec file and
+    """The worked example for a new bias type (docs/data-building.md) after `rbjax splits --model`: `rbjax measure`,
+    the training data and triggers of lmd/add/hd/cda, `rbjax debias --method hd` on the spec file and
     the data folder that `splits` wrote. The CLI runs of the other methods and the sweep:
     test_worked_example_debias_every_method_and_sweep (slow)."""
     from rbjax.debias.config import DebiasRun
