@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import LoadMonitor  # noqa: E402
+
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
 
@@ -84,11 +87,28 @@ def main() -> None:
     def rbjax_run():
         return {c.name: _score_category(m.scorer, m.tokenizer, c, m.scorer.bos_id, None, None) for c in cats}
 
-    t0 = time.perf_counter()
-    ll = rbjax_run()
-    first = time.perf_counter() - t0
+    mon = LoadMonitor()
+    with mon.section("rbjax_first_call"):
+        t0 = time.perf_counter()
+        ll = rbjax_run()
+        first = time.perf_counter() - t0
     runs: dict[str, list[float]] = {"rbjax": []}
     parity = {}
+    with mon.section("rounds"):  # rbjax and every lm-evaluation-harness batch size, interleaved
+        _rounds(args, rbjax_run, runs, parity, requests, where, ll, folder, device, HFLM)
+    med = {k: float(np.median(v)) for k, v in runs.items()}
+    best = min((k for k in med if k != "rbjax"), key=med.get)
+    out = {"device": device, "jax_backend": jax.default_backend(), "n_rows": n_rows, "n_requests": len(requests),
+           "rbjax_first_call_s": first, "median_s": med, "best_lm_eval_batch": int(best),
+           "max_abs_ll_diff": parity}
+    ratios = {"speedup_vs_best_lm_eval": med[best] / med["rbjax"]}
+    depends = {"speedup_vs_best_lm_eval": ["rounds"]}
+    print(f"rbjax vs lm-eval (batch {best}): {mon.ratio_text(ratios['speedup_vs_best_lm_eval'], sections=['rounds'])}",
+          file=sys.stderr)
+    print(json.dumps(mon.finish(out, ratios, depends)))
+
+
+def _rounds(args, rbjax_run, runs, parity, requests, where, ll, folder, device, HFLM) -> None:
     for rnd in range(args.rounds):
         t0 = time.perf_counter()
         rbjax_run()
@@ -102,13 +122,6 @@ def main() -> None:
             parity[str(bs)] = float(np.abs(ours - np.array([r[0] for r in res])).max())
             del lm
         print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in runs.items()), file=sys.stderr)
-    med = {k: float(np.median(v)) for k, v in runs.items()}
-    best = min((k for k in med if k != "rbjax"), key=med.get)
-    out = {"device": device, "jax_backend": jax.default_backend(), "n_rows": n_rows, "n_requests": len(requests),
-           "rbjax_first_call_s": first, "median_s": med, "best_lm_eval_batch": int(best),
-           "speedup_vs_best_lm_eval": med[best] / med["rbjax"], "max_abs_ll_diff": parity}
-    print(f"rbjax vs lm-eval (batch {best}): {out['speedup_vs_best_lm_eval']:.2f}×", file=sys.stderr)
-    print(json.dumps(out))
 
 
 if __name__ == "__main__":
