@@ -289,6 +289,32 @@ def test_a_user_hook_sees_every_update_and_can_stop_the_run(uninterrupted, tmp_p
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_every_hook_ends_even_when_one_fails():
+    """on_end runs for every hook, last added first, even after one raised; its error is raised afterwards when the
+    run itself ended normally, and the run's own error wins otherwise (a Ctrl-C's Interrupted, say)."""
+    from rbjax.train.hooks import Hook, end_hooks
+
+    ended = []
+
+    class H(Hook):
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def on_end(self, run, error):
+            ended.append((self.name, error))
+            if self.fail:
+                raise RuntimeError(self.name)
+
+    hooks = [H("a"), H("b", fail=True), H("c", fail=True)]
+    with pytest.raises(RuntimeError, match="^c$"):
+        end_hooks(hooks, None, None)
+    assert ended == [("c", None), ("b", None), ("a", None)]
+    ended.clear()
+    own = ValueError("the run's")
+    end_hooks(hooks, None, own)  # the caller re-raises its own error
+    assert ended == [("c", own), ("b", own), ("a", own)]
+
+
 def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
                                                                  tmp_path):
     f = religion1_train_file(redditbias_dir, tmp_path, 22)
