@@ -250,6 +250,71 @@ def test_kill_and_resume_equals_uninterrupted(uninterrupted, tmp_path):
         debias_trainer(cfg.replace(lambda_d=50.0)).run()
 
 
+def test_a_user_hook_sees_every_update_and_can_stop_the_run(uninterrupted, tmp_path):
+    """A hook handed to the run sees each update with the metric line metrics.jsonl gets; when it asks to stop
+    after update 3, the run ends there with a checkpoint of update 3 (save_every is 2: only the stop saves it; not
+    finished, ``stopped_by`` saying why), and the rerun resumes from it to the uninterrupted run's parameters; a
+    function added with ``every=2`` sees update 4 only (4 and 5 are the rerun's)."""
+    from rbjax.core.io import to_json
+    from rbjax.train.hooks import Hook
+
+    cfg_a, _, res_a = uninterrupted
+    cfg = cfg_a.replace(out_dir=str(tmp_path / "hooked"))
+    seen = []
+
+    class StopAtTwo(Hook):
+        def on_update(self, run, info):
+            seen.append(info.metrics)
+            assert info.update == run.done and info.state is run.state
+            if info.update == 3:
+                info.stop("the test's hook")
+
+    res = debias_trainer(cfg).run(hooks=[StopAtTwo()])
+    assert res.updates_done == 3 and not res.finished and res.summary["stopped_by"] == "the test's hook"
+    assert [m["step"] for m in seen] == [1, 2, 3]
+    lines = _read_metrics(cfg.out_dir)
+    assert [json.loads(to_json(m)) for m in seen] == lines  # the very lines written
+    same = ("step", "epoch", "total", "lm_loss", "debias_loss", "lr", "grad_norm", "skipped", "tokens")
+    assert [[ln[k] for k in same] for ln in lines] == \
+        [[ln[k] for k in same] for ln in _read_metrics(cfg_a.out_dir)[:3]]  # the hook changed no update
+    assert (tmp_path / "hooked" / "checkpoints" / "3").is_dir()
+
+    tr = debias_trainer(cfg)
+    every_second = []
+    tr.add_hook(lambda info: every_second.append(info.update), every=2)
+    resumed = tr.run()
+    assert resumed.resumed_from == 3 and resumed.finished and every_second == [4]
+    assert "stopped_by" not in resumed.summary
+    for a, b in zip(jax.tree.leaves(res_a.params), jax.tree.leaves(resumed.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_every_hook_ends_even_when_one_fails():
+    """on_end runs for every hook, last added first, even after one raised; its error is raised afterwards when the
+    run itself ended normally, and the run's own error wins otherwise (a Ctrl-C's Interrupted, say)."""
+    from rbjax.train.hooks import Hook, end_hooks
+
+    ended = []
+
+    class H(Hook):
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def on_end(self, run, error):
+            ended.append((self.name, error))
+            if self.fail:
+                raise RuntimeError(self.name)
+
+    hooks = [H("a"), H("b", fail=True), H("c", fail=True)]
+    with pytest.raises(RuntimeError, match="^c$"):
+        end_hooks(hooks, None, None)
+    assert ended == [("c", None), ("b", None), ("a", None)]
+    ended.clear()
+    own = ValueError("the run's")
+    end_hooks(hooks, None, own)  # the caller re-raises its own error
+    assert ended == [("c", own), ("b", own), ("a", own)]
+
+
 def test_kill_and_resume_across_epochs_with_reference_leftovers(tiny_model_dir, tokenizer_dir, redditbias_dir,
                                                                  tmp_path):
     f = religion1_train_file(redditbias_dir, tmp_path, 22)

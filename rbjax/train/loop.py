@@ -3,20 +3,22 @@
 :class:`Trainer` drives :func:`rbjax.train.step.train_step` (one run) or :func:`~rbjax.train.step.grid_train_step`
 (a chunk of grid points that share a batch plan, vmapped over a stacked state) with the run's objective
 (:class:`rbjax.debias.objective.DebiasObjective`, or a dialog task's) over the updates of a
-:class:`~rbjax.train.batching.BatchPlan`, on a device mesh (:mod:`rbjax.core.mesh`), and owns everything around it:
+:class:`~rbjax.train.batching.BatchPlan`, on a device mesh (:mod:`rbjax.core.mesh`). The loop itself only steps
+and calls its hooks (:mod:`rbjax.train.hooks`; :meth:`Trainer.run_hooks` lists them, :meth:`Trainer.add_hook` adds
+the user's): everything around the updates is one of them.
 
-* **Checkpoints** (orbax, :mod:`rbjax.train.checkpoint`) every ``save_every`` updates, every ``save_every_s``
+* **Checkpoints** (the :class:`~rbjax.train.hooks.Checkpoints` hook; orbax, :mod:`rbjax.train.checkpoint`) every ``save_every`` updates, every ``save_every_s``
   seconds, at the end, and when SIGINT/SIGTERM arrives (the update in flight is finished first; a second Ctrl-C
-  aborts at once). The interrupt is then raised as :class:`rbjax.core.interrupt.Interrupted`, whose message says what was
+  aborts at once; :class:`~rbjax.train.hooks.SignalHandling`). The interrupt is then raised as :class:`rbjax.core.interrupt.Interrupted`, whose message says what was
   saved and how to resume.
-* **Resume**: a run started again with the same folder restores its newest complete checkpoint and goes on (a step
+* **Resume** (:class:`~rbjax.train.hooks.Checkpoints`): a run started again with the same folder restores its newest complete checkpoint and goes on (a step
   folder without orbax's commit marker or with unreadable arrays is renamed ``<step>.incomplete``, named on stderr
   and in the summary's ``incomplete_checkpoints``, and the previous step is used); data order and
   dropout follow from the update count, so the result is bit-identical to an uninterrupted run. A checkpoint is only
   used when its *key* equals this run's: the trajectory settings, the content of the starting model, tokenizer and
   training data (tokens, triggers, bias specification) and the grid points. Anything else is refused with the
   difference named.
-* **Metrics**: ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, the objective's
+* **Metrics** (:class:`~rbjax.train.hooks.MetricsFile`): ``metrics.jsonl``, one line per update (and per point of a chunk): step, epoch, the objective's
   metrics (``metric_names``: a debiasing run's lm_loss and debias_loss), total, lr, grad_norm, skipped, tokens,
   tokens_per_s, elapsed_s, session. Strict JSON: a non-finite value
   (the losses of a skipped update) is ``null``. ``tokens`` counts the real (non-pad) tokens of the update in either
@@ -24,12 +26,13 @@
 * **Layout**: ``cfg.layout`` (``packed`` by default, :class:`~rbjax.train.batching.BatchPlan`); the run's summary
   records it with the packed shapes and the real-slot fraction (:meth:`Trainer.layout_info`).
 * **Non-finite gradients or losses**: an update with ``inf``/``NaN`` in its gradient or total loss is skipped and
-  counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update.
+  counted (per point); after :data:`MAX_CONSECUTIVE_SKIPS` in a row the run stops with an error naming the update
+  (:class:`~rbjax.train.hooks.NonFiniteGuard`).
+* **Progress**: a bar on stderr (:class:`~rbjax.train.hooks.ProgressBar`, off with ``cfg.progress``).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,30 +44,22 @@ import jax
 import numpy as np
 
 from rbjax.core.compilation import CompileCounter, abstract
-from rbjax.core.interrupt import Interrupted, deferred_interrupts
-from rbjax.core.io import atomic_write_text, to_json
-from rbjax.core.keys import canonical
-from rbjax.core.log import get_logger
 from rbjax.core.mesh import (is_model_parallel, padded_points, replicate, shard_batch, shard_state, shard_tree,
     to_host, tree_shardings)
-from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import why_not_reusable
 from rbjax.model.handle import ModelHandle
 from rbjax.model.partition import logical_axes_for
 from rbjax.train.batching import BatchPlan, attention_slots, compile_slots
-from rbjax.train.checkpoint import Checkpointer, all_finite
+from rbjax.train.checkpoint import all_finite
 from rbjax.train.config import TrainerConfig
 from rbjax.train.frozen import combine, split, trainable_rule
+from rbjax.train.hooks import (MAX_CONSECUTIVE_SKIPS, Callback, Checkpoints, Every, Hook, MetricsFile, NonFiniteGuard,
+    ProgressBar, RunContext, SignalHandling, StepInfo, end_hooks)
 from rbjax.train.optim import ClipAdam
 from rbjax.train.step import (StepSpec, TrainState, hparams_array, init_state, micro_batch_grads, micro_batch_losses,
     shared_keys, step_on_mesh, unstack_state)
 
 __all__ = ["Trainer", "TrainResult", "TrainPoint", "MAX_CONSECUTIVE_SKIPS", "CHECKPOINT_FORMAT"]
 
-log = get_logger("train")
-
-#: a run stops when a point skipped this many updates in a row for non-finite gradients
-MAX_CONSECUTIVE_SKIPS = 25
 #: bumped when the checkpoint content or a run's trajectory changes incompatibly (older checkpoints are then not
 #: resumed, and a finished run of an older format is not reused): 4 — packed micro-batches spread over several rows
 #: where the attention pays for it (the dropout masks of a packed run follow its rows); 5 — dropout masks drawn with
@@ -194,6 +189,7 @@ class Trainer:
         # what the run trains: everything, or (low-rank adapters) the adapters and the objective's own parameters
         self.trainable = trainable_rule(self.init_params, objective)
         self._frozen = None
+        self.hooks: list[Hook] = []  # added by add_hook: every run calls them
 
     n_examples = property(lambda self: self.data.n_examples)
     n_batches = property(lambda self: self.plan.n_batches)
@@ -353,11 +349,53 @@ class Trainer:
         return programs, {"seconds": round(time.perf_counter() - t0, 3), "programs": len(programs),
                           "compiled": counter.compiled, "cache_hits": counter.cache_hits, "after_training": n_after}
 
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def add_hook(self, hook: Hook | Callable[[StepInfo], Any], *, every: int = 1) -> Hook:
+        """Add a hook to every later :meth:`run` of this trainer (levanter's ``trainer.add_hook(fn, every=n)``).
+
+        Args:
+            hook: a :class:`rbjax.train.hooks.Hook`, or a function of a :class:`~rbjax.train.hooks.StepInfo` (the
+                update's number, metric records, state and parameters; ``info.stop(reason)`` ends the run after
+                this update, with a checkpoint).
+            every: a function is called after every ``every``-th update (a ``Hook`` decides itself).
+
+        Returns:
+            the hook added (a function wrapped in :class:`rbjax.train.hooks.Every`).
+
+        Raises:
+            TypeError: ``hook`` is neither. ValueError: ``every`` < 1, or given with a ``Hook``.
+        """
+        hook = _as_hook(hook, every)
+        self.hooks.append(hook)
+        return hook
+
+    def run_hooks(self, out: Path | None, *, checkpoints: bool = True, callback=None, hooks=()) -> list[Hook]:
+        """The hooks of one :meth:`run`, in the order each update calls them: the metrics line
+        (:class:`~rbjax.train.hooks.MetricsFile`, with checkpoints), the progress bar, ``callback``
+        (:class:`~rbjax.train.hooks.Callback`), the trainer's own hooks (:meth:`add_hook`) and the run's ``hooks``,
+        the non-finite guard, the signal check (:class:`~rbjax.train.hooks.SignalHandling`) and the checkpoint
+        policy (:class:`~rbjax.train.hooks.Checkpoints`, last: it saves what a hook before it stopped)."""
+        cfg = self.cfg
+        built: list[Hook] = [MetricsFile(out / "metrics.jsonl")] if checkpoints else []
+        built.append(ProgressBar(cfg.progress))
+        if callback is not None:
+            built.append(Callback(callback))
+        built += [*self.hooks, *(_as_hook(h) for h in hooks), NonFiniteGuard(MAX_CONSECUTIVE_SKIPS),
+                  SignalHandling()]
+        if checkpoints:
+            built.append(Checkpoints(out / "checkpoints", cfg.keep_checkpoints, cfg.save_every, cfg.save_every_s))
+        return built
+
     # -- loop -------------------------------------------------------------------------------------------------
     def run(self, out_dir: str | Path | None = None, *, stop_after: int | None = None,
             callback: Callable[[dict], None] | None = None, checkpoints: bool = True,
-            description: str = "training", after=()) -> TrainResult:
+            description: str = "training", after=(), hooks=()) -> TrainResult:
         """Train (resuming from ``OUT/checkpoints`` when there is a checkpoint of the same run).
+
+        The loop steps and calls its hooks (:meth:`run_hooks`, :mod:`rbjax.train.hooks`): resume and the
+        checkpoint policy, ``metrics.jsonl``, the progress bar, signals, the non-finite guard, ``callback`` and the
+        user's hooks. It stops after ``stop_after`` updates, or after an update in which a hook asked it to
+        (``run.request_stop``/``info.stop``: a checkpoint is written, the summary's ``stopped_by`` says why).
 
         Args:
             stop_after: stop once this many updates are done in total (a checkpoint is written), as if the run
@@ -370,6 +408,8 @@ class Trainer:
                 ``checkpoints`` off: nothing is written).
             after: the programs of what follows training, compiled before the first update with the training
                 programs (:meth:`compile`).
+            hooks: this run's own hooks (:class:`rbjax.train.hooks.Hook`, or functions of a
+                :class:`~rbjax.train.hooks.StepInfo` called after every update), after those of :meth:`add_hook`.
 
         Returns:
             :class:`TrainResult`.
@@ -379,177 +419,103 @@ class Trainer:
             rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM (after saving a checkpoint).
             RuntimeError: too many consecutive non-finite updates.
         """
-
-        cfg = self.cfg
         out_dir = self.out_dir if out_dir is None else out_dir
         if out_dir is None and checkpoints:
             raise ValueError("Trainer.run: out_dir is needed for checkpoints and metrics")
         out = Path(out_dir) if out_dir is not None else None
-        state = self.initial_state()
-        start, resumed = 0, None
-        ckpt = Checkpointer(out / "checkpoints", cfg.keep_checkpoints) if checkpoints else None
-        key = canonical(self.key())
-        set_aside: list[dict] = []
-        for step in ckpt.steps() if ckpt is not None else []:  # the newest complete checkpoint
-            why = ckpt.problem(step)
-            if why is None:
-                try:
-                    meta = ckpt.restore_meta(step)
-                except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise several types for damaged files)
-                    why = f"its metadata cannot be read ({type(e).__name__})"
-            if why is None:
-                reason, other = why_not_reusable(meta, key, finished=True)  # a committed checkpoint is complete
-                if other:
-                    ckpt.close()
-                    raise ValueError(
-                        f"{ckpt.directory}: holds checkpoints of a different run "
-                        f"({reason}); use another --out or --overwrite")
-                try:
-                    state, meta = ckpt.restore(step, state)
-                    start = resumed = int(meta["update"])
-                    break
-                except ValueError as e:  # same run, unreadable arrays: damaged (e.g. array data missing)
-                    why = f"its arrays cannot be read: {e}"
-            moved = ckpt.set_aside(step) if jax.process_index() == 0 else ckpt.directory / str(step)
-            set_aside.append({"folder": str(ckpt.directory / str(step)), "moved_to": str(moved), "reason": why})
-            log.info(f"skipped the incomplete checkpoint {ckpt.directory / str(step)} ({why}); kept as "
-                     f"{moved.name}, resuming from the newest complete one")
-        metrics_path = out / "metrics.jsonl" if out is not None else None
-        primary = jax.process_index() == 0  # across hosts, one process writes the metrics
-        if checkpoints:
-            out.mkdir(parents=True, exist_ok=True)
-            if primary:
-                _truncate_metrics(metrics_path, start)
-        n_pts = len(self.points)
+        hooks = self.run_hooks(out, checkpoints=checkpoints, callback=callback, hooks=hooks)
         end = self.t_total if stop_after is None else min(self.t_total, int(stop_after))
         summary: dict[str, Any] = {"first_update_s": None, "train_s": 0.0, "tokens": 0,
-                                   "skipped_updates": [0] * n_pts, "incomplete_checkpoints": set_aside,
+                                   "skipped_updates": [0] * len(self.points), "incomplete_checkpoints": [],
                                    **self.layout_info()}
-        consecutive = np.zeros(n_pts, np.int64)
-        t_run = last_save = time.perf_counter()
-        session = round(time.time(), 3)  # tags this session's metric lines (a resumed run has several sessions)
-        summary["session"] = session
-        last: list[dict] = []
-        mf = open(metrics_path, "a", encoding="utf-8") if checkpoints and primary else None
-        desc = description
-        if self.stacked:
-            desc += f" ×{n_pts}"
-        # every program of the updates to come, compiled before the first one (no update compiles)
-        programs, compiled = self.compile(state, start, end, after)
-        summary["compile"] = compiled
-        t_run = time.perf_counter()
-        bar = progress_bar(self.t_total, desc, "upd", enabled=cfg.progress, initial=start, leave=True)
-        saved_at = start
-
-        def save(done: int) -> None:
-            nonlocal last_save, saved_at
-            if ckpt is not None and saved_at != done:
-                ckpt.save(done, state, {"update": done, "key": key, "metrics": last})
-                saved_at, last_save = done, time.perf_counter()
-
+        # session: tags this session's metric lines (a resumed run has several sessions)
+        run = RunContext(self, out, description, start=0, end=end, state=self.initial_state(), summary=summary,
+                         session=round(time.time(), 3))
+        summary["session"] = run.session
+        error = None
         try:
-            with deferred_interrupts(enabled=True) as flag:
-                for u in range(start, end):
-                    t0 = time.perf_counter()
-                    if callback is not None:
-                        for j, (e, b) in enumerate(self.plan.plan[u]):
-                            callback({"kind": "micro", "update": u + 1, "micro_batch": j, "epoch": e,
-                                      "batch_index": b, "rows": self.plan.batch_rows(e, b),
-                                      "params": combine(self.frozen, state.params)})
-                    state, m = programs[self._signature(u)](state, self.device_batch(u), self.frozen)
-                    m = to_host(m)  # syncs with the device (and, across hosts, gathers every point's metrics)
-                    now = time.perf_counter()
-                    tokens = self.plan.tokens(u)
-                    if summary["first_update_s"] is None:
-                        summary["first_update_s"] = now - t0
-                    summary["tokens"] += tokens
-                    e_last, b_last = self.plan.plan[u][-1]
-                    epoch = round(e_last + (b_last + 1) / self.n_batches, 4)
-                    last = []
-                    names = tuple(self.objective.metric_names)
-                    for i in range(n_pts):
-                        g = (lambda k: float(m[k][i])) if self.stacked else (lambda k: float(m[k]))
-                        rec = {"step": u + 1, "epoch": epoch, **{k: g(k) for k in names}, "total": g("total"),
-                               "lr": g("lr"), "grad_norm": g("grad_norm"),
-                               "skipped": bool(g("skipped")), "tokens": tokens,
-                               "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - t_run,
-                               "session": session}
-                        if u == start:  # the session's compilation, before its first update (not in tokens_per_s)
-                            rec["compile_s"] = compiled["seconds"]
-                        if self.stacked:
-                            rec = {"point": i, **rec}
-                        last.append(rec)
-                        if rec["skipped"]:
-                            summary["skipped_updates"][i] += 1
-                            consecutive[i] += 1
-                        else:
-                            consecutive[i] = 0
-                    if mf is not None:
-                        mf.write("".join(to_json(r) + "\n" for r in last))
-                        mf.flush()
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{last[0]['total']:.4g}",
-                                    **{k.removesuffix("_loss"): f"{last[0][k]:.3g}" for k in names},
-                                    tok_s=f"{last[0]['tokens_per_s']:.0f}")
-                    if callback is not None:
-                        callback({"kind": "update", "update": u + 1, "params": combine(self.frozen, state.params),
-                                  "lr": last[0]["lr"],
-                                  "grad_norm": last[0]["grad_norm"], "metrics": last[0] if not self.stacked else last})
-                    done = u + 1
-                    if consecutive.max() >= MAX_CONSECUTIVE_SKIPS:
-                        i = int(consecutive.argmax())
-                        raise RuntimeError(
-                            f"update {done}: {MAX_CONSECUTIVE_SKIPS} updates in a row had non-finite gradients"
-                            f"{f' (grid point {i})' if self.stacked else ''} and were skipped"
-                            + (f"; the last good checkpoint is kept in {out / 'checkpoints'}" if ckpt is not None
-                               else "")
-                            + " — lower the learning rate or the objective's loss weights (e.g. λ_D)")
-                    if flag:
-                        save(done)
-                        where = (f"a checkpoint of update {done}/{self.t_total} is saved in {out / 'checkpoints'}; "
-                                 "run the same command again to resume from it") if ckpt is not None else \
-                            "nothing was saved (checkpoints are off)"
-                        raise Interrupted(f"rbjax: {flag.signal_name} — training stopped after update "
-                                          f"{done}/{self.t_total}; {where}.")
-                    if ckpt is not None and (done % cfg.save_every == 0 or done == end or (
-                            cfg.save_every_s and time.perf_counter() - last_save >= cfg.save_every_s)):
-                        save(done)
+            for h in hooks:
+                h.restore(run)  # resume: the state and the update count of the newest complete checkpoint
+            run.done = run.start
+            # every program of the updates to come, compiled before the first one (no update compiles)
+            programs, summary["compile"] = self.compile(run.state, run.start, end, after)
+            run.t_run = time.perf_counter()
+            for h in hooks:
+                h.on_start(run)
+            for u in range(run.start, end):
+                t0 = time.perf_counter()
+                for h in hooks:
+                    h.before_update(run, u + 1)
+                run.state, m = programs[self._signature(u)](run.state, self.device_batch(u), self.frozen)
+                info = self._step_info(run, u, to_host(m), t0)  # to_host syncs (across hosts: gathers every point)
+                for h in hooks:
+                    h.on_update(run, info)
+                if run.stop_reason is not None:
+                    break
+        except BaseException as e:
+            error = e
+            raise
         finally:
-            bar.close()
-            if mf is not None:
-                mf.close()
-            if ckpt is not None:
-                ckpt.close()
-        if flag:  # the signal came after the last update's check (e.g. during its checkpoint write): honour it
-            where = (f"its checkpoint is saved in {out / 'checkpoints'}; run the same command again to go on from "
-                     "it") if ckpt is not None else "nothing was saved (checkpoints are off)"
-            raise Interrupted(f"rbjax: {flag.signal_name} — training stopped after update {end}/{self.t_total}, "
-                              f"before what follows it; {where}.")
-        summary["train_s"] = time.perf_counter() - t_run
+            end_hooks(hooks, run, error)
+        return self._result(run)
+
+    def _step_info(self, run: RunContext, u: int, m: dict, t0: float) -> StepInfo:
+        """Update ``u``'s metric records (``metrics.jsonl``'s fields, one per point) from the step's host metrics
+        ``m``, counted into the summary (tokens, skipped updates, the first update's seconds) and the run (``done``,
+        ``last``)."""
+        now = time.perf_counter()
+        summary, tokens, n_pts = run.summary, self.plan.tokens(u), len(self.points)
+        if summary["first_update_s"] is None:
+            summary["first_update_s"] = now - t0
+        summary["tokens"] += tokens
+        e_last, b_last = self.plan.plan[u][-1]
+        epoch = round(e_last + (b_last + 1) / self.n_batches, 4)
+        names = tuple(self.objective.metric_names)
+        records = []
+        for i in range(n_pts):
+            v = {k: float(m[k][i] if self.stacked else m[k]) for k in (*names, "total", "lr", "grad_norm", "skipped")}
+            rec = {"step": u + 1, "epoch": epoch, **{k: v[k] for k in names}, "total": v["total"], "lr": v["lr"],
+                   "grad_norm": v["grad_norm"], "skipped": bool(v["skipped"]), "tokens": tokens,
+                   "tokens_per_s": tokens * n_pts / max(now - t0, 1e-9), "elapsed_s": now - run.t_run,
+                   "session": run.session}
+            if u == run.start:  # the session's compilation, before its first update (not in tokens_per_s)
+                rec["compile_s"] = summary["compile"]["seconds"]
+            if self.stacked:
+                rec = {"point": i, **rec}
+            if rec["skipped"]:
+                summary["skipped_updates"][i] += 1
+            records.append(rec)
+        run.done, run.last = u + 1, records
+        return StepInfo(update=u + 1, epoch=epoch, records=records, state=run.state, duration_s=now - t0, run=run)
+
+    def _result(self, run: RunContext) -> TrainResult:
+        """The :class:`TrainResult` of a finished session: the summary's timings (``train_s``, ``tokens_per_s``, the
+        steady rate without the first update), its ``last`` records and the state without a chunk's padding."""
+        summary, n_pts, last = run.summary, len(self.points), run.last
+        summary["train_s"] = time.perf_counter() - run.t_run
         summary["last"] = last[0] if (last and not self.stacked) else (last or None)
-        n_upd = end - start
+        if run.stop_reason is not None:
+            summary["stopped_by"] = run.stop_reason
+        n_upd = run.done - run.start
         if summary["tokens"] and summary["train_s"] > 0:
             steady = summary["train_s"] - (summary["first_update_s"] or 0.0)
             summary["tokens_per_s"] = summary["tokens"] * n_pts / summary["train_s"]
             summary["steady_tokens_per_s"] = (summary["tokens"] * n_pts * (n_upd - 1) / max(n_upd, 1) / steady
                                               if n_upd > 1 and steady > 0 else None)
+        state = run.state
         if self.stacked and self.n_padded > n_pts:  # drop the padding points (on the host)
             state = jax.tree.map(lambda x: x[:n_pts], to_host(state))
-        return TrainResult(state=state, updates_done=max(end, start), t_total=self.t_total,
-                           finished=max(end, start) >= self.t_total, resumed_from=resumed, summary=summary,
+        return TrainResult(state=state, updates_done=run.done, t_total=self.t_total,
+                           finished=run.done >= self.t_total, resumed_from=run.resumed_from, summary=summary,
                            n_points=n_pts if self.stacked else 1, frozen=self.frozen)
 
 
-def _truncate_metrics(path: Path, upto: int) -> None:
-    """Keep only the metric lines of updates ≤ ``upto`` (those after the resumed checkpoint are redone)."""
-    if not path.exists():
-        return
-    keep = []
-    for ln in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(ln).get("step", 0) <= upto:
-                keep.append(ln)
-        except json.JSONDecodeError:
-            break  # a line cut by a kill: drop it and everything after
-
-    atomic_write_text(path, "".join(k + "\n" for k in keep))
+def _as_hook(hook, every: int = 1) -> Hook:
+    """A :class:`Hook` as it is; a function of a :class:`StepInfo` as :class:`Every` (``every``)."""
+    if isinstance(hook, Hook):
+        if every != 1:
+            raise ValueError(f"every={every} is for a function; a Hook ({type(hook).__name__}) decides itself")
+        return hook
+    if not callable(hook):
+        raise TypeError(f"a hook is a rbjax.train.hooks.Hook or a function of a StepInfo, got {type(hook).__name__}")
+    return Every(hook, every)
