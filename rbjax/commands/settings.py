@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from rbjax.core.config import field
+from rbjax.model.handle import MODEL_HELP, TOKENIZER_HELP
 from rbjax.model.memory import DEVICE_MEMORY_HELP
 
 __all__ = ["ModelSource", "Output", "PlanSettings", "BenchmarkSource", "BENCHMARKS", "PROGRESS_HELP"]
@@ -30,10 +31,8 @@ BENCHMARKS = ("redditbias", "crows-pairs", "pairs", "bbq")
 class ModelSource:
     """The model a command loads: ``--model`` (a folder, hub id or debias run folder), ``--tokenizer``, ``--adapter``."""
 
-    model: str | None = field(None, "HF model folder (GPT-2/DialoGPT, Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2), hub id "
-                                    "(e.g. microsoft/DialoGPT-small, Qwen/Qwen2.5-0.5B-Instruct) or finished "
-                                    "`rbjax debias` run folder (its model/)", metavar="MODEL")
-    tokenizer: str | None = field(None, "tokenizer folder or hub id (default: the model's)", metavar="TOKENIZER")
+    model: str | None = field(None, MODEL_HELP, metavar="MODEL")
+    tokenizer: str | None = field(None, TOKENIZER_HELP, metavar="PATH")
     adapter: str | None = field(None, "a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors: "
                                       "rbjax's OUT/adapter, or one trained elsewhere) applied to --model, the base, "
                                       "without merging", metavar="FOLDER")
