@@ -225,7 +225,7 @@ def test_given_means_written():
     assert precedence({"lr": 1, "epochs": 2}, {}, {}) == {"lr": 1, "epochs": 2}
 
 
-# ------------------------------------------------------------------ options from settings, everywhere (issue 47.2)
+# ------------------------------------------------------------------------------ options from settings, everywhere
 def _options(parser, words=()):
     """``(command words, action)`` of every option and positional argument of ``rbjax`` and its subcommands."""
     for a in parser._actions:
