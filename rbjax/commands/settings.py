@@ -75,8 +75,9 @@ class BenchmarkSource:
                                          "lm-evaluation-harness's bbq task (docs/bbq.md)", choices=BENCHMARKS)
     bias: tuple[str, ...] | None = field(None, "bias type(s): religion1, religion2, race, gender, queerness, "
                                                "orientation, all, or a bias-spec JSON file of your own; "
-                                               "comma-separated or repeated (default: all); with --benchmark "
-                                               "crows-pairs, pairs or bbq: the categories", repeat=True,
+                                               "comma-separated or repeated (default: all); rbjax measure "
+                                               "--benchmark crows-pairs, pairs or bbq: the categories to measure",
+                                         repeat=True,
                                          metavar="BIAS")
     pairs: str | None = field(None, "the pair file of --benchmark pairs (.csv or .jsonl: id, category, sentence_1, "
                                     "sentence_2, stereotypical)", metavar="FILE")
