@@ -30,10 +30,10 @@ COMMANDS = ("measure", "compare", "plot", "debias", "sweep", "export", "evaluate
 
 class SubParser(OptionParser):
     """Subcommand parser: argparse with :class:`HelpFormatter` that records which options the user wrote
-    (:func:`rbjax.commands.options.given_options`, for the precedence command line > file > default); the options of
-    most commands are generated from their settings dataclass (:func:`rbjax.commands.options.add_config_arguments`;
-    debias and sweep from :class:`rbjax.debias.config.DebiasRun`'s settings,
-    :func:`rbjax.commands.debias.add_training_arguments`)."""
+    (:func:`rbjax.commands.options.given_options`, for the precedence command line > file > default); the options are
+    generated from settings dataclasses (:func:`rbjax.commands.options.add_config_arguments`: each command's settings,
+    the shared blocks of :mod:`rbjax.commands.settings`; debias and sweep from :class:`rbjax.debias.config.DebiasRun`'s
+    settings, :func:`rbjax.commands.debias.add_training_arguments`)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["formatter_class"] = HelpFormatter

@@ -223,3 +223,126 @@ def test_given_means_written():
     assert {"learning_rate", "lambda_ds"} <= given_options(args) and "epochs" not in given_options(args)
     assert precedence({"lr": 1, "epochs": 2}, {"lr": 3, "epochs": 4}, {"lr": 1}) == {"lr": 1, "epochs": 4}
     assert precedence({"lr": 1, "epochs": 2}, {}, {}) == {"lr": 1, "epochs": 2}
+
+
+# ------------------------------------------------------------------------------ options from settings, everywhere
+def _options(parser, words=()):
+    """``(command words, action)`` of every option and positional argument of ``rbjax`` and its subcommands."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _options(sub, (*words, name))
+        elif not isinstance(a, argparse._HelpAction):
+            yield " ".join(words), a
+
+
+def test_options_are_generated_not_hand_written():
+    """At most 10 ``add_argument`` calls are written by hand in rbjax/commands (there were 98): every other option is
+    a field of a settings dataclass (the shared blocks of rbjax.commands.settings, each command's own class)."""
+    from pathlib import Path
+
+    import rbjax.commands
+
+    calls = {p.name: p.read_text(encoding="utf-8").count("add_argument(")
+             for p in Path(rbjax.commands.__file__).parent.glob("*.py")}
+    assert sum(calls.values()) <= 10, calls
+
+
+#: the options of the shared blocks, and the commands that must have each
+SHARED = {"--overwrite": {"measure", "pairs", "retrieve", "splits", "annotate export", "annotate import", "export",
+                          "plot", "report", "evaluate", "debias", "sweep"},
+          "--no-progress": {"measure", "retrieve", "run", "evaluate", "debias", "sweep"},
+          "--dry-run": {"measure", "evaluate", "debias", "sweep", "run"},
+          "--device-memory-gb": {"measure", "evaluate", "debias", "sweep", "run"},
+          "--model": {"measure", "evaluate", "splits", "debias", "sweep"},
+          "--tokenizer": {"measure", "evaluate", "splits", "debias", "sweep"},
+          "--executor": {"retrieve", "sweep"}, "--jobs": {"retrieve", "sweep"}, "--ray-address": {"retrieve", "sweep"}}
+
+
+def test_shared_options_have_one_help_text():
+    """Each option of a shared block has one help text, type and metavar in every command that takes it
+    (``--overwrite`` had eleven helps, ``--dry-run`` three)."""
+    seen: dict[str, dict[str, argparse.Action]] = {flag: {} for flag in SHARED}
+    for cmd, a in _options(build_parser()):
+        for flag in set(a.option_strings) & set(SHARED):
+            seen[flag][cmd] = a
+    for flag, commands in SHARED.items():
+        assert commands <= set(seen[flag]), (flag, commands - set(seen[flag]))
+        described = {(a.help, a.type, a.metavar, a.nargs)
+                     for a in seen[flag].values()}
+        assert len(described) == 1, (flag, described)
+
+
+def test_generated_options_keep_their_behaviour():
+    """The options that moved from hand-written calls to fields parse as before: spelling, defaults, choices,
+    required, positional and repeated arguments."""
+    from rbjax.debias.sweep import PAPER_GRID
+
+    parse = build_parser().parse_args
+    args = parse(["measure", "--stored-perplexities"])
+    assert (args.out, args.progress, args.overwrite, args.outlier_removal, args.benchmark, args.bias, args.dry_run,
+            args.device_memory_gb) == ("results", True, False, "auto", "redditbias", None, False, None)
+    args = parse(["measure", "--model", "m", "--bias", "race", "--bias", "gender", "--no-progress", "--overwrite",
+                  "--device-memory-gb", "8", "--tokenizer", "t", "--adapter", "a"])
+    assert (args.bias, args.progress, args.overwrite, args.device_memory_gb, args.tokenizer, args.adapter) == (
+        ["race", "gender"], False, True, 8.0, "t", "a")
+    args = parse(["retrieve", "--bias", "race", "--bias", "gender", "--dump", "a", "b", "--dump", "c", "--out", "o",
+                  "--executor", "ray", "--jobs", "3", "--fresh"])
+    assert (args.bias, args.dump, args.executor, args.jobs, args.fresh, args.progress) == (
+        ["race", "gender"], ["a", "b", "c"], "ray", 3, True, True)
+    args = parse(["run", "s.toml", "--out", "o", "--set", "a=1", "--set", "b=2", "--no-report", "--seeds", "2"])
+    assert (args.study, args.overrides, args.report, args.seeds, args.progress) == ("s.toml", ["a=1", "b=2"], False,
+                                                                                     2, True)
+    assert parse(["run", "s.toml", "--out", "o"]).overrides is None  # read as no override
+    args = parse(["compare", "A1,A2", "B", "--out", "o", "--bias", "race"])
+    assert (args.a, args.b, args.bias) == ("A1,A2", "B", ["race"])
+    assert parse(["plot", "x=F", "G", "--out", "p.png"]).folders == ["x=F", "G"]
+    assert parse(["report", "D1", "D2"]).folders == ["D1", "D2"] and parse(["report", "D"]).out is None
+    assert parse(["annotate", "import", "a.csv", "b.csv"]).files == ["a.csv", "b.csv"]
+    args = parse(["export", "RUN", "--out", "o", "--bbq-after", "B"])
+    assert (args.run, args.bbq_after, args.baseline) == ("RUN", "B", None)
+    args = parse(["sweep", "--method", "lmd", "--bias", "religion1", "--out", "o", "--batch-sizes", "4,8",
+                  "--grid-config", "g.toml"])
+    assert (args.batch_sizes, args.grad_accums, args.grid_config, args.distributed) == (
+        (4, 8), PAPER_GRID["grad_accum"], ["g.toml"], False)
+    args = parse(["evaluate", "--task", "all", "--dst-train-file", "d.json", "--hyp", "h.txt"])
+    assert (args.dst_train_file, args.hyp, args.train_file) == ("d.json", "h.txt", None)
+    args = parse(["pairs", "--out", "p.csv"])
+    assert (args.benchmark, args.split, args.crows_pairs_csv) == ("redditbias", "test", None)
+    for argv in (["measure"], ["measure", "--model", "m", "--stored-perplexities"],  # one of the two, required
+                 ["pairs", "--out", "p.csv", "--benchmark", "bbq"],  # pairs writes redditbias or crows-pairs only
+                 ["splits", "--bias", "race", "--annotated", "a", "--out-dir", "o"],  # --model required
+                 ["retrieve", "--bias", "race", "--out", "o"], ["evaluate", "--model", "m"], ["report"],
+                 ["compare", "A", "--out", "o"], ["run", "s.toml"], ["sweep", "--method", "lmd", "--bias", "race",
+                                                                     "--batch-sizes", "0"]):
+        with pytest.raises(SystemExit) as e:
+            parse(argv)
+        assert e.value.code == 2, argv
+
+
+def test_add_config_arguments_required_overrides_positional():
+    """A shared block's option may be made required and have its help, default, choices or metavar specialised by
+    a command — nothing else; a positional field is a required argument; ``repeat="extend"`` takes several values,
+    several times."""
+    from rbjax.commands.options import add_config_arguments
+
+    @dataclasses.dataclass(frozen=True)
+    class S:
+        folders: tuple[str, ...] | None = field(None, "folders", positional=True, metavar="DIR")
+        kind: str = field("a", "kind", choices=("a", "b", "c"))
+        files: tuple[str, ...] | None = field(None, "files", repeat="extend", metavar="FILE")
+
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, S, required=("files",), overrides={"kind": {"choices": ("a", "b"), "default": "b",
+                                                                        "help": "which"}})
+    args = p.parse_args(["x", "y", "--files", "1", "2", "--files", "3"])
+    assert (args.folders, args.kind, args.files) == (["x", "y"], "b", ["1", "2", "3"])
+    kind = next(a for a in p._actions if a.dest == "kind")
+    assert kind.help == "which" and kind.choices == ["a", "b"]
+    for argv in (["--files", "1"], ["x"], ["x", "--files", "1", "--kind", "c"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+    with pytest.raises(TypeError, match="cannot override type"):
+        add_config_arguments(argparse.ArgumentParser(), S, overrides={"kind": {"type": int}})
+    with pytest.raises(TypeError, match="not added: files"):
+        add_config_arguments(argparse.ArgumentParser(), S, ("kind",), required=("files",))

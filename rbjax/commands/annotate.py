@@ -1,15 +1,19 @@
 """``rbjax annotate``: export candidates for annotators, import their labels (α, majority) — paper §2.3.
 
-The options besides the files and folders and ``--overwrite`` are the fields of
+The options besides the files (:class:`AnnotateCommand`), the output and ``--overwrite``
+(:class:`rbjax.commands.settings.Output`) are the fields of
 :class:`rbjax.data.annotation.AnnotationExportConfig` (export) and
 :class:`~rbjax.data.annotation.AnnotationImportConfig` (import)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
 from rbjax.core.io import check_output_file, sha256_file
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.annotation import (
@@ -22,6 +26,17 @@ from rbjax.data.annotation import (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class AnnotateCommand:
+    """The input files of ``rbjax annotate export`` / ``import`` (their output and ``--overwrite`` are
+    :class:`rbjax.commands.settings.Output`'s)."""
+
+    candidates: str | None = field(None, "CSV written by 'rbjax retrieve'", metavar="CANDIDATES")
+    files: tuple[str, ...] | None = field(None, "one CSV per annotator", positional=True, metavar="files")
+    items: str | None = field(None, "items.csv of the export (carries every candidate column; every annotator row "
+                                    "must name one of its items)", metavar="ITEMS")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "annotate",
@@ -32,22 +47,19 @@ def register(subparsers) -> None:
                     "majority labels in the released annotated layout (input of 'rbjax splits').",
     )
     sub = p.add_subparsers(dest="annotate_command", metavar="{export,import}")
-    e = sub.add_parser("export", help="write annotation files from a candidates CSV")
-    e.add_argument("--candidates", required=True, help="CSV written by 'rbjax retrieve'")
-    e.add_argument("--out-dir", required=True, help="folder for items.csv, <annotator>.csv, GUIDELINES.txt")
+    e = sub.add_parser("export", help="write annotation files from a candidates CSV",
+                       description="Writes OUT_DIR/items.csv (every candidate column), one OUT_DIR/<annotator>.csv "
+                                   "per annotator (comment_label / phrase_label to fill) and OUT_DIR/GUIDELINES.txt.")
+    add_config_arguments(e, AnnotateCommand, ("candidates",), required=("candidates",))
+    add_config_arguments(e, Output, ("out_dir",), required=("out_dir",))
     add_config_arguments(e, AnnotationExportConfig)
-    e.add_argument("--overwrite", action="store_true",
-                   help="replace files in --out-dir that this export did not write (e.g. annotators' filled files); "
-                        "without it they are refused and nothing is written")
+    add_config_arguments(e, Output, ("overwrite",))
     i = sub.add_parser("import", help="read annotators' files: agreement and majority labels")
-    i.add_argument("files", nargs="+", help="one CSV per annotator")
-    i.add_argument("--items", default=None,
-                   help="items.csv of the export (carries every candidate column; every annotator row must name "
-                        "one of its items)")
-    i.add_argument("--out", default=None, help="write the aggregated labels here (released annotated layout)")
+    add_config_arguments(i, AnnotateCommand, ("files", "items"))
+    add_config_arguments(i, Output, ("out",), overrides={"out": {"help": "write the aggregated labels to this file "
+                                                                        "(released annotated layout)"}})
     add_config_arguments(i, AnnotationImportConfig)
-    i.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --out file that this import did not write")
+    add_config_arguments(i, Output, ("overwrite",))
     p.set_defaults(func=run, _annotate_parser=p)
 
 

@@ -1,6 +1,7 @@
 """``rbjax compare A B --out DIR``: did the bias change? A paired comparison of two measured models on the same pairs.
 
-The options besides the folders, ``--out`` and ``--bias`` are the fields of :class:`rbjax.lmb.config.CompareConfig`.
+The options besides the folders and ``--bias`` (:class:`CompareCommand`) and ``--out``
+(:class:`rbjax.commands.settings.Output`) are the fields of :class:`rbjax.lmb.config.CompareConfig`.
 Two ``rbjax measure --benchmark bbq`` runs are compared by :func:`rbjax.lmb.bbq_compare.compare_bbq` (``--bias``
 names categories); a CompareConfig field it does not take (:data:`BBQ_FIELDS`), given another value than its
 default, is refused rather than ignored."""
@@ -11,9 +12,25 @@ from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
 from rbjax.lmb.bbq_compare import compare_bbq, format_bbq_comparison, is_bbq_run
 from rbjax.lmb.compare import compare_models, format_comparison
 from rbjax.lmb.config import CompareConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareCommand:
+    """What ``rbjax compare`` compares: the two sides' measure folders and the bias types (``--out`` is
+    :class:`rbjax.commands.settings.Output`'s, the statistics :class:`CompareConfig`)."""
+
+    a: str | None = field(None, "measure output folder of model A (e.g. the debiased model); several seeds of one "
+                                "model: A1,A2,... (their per-pair effects are averaged)", positional=True, metavar="A")
+    b: str | None = field(None, "measure output folder of model B (e.g. the starting model); B1,B2,... for seeds",
+                          positional=True, metavar="B")
+    bias: tuple[str, ...] | None = field(None, "bias type(s) to compare, comma-separated or repeated (default: every "
+                                               "type both measured; BBQ runs: categories)", repeat=True,
+                                         metavar="BIAS")
 
 
 def register(sub) -> None:
@@ -32,14 +49,9 @@ def register(sub) -> None:
                     "bias score with a paired bootstrap CI, each side's score beside it and whether it moved toward "
                     "zero, past zero or away (OUT/compare_bbq.json; docs/bbq.md).",
         formatter_class=HelpFormatter)
-    p.add_argument("a", metavar="A", help="measure output folder of model A (e.g. the debiased model); several seeds "
-                                          "of one model: A1,A2,... (their per-pair effects are averaged)")
-    p.add_argument("b", metavar="B", help="measure output folder of model B (e.g. the starting model); B1,B2,... "
-                                          "for seeds")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--bias", action="append", metavar="BIAS",
-                   help="bias type(s) to compare, comma-separated or repeated (default: every type both measured; "
-                        "BBQ runs: categories)")
+    add_config_arguments(p, CompareCommand, ("a", "b"))
+    add_config_arguments(p, Output, ("out",), required=("out",))
+    add_config_arguments(p, CompareCommand, ("bias",))
     add_config_arguments(p, CompareConfig)
     p.set_defaults(func=run)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rbjax.commands.options import option_spec
+from rbjax.commands.options import add_config_arguments, option_spec
+from rbjax.commands.settings import Output, PlanSettings
 from rbjax.core.config import leaves
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
@@ -45,10 +46,7 @@ def add_training_arguments(p, *, grid: bool = False) -> None:
         if grid and f.name == "bias_type":
             kw["help"] = "bias type(s): all, or a comma list of " + leaf.help.removeprefix("bias type: ")
         g.add_argument(*names, **kw)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing run in --out instead of resuming (or reusing) it: its files are set "
-                        "aside and deleted once the new run has finished (a failure or Ctrl-C before then puts them "
-                        "back)")
+    add_config_arguments(p, Output, ("overwrite",))
 
 
 def _cli_leaves(grid: bool):
@@ -167,13 +165,9 @@ def run_without_training(args) -> int:
 
 
 def add_plan_arguments(p) -> None:
-    """``--dry-run`` and ``--device-memory-gb``: the memory plan (:mod:`rbjax.model.memory`)."""
-    p.add_argument("--device-memory-gb", type=float, metavar="GB",
-                   help="memory of one device for the memory plan (default: what the device reports; a CPU reports "
-                        "none and is not checked)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the memory plan (per-device parameters, gradients, Adam state, activations for this "
-                        "--mesh and batch) and stop, loading no weights; exit status 1 when it does not fit")
+    """``--dry-run`` and ``--device-memory-gb``: the memory plan (:mod:`rbjax.model.memory`), the options of
+    :class:`rbjax.commands.settings.PlanSettings`."""
+    add_config_arguments(p, PlanSettings)
 
 
 def check_plan(args, cfg, model: ModelHandle) -> bool:

@@ -5,9 +5,9 @@ model tasks are those of :mod:`rbjax.dialog.tasks`, and their options are genera
 settings dataclasses (help, choices, metavar and spelling live in the fields; an option several tasks take appears
 once; an option not written on the command line leaves each task's own default — command line > default, the one
 precedence rule :func:`rbjax.core.config.precedence`): :data:`OPTION_GROUPS` places each field in the help.
-Hand-written are only ``--task``, ``--out``, ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, ``--hyp``
-(crg-metrics) and the three training-file options (``--train-file`` is the field ``dst_train_file`` or
-``crg_train_file`` of the task that runs).
+The others are the shared blocks of :mod:`rbjax.commands.settings` (``--out``, ``--overwrite``, ``--model``,
+``--tokenizer``, ``--dry-run``) and :class:`EvaluateCommand`'s (``--task``, ``--hyp`` of crg-metrics and the three
+training-file options: ``--train-file`` is the field ``dst_train_file`` or ``crg_train_file`` of the task that runs).
 
 * ``lmp`` — Reddit-6K perplexity → ``OUT/lmp.json``.
 * ``dst`` — MultiWOZ 2.0 dialog state tracking (train the classifier, score the test split) → ``OUT/dst.json``.
@@ -22,13 +22,15 @@ settings reuses the result file.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rbjax.commands import HelpFormatter
-from rbjax.commands.options import given_options, option_spec, record_given
-from rbjax.core.config import Leaf, leaves
+from rbjax.commands.options import add_config_arguments, given_options, option_spec, record_given
+from rbjax.commands.settings import ModelSource, Output, PlanSettings
+from rbjax.core.config import Leaf, field, leaves
 from rbjax.dialog.crg_metrics import evaluate_crg_metrics, format_crg_table
 from rbjax.dialog.evaluate import TASKS as MODEL_TASKS
 from rbjax.dialog.evaluate import evaluate, format_result
@@ -116,6 +118,29 @@ TASKS: dict[str, Task] = {
                         ("hyp", "out")),
 }
 
+def _train_file_field(task: str):
+    """The training-file field of the dialog task ``task`` (its help and metavar)."""
+    return next(leaf.field for leaf in leaves(get_task(task).settings) if leaf.name == f"{task}_train_file")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateCommand:
+    """The options of ``rbjax evaluate`` that are no task setting (the shared blocks aside: ``--out``,
+    ``--overwrite``, ``--model``, ``--tokenizer``, ``--dry-run``, :mod:`rbjax.commands.settings`): the task, the
+    crg-metrics hypotheses and the training files (``--train-file`` is the field ``dst_train_file`` or
+    ``crg_train_file`` of the task that runs; ``--dst-train-file`` / ``--crg-train-file`` name one for --task all)."""
+
+    task: str | None = field(None, "which check to run", choices=tuple(TASKS))
+    hyp: str | None = field(None, "crg-metrics: generated responses, one per line (UTF-8)", metavar="FILE")
+    train_file: str | None = field(None, f"the task's training data: dst — "
+                                         f"{_train_file_field('dst').metadata['help']}; crg — "
+                                         f"{_train_file_field('crg').metadata['help']}", metavar="PATH")
+    dst_train_file: str | None = field(None, "--train-file of dst, for --task all",
+                                       metavar=_train_file_field("dst").metadata["metavar"])
+    crg_train_file: str | None = field(None, "--train-file of crg, for --task all",
+                                       metavar=_train_file_field("crg").metadata["metavar"])
+
+
 #: where each setting of the model tasks appears in ``rbjax evaluate --help``: ``(group title or None for the
 #: top level, field names)``. Every field of every task's settings is an option placed here, or listed in
 #: :data:`NOT_OPTIONS` (checked when the parser is built).
@@ -179,18 +204,10 @@ def register(sub) -> None:
                     "settings): a rerun with the same key reuses it, any change recomputes. Defaults follow the "
                     "paper and the reference code; see docs/dialog.md.",
         formatter_class=HelpFormatter)
-    p.add_argument("--task", required=True, choices=list(TASKS), help="which check to run")
-    p.add_argument("--out", help="output folder (the result is OUT/<task>.json)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a result in --out of other inputs (another model, data or settings); without it "
-                        "such a result is refused before the task computes anything (same inputs: reused)")
-    p.add_argument("--model", metavar="MODEL",
-                   help="HF model folder (any supported family), hub id (e.g. microsoft/DialoGPT-small) or `rbjax debias` run folder")
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the memory plan of each task's computations (fine-tuning, scoring, the generation's "
-                        "KV cache) on --mesh and stop, reading only the model's config.json (no --out needed); exit "
-                        "status 1 when a plan does not fit")
+    add_config_arguments(p, EvaluateCommand, ("task",), required=("task",))
+    add_config_arguments(p, Output, ("out", "overwrite"))
+    add_config_arguments(p, ModelSource, ("model", "tokenizer"))
+    add_config_arguments(p, PlanSettings, ("dry_run",))
 
     fields = _fields()
     placed = _option_fields() + NOT_OPTIONS
@@ -201,18 +218,11 @@ def register(sub) -> None:
     for title, names in OPTION_GROUPS:
         g = p if title is None else p.add_argument_group(title)
         if title == "training (dst, crg)":  # the training files: one option per task, named by the task that runs
-            dst_f, crg_f = fields["dst_train_file"][0][1].field, fields["crg_train_file"][0][1].field
-            record_given(g.add_argument("--train-file", metavar="PATH",
-                                        help=f"the task's training data: dst — {dst_f.metadata['help']}; crg — "
-                                             f"{crg_f.metadata['help']}"))
-            record_given(g.add_argument("--dst-train-file", dest="dst_train_file", metavar=dst_f.metadata["metavar"],
-                                        help="--train-file of dst, for --task all"))
-            record_given(g.add_argument("--crg-train-file", dest="crg_train_file", metavar=crg_f.metadata["metavar"],
-                                        help="--train-file of crg, for --task all"))
+            add_config_arguments(g, EvaluateCommand, ("train_file", "dst_train_file", "crg_train_file"))
         for name in names:
             _add_setting(g, name, fields[name])
             if name == "test_file":
-                g.add_argument("--hyp", metavar="FILE", help="crg-metrics: generated responses, one per line (UTF-8)")
+                add_config_arguments(g, EvaluateCommand, ("hyp",))
     p.set_defaults(func=run)
 
 

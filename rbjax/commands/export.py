@@ -1,10 +1,33 @@
 """``rbjax export RUN --out DIR``: a finished debiased model as a release-ready HF folder with its model card (the
-options besides the folders and ``--overwrite`` are the fields of :class:`rbjax.study.export.ExportConfig`)."""
+options besides the folders (:class:`ExportCommand`), ``--out`` and ``--overwrite``
+(:class:`rbjax.commands.settings.Output`) are the fields of :class:`rbjax.study.export.ExportConfig`)."""
 from __future__ import annotations
+
+import dataclasses
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
 from rbjax.study.export import ExportConfig, export_model
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportCommand:
+    """What ``rbjax export`` reads: the run and the measurements before and after (``--out`` and ``--overwrite``
+    are :class:`rbjax.commands.settings.Output`'s, the card's settings :class:`ExportConfig`)."""
+
+    run: str | None = field(None, "finished run, sweep or study method folder", positional=True, metavar="RUN")
+    baseline: str | None = field(None, "'rbjax measure' folder of the base model, for LMB before and the paired "
+                                       "comparison (default: the study's baseline/lmb_test when RUN is inside a "
+                                       "study)", metavar="DIR")
+    after: str | None = field(None, "'rbjax measure' folder of the exported model (default: the study's lmb_test of "
+                                    "the method, else the run's lmb_valid)", metavar="DIR")
+    bbq_baseline: str | None = field(None, "'rbjax measure --benchmark bbq' folder of the base model, for BBQ before "
+                                           "and the comparison (default: the study's baseline/bbq when RUN is inside "
+                                           "a study that measured BBQ)", metavar="DIR")
+    bbq_after: str | None = field(None, "'rbjax measure --benchmark bbq' folder of the exported model (default: the "
+                                        "study's bbq of the method)", metavar="DIR")
 
 
 def register(sub) -> None:
@@ -18,25 +41,11 @@ def register(sub) -> None:
                     "OUT/evidence/ (the comparison's files). RUN: an 'rbjax debias' run folder, an 'rbjax sweep' "
                     "folder (its selected point), or a study's seed<S>/<type>/<method> folder.",
         formatter_class=HelpFormatter)
-    p.add_argument("run", metavar="RUN", help="finished run, sweep or study method folder")
-    p.add_argument("--out", required=True, help="folder to write (new or empty; see --overwrite)")
-    p.add_argument("--baseline", metavar="DIR",
-                   help="'rbjax measure' folder of the base model, for LMB before and the paired comparison "
-                        "(default: the study's baseline/lmb_test when RUN is inside a study)")
-    p.add_argument("--after", metavar="DIR",
-                   help="'rbjax measure' folder of the exported model (default: the study's lmb_test of the method, "
-                        "else the run's lmb_valid)")
-    p.add_argument("--bbq-baseline", metavar="DIR",
-                   help="'rbjax measure --benchmark bbq' folder of the base model, for BBQ before and the comparison "
-                        "(default: the study's baseline/bbq when RUN is inside a study that measured BBQ)")
-    p.add_argument("--bbq-after", metavar="DIR",
-                   help="'rbjax measure --benchmark bbq' folder of the exported model (default: the study's bbq of "
-                        "the method)")
+    add_config_arguments(p, ExportCommand, ("run",))
+    add_config_arguments(p, Output, ("out",), required=("out",))
+    add_config_arguments(p, ExportCommand, ("baseline", "after", "bbq_baseline", "bbq_after"))
     add_config_arguments(p, ExportConfig)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier export in --out as a whole (written beside it, then swapped in: none of "
-                        "its files survive, and a failed export leaves it untouched); a folder holding files no "
-                        "export wrote is refused")
+    add_config_arguments(p, Output, ("overwrite",))
     p.set_defaults(func=run)
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import types
 import typing
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from rbjax.core.config import option_name
 
@@ -81,7 +81,9 @@ def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = Fal
             kw["type"] = md["parse"]
         elif typing.get_origin(base) is tuple:
             kw["type"] = typing.get_args(base)[0]
-            if md.get("repeat"):
+            if md.get("repeat") == "extend":  # --name A B --name C
+                kw.update(action="extend", nargs="+")
+            elif md.get("repeat"):
                 kw["action"] = "append"
             else:
                 kw["nargs"] = "+"
@@ -91,20 +93,51 @@ def option_spec(config_class, f: dataclasses.Field, *, unset_default: bool = Fal
             kw["choices"] = list(md["choices"])
         elif md["metavar"]:
             kw["metavar"] = md["metavar"]
+    if md.get("positional"):  # named by the field, required: no option string, no dest keyword, no default
+        del kw["dest"], kw["default"]
+        return [f.name], kw
     alias = md["flag"] and not md["negate"] and md.get("alias", True)
     names = [flag, "--" + f.name.replace("_", "-")] if alias else [flag]
     return names, kw
 
 
-def add_config_arguments(group, config_class, names: Iterable[str] | None = None) -> None:
+#: what a command may change of a shared block's option (:func:`add_config_arguments`'s ``overrides``)
+OVERRIDABLE = ("help", "default", "choices", "metavar")
+
+
+def add_config_arguments(group, config_class, names: Iterable[str] | None = None, *, required: Iterable[str] = (),
+                         overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Add one option per field of ``config_class`` (``names``: these fields, in this order; default: all), as
     :func:`option_spec` describes it.
 
+    ``required``: the fields whose option this command cannot do without (a shared block's ``--out``, ``--model``).
+    ``overrides``: ``{field: {keyword: value}}``, the few things a command may specialise of a shared block's option
+    (:data:`OVERRIDABLE`: its help where the meaning truly differs, e.g. ``--out`` naming a file; its default; a
+    narrower set of choices; the metavar); everything else — spelling, type, destination — is the field's.
+
     Raises:
-        TypeError: a name that is not a field, or a ``--no-...`` field whose default is not ``True``.
+        TypeError: a name that is not a field (of ``names``, ``required`` or ``overrides``), an override keyword
+            not in :data:`OVERRIDABLE`, or a ``--no-...`` field whose default is not ``True``.
     """
-    for f in _fields(config_class, names):
-        flags, kw = option_spec(config_class, f)
+    fields = _fields(config_class, names)
+    required, overrides = set(required), dict(overrides or {})
+    unknown = (required | set(overrides)) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"{config_class.__name__}: required / overrides name field(s) not added: "
+                        f"{', '.join(sorted(unknown))}")
+    for f in fields:
+        change = dict(overrides.get(f.name, {}))
+        bad = set(change) - set(OVERRIDABLE)
+        if bad:
+            raise TypeError(f"{config_class.__name__}.{f.name}: cannot override {', '.join(sorted(bad))} (only "
+                            f"{', '.join(OVERRIDABLE)})")
+        flags, kw = option_spec(config_class, f, help=change.pop("help", None),
+                                default=change.pop("default", dataclasses.MISSING))
+        if "choices" in change:
+            kw["choices"] = list(change.pop("choices"))
+        kw.update(change)
+        if f.name in required and not f.metadata.get("positional"):
+            kw["required"] = True
         record_given(group.add_argument(*flags, **kw))
 
 

@@ -2,11 +2,27 @@
 or any CSV in CrowS-Pairs' layout (a translated or corrected copy)."""
 from __future__ import annotations
 
+import dataclasses
+
 from rbjax.commands import CLIError, HelpFormatter
+from rbjax.commands.options import add_config_arguments
+from rbjax.commands.settings import BENCHMARKS, BenchmarkSource, Output
+from rbjax.core.config import field
 from rbjax.core.io import check_output_file
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.data.pairs import CROWS_PAIRS, load_crows_pairs, read_crows_pairs_layout, redditbias_as_pairs, write_pair_file
-from rbjax.data.redditbias import SPLITS
+from rbjax.lmb.config import MeasureConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PairsCommand:
+    """The option of ``rbjax pairs`` besides the shared blocks (:mod:`rbjax.commands.settings`: --out, --overwrite,
+    --benchmark, --bias, --data-dir; --split is :class:`rbjax.lmb.config.MeasureConfig`'s): a CSV in CrowS-Pairs'
+    layout."""
+
+    crows_pairs_csv: str | None = field(None, "a CSV in CrowS-Pairs' layout (sent_more, sent_less, stereo_antistereo, "
+                                              "bias_type), e.g. a translation: converted without a checksum (implies "
+                                              "--benchmark crows-pairs)", metavar="FILE")
 
 
 def register(sub) -> None:
@@ -17,19 +33,13 @@ def register(sub) -> None:
                     "metric.py reads it: sent_more is the stereotype-consistent sentence), or of a CSV in CrowS-Pairs' "
                     "layout (--crows-pairs-csv, not checksummed) in the pair-file format of docs/pairs.md.",
         formatter_class=HelpFormatter)
-    p.add_argument("--out", required=True, metavar="FILE", help="the pair file to write: .csv or .jsonl")
-    p.add_argument("--benchmark", choices=("redditbias", CROWS_PAIRS), default="redditbias",
-                   help="whose pairs to write")
-    p.add_argument("--bias", action="append", metavar="BIAS",
-                   help="RedditBias bias type(s), comma-separated or repeated (default: all)")
-    p.add_argument("--split", choices=SPLITS, default="test", help="RedditBias split")
-    p.add_argument("--data-dir", help="the benchmark's data folder (RedditBias: laid out like umanlp/RedditBias; "
-                                      "CrowS-Pairs: holding crows_pairs_anonymized.csv); default: the environment "
-                                      "variable, else the verified download")
-    p.add_argument("--crows-pairs-csv", metavar="FILE",
-                   help="a CSV in CrowS-Pairs' layout (sent_more, sent_less, stereo_antistereo, bias_type), e.g. a "
-                        "translation: converted without a checksum (implies --benchmark crows-pairs)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out when rbjax did not write it")
+    add_config_arguments(p, Output, ("out",), required=("out",),
+                         overrides={"out": {"metavar": "FILE", "help": "the pair file to write: .csv or .jsonl"}})
+    add_config_arguments(p, BenchmarkSource, ("benchmark", "bias", "data_dir"),
+                         overrides={"benchmark": {"choices": BENCHMARKS[:2]}})
+    add_config_arguments(p, MeasureConfig, ("split",))
+    add_config_arguments(p, PairsCommand)
+    add_config_arguments(p, Output, ("overwrite",))
     p.set_defaults(func=run)
 
 

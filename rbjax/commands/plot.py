@@ -1,5 +1,6 @@
 """``rbjax plot``: Figure-1-style t-value plot from one or more ``rbjax measure`` result folders (the options besides
-the folders, ``--out`` and ``--overwrite`` are the fields of :class:`rbjax.lmb.config.PlotConfig`)."""
+the folders (:class:`PlotCommand`), ``--out`` and ``--overwrite`` (:class:`rbjax.commands.settings.Output`) are the
+fields of :class:`rbjax.lmb.config.PlotConfig`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,11 +8,27 @@ from pathlib import Path
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
 from rbjax.core.io import check_output_file
 from rbjax.core.keys import digest
 from rbjax.core.reuse import claim_outputs, record_outputs
 from rbjax.lmb.config import PlotConfig
 from rbjax.lmb.plot import load_results, plot_lmb
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotCommand:
+    """The series of ``rbjax plot`` (``--out`` and ``--overwrite`` are :class:`rbjax.commands.settings.Output`'s, the
+    plot's settings :class:`PlotConfig`)."""
+
+    folders: tuple[str, ...] | None = field(None, "result folders (or lmb.json files) of 'rbjax measure' or a debias "
+                                                  "run's lmb_valid; LABEL=FOLDER names the series (default: the "
+                                                  "folder's name)", positional=True, metavar="[LABEL=]FOLDER")
+
+
+#: --out of plot: a file (the shared help says "folder")
+PLOT_OUT_HELP = "file to write: .png, .pdf or .svg (required: the plot is never written to an implicit place)"
 
 
 def register(sub) -> None:
@@ -24,15 +41,10 @@ def register(sub) -> None:
                     "with its split and outlier handling; folders that differ in either are refused unless "
                     "--allow-mixed is given.",
         formatter_class=HelpFormatter)
-    p.add_argument("folders", nargs="+", metavar="[LABEL=]FOLDER",
-                   help="result folders (or lmb.json files) of 'rbjax measure' or a debias run's lmb_valid; "
-                        "LABEL=FOLDER names the series (default: the folder's name)")
-    p.add_argument("--out", required=True,
-                   help="file to write: .png, .pdf or .svg (required: the plot is never written to an implicit place)")
+    add_config_arguments(p, PlotCommand)
+    add_config_arguments(p, Output, ("out",), required=("out",), overrides={"out": {"help": PLOT_OUT_HELP}})
     add_config_arguments(p, PlotConfig)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --out file that is not this plot of the same folders and options "
-                        "(without it such a file is refused)")
+    add_config_arguments(p, Output, ("overwrite",))
     p.set_defaults(func=run)
 
 

@@ -1,12 +1,28 @@
 """``rbjax report DIR [DIR ...]``: rebuild the study report from finished study folders.
 
-The report has no settings of its own (it reports the stages' own): its options are the folders, ``--out`` and
-``--overwrite``, the arguments of :func:`rbjax.study.report.write_report`."""
+The report has no settings of its own (it reports the stages' own): its options are the folders
+(:class:`ReportCommand`), ``--out`` and ``--overwrite`` (:class:`rbjax.commands.settings.Output`), the arguments of
+:func:`rbjax.study.report.write_report`."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from rbjax.commands.options import add_config_arguments
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
 from rbjax.study.report import write_report
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportCommand:
+    """The study folders ``rbjax report`` reads."""
+
+    folders: tuple[str, ...] | None = field(None, "finished study folders", positional=True, metavar="DIR")
+
+
+#: --out of report: the first folder when not given
+REPORT_OUT_HELP = "where to write the report (when not given: the first folder)"
 
 
 def register(sub) -> None:
@@ -17,11 +33,9 @@ def register(sub) -> None:
                     "folders with different baselines are refused) and write report.md, report.html (self-contained, "
                     "figures embedded), figure1.png and comparisons.json (the paired tests behind every 'changed / "
                     "did not change' statement). A study with unfinished stages says so at the top.")
-    p.add_argument("folders", nargs="+", metavar="DIR", help="finished study folders")
-    p.add_argument("--out", metavar="DIR", help="where to write the report (when not given: the first folder)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace report files in --out that are not rbjax's unchanged report of the same folders "
-                        "(e.g. edited by hand, or the report of other folders)")
+    add_config_arguments(p, ReportCommand)
+    add_config_arguments(p, Output, ("out",), overrides={"out": {"help": REPORT_OUT_HELP}})
+    add_config_arguments(p, Output, ("overwrite",))
     p.set_defaults(func=run)
 
 

@@ -1,18 +1,44 @@
 """``rbjax retrieve``: candidate comments and ±7-token windows from Reddit dumps (paper §2.2).
 
 What is kept and how the windows are cut are the fields of :class:`rbjax.data.retrieval.config.RetrieveConfig`, the
-options generated from them; written here are the inputs and output (``--bias``, ``--dump``, ``--out``) and how the
-files are read (``--jobs``, ``--executor``, ``--ray-address``, ``--fresh``, ``--no-progress``: the result is the same
-whatever they are), and ``--overwrite``."""
+options generated from them; the inputs and ``--fresh`` are :class:`RetrieveCommand`'s, the output, ``--overwrite`` and
+``--no-progress`` :class:`rbjax.commands.settings.Output`'s, and how the files are read (``--jobs``, ``--executor``,
+``--ray-address``: the result is the same whatever they are) :class:`rbjax.core.parallel.Executor`'s."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from rbjax.commands import HelpFormatter
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import Output
+from rbjax.core.config import field
+from rbjax.core.parallel import Executor
 from rbjax.data.retrieval import RetrieveConfig, retrieve
 from rbjax.specs import load_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrieveCommand:
+    """The inputs of ``rbjax retrieve`` and whether to reuse the per-file parts of an earlier run (the output,
+    ``--overwrite`` and ``--no-progress`` are :class:`rbjax.commands.settings.Output`'s, the executor
+    :class:`rbjax.core.parallel.Executor`)."""
+
+    bias: tuple[str, ...] | None = field(None, "bias type (religion1, religion2, race, gender, queerness) or a spec "
+                                               "JSON file; repeat for several types in one pass", repeat=True,
+                                         metavar="NAME_OR_SPEC")
+    dump: tuple[str, ...] | None = field(None, "dump file(s) or quoted glob patterns ('RC_2019-*.zst', each sorted by "
+                                               "name); repeatable. Files are merged in this order", repeat="extend",
+                                         metavar="FILE_OR_GLOB")
+    fresh: bool = field(False, "read every file again instead of reusing the per-file parts of an earlier run with "
+                               "the same inputs")
+
+
+#: --out of retrieve: a folder or a CSV (the shared help says "folder")
+RETRIEVE_OUT_HELP = ("output folder (candidates_<bias>.csv, summary.json and per-file parts/ go there), or an output "
+                     "CSV (parts and summary.json then go to <out>.parts/); with several --bias and a CSV, use {bias} "
+                     "in the name")
 
 
 def register(subparsers) -> None:
@@ -30,35 +56,12 @@ def register(subparsers) -> None:
             "already done with the same inputs; the parts are merged in file order into one deterministic result."
         ),
     )
-    p.add_argument("--bias", action="append", required=True, metavar="NAME_OR_SPEC",
-                   help="bias type (religion1, religion2, race, gender, queerness) or a spec JSON file; "
-                        "repeat for several types in one pass")
-    p.add_argument("--dump", action="extend", nargs="+", required=True, metavar="FILE_OR_GLOB",
-                   help="dump file(s) or quoted glob patterns ('RC_2019-*.zst', each sorted by name); repeatable. "
-                        "Files are merged in this order")
-    p.add_argument("--out", required=True,
-                   help="output folder (candidates_<bias>.csv, summary.json and per-file parts/ go there), or an "
-                        "output CSV (parts and summary.json then go to <out>.parts/); with several --bias and a CSV, "
-                        "use {bias} in the name")
+    add_config_arguments(p, RetrieveCommand, ("bias", "dump"), required=("bias", "dump"))
+    add_config_arguments(p, Output, ("out",), required=("out",), overrides={"out": {"help": RETRIEVE_OUT_HELP}})
     add_config_arguments(p, RetrieveConfig)
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="files read at once. Local: worker processes (default: the cores available, bounded by "
-                        "memory: a worker needs its file's zstd window, up to 2 GiB; 1 = this process). Ray: files in "
-                        "flight (default: all; the cluster schedules them)")
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="'local': processes on this machine; 'ray': one task per file on a Ray cluster (needs "
-                        "pip install 'rbjax[ray]'; the dumps must be at the same absolute path on every node)")
-    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
-                   help="Ray cluster to attach to ('auto', 'ray://host:10001'); default: RAY_ADDRESS, else a new "
-                        "local cluster")
-    p.add_argument("--fresh", action="store_true",
-                   help="read every file again instead of reusing the per-file parts of an earlier run with the "
-                        "same inputs")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace candidate CSVs or summary.json in --out that are not this retrieval's own unchanged "
-                        "output of the same specification(s) and settings — a rerun over added or changed dumps "
-                        "updates them in place (without it they are refused before any file is read)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_arguments(p, Executor, ("jobs", "executor", "ray_address"))
+    add_config_arguments(p, RetrieveCommand, ("fresh",))
+    add_config_arguments(p, Output, ("overwrite", "progress"))
     p.set_defaults(func=run)
 
 
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         args.dump,
         args.out,
         config,
-        progress=False if args.no_progress else None,
+        progress=None if args.progress else False,
         jobs=args.jobs,
         executor=args.executor,
         ray_address=args.ray_address,

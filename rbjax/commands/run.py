@@ -2,8 +2,29 @@
 dialog checks → report) from one study file."""
 from __future__ import annotations
 
+import dataclasses
+
+from rbjax.commands.options import add_config_arguments
+from rbjax.commands.settings import Output, PlanSettings
+from rbjax.core.config import field
 from rbjax.study.config import load_study
 from rbjax.study.run import run_study
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCommand:
+    """The options of ``rbjax run`` besides the shared blocks (``--out``, ``--no-progress``:
+    :class:`rbjax.commands.settings.Output`; ``--dry-run``, ``--device-memory-gb``:
+    :class:`~rbjax.commands.settings.PlanSettings`): the study file and what the command line changes of it."""
+
+    study: str | None = field(None, "the study file", positional=True, metavar="STUDY.toml")
+    seeds: int | None = field(None, "repeat the training stages with N seeds (the study's first seed and the N-1 after "
+                                    "it)", metavar="N")
+    overrides: tuple[str, ...] | None = field(None, "override a field of the study file, e.g. --set "
+                                                    "study.data_dir=../shared/redditbias or --set "
+                                                    "training.max_steps=2 (TOML values; repeatable)",
+                                              flag="--set", alias=False, repeat=True, metavar="KEY=VALUE")
+    report: bool = field(True, "the report at the end (OUT/report.md, OUT/report.html)", negate="--no-report")
 
 
 def register(sub) -> None:
@@ -13,21 +34,12 @@ def register(sub) -> None:
                     "tiny.toml: a small random GPT-2 and a few steps per stage). Stages are keyed on their inputs and "
                     "skipped when unchanged; a killed study resumes where it stopped. Ends with OUT/report.md and "
                     "OUT/report.html.")
-    p.add_argument("study", metavar="STUDY.toml", help="the study file")
-    p.add_argument("--out", required=True, metavar="DIR", help="study folder (results of every stage, the report)")
-    p.add_argument("--seeds", type=int, metavar="N",
-                   help="repeat the training stages with N seeds (the study's first seed and the N-1 after it)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a field of the study file, e.g. --set study.data_dir=../shared/redditbias or "
-                        "--set training.max_steps=2 (TOML values; repeatable)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the stages, the number of training runs, an estimate of their cost and the memory plan "
-                        "of each sweep's largest chunk; run nothing")
-    p.add_argument("--device-memory-gb", type=float, metavar="GB",
-                   help="memory of one device for the dry run's memory plans (default: what the device reports; a "
-                        "CPU reports none)")
-    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_config_arguments(p, RunCommand, ("study",))
+    add_config_arguments(p, Output, ("out",), required=("out",))
+    add_config_arguments(p, RunCommand, ("seeds", "overrides"))
+    add_config_arguments(p, PlanSettings)
+    add_config_arguments(p, RunCommand, ("report",))
+    add_config_arguments(p, Output, ("progress",))
     p.set_defaults(func=run)
 
 
@@ -35,11 +47,11 @@ def run(args) -> int:
     from pathlib import Path
 
 
-    cfg = load_study(args.study, args.overrides)
+    cfg = load_study(args.study, args.overrides or [])
     if args.seeds is not None:
         cfg = cfg.with_seeds(args.seeds)
-    res = run_study(cfg, Path(args.out), dry_run=args.dry_run, progress=not args.no_progress,
-                    report=not args.no_report, device_memory_gb=args.device_memory_gb)
+    res = run_study(cfg, Path(args.out), dry_run=args.dry_run, progress=args.progress,
+                    report=args.report, device_memory_gb=args.device_memory_gb)
     if args.dry_run:
         print(res["plan"])
         return 0

@@ -1,18 +1,35 @@
 """``rbjax splits``: train / valid / test files from annotated phrases (paper §2.3; docs/data-building.md §3).
 
-The options besides the inputs, the scoring model (``--model``, ``--tokenizer``, ``--batch-size``), ``--out-dir`` and
-``--overwrite`` are the fields of :class:`rbjax.data.splits.SplitsConfig`."""
+The options besides the inputs (:class:`SplitsCommand`), the scoring model (``--model``, ``--tokenizer``:
+:class:`rbjax.commands.settings.ModelSource`; ``--batch-size``: :class:`rbjax.lmb.config.MeasureConfig`'s),
+``--out-dir`` and ``--overwrite`` (:class:`rbjax.commands.settings.Output`) are the fields of
+:class:`rbjax.data.splits.SplitsConfig`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rbjax.commands.options import add_config_arguments, config_values
+from rbjax.commands.settings import ModelSource, Output
+from rbjax.core.config import field
 from rbjax.data.splits import SplitsConfig, make_splits
-from rbjax.lmb import SCORING_BATCH_HELP, measure
+from rbjax.lmb import measure
+from rbjax.lmb.config import MeasureConfig
 from rbjax.specs import load_spec
 
 #: the SplitsConfig fields that are options (swap_direction is a setting of the Python API only)
 SPLITS_OPTIONS = ("train_size", "seed", "n_std", "ddof", "unknown", "swap_mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitsCommand:
+    """The inputs of ``rbjax splits`` (the output folder and ``--overwrite`` are
+    :class:`rbjax.commands.settings.Output`'s, the scoring model :class:`~rbjax.commands.settings.ModelSource`'s, its
+    batch size :class:`rbjax.lmb.config.MeasureConfig`'s)."""
+
+    bias: str | None = field(None, "bias type (religion1 ... queerness) or a spec JSON file", metavar="NAME_OR_SPEC")
+    annotated: str | None = field(None, "annotated CSV (released layout or 'rbjax annotate import --out')",
+                                  metavar="ANNOTATED")
 
 
 def register(subparsers) -> None:
@@ -23,17 +40,12 @@ def register(subparsers) -> None:
                     "3-sigma outlier reduction with the perplexities of --model -> valid/test halves, written "
                     "in the released RedditBias layout under --out-dir (read by 'rbjax measure --data-dir').",
     )
-    p.add_argument("--bias", required=True, metavar="NAME_OR_SPEC",
-                   help="bias type (religion1 ... queerness) or a spec JSON file")
-    p.add_argument("--annotated", required=True, help="annotated CSV (released layout or 'rbjax annotate import --out')")
-    p.add_argument("--out-dir", required=True, help="root folder of the released layout to write")
-    p.add_argument("--model", required=True, help="model for the outlier reduction: HF model folder or hub id (any supported family)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: the model folder)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N", help=SCORING_BATCH_HELP + " (--model's scoring)")
+    add_config_arguments(p, SplitsCommand, required=("bias", "annotated"))
+    add_config_arguments(p, Output, ("out_dir",), required=("out_dir",))
+    add_config_arguments(p, ModelSource, ("model", "tokenizer"), required=("model",))
+    add_config_arguments(p, MeasureConfig, ("batch_size",))
     add_config_arguments(p, SplitsConfig, SPLITS_OPTIONS)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace files of this bias type under --out-dir that this command did not write (e.g. the "
-                        "released RedditBias files); without it they are refused before anything is scored")
+    add_config_arguments(p, Output, ("overwrite",))
     p.set_defaults(func=run)
 
 

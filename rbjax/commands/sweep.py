@@ -3,9 +3,11 @@ selected on the validation split."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rbjax.commands.debias import add_plan_arguments, add_training_arguments, config_from_args
 from rbjax.commands.options import add_config_arguments, config_values, given_options
+from rbjax.core.config import field
 from rbjax.core.distributed import initialize, requested
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import replacing
@@ -42,6 +44,29 @@ AXIS_OPTIONS = {"batch_size": "batch_sizes", "grad_accum": "grad_accums", "lambd
                 "lambda_d": "lambda_ds"}
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepCommand:
+    """The options of ``rbjax sweep`` besides the training settings (:class:`rbjax.debias.config.DebiasRun`), the
+    sweep's (:class:`SweepConfig`) and the memory plan's (:class:`rbjax.commands.settings.PlanSettings`): the grid
+    files, the grid's axes (:data:`AXIS_OPTIONS`) and whether several hosts run as one program."""
+
+    grid_config: tuple[str, ...] | None = field(
+        None, "TOML grid file(s): axes under [grid], shared settings under [settings], optional `methods` it is for; "
+              "repeat it, or give a folder of them (the paper's: experiments/grids/). Options given here win over "
+              "the file (see docs/scale.md)", repeat=True, metavar="FILE")
+    batch_sizes: tuple[int, ...] = field(PAPER_GRID["batch_size"], "grid axis: batch sizes", parse=_ints,
+                                         metavar="N,N,..")
+    grad_accums: tuple[int, ...] = field(PAPER_GRID["grad_accum"], "grid axis: gradient accumulation steps",
+                                         parse=_ints, metavar="N,N,..")
+    lambda_lms: tuple[float, ...] = field(PAPER_GRID["lambda_lm"], "grid axis: λ_LM", parse=_floats,
+                                          metavar="X,X,..")
+    lambda_ds: tuple[float, ...] = field(PAPER_GRID["lambda_d"], "grid axis: λ_D", parse=_floats, metavar="X,X,..")
+    distributed: bool = field(False, "several hosts as one program: call jax.distributed.initialize() first (also "
+                                     "RBJAX_DISTRIBUTED=1); run the same command on every host, --out on a shared "
+                                     "path; outside Cloud TPU/Slurm/Open MPI set JAX_COORDINATOR_ADDRESS, "
+                                     "JAX_NUM_PROCESSES, JAX_PROCESS_ID (docs/scale.md)")
+
+
 def register(sub) -> None:
 
     p = sub.add_parser(
@@ -58,24 +83,9 @@ def register(sub) -> None:
     add_training_arguments(p, grid=True)
     g = p.add_argument_group("grid and execution")
 
-    g.add_argument("--grid-config", action="append", metavar="FILE", default=None,
-                   help="TOML grid file(s): axes under [grid], shared settings under [settings], optional `methods` "
-                        "it is for; repeat it, or give a folder of them (the paper's: experiments/grids/). Options "
-                        "given here win over the file (see docs/scale.md)")
-    g.add_argument("--batch-sizes", type=_ints, default=PAPER_GRID["batch_size"], metavar="N,N,..",
-                   help="grid axis: batch sizes")
-    g.add_argument("--grad-accums", type=_ints, default=PAPER_GRID["grad_accum"], metavar="N,N,..",
-                   help="grid axis: gradient accumulation steps")
-    g.add_argument("--lambda-lms", type=_floats, default=PAPER_GRID["lambda_lm"], metavar="X,X,..",
-                   help="grid axis: λ_LM")
-    g.add_argument("--lambda-ds", type=_floats, default=PAPER_GRID["lambda_d"], metavar="X,X,..",
-                   help="grid axis: λ_D")
+    add_config_arguments(g, SweepCommand, ("grid_config", *AXIS_OPTIONS.values()))
     add_config_arguments(g, SweepConfig)
-    g.add_argument("--distributed", action="store_true",
-                   help="several hosts as one program: call jax.distributed.initialize() first (also "
-                        "RBJAX_DISTRIBUTED=1); run the same command on every host, --out on a shared path; outside "
-                        "Cloud TPU/Slurm/Open MPI set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID "
-                        "(docs/scale.md)")
+    add_config_arguments(g, SweepCommand, ("distributed",))
     add_plan_arguments(p)
     p.set_defaults(func=run)
 

@@ -26,7 +26,7 @@ __all__ = ["field", "option_name", "check_types", "check_value", "replace_settin
 
 def field(default, help: str, *, flag: str | None = None, negate: str | None = None,  # noqa: A002
           choices: tuple | None = None, metavar: str | None = None, repeat: bool = False,
-          parse: Callable[[str], Any] | None = None, alias: bool = True):
+          parse: Callable[[str], Any] | None = None, alias: bool = True, positional: bool = False):
     """A config field whose help, choices and command-line spelling live with it (the CLI is generated from these
     fields by :func:`rbjax.commands.options.add_config_arguments` and :func:`rbjax.commands.debias.add_training_arguments`).
 
@@ -36,13 +36,16 @@ def field(default, help: str, *, flag: str | None = None, negate: str | None = N
     describes the setting when on, and the switch's help is generated from it); ``repeat``: a
     ``tuple[T, ...]`` field whose option is written once per value (``--subreddit a --subreddit b``) rather than
     once with several values; ``parse``: the option's conversion of the text the user writes, when it is not the
-    field's type (e.g. ``LABEL_A,LABEL_B`` for a pair of names).
+    field's type (e.g. ``LABEL_A,LABEL_B`` for a pair of names); ``repeat="extend"``: both (``--dump a b --dump c``).
+    ``positional``: the option is a positional argument of the command (named by ``metavar``; a ``tuple[T, ...]``
+    field takes one or more), always required — a setting of the command line only (a command's folders and files).
     """
     if metavar is None and choices is None and negate is None:
         metavar = {int: "N", float: "X", str: "TEXT"}.get(type(default), "VALUE")
     return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "negate": negate,
                                                         "choices": choices, "metavar": metavar,
-                                                        "repeat": repeat, "parse": parse, "alias": alias})
+                                                        "repeat": repeat, "parse": parse, "alias": alias,
+                                                        "positional": positional})
 
 
 def option_name(config_class, field_name: str) -> str:

@@ -34,13 +34,40 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from rbjax.core.config import field
+
 #: Executors understood by :func:`as_completed` / :func:`run_tasks`.
 EXECUTORS = ("local", "ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class Executor:
+    """Where a command's independent work items run (``rbjax retrieve``: one per dump file; ``rbjax sweep``: one per
+    grid chunk) — the settings ``--executor``, ``--jobs``, ``--ray-address``, one help text each
+    (:class:`rbjax.debias.sweep_config.SweepConfig` declares the same three with these helps). The result does not
+    depend on them."""
+
+    executor: str = field("local", "local: on this machine (retrieve: worker processes; sweep: this process, on all "
+                                   "its devices); ray: one task per dump file (retrieve) or grid chunk (sweep) on a "
+                                   "Ray cluster (pip install 'rbjax[ray]'; the dumps and --out at the same absolute "
+                                   "path on every node)", choices=EXECUTORS)
+    jobs: int | None = field(None, "work items at once. local (retrieve): worker processes (default: the cores "
+                                   "available, bounded by memory: a worker needs its file's zstd window, up to 2 GiB; "
+                                   "1 = this process); ray: tasks in flight (default: as many as the cluster "
+                                   "schedules)", metavar="N")
+    ray_address: str | None = field(None, "Ray cluster to attach to ('auto', 'ray://host:10001'; default: "
+                                          "$RAY_ADDRESS, else a new local cluster)", metavar="ADDRESS")
+
+    @staticmethod
+    def help(name: str) -> str:
+        """The help text of the setting ``name`` (for a settings class that declares the same setting)."""
+        return Executor.__dataclass_fields__[name].metadata["help"]
 
 
 class TaskError(RuntimeError):

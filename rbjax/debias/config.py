@@ -26,6 +26,7 @@ from rbjax.core.errors import SettingError
 from rbjax.core.mesh import mesh_product, parse_mesh
 from rbjax.lmb import SCORING_BATCH_HELP
 from rbjax.model.chat import ChatSettings
+from rbjax.model.handle import MODEL_HELP, TOKENIZER_HELP
 from rbjax.specs import canonical_bias_type, is_spec_path, load_spec
 from rbjax.train.config import AdapterConfig, OptimizerConfig, TrainerConfig
 
@@ -176,9 +177,8 @@ class DebiasRun:
         :class:`DebiasConfig`.
     """
 
-    model: str = field("microsoft/DialoGPT-small", "HF model folder (any supported family), hub id or finished run "
-                                                   "folder to start from", metavar="MODEL")
-    tokenizer: str | None = field(None, "tokenizer folder or hub id (default: the model folder)", metavar="PATH")
+    model: str = field("microsoft/DialoGPT-small", MODEL_HELP, metavar="MODEL")  # the model to start from
+    tokenizer: str | None = field(None, TOKENIZER_HELP, metavar="PATH")
     out_dir: str = field("runs/debias", "run folder (an unfinished run there is resumed; a finished one is reused)",
                          flag="--out", metavar="DIR")
     mesh: str | None = field(None, "device mesh, e.g. data=2,fsdp=4 or grid=2,fsdp=4 (axes grid, data, fsdp, "

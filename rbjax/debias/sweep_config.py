@@ -13,12 +13,12 @@ import dataclasses
 
 from rbjax.core.config import check_types, field, replace_settings
 from rbjax.core.errors import SettingError
+from rbjax.core.parallel import EXECUTORS, Executor
 
 __all__ = ["SweepConfig", "FINALS", "EXECUTORS"]
 
 #: which selection(s) to retrain with export and full evaluation into ``OUT/selected_<rule>``
 FINALS = ("none", "default", "reference", "both")
-EXECUTORS = ("local", "ray")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,10 @@ class SweepConfig:
                                          "many of a batch plan's points as fit the free device memory)", metavar="N")
     final: str = field("none", "retrain the selected run(s) with export and full evaluation into "
                                "OUT/selected_<rule>", choices=FINALS)
-    executor: str = field("local", "local: this process, on all its devices; ray: one task per chunk on a Ray "
-                                   "cluster (pip install 'rbjax[ray]'; --out must be a path every worker can reach)",
-                          choices=EXECUTORS)
-    ray_address: str | None = field(None, "Ray cluster to attach to (when not given: $RAY_ADDRESS, else a local "
-                                          "cluster is started)", metavar="ADDR")
-    jobs: int | None = field(None, "Ray tasks in flight at once (when not given: as many as the cluster's resources "
-                                   "allow)", metavar="N")
+    # how the chunks are run: the settings of rbjax.core.parallel.Executor, with its help (one text per option)
+    executor: str = field("local", Executor.help("executor"), choices=EXECUTORS)
+    ray_address: str | None = field(None, Executor.help("ray_address"), metavar="ADDRESS")
+    jobs: int | None = field(None, Executor.help("jobs"), metavar="N")
     keep_point_checkpoints: bool = field(False, "keep every chunk's checkpoints after its points are recorded")
 
     def __post_init__(self):

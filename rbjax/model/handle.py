@@ -39,7 +39,12 @@ from rbjax.model.self_debias import SelfDebiasSettings
 from rbjax.model.tokenizer import load_tokenizer
 
 __all__ = ["ModelHandle", "SpecialTokenError", "VocabularyError", "model_files_key", "tokenizer_files_key",
-           "is_run_folder", "has_tokenizer_files"]
+           "is_run_folder", "has_tokenizer_files", "MODEL_HELP", "TOKENIZER_HELP"]
+
+#: the help of every ``--model`` (what :meth:`ModelHandle.open` accepts) and ``--tokenizer``
+MODEL_HELP = ("HF model folder (GPT-2/DialoGPT, Llama/Mistral/Qwen2, GPT-NeoX, Gemma 2), hub id (e.g. "
+              "microsoft/DialoGPT-small, Qwen/Qwen2.5-0.5B-Instruct) or finished `rbjax debias` run folder (its model/)")
+TOKENIZER_HELP = "tokenizer folder or hub id (default: the model folder)"
 
 #: files that mark a finished or unfinished ``rbjax debias`` run folder
 RUN_FOLDER_MARKS = ("results.json", "checkpoints", "metrics.jsonl", "model")

@@ -59,7 +59,11 @@ if TYPE_CHECKING:  # the plan reads a handle's config only
     from rbjax.model.handle import ModelHandle
 
 __all__ = ["flops_per_token", "MemoryPlan", "PlanError", "plan_memory", "plan_for_model", "device_memory_bytes",
-           "HEADROOM", "FLAGS"]
+           "HEADROOM", "FLAGS", "DEVICE_MEMORY_HELP"]
+
+#: the help of every ``--device-memory-gb`` (the ``device_memory_gb`` argument of :func:`plan_for_model`)
+DEVICE_MEMORY_HELP = ("memory of one device for the memory plan, checked before the weights are loaded (default: what "
+                      "the device reports; a CPU reports none and is not checked)")
 
 #: fraction of a device's memory the plan leaves free (XLA temporaries, fragmentation, the runtime)
 HEADROOM = 0.10

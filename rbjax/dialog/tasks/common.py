@@ -40,7 +40,7 @@ from rbjax.model.chat import FORMATS, ChatTurns
 from rbjax.model.chat_template import load_chat_template
 from rbjax.model.handle import ModelHandle
 from rbjax.model.lora import add_adapters
-from rbjax.model.memory import plan_for_model
+from rbjax.model.memory import DEVICE_MEMORY_HELP, plan_for_model
 from rbjax.train.config import AdapterConfig, OptimizerConfig, TrainerConfig
 from rbjax.train.loop import Trainer, TrainPoint
 from rbjax.train.optim import make_optimizer
@@ -104,9 +104,7 @@ class TaskSettings:
                                    "of scoring, training and generation batches. Default: parameters replicated. "
                                    "Recorded in the result, not in its key (a mesh changes the float32 rounding "
                                    "only)", metavar="AXIS=N,...")
-    device_memory_gb: float | None = field(None, "memory of one device for the memory plan, checked before the "
-                                                 "weights are loaded (default: what the device reports; a CPU reports "
-                                                 "none and is not checked)", metavar="GB")
+    device_memory_gb: float | None = field(None, DEVICE_MEMORY_HELP, metavar="GB")
 
     format: str = field("raw", "raw: a dialog as bare text (DialoGPT's format, the paper); chat: crg renders each "
                                "context through the model's chat template, user and assistant turns alternating, "
