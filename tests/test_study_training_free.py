@@ -26,7 +26,7 @@ def _methods(ms):
     return f"study.methods={json.dumps(ms)}"
 
 
-def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path):
+def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path, capsys):
     """tiny.toml (two seeds, religion1 debiased, every dialog task, HD with a grid) with CDA and the three methods
     without training: each has one run stage of kind "debias" (no sweep entry, no training run), then lmb_test and
     dialog like CDA's; SentenceDebias and Self-Debias only under the first seed; Self-Debias without dialog."""
@@ -46,6 +46,10 @@ def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path):
     assert sum(s.training_runs for s in stages.values()) == 2 * (2 + 1 + 1)  # HD's two points + its retraining, CDA
     out = tmp_path / "out"
     assert main(["run", str(TINY), "--out", str(out), "--dry-run", "--set", _methods(["cda", *FREE])]) == 0
+    text = capsys.readouterr().out
+    assert "(grid: ; without training: sentence-debias, inlp, self-debias)" in text
+    assert "seed42/religion1/inlp/run" in text and "debias  (no training: the method's defaults, no grid)" in text
+    assert "Self-Debias's scoring is counted at (1 + prefixes)× the plain scorer's" in text
 
 
 def test_the_dry_run_cost_counts_no_training_for_them():

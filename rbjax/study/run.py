@@ -474,7 +474,9 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
             "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
             "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note,
-            "chat_context_tokens": context}
+            "chat_context_tokens": context,
+            **({"self_debias_note": "Self-Debias's scoring is counted at (1 + prefixes)× the plain scorer's; today's "
+                                    "scorer is slower (docs/debiasing.md §11)"} if extra_passes else {})}
 
 
 #: the rows of the eleven upstream BBQ files (lm-evaluation-harness's bbq task: 58,492)
@@ -551,6 +553,8 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
                  f"{cost['train_hours']:.1f} h ({rate}), LMB scoring "
                  f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s{at}); "
                  f"{cost['dialog_note']}")
+    if cost.get("self_debias_note"):
+        lines.append(f"  {cost['self_debias_note']}")
     return "\n".join(lines)
 
 
