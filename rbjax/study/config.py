@@ -10,7 +10,7 @@
     data_dir = ""                           # RedditBias data (default: $RBJAX_DATA_DIR or the verified download)
     bias_types = ["religion1", "religion2", "race", "gender", "queerness"]   # measured everywhere
     debias_types = []                       # debiased (default: bias_types)
-    methods = ["lmd", "add", "hd", "cda"]
+    methods = ["lmd", "add", "hd", "cda"]   # also without training: "sentence-debias", "inlp", "self-debias"
     seeds = [42]                            # training seeds (`rbjax run --seeds N` → 42, 43, …)
     semantics = "paper"
 
@@ -57,15 +57,27 @@ from rbjax.data.bbq import bbq_files
 from rbjax.data.pairs import read_pair_file
 from rbjax.data.redditbias import expand_bias_types
 from rbjax.debias.config import METHODS, SEMANTICS, DebiasRun
+from rbjax.debias.self_debias import METHOD as SELF_DEBIAS
+from rbjax.debias.self_debias import SelfDebiasRun
 from rbjax.debias.sweep import PAPER_GRID
 from rbjax.debias.sweep_config import SweepConfig
+from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun
 from rbjax.dialog.tasks import TASKS as DIALOG_TASKS
 from rbjax.dialog.tasks import get_task
 from rbjax.lmb.config import MeasureConfig
 from rbjax.model.chat import ChatSettings
 from rbjax.model.registry import family_of
 
-__all__ = ["StudyConfig", "StudySettings", "BenchmarksSettings", "load_study", "parse_override"]
+__all__ = ["StudyConfig", "StudySettings", "BenchmarksSettings", "load_study", "parse_override", "STUDY_METHODS",
+           "NO_TRAINING_METHODS", "SEED_FREE_METHODS"]
+
+#: the debiasing methods without training (docs/debiasing.md §10–11): run once with their defaults, no grid
+NO_TRAINING_METHODS = (*TRAINING_FREE_METHODS, SELF_DEBIAS)
+#: the methods a study takes: the trained ones and those without training
+STUDY_METHODS = (*METHODS, *NO_TRAINING_METHODS)
+#: the methods whose result does not depend on a seed (SentenceDebias, Self-Debias): run once, under the study's
+#: first seed (INLP's seed splits its sets: it runs under every seed)
+SEED_FREE_METHODS = ("sentence-debias", SELF_DEBIAS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +107,8 @@ class StudySettings(ChatSettings):
     bias_types: str | tuple[str, ...] = field("all", "the bias types every model is measured on: all, or a list of "
                                                      "names or bias-spec files")
     debias_types: str | tuple[str, ...] = field((), "the bias types debiased (default, or empty: bias_types)")
-    methods: tuple[str, ...] = field(("lmd", "add", "hd", "cda"), f"debiasing methods ({', '.join(METHODS)})")
+    methods: tuple[str, ...] = field(("lmd", "add", "hd", "cda"), f"debiasing methods ({', '.join(STUDY_METHODS)}; "
+                                                                  "the last three without training, no grid)")
     seeds: int | tuple[int, ...] = field((42,), "training seeds (`rbjax run --seeds N`: the first and the N − 1 "
                                                 "after it)")
     semantics: str = field("paper", "the methods' semantics: paper or reference (docs/debiasing.md)",
@@ -107,9 +120,9 @@ class StudySettings(ChatSettings):
     def __post_init__(self):
         check_types(self)
         self.check_chat_settings()
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if m not in STUDY_METHODS]
         if bad:
-            raise SettingError("methods", f"has unknown method(s) {bad} (expected {', '.join(METHODS)})")
+            raise SettingError("methods", f"has unknown method(s) {bad} (expected {', '.join(STUDY_METHODS)})")
         if self.seeds == ():
             raise SettingError("seeds", "is empty: give one seed or more")
         for name, allowed in (("semantics", SEMANTICS), ("precision", PRECISIONS)):
@@ -478,6 +491,9 @@ class StudyConfig:
             except SettingError as e:
                 raise ValueError(f"{self.where('training', k)}: {e}") from None
         for m in self.methods:
+            if m in NO_TRAINING_METHODS:
+                self._validate_no_training(m)
+                continue
             kw = {"model": "m", "out_dir": "o", "tokenizer": None, "data_dir": None, "semantics": self.semantics,
                   "precision": self.precision, **self.chat, **self.training}
             kw.update(method=m, bias_type=self.debias_types[0], seed=self.seeds[0])
@@ -490,6 +506,22 @@ class StudyConfig:
                 msg = str(e)
                 key = next((k for k in self.training if re.search(rf"\b{re.escape(k)}\b", msg)), None)
                 raise ValueError(f"{self.where('training', key)}: {msg}") from None
+
+    def _validate_no_training(self, method: str) -> None:
+        """A method without training ([training] does not apply to it) on every debiased type, with its defaults:
+        Self-Debias needs a default prefix for each type (a spec file has none) and one device (no [study] mesh)."""
+        where = self.where("study", "methods")
+        for b in self.debias_types:
+            try:
+                if method == SELF_DEBIAS:
+                    SelfDebiasRun(bias_type=b, model="m", out_dir="o")
+                else:
+                    ProjectionRun(method=method, bias_type=b, model="m", out_dir="o")
+            except (ValueError, FileNotFoundError) as e:
+                raise ValueError(f"{where}: {method} on the debiased type {b}: {e}") from None
+        if method == SELF_DEBIAS and self.mesh is not None:
+            raise ValueError(f"{where}: self-debias is scored on one device; a study with it has no [study] mesh "
+                             f"(got {self.mesh!r})")
 
     def _validate_sweep(self) -> None:
         sw = self.raw.get("sweep", {})
@@ -506,7 +538,8 @@ class StudyConfig:
         if "methods" in sw:
             if not isinstance(sw["methods"], list) or any(m not in METHODS for m in sw["methods"]):
                 raise ValueError(f"{self.where('sweep', 'methods')}: sweep.methods must be a list of "
-                                 f"{', '.join(METHODS)}, got {sw['methods']!r}")
+                                 f"{', '.join(METHODS)} (the methods without training have no grid), got "
+                                 f"{sw['methods']!r}")
         if "selection" in sw and sw["selection"] not in ("default", "reference"):
             raise ValueError(f"{self.where('sweep', 'selection')}: sweep.selection must be 'default' or 'reference', "
                              f"got {sw['selection']!r}")

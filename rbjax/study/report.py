@@ -27,7 +27,8 @@ What it holds (paper §5, Figure 1, Tables 3–5):
   (:func:`rbjax.lmb.bbq_compare.compare_bbq`: the exact McNemar test of the per-row correctness, Bonferroni across
   the categories; each bias score baseline → model with its paired bootstrap CI and whether it moved toward zero,
   past zero or away).
-* **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length.
+* **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length
+  (a Self-Debias model: "not evaluated: inference-time only, dialog tasks not implemented", also in the notes).
 * **Data notes**: every setting that cuts the study down from the paper's (training steps, the dev pairs of the
   selection, a reduced grid, LMP/DST/CRG cut-downs), what stood in for an official split, un-fine-tuned CRG.
 * **Settings and package versions** of every folder.
@@ -35,7 +36,8 @@ What it holds (paper §5, Figure 1, Tables 3–5):
 Every number is read from the stage result files (``lmb.json``, ``<type>_perplexities.csv``, ``<task>.json``); the
 paired comparisons are computed from the per-pair perplexities and written to ``comparisons.json``.
 ``rbjax report DIR [DIR ...]`` rebuilds the report from study folders (several folders: their seeds are pooled; the
-same stage in two folders — a copied run — is counted once). Methods appear in one order everywhere: LMD, ADD, HD, CDA.
+same stage in two folders — a copied run — is counted once). Methods appear in one order everywhere: LMD, ADD, HD, CDA,
+then the methods without training (SentenceDebias, INLP, Self-Debias: :data:`METHOD_ORDER`).
 """
 from __future__ import annotations
 
@@ -85,7 +87,12 @@ DIALOG_COLUMNS = [
     ("dist-2", "crg", ("dist", 1)),
     ("avg len", "crg", ("avg_len",)),
 ]
-METHOD_NAMES = {"lmd": "LMD", "add": "ADD", "hd": "HD", "cda": "CDA", "lm": "LM"}
+METHOD_NAMES = {"lmd": "LMD", "add": "ADD", "hd": "HD", "cda": "CDA", "lm": "LM", "sentence-debias": "SentenceDebias",
+                "inlp": "INLP", "self-debias": "Self-Debias"}
+#: the order of the methods in every table: the paper's four, the LM control, then the methods without training
+METHOD_ORDER = ["lmd", "add", "hd", "cda", "lm", "sentence-debias", "inlp", "self-debias"]
+#: what the dialog table and the notes say of a Self-Debias model (rbjax evaluate refuses it)
+NOT_EVALUATED = "not evaluated: inference-time only, dialog tasks not implemented"
 
 
 def _dig(d, path):
@@ -243,9 +250,8 @@ def _types(data: dict) -> list[str]:
 
 
 def _methods(data: dict) -> list[str]:
-    order = ["lmd", "add", "hd", "cda", "lm"]
     ms = {m for m, _ in data["runs"]}
-    return [m for m in order if m in ms] + sorted(ms - set(order))
+    return [m for m in METHOD_ORDER if m in ms] + sorted(ms - set(METHOD_ORDER))
 
 
 def _debiased(data: dict) -> list[str]:
@@ -697,6 +703,9 @@ def _dialog_table(data: dict) -> tuple[list[str], list[list[str]]]:
             if not seeds:
                 continue
             row = [f"{METHOD_NAMES.get(m, m)} ({d})"]
+            if m == "self-debias" and not any(e["dialog"] for e in seeds.values()):
+                rows.append(row + [NOT_EVALUATED] + ["—"] * (len(DIALOG_COLUMNS) - 1))
+                continue
             for _, t, path in DIALOG_COLUMNS:
                 row.append(_ms(_stats([_dig((e["dialog"].get(t) or {}).get("metrics"), path)
                                        for e in seeds.values()]), ".3f"))
@@ -740,6 +749,9 @@ def _notes(data: dict) -> list[str]:
     for st in data["studies"]:
         for n in _cutdowns(st.get("config") or {}):
             notes[n] = None
+    if any(m == "self-debias" for m, _ in data["runs"]):
+        notes["Self-Debias: dialog quality " + NOT_EVALUATED + " (rbjax evaluate refuses a Self-Debias run folder; "
+              "its LMB and benchmarks are measured with the rescaled distribution)"] = None
     results = [data["baseline"]["dialog"]] + [e["dialog"] for seeds in data["runs"].values() for e in seeds.values()]
     for res in results:
         for task in ("lmp", "dst", "crg"):

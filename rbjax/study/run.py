@@ -8,8 +8,13 @@ Stages (in order; folders under ``OUT``)::
     seed<S>/sweeps                the grid of every (debias type, method with a grid), selection on
                                   valid, the selected point retrained and exported                   rbjax sweep
     seed<S>/<type>/<method>/run   methods without a grid (CDA): one run with the method's defaults   rbjax debias
+                                  (kind "train"); the methods without training (SentenceDebias, INLP,
+                                  Self-Debias, docs/debiasing.md §10–11): one run with their defaults, no
+                                  grid (kind "debias"; SentenceDebias and Self-Debias, which no seed
+                                  changes, under the first seed only)                   rbjax debias --method
     seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
-    seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model
+    seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model (none for Self-Debias: inference-time
+                                       only, its dialog tasks are not implemented; the report says so)
     baseline/<benchmark>, seed<S>/<type>/<method>/<benchmark>
                                   [benchmarks]: CrowS-Pairs (crows-pairs), each pair file (pairs-<stem>) and
                                   BBQ (bbq) on the starting model and on every debiased
@@ -38,7 +43,11 @@ from rbjax.core.mesh import mesh_product
 from rbjax.core.reuse import KeyedEntries
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.run import debias
+from rbjax.debias.self_debias import METHOD as SELF_DEBIAS
+from rbjax.debias.self_debias import SelfDebiasRun, run_self_debias
 from rbjax.debias.sweep import grid_memory_plan, grid_points, run_sweeps
+from rbjax.debias.training_free import TRAINING_FREE_METHODS as TRAINING_FREE
+from rbjax.debias.training_free import ProjectionRun, run_training_free
 from rbjax.dialog.evaluate import evaluate
 from rbjax.data.bbq import bbq_files, git_blob_sha1
 from rbjax.data.pairs import crows_pairs_manifest, read_pair_file
@@ -50,8 +59,9 @@ from rbjax.model.gpt2 import GPT2Config
 from rbjax.model.handle import ModelHandle, has_tokenizer_files, tokenizer_files_key
 from rbjax.model.hf import resolve_model_dir, save_pretrained
 from rbjax.model.memory import flops_per_token
+from rbjax.model.self_debias import CATEGORY_PREFIXES, default_prefixes
 from rbjax.model.registry import family_of_config
-from rbjax.study.config import StudyConfig
+from rbjax.study.config import NO_TRAINING_METHODS, SEED_FREE_METHODS, StudyConfig
 from rbjax.study.report import write_report
 
 __all__ = ["Stage", "plan_study", "run_study", "estimate_cost", "chat_context_tokens", "study_format", "format_plan", "StageResult"]
@@ -132,7 +142,16 @@ class _Study:
         return [m for m in self.cfg.methods if m in self.cfg.sweep["methods"]]
 
     def _single_methods(self) -> list[str]:
-        return [m for m in self.cfg.methods if m not in self.cfg.sweep["methods"]]
+        return [m for m in self.cfg.methods if m not in self.cfg.sweep["methods"] and m not in NO_TRAINING_METHODS]
+
+    def _no_training_methods(self, seed: int) -> list[str]:
+        """The methods without training run under ``seed`` (those no seed changes: under the first seed only)."""
+        return [m for m in self.cfg.methods if m in NO_TRAINING_METHODS
+                and (m not in SEED_FREE_METHODS or seed == self.cfg.seeds[0])]
+
+    def _methods_of(self, seed: int) -> list[str]:
+        """The methods with a model under ``seed`` (measured, benchmarked, evaluated)."""
+        return [m for m in self.cfg.methods if m not in NO_TRAINING_METHODS or m in self._no_training_methods(seed)]
 
     def run_folder(self, seed: int, bias_type: str, method: str) -> Path:
         return self.out / f"seed{seed}" / Path(bias_type).stem / method
@@ -141,6 +160,8 @@ class _Study:
         f = self.run_folder(seed, bias_type, method)
         if method in self._grid_methods():
             return f / "sweep" / f"selected_{self.cfg.sweep['selection']}" / "model"
+        if method == SELF_DEBIAS:  # no weights: the run folder is the base model with the rescaled distribution
+            return f / "run"
         return f / "run" / "model"
 
     # -- stage bodies -------------------------------------------------------------------------------------------
@@ -240,11 +261,38 @@ class _Study:
                     replace_other_inputs=True)  # the study owns its folders: a changed setting trains again
         return {"updates": res["training"]["updates"], "model_dir": res.get("model_dir")}
 
+    def _no_training_run(self, seed: int, bias_type: str, method: str):
+        """The run of a method without training with its defaults (INLP's split seeded by ``seed``)."""
+        out = str(self.run_folder(seed, bias_type, method) / "run")
+        if method == SELF_DEBIAS:
+            return SelfDebiasRun(bias_type=bias_type, model=self.model, out_dir=out, tokenizer=self._tok_for(self.model))
+        return ProjectionRun(method=method, bias_type=bias_type, model=self.model, out_dir=out,
+                             tokenizer=self._tok_for(self.model), data_dir=self.cfg.data_dir,
+                             **({"seed": seed} if method == "inlp" else {}))
+
+    def _debias_without_training(self, seed: int, bias_type: str, method: str) -> dict:
+        cfg = self._no_training_run(seed, bias_type, method)
+        run = run_self_debias if method == SELF_DEBIAS else run_training_free
+        try:  # a finished run with the same inputs is reused ...
+            res = run(cfg)
+        except FileExistsError:  # ... one with other inputs replaced: the study owns its folders
+            res = run(cfg, overwrite=True)
+        fit = {k: v for k, v in (res.get("fit") or {}).items() if k != "history"}
+        return {"method": method, "training_free": True, "reused": bool(res.get("reused")),
+                "model_dir": res.get("model_dir"), **({"fit": fit} if fit else {})}
+
     # -- keys ---------------------------------------------------------------------------------------------------
     def _training_key(self, seed: int) -> dict:
         return {"model": _model_digest(self.model), "tokenizer": self.cfg.tokenizer, "data_dir": self.cfg.data_dir,
                 "semantics": self.cfg.semantics, "precision": self.cfg.precision, "training": self.cfg.training,
                 "seed": seed, "bias_types": self.cfg.bias_types, **self.cfg.chat_key()}
+
+    def _no_training_key(self, seed: int, bias_type: str, method: str) -> dict:
+        cfg = self._no_training_run(seed, bias_type, method)
+        settings = dataclasses.asdict(cfg)
+        settings.pop("out_dir")
+        settings.update(model=_model_digest(self.model))
+        return {"method": method, "type": bias_type, "settings": settings, "seed": seed}
 
     # -- the plan -----------------------------------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -283,7 +331,12 @@ class _Study:
                                     (lambda s=seed, b=b, m=m: {**self._training_key(s), "type": b, "method": m}),
                                     training_runs=1))
             for b in cfg.debias_types:
-                for m in cfg.methods:
+                for m in self._no_training_methods(seed):
+                    st.append(Stage(f"seed{seed}/{Path(b).stem}/{m}/run", "debias", self.run_folder(seed, b, m) / "run",
+                                    (lambda s=seed, b=b, m=m: self._debias_without_training(s, b, m)),
+                                    (lambda s=seed, b=b, m=m: self._no_training_key(s, b, m))))
+            for b in cfg.debias_types:
+                for m in self._methods_of(seed):
                     base = f"seed{seed}/{Path(b).stem}/{m}"
                     folder = self.run_folder(seed, b, m)
                     sel = self.selected_model(seed, b, m)
@@ -293,7 +346,7 @@ class _Study:
                                                       "types": cfg.bias_types, "data_dir": cfg.data_dir,
                                                       "precision": cfg.precision, **cfg.chat_key()})))
                     st += self._benchmark_stages(base, lambda sel=sel: sel, folder)
-                    if cfg.dialog["tasks"]:
+                    if cfg.dialog["tasks"] and m != SELF_DEBIAS:  # Self-Debias: no dialog task (the report says)
                         st.append(Stage(f"{base}/dialog", "dialog", folder / "dialog",
                                         (lambda sel=sel, f=folder: self._dialog(sel, f / "dialog")),
                                         (lambda sel=sel: {"model": _model_digest(sel), "dialog": cfg.dialog,
@@ -346,6 +399,11 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
 
     Training time: the real tokens of every run at the packed rate (``train_tokens_per_s``), or, with
     ``[training] layout = "padded"``, every slot of the ``batch × block_size`` micro-batches at the padded rate.
+
+    The methods without training (SentenceDebias, INLP, Self-Debias) count no training run and no training token:
+    SentenceDebias and INLP one forward pass over each of their counterfactual sentences (the debiased type's
+    training phrases and their swapped twins, counted as phrases scored); Self-Debias one more pass per prefix
+    over every phrase its model is measured on. SentenceDebias and Self-Debias, which no seed changes, count once.
     """
 
     c = {**COSTS, **(costs or {})}
@@ -372,6 +430,8 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
         per_line = TOKENS_PER_LINE.get(b, float(block) / 2)
         for m in cfg.methods:
             n = lines * (2 if m == "cda" else 1)
+            if m in NO_TRAINING_METHODS:
+                continue
             if m in cfg.sweep["methods"]:
                 pts = grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")]
                 runs += len(pts) + 1
@@ -386,24 +446,37 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     runs *= n_seeds
     tokens *= n_seeds
     seconds *= n_seeds
-    n_models = 1 + n_seeds * n_types * len(cfg.methods)
+    def seeds_of(m: str) -> int:
+        return 1 if m in SEED_FREE_METHODS else n_seeds
+
+    n_models = 1 + n_types * sum(seeds_of(m) for m in cfg.methods)
+    # the counterfactual sets' sentences of SentenceDebias and INLP, one forward pass each (at most every line of the
+    # debiased type and its swapped twin)
+    fit_scored = sum(seeds_of(m) * 2 * TRAIN_LINES.get(b, 720) for m in cfg.methods if m in TRAINING_FREE
+                     for b in cfg.debias_types)
+    # Self-Debias: every phrase its model is measured on once more per prefix (the scorer's extra passes)
+    extra_passes = sum(len(default_prefixes(b)) if b in CATEGORY_PREFIXES else 1 for b in cfg.debias_types) \
+        if SELF_DEBIAS in cfg.methods else 0
     dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
                                for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
-    test_scored = n_models * PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
+    per_model = PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
+    test_scored = (n_models + extra_passes) * per_model + fit_scored
     # [benchmarks]: each pair's two sentences, twice where the two conventions need two passes (GPT-2); CrowS-Pairs
     # counted whole even when only some of its categories are measured
-    test_scored += n_models * 4 * sum(crows_pairs_manifest()["n_pairs"] if b["benchmark"] == "crows-pairs"
+    test_scored += (n_models + extra_passes) * 4 * sum(crows_pairs_manifest()["n_pairs"] if b["benchmark"] == "crows-pairs"
                                       else len(read_pair_file(b["pairs_file"])) for b in cfg.benchmarks()
                                       if b["benchmark"] != "bbq")
     # BBQ: each row's 13 answers (its three and ten "unknown" phrasings) counted as phrases
-    test_scored += n_models * 13 * sum(_bbq_rows(b) for b in cfg.benchmarks() if b["benchmark"] == "bbq")
+    test_scored += (n_models + extra_passes) * 13 * sum(_bbq_rows(b) for b in cfg.benchmarks() if b["benchmark"] == "bbq")
     train_h = seconds * ratio / 3600
     score_h = (dev_scored + test_scored) * ratio / c["score_phrases_per_s"] / 3600
     return {"training_runs": runs, "training_tokens": int(tokens), "models_evaluated": n_models,
             "phrases_scored": int(dev_scored + test_scored), "train_hours": train_h, "score_hours": score_h,
             "dialog_note": "dialog checks (LMP, DST, CRG) per model come on top: see docs/dialog.md for their cost",
             "layout": "padded" if padded else "packed", "rates": c, "size_ratio": ratio, "size_note": size_note,
-            "chat_context_tokens": context}
+            "chat_context_tokens": context,
+            **({"self_debias_note": "Self-Debias's scoring is counted at (1 + prefixes)× the plain scorer's; today's "
+                                    "scorer is slower (docs/debiasing.md §11)"} if extra_passes else {})}
 
 
 #: the rows of the eleven upstream BBQ files (lm-evaluation-harness's bbq task: 58,492)
@@ -455,7 +528,10 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
     lines = [f"study {cfg.name!r} ({cfg.path}) → {out}",
              f"  model: {cfg.model or 'random ' + json.dumps(cfg.random_model)}; measured on: "
              f"{', '.join(cfg.bias_types)}; debiased: {', '.join(cfg.debias_types)}; methods: "
-             f"{', '.join(cfg.methods)} (grid: {', '.join(m for m in cfg.methods if m in cfg.sweep['methods'])}); "
+             f"{', '.join(cfg.methods)} (grid: {', '.join(m for m in cfg.methods if m in cfg.sweep['methods'])}"
+             + "".join(f"; without training: {', '.join(nt)}" for nt in [[m for m in cfg.methods
+                                                                          if m in NO_TRAINING_METHODS]] if nt)
+             + f"); "
              f"seeds: {cfg.seeds}; dialog: {', '.join(cfg.dialog['tasks']) or 'none'}",
              f"  format: {study_format(cfg)}",
              f"  {len(stages)} stages:"]
@@ -465,6 +541,8 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
             g = len(s.info["methods"]) * len(s.info["types"])
             extra = (f"  ({s.training_runs} training runs: {g} sweeps (method × bias type), each its grid points "
                      "+ 1 retraining of the selected point with export)")
+        if s.kind == "debias":
+            extra = "  (no training: the method's defaults, no grid)"
         lines.append(f"    {s.name:<48} {s.kind}{extra}")
     at = "" if cost["size_ratio"] == 1.0 else " at DialoGPT-small's size"
     rate = (f"{cost['rates']['train_padded_slots_per_s']:g} padded slots/s{at}" if cost["layout"] == "padded"
@@ -475,6 +553,8 @@ def format_plan(stages: list[Stage], cost: dict, cfg: StudyConfig, out: Path) ->
                  f"{cost['train_hours']:.1f} h ({rate}), LMB scoring "
                  f"{cost['score_hours']:.1f} h ({cost['rates']['score_phrases_per_s']:g} phrases/s{at}); "
                  f"{cost['dialog_note']}")
+    if cost.get("self_debias_note"):
+        lines.append(f"  {cost['self_debias_note']}")
     return "\n".join(lines)
 
 

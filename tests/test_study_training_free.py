@@ -1,0 +1,123 @@
+"""The methods without training in a study (SentenceDebias, INLP, Self-Debias; docs/study.md): planned as one run
+each with their defaults (no sweep, no training run; SentenceDebias and Self-Debias, which no seed changes, under the
+first seed only), measured and benchmarked like every method, no dialog stage for Self-Debias; the dry run's cost
+counts no training for them; settings that cannot run are named when the file is read; and a small study of them
+runs end to end, its report listing them and saying why Self-Debias has no dialog numbers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rbjax.cli import main
+from rbjax.study.config import load_study
+from rbjax.study.run import TRAIN_LINES, estimate_cost, plan_study
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "experiments" / "paper.toml"
+TINY = ROOT / "experiments" / "tiny.toml"
+FREE = ["sentence-debias", "inlp", "self-debias"]
+
+
+def _methods(ms):
+    return f"study.methods={json.dumps(ms)}"
+
+
+def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path, capsys):
+    """tiny.toml (two seeds, religion1 debiased, every dialog task, HD with a grid) with CDA and the three methods
+    without training: each has one run stage of kind "debias" (no sweep entry, no training run), then lmb_test and
+    dialog like CDA's; SentenceDebias and Self-Debias only under the first seed; Self-Debias without dialog."""
+    cfg = load_study(TINY, [_methods(["hd", "cda", *FREE]), "study.data_dir=/nonexistent-data"])
+    stages = {s.name: s for s in plan_study(cfg, tmp_path / "out", progress=False)}
+    for m in FREE:
+        run = stages[f"seed42/religion1/{m}/run"]
+        assert run.kind == "debias" and run.training_runs == 0
+        assert f"seed42/religion1/{m}/lmb_test" in stages
+    assert stages["seed42/religion1/cda/run"].kind == "train"
+    assert stages["seed42/sweeps"].info["methods"] == ["hd"]  # no grid of theirs
+    assert {s for s in stages if s.startswith("seed43/religion1/") and s.endswith("/run")} == {
+        "seed43/religion1/cda/run", "seed43/religion1/inlp/run"}  # INLP's seed splits its sets; the others: once
+    assert "seed43/religion1/inlp/lmb_test" in stages and "seed43/religion1/sentence-debias/lmb_test" not in stages
+    assert "seed42/religion1/sentence-debias/dialog" in stages and "seed42/religion1/inlp/dialog" in stages
+    assert "seed42/religion1/self-debias/dialog" not in stages  # inference-time only: no dialog task
+    assert sum(s.training_runs for s in stages.values()) == 2 * (2 + 1 + 1)  # HD's two points + its retraining, CDA
+    out = tmp_path / "out"
+    assert main(["run", str(TINY), "--out", str(out), "--dry-run", "--set", _methods(["cda", *FREE])]) == 0
+    text = capsys.readouterr().out
+    assert "(grid: ; without training: sentence-debias, inlp, self-debias)" in text
+    assert "seed42/religion1/inlp/run" in text and "debias  (no training: the method's defaults, no grid)" in text
+    assert "Self-Debias's scoring is counted at (1 + prefixes)× the plain scorer's" in text
+
+
+def test_the_dry_run_cost_counts_no_training_for_them():
+    """The paper study (five types, one seed) with the three added: the same training runs and tokens; 15 more models
+    evaluated; by hand, the phrases scored grow by SentenceDebias's and INLP's counterfactual sentences (each
+    type's training lines and their twins: 2 × 4,444 each) and by 15 models + one prefix pass of Self-Debias per
+    type (each RedditBias type has one bias-bench prefix) × the 2,432 test phrases of the five types."""
+    base = estimate_cost(load_study(PAPER))
+    cost = estimate_cost(load_study(PAPER, [_methods(["lmd", "add", "hd", "cda", *FREE])]))
+    assert cost["training_runs"] == base["training_runs"] == 830
+    assert cost["training_tokens"] == base["training_tokens"] and cost["train_hours"] == base["train_hours"]
+    assert cost["models_evaluated"] == base["models_evaluated"] + 15 == 36
+    lines = sum(TRAIN_LINES.values())
+    assert lines == 720 + 720 + 763 + 1521 + 720
+    assert cost["phrases_scored"] - base["phrases_scored"] == 2 * (2 * lines) + (15 + 5) * 2432
+    only = estimate_cost(load_study(PAPER, [_methods(["sentence-debias"]), "study.seeds=[1, 2, 3]"]))
+    assert only["training_runs"] == 0 and only["models_evaluated"] == 1 + 5  # no seed changes it: once
+
+
+@pytest.mark.parametrize("sets, message", [
+    (['sweep.methods=["inlp"]'], "sweep.methods must be a list of lmd, add, hd, cda, lm (the methods without "
+                                 "training have no grid)"),
+    ([_methods(["self-debias"]), "study.mesh=data=1"], "self-debias is scored on one device"),
+    ([_methods(["nope"])], "unknown method(s) ['nope'] (expected lmd, add, hd, cda, lm, sentence-debias, inlp, "
+                           "self-debias)"),
+])
+def test_settings_that_cannot_run_are_named(sets, message, tmp_path, capsys):
+    args = ["run", str(TINY), "--out", str(tmp_path / "o"), "--dry-run"]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_study_of_the_methods_without_training_runs_and_reports_them(shared_dir, tmp_path):
+    """One type, one seed, LMP only (a few lines): SentenceDebias's run folder holds model/ (measured and evaluated
+    like a trained one), Self-Debias's none (measured with the rescaled distribution, not evaluated); the report lists
+    both beside the baseline and says why Self-Debias has no dialog numbers; the study's export refuses it by name."""
+    study = tmp_path / "s.toml"
+    study.write_text(f"""
+[study]
+random_model = {{ n_embd = 32, n_layer = 2, n_head = 2, n_positions = 64, vocab_size = 50257, seed = 0 }}
+tokenizer = "{shared_dir / 'tokenizers' / 'gpt2'}"
+data_dir = "{shared_dir / 'redditbias'}"
+bias_types = ["religion1"]
+methods = ["sentence-debias", "self-debias"]
+seeds = [42]
+
+[measure]
+n_bootstrap = 0
+
+[dialog]
+tasks = ["lmp"]
+lmp = {{ lmp_max_lines = 8 }}
+""")
+    out = tmp_path / "out"
+    assert main(["run", str(study), "--out", str(out), "--no-progress"]) == 0
+    st = json.loads((out / "stages.json").read_text())["stages"]
+    assert all(v["status"] == "done" for v in st.values())
+    sd, self_d = out / "seed42/religion1/sentence-debias", out / "seed42/religion1/self-debias"
+    assert json.loads((sd / "run/results.json").read_text())["training_free"] is True
+    assert (sd / "run/model/config.json").is_file() and (sd / "dialog/lmp.json").is_file()
+    assert not (self_d / "run/model").exists() and not (self_d / "dialog").exists()
+    recs = json.loads((self_d / "lmb_test/lmb.json").read_text())
+    base = json.loads((out / "baseline/lmb_test/lmb.json").read_text())
+    assert recs[0]["t_value"] != base[0]["t_value"]  # the rescaled distribution, not the base model, was scored
+    md = (out / "report.md").read_text()
+    assert "| SentenceDebias |" in md and "| Self-Debias |" in md  # Table 3 rows beside the baseline
+    assert "| Self-Debias (religion1) | not evaluated: inference-time only, dialog tasks not implemented |" in md
+    assert "Self-Debias: dialog quality not evaluated: inference-time only" in md
+    assert main(["export", str(self_d), "--out", str(tmp_path / "exp")]) == 1
