@@ -97,9 +97,17 @@ def test_own_prefixes_and_wrong_method_options(tiny_model_dir, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["self_debias"]["prefixes"] == ["Be fair: ", "No stereotypes: "]
     assert res["self_debias"]["decay_constant"] == 10.0 and res["prefixes_default"] is False
-    with pytest.raises(SystemExit, match="--prefix is an option of --method self-debias"):
-        main(["debias", "--method", "lmd", "--bias", "gender", "--model", str(tiny_model_dir), "--out",
-              str(tmp_path / "x"), "--prefix", "Be fair: "])
+    # an option the method would not read is refused by its flag, before any work: nothing is silently ignored
+    for method, extra, named in (("lmd", ["--prefix", "Be fair: "], "--prefix"),
+                                 ("self-debias", ["--lr", "1e-3", "--k", "2"], "--lr, --k"),
+                                 ("self-debias", ["--data-dir", "x", "--seed", "3"], "--data-dir, --seed"),
+                                 ("inlp", ["--decay-constant", "5", "--mesh", "data=1"], "--mesh, --decay-constant"),
+                                 ("sentence-debias", ["--inlp-iterations", "3"], "--inlp-iterations"),
+                                 ("inlp", ["--dry-run"], "--dry-run")):
+        with pytest.raises(SystemExit, match=f"^--method {method}: {named} would have no effect"):
+            main(["debias", "--method", method, "--bias", "gender", "--model", str(tiny_model_dir), "--out",
+                  str(tmp_path / "x"), *extra])
+    assert not (tmp_path / "x").exists()
 
 
 def test_measure_scores_the_run_folder_with_the_rescaled_distribution(sd_run, tiny_model_dir, redditbias_dir):

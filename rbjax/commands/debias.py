@@ -6,10 +6,12 @@ the settings).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 from rbjax.commands.options import add_config_arguments, option_spec
-from rbjax.commands.settings import Output, PlanSettings
+from rbjax.commands.settings import NO_TRAINING_OPTIONS, NoTrainingOptions, Output, PlanSettings
 from rbjax.core.config import leaves
 from rbjax.core.io import check_output_dir
 from rbjax.core.mesh import mesh_product
@@ -86,15 +88,7 @@ def add_self_debias_arguments(p) -> None:
     method.choices = list(method.choices) + [SELF_DEBIAS]
     method.help += ("; self-debias: rescale the next-token distribution at decoding time with self-debiasing "
                     "prefixes (Schick et al. 2021) — inference-time only, see docs/debiasing.md")
-    g = p.add_argument_group("Self-Debias (--method self-debias)")
-    g.add_argument("--prefix", action="append", metavar="TEXT", dest="self_debias_prefix",
-                   help="a self-debiasing prefix of your own (repeatable: several are combined by their elementwise "
-                        "maximum); default: bias-bench's for --bias")
-    g.add_argument("--decay-constant", type=float, default=50.0, metavar="λ",
-                   help="self-debias: the decay constant λ (default: 50, bias-bench's)")
-    g.add_argument("--self-debias-epsilon", type=float, default=0.01, metavar="ε",
-                   help="self-debias: the least factor a probability is multiplied by (default: 0.01, bias-bench's)")
-
+    # its options: NoTrainingOptions (add_training_free_arguments)
 
 def run_self_debias_command(args) -> int:
     """``rbjax debias --method self-debias``."""
@@ -122,35 +116,40 @@ def add_training_free_arguments(p) -> None:
     method.help += ("; sentence-debias: project out the bias subspace of the final hidden state (Liang et al. "
                     "2020); inlp: iterative nullspace projection (Ravfogel et al. 2020) — no training, see "
                     "docs/debiasing.md")
-    g = p.add_argument_group("debiasing without training (--method sentence-debias or inlp)")
-    g.add_argument("--corpus", metavar="FILE", help="sentences of your own (one a line), swapped with the bias "
-                   "type's target pairs into counterfactual pairs (default: the bias type's training phrases)")
-    g.add_argument("--pairs", metavar="FILE", help="ready-made counterfactual sets: a CSV with a header naming the "
-                   "groups, one column each")
-    g.add_argument("--k", type=int, default=1, metavar="N",
-                   help="sentence-debias: principal directions removed (default: 1, bias-bench's)")
-    g.add_argument("--inlp-iterations", type=int, default=80, metavar="N",
-                   help="inlp: classifiers at most (default: 80, bias-bench's)")
-    g.add_argument("--inlp-epsilon", type=float, default=0.01, metavar="X",
-                   help="inlp: stop once a classifier's held-out accuracy is within X of chance (default: 0.01)")
-    g.add_argument("--inlp-dev-fraction", type=float, default=0.3, metavar="X",
-                   help="inlp: share of the counterfactual sets held out (default: 0.3)")
+    add_config_arguments(p.add_argument_group("debiasing without training (--method sentence-debias, inlp or "
+                                              "self-debias; docs/debiasing.md §10-11)"), NoTrainingOptions)
+
+#: the training settings each method without training reads (the others are refused when given: nothing is ignored)
+TRAINING_FREE_SETTINGS = {"sentence-debias": ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed"),
+                          "inlp": ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed"),
+                          SELF_DEBIAS: ("method", "bias_type", "model", "tokenizer", "out_dir")}
 
 
-#: the training settings a training-free method reads (the others are refused when given: nothing is ignored)
-TRAINING_FREE_SETTINGS = ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed")
+def refuse_options_it_ignores(args) -> None:
+    """Refuse, by flag, an option the chosen ``--method`` would not read: a training setting (``--lr``, ``--mesh``,
+    ``--dry-run``, …) given to a method without training, or a :class:`NoTrainingOptions` option of another method.
+
+    Raises:
+        SystemExit: naming the flags and the method.
+    """
+    given = []
+    if args.method in TRAINING_FREE_SETTINGS:
+        keep = TRAINING_FREE_SETTINGS[args.method]
+        given = [leaf for leaf in _cli_leaves(False) if leaf.name not in keep
+                 and hasattr(args, leaf.name) and getattr(args, leaf.name) != leaf.default]
+        given = [option_spec(leaf.owner, leaf.field, default=leaf.default, help=leaf.help)[0][0] for leaf in given]
+        given += [f for f, v in (("--dry-run", args.dry_run), ("--device-memory-gb", args.device_memory_gb)) if v]
+    for f in dataclasses.fields(NoTrainingOptions):
+        v = getattr(args, f.name, f.default)
+        if args.method not in NO_TRAINING_OPTIONS[f.name] and v not in (f.default, None, ()):
+            given.append(option_spec(NoTrainingOptions, f)[0][0])
+    if given:
+        raise SystemExit(f"--method {args.method}: {', '.join(given)} would have no effect (docs/debiasing.md says "
+                         "which options each method reads)")
 
 
 def run_without_training(args) -> int:
-    """``rbjax debias --method sentence-debias|inlp``. A training setting given to it (``--lr``, ``--mesh``,
-    ``--dry-run``, …) is refused by its flag: it would do nothing."""
-    given = [leaf for leaf in _cli_leaves(False) if leaf.name not in TRAINING_FREE_SETTINGS
-             and hasattr(args, leaf.name) and getattr(args, leaf.name) != leaf.default]
-    given = [option_spec(leaf.owner, leaf.field, default=leaf.default, help=leaf.help)[0][0] for leaf in given]
-    given += [f for f, v in (("--dry-run", args.dry_run), ("--device-memory-gb", args.device_memory_gb)) if v]
-    if given:
-        raise SystemExit(f"--method {args.method} trains nothing: {', '.join(given)} would have no effect (it reads "
-                         "--model, --tokenizer, --bias, --data-dir, --out, --seed and its own options)")
+    """``rbjax debias --method sentence-debias|inlp`` (its options checked by :func:`refuse_options_it_ignores`)."""
     cfg = ProjectionRun(method=args.method, bias_type=args.bias_type, model=args.model, tokenizer=args.tokenizer,
                         out_dir=args.out_dir, data_dir=args.data_dir, corpus=args.corpus, pairs=args.pairs, k=args.k,
                         iterations=args.inlp_iterations, epsilon=args.inlp_epsilon,
@@ -251,16 +250,11 @@ def format_results(res: dict) -> str:
 
 
 def run(args) -> int:
-    if args.method != SELF_DEBIAS and getattr(args, "self_debias_prefix", None):
-        raise SystemExit(f"--prefix is an option of --method self-debias, not {args.method}")
+    refuse_options_it_ignores(args)
     if args.method == SELF_DEBIAS:
-        if getattr(args, "corpus", None) is not None or getattr(args, "pairs", None) is not None:
-            raise SystemExit("--corpus and --pairs are options of --method sentence-debias or inlp, not self-debias")
         return run_self_debias_command(args)
     if args.method in TRAINING_FREE_METHODS:
         return run_without_training(args)
-    if getattr(args, "corpus", None) is not None or getattr(args, "pairs", None) is not None:
-        raise SystemExit(f"--corpus and --pairs are options of --method sentence-debias or inlp, not {args.method}")
     cfg = config_from_args(args)
     check_own_bias_type_data(cfg)  # before the memory plan reads the model's config: the phrases are what is missing
     if not args.dry_run:

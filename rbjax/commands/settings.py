@@ -5,7 +5,9 @@ into options, and a command picks the fields it takes and, where it must, marks 
 * :class:`ModelSource` — ``--model``, ``--tokenizer``, ``--adapter`` (measure, evaluate, splits);
 * :class:`Output` — ``--out`` / ``--out-dir``, ``--overwrite``, ``--no-progress`` (every command that writes);
 * :class:`PlanSettings` — ``--dry-run``, ``--device-memory-gb`` (measure, debias, sweep, evaluate, run);
-* :class:`BenchmarkSource` — ``--benchmark``, ``--bias``, ``--pairs``, ``--data-dir`` (measure, pairs).
+* :class:`BenchmarkSource` — ``--benchmark``, ``--bias``, ``--pairs``, ``--data-dir`` (measure, pairs);
+* :class:`NoTrainingOptions` — the options of ``rbjax debias --method sentence-debias|inlp|self-debias``
+  (:data:`NO_TRAINING_OPTIONS` says which method reads which).
 
 The executor block (``--executor``, ``--jobs``, ``--ray-address``) is :class:`rbjax.core.parallel.Executor`, a
 setting of the Python API too. These classes hold what the command line gives; a command passes the values on to the
@@ -19,7 +21,8 @@ from rbjax.core.config import field
 from rbjax.model.handle import MODEL_HELP, TOKENIZER_HELP
 from rbjax.model.memory import DEVICE_MEMORY_HELP
 
-__all__ = ["ModelSource", "Output", "PlanSettings", "BenchmarkSource", "BENCHMARKS", "PROGRESS_HELP"]
+__all__ = ["ModelSource", "Output", "PlanSettings", "BenchmarkSource", "BENCHMARKS", "PROGRESS_HELP",
+           "NoTrainingOptions", "NO_TRAINING_OPTIONS"]
 
 #: what ``--no-progress`` turns off (the dialog tasks' and the trainer's ``progress`` field say the same)
 PROGRESS_HELP = "progress bars on stderr"
@@ -86,3 +89,35 @@ class BenchmarkSource:
                                        "CrowS-Pairs: holding crows_pairs_anonymized.csv (default: "
                                        "$RBJAX_CROWS_PAIRS_DIR, else the verified download); BBQ: any folder of BBQ "
                                        ".jsonl files (default: the verified nyu-mll/BBQ files)", metavar="DATA_DIR")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoTrainingOptions:
+    """The options of the debiasing methods that train nothing (``rbjax debias --method sentence-debias|inlp|
+    self-debias``; docs/debiasing.md §10–11). Each is read by the methods :data:`NO_TRAINING_OPTIONS` names and
+    refused, by its flag, with any other method."""
+
+    corpus: str | None = field(None, "sentence-debias, inlp: sentences of your own (one a line), swapped with the "
+                                     "bias type's target pairs into counterfactual pairs (default: the bias type's "
+                                     "training phrases)", metavar="FILE")
+    pairs: str | None = field(None, "sentence-debias, inlp: ready-made counterfactual sets: a CSV with a header naming "
+                                    "the groups, one column each", metavar="FILE")
+    k: int = field(1, "sentence-debias: principal directions removed (bias-bench's: 1)", metavar="N")
+    inlp_iterations: int = field(80, "inlp: classifiers at most (bias-bench's: 80)", metavar="N")
+    inlp_epsilon: float = field(0.01, "inlp: stop once a classifier's held-out accuracy is within X of chance",
+                                metavar="X")
+    inlp_dev_fraction: float = field(0.3, "inlp: share of the counterfactual sets held out", metavar="X")
+    self_debias_prefix: tuple[str, ...] | None = field(None, "self-debias: a self-debiasing prefix of your own (repeatable: "
+                                                    "several are combined by their elementwise maximum); default: "
+                                                    "bias-bench's for --bias", flag="--prefix", repeat=True,
+                                                metavar="TEXT", alias=False)
+    decay_constant: float = field(50.0, "self-debias: the decay constant λ (bias-bench's: 50)", metavar="λ")
+    self_debias_epsilon: float = field(0.01, "self-debias: the least factor a probability is multiplied by "
+                                             "(bias-bench's: 0.01)", metavar="ε")
+
+
+#: which method reads each :class:`NoTrainingOptions` field
+NO_TRAINING_OPTIONS = {"corpus": ("sentence-debias", "inlp"), "pairs": ("sentence-debias", "inlp"),
+                       "k": ("sentence-debias",), "inlp_iterations": ("inlp",), "inlp_epsilon": ("inlp",),
+                       "inlp_dev_fraction": ("inlp",), "self_debias_prefix": ("self-debias",),
+                       "decay_constant": ("self-debias",), "self_debias_epsilon": ("self-debias",)}
