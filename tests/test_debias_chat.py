@@ -141,7 +141,10 @@ def test_chat_packed_update_equals_padded(llama3, tmp_path, redditbias_dir, meth
     assert packed[0].plan.layout == "packed"
     if method != "cda":
         assert any(abs(u["debias_loss"]) > 0 for u in padded[2])
-    _compare(padded, packed)
+    # LMD in the chat format lands 1.37e-6 relative apart under jax/jaxlib 0.10.2 (XLA's default code generation;
+    # within 1e-6 under the versions before): its later updates start from parameters that already differ by float32
+    # rounding, and its term is a difference of two nearly equal projections
+    _compare(padded, packed, loss_rtol=2e-6 if method == "lmd" else 1e-6)
 
 
 def test_chat_lora_run_trains_adapters(llama3, tmp_path, redditbias_dir):
