@@ -73,7 +73,7 @@ from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.reddit_perplexity import lmp_program_shapes, read_reference_lines, reddit_perplexity
 from rbjax.lmb.measure import pair_perplexities_of_models, pair_program_shapes, pair_statistics
 from rbjax.lmb.perplexity import PerplexityScorer
-from rbjax.model.handle import ModelHandle
+from rbjax.model.handle import ModelHandle, model_files_key
 from rbjax.model.lora import adapter_param_count
 from rbjax.model.memory import plan_for_model, plan_memory
 from rbjax.train.frozen import combine
@@ -344,7 +344,10 @@ class SweepContext:
         ``model``: the start model's handle (default: opened from ``base.model``)."""
         d, e = base.debias, base.evaluation
         model = model or ModelHandle.open(base.model, base.tokenizer)
-        return digest({"model_files": model.files_key(), "model": base.model,
+        # the files as they are now (not the handle's key of when it was first asked: new weights written at the same
+        # path are another model; a large file's digest is kept by its state, so this reads nothing unchanged)
+        files = model.files_key() if model.folder is None else model_files_key(model.folder)
+        return digest({"model_files": files, "model": base.model,
                        "tokenizer": base.tokenizer, "data_dir": d.data_dir, "train_file": d.train_file,
                        "bias_type": d.bias_type, "method": d.method, "semantics": d.semantics,
                        "block_size": base.trainer.block_size, "lmp": e.lmp, "lmp_file": e.lmp_file,
@@ -393,6 +396,8 @@ class ContextCache:
         k = SweepContext.key_of(base, model)
         if self._held is None or self._held.key != k:
             self._held = None  # free the old model before loading the next
+            if model.loaded:  # read for other files (new weights at the same path): open it afresh
+                model = self._model = ModelHandle.open(base.model, base.tokenizer)
             self._held = SweepContext.load(base, key=k, model=model)
         return self._held
 

@@ -150,6 +150,11 @@ class ModelHandle:
         self._tok_key: dict | None = None
 
     @property
+    def loaded(self) -> bool:
+        """Whether the weights have been read (:meth:`load`)."""
+        return self._params is not None
+
+    @property
     def folder(self) -> Path | None:
         """The model's HF folder; of a hub id, downloaded (weights included) on first use
         (:func:`rbjax.model.hf.resolve_model_dir`)."""
