@@ -100,6 +100,24 @@ def test_sentence_debias_run_folder_is_read_as_a_run(tiny_model_dir, redditbias_
     with pytest.raises(FileExistsError, match="--overwrite"):
         run_training_free(ProjectionRun(method="sentence-debias", bias_type="religion1", model=str(tiny_model_dir),
                                         out_dir=str(out), corpus=corpus, k=2, data_dir=str(redditbias_dir)))
+    # --overwrite replaces the run whole, or not at all: one that fails after the checks leaves the earlier run as it
+    # was (it used to be deleted first), and one that succeeds leaves none of its files
+    before = {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    k2 = ProjectionRun(method="sentence-debias", bias_type="religion1", model=str(tiny_model_dir), out_dir=str(out),
+                       corpus=corpus, k=2, data_dir=str(redditbias_dir))
+    import rbjax.debias.training_free as tf
+
+    def broken(*a, **kw):
+        raise RuntimeError("the fit failed")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tf, "fit_projection", broken)
+        with pytest.raises(RuntimeError, match="the fit failed"):
+            run_training_free(k2, overwrite=True)
+    assert {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
+    (out / "model" / "stale.txt").write_text("an earlier run's file")
+    assert run_training_free(k2, overwrite=True)["settings"]["k"] == 2
+    assert not (out / "model" / "stale.txt").exists() and np.load(out / "subspace.npy").shape[0] == 2
 
 
 def test_inlp_run_from_ready_made_pairs(tiny_model_dir, corpus, tmp_path):

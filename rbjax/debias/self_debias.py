@@ -17,13 +17,12 @@ refuses it.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
-from rbjax.core.io import atomic_write_json, read_json
+from rbjax.core.io import atomic_folder, atomic_write_json
 from rbjax.core.keys import digest
 from rbjax.debias.config import resolve_bias_type
-from rbjax.debias.training_free import TRAINING_FREE_METHODS
+from rbjax.debias.training_free import TRAINING_FREE_METHODS, stored_run
 from rbjax.model.handle import ModelHandle, is_run_folder
 from rbjax.model.self_debias import DECAY_CONSTANT, EPSILON, SelfDebiasSettings, default_prefixes
 
@@ -84,17 +83,9 @@ def run_self_debias(cfg: SelfDebiasRun, *, overwrite: bool = False) -> dict:
     prefix_ids = handle.self_debias_prefix_ids()
     key = {"method": METHOD, "settings": settings.to_dict(), "bias_type": cfg.bias_type, "model": handle.digest,
            "tokenizer": handle.tokenizer_digest}
-    old = read_json(out / "results.json") if (out / "results.json").exists() else None
-    if old is not None and old.get("key") == key and old.get("status") == "done" and not overwrite:
-        return dict(old, reused=True)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out}: holds another run (other inputs or settings) or other files; pass "
-                                  "--overwrite to replace it, or another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "prefixes.json", [{"text": t, "token_ids": ids}
-                                              for t, ids in zip(settings.prefixes, prefix_ids)])
+    prev = None if overwrite else stored_run(out, key, METHOD)
+    if prev is not None:
+        return prev
     tok = handle.tokenizer_folder()
     res = {"status": "done", "method": METHOD, "bias_type": cfg.bias_type, "training_free": True,
            "inference_time": True, "self_debias": settings.to_dict(),
@@ -106,6 +97,9 @@ def run_self_debias(cfg: SelfDebiasRun, *, overwrite: bool = False) -> dict:
            "model": handle.describe(), "model_dir": None,
            "note": "Self-Debias is inference-time only: no weights are written; measure/evaluate read this folder "
                    "as the base model with the rescaled next-token distribution; export refuses it"}
-    atomic_write_json(out / "results.json", res)
+    with atomic_folder(out) as tmp:  # written whole, then put in place (an earlier run is replaced, never mixed)
+        atomic_write_json(tmp / "prefixes.json", [{"text": t, "token_ids": ids}
+                                                  for t, ids in zip(settings.prefixes, prefix_ids)])
+        atomic_write_json(tmp / "results.json", res)
     assert is_run_folder(out)
     return res

@@ -21,13 +21,13 @@ import dataclasses
 import hashlib
 import io
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from rbjax.core.io import atomic_write_json, atomic_write_text, read_json
+from rbjax.core.io import atomic_folder, atomic_write_json, atomic_write_text
 from rbjax.core.keys import digest
+from rbjax.core.reuse import KeyedResult
 from rbjax.data.swap import swap_targets
 from rbjax.debias import projection as pr
 from rbjax.debias.cda import read_train_phrases
@@ -214,14 +214,9 @@ def run_training_free(cfg: ProjectionRun, *, overwrite: bool = False) -> dict:
     key = {"method": cfg.method, "settings": cfg.settings(), "model": handle.digest,
            "tokenizer": handle.tokenizer_digest, "pairs": hashlib.sha256(pairs_text.encode()).hexdigest(),
            "bos": handle.resolve_bos(cfg.bos)}
-    old = read_json(out / "results.json") if (out / "results.json").exists() else None
-    if old is not None and old.get("key") == key and old.get("status") == "done" and not overwrite:
-        return dict(old, reused=True)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out}: holds another run (other inputs or settings) or other files; pass "
-                                  "--overwrite to replace it, or another --out")
-        shutil.rmtree(out)
+    prev = None if overwrite else stored_run(out, key, cfg.method)
+    if prev is not None:
+        return prev
     config, params, _ = handle.load()
     bos_id = handle.bos_id(cfg.bos)
     token_sets = [[tok.encode(s) for s in row] for row in sets]
@@ -230,12 +225,6 @@ def run_training_free(cfg: ProjectionRun, *, overwrite: bool = False) -> dict:
             raise ValueError(f"set {i + 1} ({row!r}) has a sentence without tokens")
     p, removed, fit = fit_projection(cfg, params, config, token_sets, bos_id=bos_id)
     dparams, dconfig = pr.projected_model(params, config, p)
-    out.mkdir(parents=True, exist_ok=True)
-    np.save(out / "projection.npy", p)
-    np.save(out / "subspace.npy", removed)
-    atomic_write_text(out / "pairs.csv", pairs_text)
-    save_pretrained(dparams, dconfig, out / "model", tokenizer_dir=handle.tokenizer_folder(),
-                    source_dir=handle.folder)
     res = {"status": "done", "method": cfg.method, "bias_type": cfg.bias_type, "training_free": True,
            "groups": groups, "sets": len(sets), "source": source, "settings": cfg.settings(), "key": key,
            "key_digest": digest(key), "model": handle.describe(), "model_dir": str(out / "model"),
@@ -244,5 +233,29 @@ def run_training_free(cfg: ProjectionRun, *, overwrite: bool = False) -> dict:
                           "applied_to": "the final hidden state (after the final norm, before the LM head), "
                                         "folded into the LM head as W·P"},
            "fit": fit}
-    atomic_write_json(out / "results.json", res)
+    with atomic_folder(out) as tmp:  # the run written whole, then put in place: an earlier one never survives in part
+        np.save(tmp / "projection.npy", p)
+        np.save(tmp / "subspace.npy", removed)
+        atomic_write_text(tmp / "pairs.csv", pairs_text)
+        save_pretrained(dparams, dconfig, tmp / "model", tokenizer_dir=handle.tokenizer_folder(),
+                        source_dir=handle.folder)
+        atomic_write_json(tmp / "results.json", res)
     return res
+
+
+def stored_run(out: Path, key: dict, method: str) -> dict | None:
+    """The finished run of ``key`` in ``out`` (reused: ``reused`` true), or ``None`` when ``out`` may take a new run
+    (:class:`rbjax.core.reuse.KeyedResult`, the one reuse rule). The new run is written beside ``out`` and put in its
+    place whole (:func:`rbjax.core.io.atomic_folder`), so nothing of an earlier run is deleted before it has finished.
+
+    Raises:
+        FileExistsError: ``out`` holds another run (other inputs or settings), an unfinished one or other files,
+            without ``--overwrite`` (the caller passes it on; nothing was computed).
+    """
+    prev = KeyedResult(out / "results.json", key, f"{method} run").stored()
+    if prev is not None:
+        return prev
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out}: holds another run (other inputs or settings) or other files; pass "
+                              "--overwrite to replace it, or another --out")
+    return None
