@@ -214,6 +214,23 @@ def make_torch_gpt2_folder(folder: Path, *, n_embd=32, n_layer=2, n_head=2, n_po
     return folder
 
 
+def make_torch_model(cls_name: str, kw: dict, folder: Path, seed: int = 0):
+    """A seeded random ``transformers`` model of any family (``cls_name``: its config class, e.g. ``"LlamaConfig"``,
+    built from ``kw``; weights perturbed by 0.1 × N(0, 1) so that every part matters), saved in the real HF format
+    to ``folder`` and loaded back in eval mode (eager attention)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw),
+                                                      attn_implementation="eager")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    m.save_pretrained(folder, safe_serialization=True)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
     """Small random GPT-2 (2 layers, width 32, GPT-2 vocabulary) as an HF folder with tokenizer files; built by

@@ -13,6 +13,7 @@ import pytest
 
 from rbjax.lmb.self_debias import SelfDebiasScorer
 from rbjax.model import hf
+from tests.conftest import make_torch_model
 from rbjax.model.self_debias import SelfDebiasSettings
 
 torch = pytest.importorskip("torch")
@@ -28,17 +29,6 @@ CASES = {  # (config class, config, bos id or None)
                                   tie_word_embeddings=False), 1),
 }
 PREFIXES = ([60, 61, 62, 63, 64], [70, 71, 72])
-
-
-def _build(cls_name, kw, folder, seed=0):
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw),
-                                                      attn_implementation="eager")
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    m.save_pretrained(folder, safe_serialization=True)
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
 
 
 def _torch_self_debias(tm, seqs, firsts, prefixes, bos, lam, eps):
@@ -63,7 +53,7 @@ def _torch_self_debias(tm, seqs, firsts, prefixes, bos, lam, eps):
 def case(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     cls_name, kw, bos = CASES[request.param]
-    tm = _build(cls_name, kw, folder)
+    tm = make_torch_model(cls_name, kw, folder)
     cfg, params = hf.load_pretrained(folder)
     return tm, cfg, params, bos
 

@@ -22,6 +22,7 @@ from rbjax.debias import projection as pr
 from rbjax.debias.representations import sentence_representations
 from rbjax.lmb.perplexity import token_nll
 from rbjax.model import hf
+from tests.conftest import make_torch_model
 from rbjax.model.registry import family_of_config
 
 torch = pytest.importorskip("torch")
@@ -54,17 +55,6 @@ def _sentences(seed=0, n=16):
         a.append(s[:at] + [10 + k] + s[at:])
         b.append(s[:at] + [40 + k] + s[at:])
     return a, b
-
-
-def _build(cls_name, kw, folder, seed=0):
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw),
-                                                      attn_implementation="eager")
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    m.save_pretrained(folder, safe_serialization=True)
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
 
 
 def _body(tm):
@@ -108,7 +98,7 @@ def _rbjax_loglik(params, cfg, sents):
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    tm = _build(*CASES[request.param], folder)
+    tm = make_torch_model(*CASES[request.param], folder)
     cfg, params = hf.load_pretrained(folder)
     return request.param, tm, cfg, params, tmp_path_factory.mktemp(request.param + "_export")
 

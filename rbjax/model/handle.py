@@ -106,11 +106,11 @@ def _self_debias_base(p: Path, res: dict) -> tuple[Path, SelfDebiasSettings, dic
     return folder, settings, recorded
 
 
-def _run_model_folder(p: Path) -> Path:
-    res = p / "results.json"
+def _run_model_folder(p: Path, got: dict | None) -> Path:
+    """The exported ``model/`` of a finished run folder ``p`` (``got``: its ``results.json``, read once by the
+    caller; ``None`` when unreadable or absent)."""
     status = None
-    if res.exists():
-        got = _run_results(p)
+    if (p / "results.json").exists():
         status = "unreadable" if got is None else got.get("status")
     if not (p / "model" / "config.json").exists() or status not in ("done", None):
         raise ValueError(f"{p}: a debiasing run folder without a finished, exported model ({p / 'model'}"
@@ -190,7 +190,8 @@ class ModelHandle:
         p = Path(model).expanduser()
         run_folder = hub_id = None
         tok = str(tokenizer) if tokenizer is not None else None
-        res = _run_results(p) if p.is_dir() and is_run_folder(p) else None
+        run = p.is_dir() and is_run_folder(p)
+        res = _run_results(p) if run else None  # read once: the Self-Debias check and the run-folder rule
         if res is not None and res.get("method") == "self-debias":  # the base model, rescaled at decoding time
             folder, settings, base_key = _self_debias_base(p, res)
             if tokenizer is None and res.get("tokenizer"):
@@ -199,8 +200,8 @@ class ModelHandle:
             self.self_debias = settings
             self._files_key = {"base": base_key, "self_debias": settings.to_dict()}
             return self
-        if p.is_dir() and is_run_folder(p):
-            run_folder, folder = p, _run_model_folder(p)
+        if run:
+            run_folder, folder = p, _run_model_folder(p, res)
         elif not p.exists() and _looks_like_hub_id(str(model)):
             folder, hub_id = None, str(model)  # downloaded when first needed (the folder property)
         else:
