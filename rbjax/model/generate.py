@@ -23,6 +23,16 @@ tokens whose probability reaches ``top_p``). Presets
   at most 64 new tokens; rbjax applies the same 64-token cap per row, and the 128-token total per row against
   the row's real prompt length.
 * greedy (``greedy=True``): the most likely token at every step.
+
+**Self-Debias** (``self_debias=`` settings and ``prefix_ids``; docs/debiasing.md, "Self-Debias"): every prompt is
+decoded K + 1 times at once — as it is, and with each of the K prefixes inserted as the scorer inserts it (after a
+leading BOS when the prompt starts with ``bos_id``, else first; the prefix's ids tokenised on their own). The K + 1
+variants are stacked on the batch axis (variant-major: rows ``v·B … v·B + B − 1`` are variant ``v``), each with its
+own KV cache rows and left padding, its position ids following its own mask (so they continue from its own prompt
+length). At every step the next-token log-softmax of each variant is combined by
+:func:`rbjax.model.self_debias.rescaled_log_probs` (λ, ε of the settings) and the token is chosen from that
+distribution as above (greedy: its argmax; sampling: temperature, top-k, top-p on it, then the draw), then fed to
+all K + 1 rows of the example. Without Self-Debias the program is the plain one (the same tokens as before).
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
 from rbjax.core.precision import get_policy
 from rbjax.model.registry import family_of_config
 from rbjax.model.partition import logical_axes_for
+from rbjax.model.self_debias import SelfDebiasSettings, rescaled_log_probs
 
 __all__ = ["SamplingSettings", "sampling_settings", "filter_logits", "generate", "Generated", "SEMANTICS"]
 
@@ -151,17 +162,20 @@ def _cast_kernels(params, dt):
         lambda p, x: x.astype(dt) if getattr(p[-1], "key", None) == "kernel" else x, params)
 
 
-@partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id", "mesh"))
+@partial(jax.jit, static_argnames=("config", "max_new", "top_k", "greedy", "precision", "eos_id", "pad_id", "mesh",
+                                   "rescale"))
 def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *,
             config, max_new: int, top_k: int, greedy: bool, precision: str, eos_id: tuple, pad_id: int,
-            mesh=None):
+            mesh=None, rescale: tuple | None = None):
     """The whole generation of one batch.
 
     Args:
-        prompt_ids, prompt_mask: int32 (B, P), left-padded. budget: int32 (B,) new tokens allowed per row (0 = an
-        empty row). example_index: int32 (B,) per-example PRNG stream. seed: uint32 scalar. top_p, temperature:
-        float32 scalars.
-        eos_id: a tuple of stop ids (static).
+        prompt_ids, prompt_mask: int32 (B, P) left-padded; with Self-Debias (``rescale``) ((K + 1)·B, P): the K + 1
+        variants of the B examples, variant-major (module docstring). budget: int32 (B,) new tokens allowed per row
+        (0 = an empty row). example_index: int32 (B,) per-example PRNG stream. seed: uint32 scalar. top_p,
+        temperature: float32 scalars.
+        eos_id: a tuple of stop ids (static). rescale: ``None`` (plain decoding) or ``(λ, ε)`` (static): the
+        Self-Debias rescaling of the variants' next-token distributions.
     Returns:
         ``(tokens (B, max_new) int32 — pad after a row stops, n_new (B,) int32 — EOS included, eos (B,) bool)``.
     """
@@ -169,7 +183,7 @@ def _decode(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p,
     with policy.matmul_context():
         return _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature,
                             config=config, max_new=max_new, top_k=top_k, greedy=greedy, dt=policy.compute_dtype,
-                            eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+                            eos_id=eos_id, pad_id=pad_id, mesh=mesh, rescale=rescale)
 
 
 def cache_shardings(cache, mesh):
@@ -192,19 +206,29 @@ def cache_shardings(cache, mesh):
 
 
 def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, top_p, temperature, *, config, max_new,
-                 top_k, greedy, dt, eos_id, pad_id, mesh=None):
+                 top_k, greedy, dt, eos_id, pad_id, mesh=None, rescale=None):
     fam = family_of_config(config)
     model = fam.module(config, dtype=dt)
     p = _cast_kernels(params, dt)
     emb = fam.lm_head(params).astype(dt)
     cap = fam.logit_softcap(config)
-    B, P = prompt_ids.shape
+    R, P = prompt_ids.shape  # R = n_var · B rows: the K + 1 variants of each example with Self-Debias
+    B = budget.shape[0]
+    n_var = R // B
     base = jax.random.PRNGKey(seed)
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(example_index)
 
-    def head(h):  # (B, d) -> (B, V) float32 (soft-capped where the family caps its logits)
+    def head(h):  # (R, d) -> (B, V) float32 (soft-capped where the family caps its logits)
         z = jnp.dot(h.astype(dt), emb.T, preferred_element_type=jnp.float32)
-        return z if cap is None else cap * jnp.tanh(z / cap)
+        z = z if cap is None else cap * jnp.tanh(z / cap)
+        if rescale is None:
+            return z
+        # Self-Debias: the variants' log-softmaxes combined into log q of each example (a valid logit vector)
+        lp = jax.nn.log_softmax(z.reshape(n_var, B, z.shape[-1]), axis=-1)
+        return rescaled_log_probs(lp[0], lp[1:], rescale[0], rescale[1])
+
+    def every_variant(x):  # (B,) -> (R,): an example's value on each of its variants' rows
+        return x if n_var == 1 else jnp.tile(x, n_var)
 
     def pick(logits, t):
         if greedy:
@@ -224,7 +248,7 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
         done = done | hit | (n_new >= budget)
         return (t + 1, cache, out, n_new, done, eos), tok, active
 
-    cache = fam.init_cache(config, B, P + max_new, dt)
+    cache = fam.init_cache(config, R, P + max_new, dt)
     if mesh is not None:  # the cache split like the rows and the k/v heads, never whole on one device
         cache = jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh))
     _, hidden, cache = model.apply({"params": p}, prompt_ids, prompt_mask, cache=cache, return_logits=False)
@@ -240,8 +264,8 @@ def _decode_body(params, prompt_ids, prompt_mask, budget, example_index, seed, t
     def body(carry):
         state, tok, active = carry
         t, cache, out, n_new, done, eos = state
-        _, h, cache = model.apply({"params": p}, tok[:, None], active[:, None].astype(jnp.int32), cache=cache,
-                                  return_logits=False)
+        _, h, cache = model.apply({"params": p}, every_variant(tok)[:, None],
+                                  every_variant(active)[:, None].astype(jnp.int32), cache=cache, return_logits=False)
         return emit((t, cache, out, n_new, done, eos), head(h[:, 0]))
 
     state, _, _ = jax.lax.while_loop(cond, body, (state, tok, active))
@@ -267,7 +291,9 @@ class Generated:
 def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: SamplingSettings | None = None,
              seed: int = 0, batch_size: int = 16, precision: str = "fp32", eos_id: int | Sequence[int] | None = None,
              pad_id: int | None = None, example_ids: Sequence[int] | None = None,
-             progress: Callable[[int], None] | None = None, mesh=None) -> Generated:
+             progress: Callable[[int], None] | None = None, mesh=None,
+             self_debias: SelfDebiasSettings | None = None, prefix_ids: Sequence[Sequence[int]] | None = None,
+             bos_id: int | None = None) -> Generated:
     """Continue each prompt (token ids) with the model ``params`` (any family of :mod:`rbjax.model.registry`:
     its module with the KV cache ``Family.init_cache`` — grouped-query caches included — and its LM head).
 
@@ -288,11 +314,20 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         mesh: a named mesh (:func:`rbjax.core.mesh.make_mesh`): parameters placed by the family's logical axes,
             the batch rows split over ``data`` × ``fsdp`` (``batch_size`` must divide evenly to use them) and the KV
             cache split by :func:`cache_shardings`; tokens equal the unsharded run's.
+        self_debias: :class:`rbjax.model.self_debias.SelfDebiasSettings` (λ, ε; its prefix texts are recorded): every
+            token is chosen from the self-debiased distribution (module docstring); ``None``: the model's own.
+        prefix_ids: with ``self_debias``, the token ids of each prefix (tokenised on its own, no special tokens;
+            :meth:`rbjax.model.handle.ModelHandle.self_debias_prefix_ids`).
+        bos_id: with ``self_debias``, a prompt that starts with this token keeps it first and gets the prefix after
+            it (:meth:`rbjax.model.handle.ModelHandle.bos_id`, as the Self-Debias scorer); ``None``: the prefix
+            goes first.
     Returns:
         :class:`Generated`.
     Raises:
-        ValueError: an empty prompt, a prompt longer than ``config.max_positions - 1``, a token id outside the
-        vocabulary, no eos id or an eos/pad id outside the vocabulary, or bad settings.
+        ValueError: an empty prompt, a prompt longer than ``config.max_positions - 1`` (with Self-Debias: with the
+        longest prefix), a token id outside the vocabulary, no eos id or an eos/pad id outside the vocabulary, bad
+        settings; Self-Debias without prefixes, with an empty prefix or one outside the vocabulary, or with a
+        ``mesh`` (it generates on one device).
     """
     settings = settings or sampling_settings("rbjax")
     get_policy(precision)  # an unknown name is refused before any work
@@ -308,6 +343,8 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
     for what, v in [*(("eos_id", i) for i in stop), ("pad_id", pad_id)]:
         if not 0 <= v < config.vocab_size:  # else the decode loop would index past the head: NaN, then zeros
             raise ValueError(f"{what} {v} is outside the model vocabulary [0, {config.vocab_size})")
+    prefixes = _check_prefixes(config, self_debias, prefix_ids, mesh)
+    longest = max((len(q) for q in prefixes), default=0)
     n = len(prompts)
     ids = list(range(n)) if example_ids is None else [int(i) for i in example_ids]
     if len(ids) != n:
@@ -316,8 +353,10 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
     for i, s in enumerate(seqs):
         if not s:
             raise ValueError(f"prompt {i} is empty")
-        if len(s) >= config.max_positions:
-            raise ValueError(f"prompt {i} has {len(s)} tokens; the model takes at most {config.max_positions} in all")
+        if len(s) + longest >= config.max_positions:
+            raise ValueError(f"prompt {i} has {len(s)} tokens"
+                             f"{f' (and the longest Self-Debias prefix {longest})' if longest else ''}; the model "
+                             f"takes at most {config.max_positions} in all")
         if min(s) < 0 or max(s) >= config.vocab_size:
             raise ValueError(f"prompt {i}: a token id outside the model vocabulary [0, {config.vocab_size})")
     max_new = settings.max_new_tokens
@@ -326,7 +365,7 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         b = max_new
         if settings.max_length is not None:
             b = min(b, settings.max_length - len(s))
-        budgets.append(max(0, min(b, config.max_positions - len(s))))
+        budgets.append(max(0, min(b, config.max_positions - len(s) - longest)))
     top_k = config.vocab_size if settings.top_k is None else min(settings.top_k, config.vocab_size)
     rows_sharding = None
     if mesh is not None:
@@ -341,18 +380,23 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
     order = sorted(range(n), key=lambda i: len(seqs[i]))
     for start in range(0, n, batch_size):
         rows = order[start:start + batch_size]
-        P = -(-max(len(seqs[i]) for i in rows) // 8) * 8
-        pid = np.full((batch_size, P), pad_id, np.int32)
-        pm = np.zeros((batch_size, P), np.int32)
+        # each example's variants: the prompt, then (Self-Debias) the prompt with each prefix inserted
+        variants = [[seqs[i]] + [_with_prefix(seqs[i], q, bos_id) for q in prefixes] for i in rows]
+        P = -(-max(len(v) for vs in variants for v in vs) // 8) * 8
+        n_var = 1 + len(prefixes)
+        pid = np.full((n_var * batch_size, P), pad_id, np.int32)
+        pm = np.zeros((n_var * batch_size, P), np.int32)
         bud = np.zeros(batch_size, np.int32)
         idx = np.zeros(batch_size, np.int32)
+        pm[:, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
         for r, i in enumerate(rows):
-            s = seqs[i]
-            pid[r, P - len(s):], pm[r, P - len(s):] = s, 1
+            for v, s in enumerate(variants[r]):  # variant-major rows (the decode loop's layout)
+                pid[v * batch_size + r, P - len(s):], pm[v * batch_size + r, P - len(s):] = s, 1
             bud[r], idx[r] = budgets[i], ids[i]
-        pm[len(rows):, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
         kw = dict(config=config, max_new=max_new, top_k=top_k, greedy=settings.greedy, precision=precision,
-                  eos_id=stop, pad_id=pad_id, mesh=mesh)
+                  eos_id=stop, pad_id=pad_id, mesh=mesh,
+                  rescale=None if self_debias is None else (float(self_debias.decay_constant),
+                                                            float(self_debias.epsilon)))
         if rows_sharding is not None:
             pid, pm, bud, idx = (jax.device_put(x, rows_sharding) for x in (pid, pm, bud, idx))
         args = (params, pid, pm, bud, idx, np.uint32(seed % 2**32), np.float32(settings.top_p or 1.0),
@@ -368,5 +412,33 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         poll()  # an interrupt inside a long phase (rbjax.core.interrupt.interruptible) stops here
     rec = dataclasses.asdict(settings)
     rec.update(seed=seed, precision=precision, eos_id=stop[0] if len(stop) == 1 else list(stop), batch_size=batch_size)
+    if self_debias is not None:
+        rec["self_debias"] = {**self_debias.to_dict(), "prefix_tokens": [len(q) for q in prefixes],
+                              "bos_id": None if bos_id is None else int(bos_id)}
     return Generated(tokens=out_tokens, stopped_at_eos=eos_flags, settings=rec)
+
+
+def _check_prefixes(config, self_debias, prefix_ids, mesh) -> list[list[int]]:
+    """The Self-Debias prefixes' ids (``[]`` without Self-Debias), checked."""
+    if self_debias is None:
+        if prefix_ids:
+            raise ValueError("prefix_ids given without self_debias settings")
+        return []
+    if not isinstance(self_debias, SelfDebiasSettings):
+        raise TypeError(f"self_debias must be SelfDebiasSettings, got {type(self_debias).__name__}")
+    if mesh is not None:
+        raise ValueError("Self-Debias generation runs on one device (no mesh)")
+    prefixes = [[int(t) for t in q] for q in (prefix_ids or [])]
+    if not prefixes or any(not q for q in prefixes):
+        raise ValueError("Self-Debias generation needs at least one prefix, each with at least one token")
+    if any(not 0 <= t < config.vocab_size for q in prefixes for t in q):
+        raise ValueError(f"a Self-Debias prefix token id outside the model vocabulary [0, {config.vocab_size})")
+    return prefixes
+
+
+def _with_prefix(seq: list[int], prefix: list[int], bos_id: int | None) -> list[int]:
+    """``seq`` with ``prefix`` inserted as the Self-Debias scorer inserts it: after a leading ``bos_id``, else
+    first."""
+    lead = 1 if bos_id is not None and seq and seq[0] == bos_id else 0
+    return seq[:lead] + prefix + seq[lead:]
 
