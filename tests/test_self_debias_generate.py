@@ -2,6 +2,8 @@
 PyTorch loop that applies the formula to ``transformers`` next-token distributions (a GPT-2 without BOS, a Llama whose
 prompts start with a BOS — the prefix after it — or not); seeded sampling repeats, does not depend on the batch, and
 with λ = 0 draws the plain sampler's tokens; the prefix counts against the model's positions."""
+import json
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,58 @@ def test_the_prefix_counts_against_the_positions_and_bad_prefixes_are_refused(pa
         generate(params, CFG, PROMPTS, settings=s, self_debias=sd, prefix_ids=[[]])
     with pytest.raises(ValueError, match="outside the model vocabulary"):
         generate(params, CFG, PROMPTS, settings=s, self_debias=sd, prefix_ids=[[64]])
+
+
+# ------------------------------------------------------------------------------------------------ rbjax evaluate
+def test_evaluate_scores_and_generates_with_the_rescaling_and_refuses_dst(tiny_model_dir, redditbias_dir, tmp_path,
+                                                                          capsys):
+    """A Self-Debias run folder (λ 1e6: the tiny model is near uniform, a large λ makes the rescaling visible):
+    ``lmp`` equals the Self-Debias scorer's perplexity of the lines (not the base's), ``crg`` the responses
+    generated with the rescaling (not the base's); ``dst`` and ``all`` are refused by name before any work."""
+    from rbjax.cli import main
+    from rbjax.dialog import crg_data
+    from rbjax.dialog.crg_generation import generate_responses
+    from rbjax.dialog.evaluate import evaluate
+    from rbjax.dialog.reddit_perplexity import read_reference_lines
+    from rbjax.lmb.self_debias import SelfDebiasScorer
+    from rbjax.model.handle import ModelHandle
+
+    run = tmp_path / "sd"
+    assert main(["debias", "--method", "self-debias", "--bias", "religion1", "--model", str(tiny_model_dir),
+                 "--out", str(run), "--decay-constant", "1e6"]) == 0
+    out = tmp_path / "eval"
+    for task in ("dst", "all"):
+        with pytest.raises(ValueError, match=f"--task {task} includes dst: DST fine-tunes a classifier on the "
+                                             "model's hidden states and never reads its next-token distribution"):
+            evaluate(task, run, out, data_dir=redditbias_dir, progress=False)
+    assert not out.exists()
+    capsys.readouterr()
+    assert main(["evaluate", "--task", "dst", "--model", str(run), "--out", str(out)]) != 0
+    assert "evaluate the base model for DST" in capsys.readouterr().err
+
+    lmp = evaluate("lmp", run, out, data_dir=redditbias_dir, lmp_max_lines=8, progress=False)
+    base = ModelHandle.open(tiny_model_dir)
+    cfg, params, tok = base.load()
+    sd = SelfDebiasSettings.from_dict(lmp["model"]["self_debias"])
+    assert sd.decay_constant == 1e6
+    prefix_ids = [tok.encode(p) for p in sd.prefixes]
+    lines = read_reference_lines(redditbias_dir / "text_files" / "humanref6k.txt", 8)
+    ids = [t[:36] for t in tok.encode_batch(lines)]
+    sc = SelfDebiasScorer(params, cfg, prefix_ids, sd, batch_size=64).score_ids(ids)
+    want = float(sc.nll_sum.sum() / sc.n_scored.sum())
+    assert lmp["metrics"]["mean_nll"] == pytest.approx(want, rel=1e-6)
+    plain = evaluate("lmp", tiny_model_dir, tmp_path / "plain", data_dir=redditbias_dir, lmp_max_lines=8,
+                     progress=False)
+    assert abs(plain["metrics"]["mean_nll"] - want) > 1e-4  # the base's perplexity is another number
+    assert any("Self-Debias" in n for n in lmp["notes"])
+
+    crg = evaluate("crg", run, out, data_dir=redditbias_dir, max_examples=4, greedy=True, max_new_tokens=6,
+                   meteor=False, progress=False)
+    assert crg["generation"]["self_debias"]["decay_constant"] == 1e6
+    examples = crg_data.read_response_hyp(redditbias_dir / crg_data.RESPONSE_HYP)[:4]
+    kw = dict(settings=SamplingSettings(max_new_tokens=6, greedy=True), seed=42, progress=False)
+    want = generate_responses(params, cfg, tok, examples, self_debias=sd, prefix_ids=prefix_ids, **kw)
+    got = [json.loads(ln) for ln in (out / "crg_responses.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["response"] for r in got] == [r["response"] for r in want]
+    plain_resp = generate_responses(params, cfg, tok, examples, **kw)
+    assert [r["response"] for r in plain_resp] != [r["response"] for r in want]

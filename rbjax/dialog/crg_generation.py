@@ -91,7 +91,8 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
                        out_path: str | os.PathLike | None = None, *, semantics: str = "rbjax", seed: int = 0,
                        settings: SamplingSettings | None = None, batch_size: int = 16, precision: str = "fp32",
                        max_prompt_tokens: int | None = None, progress: bool = True,
-                       mesh=None, chat=None, end_ids: Sequence[int] | None = None) -> list[dict]:
+                       mesh=None, chat=None, end_ids: Sequence[int] | None = None, self_debias=None,
+                       prefix_ids: Sequence[Sequence[int]] | None = None, bos_id: int | None = None) -> list[dict]:
     """Generate a response for every ``(key, context)`` and (optionally) write them as JSONL.
 
     Args:
@@ -108,6 +109,9 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
             response the assistant's turn; ``None``: the raw format (:func:`build_prompt`).
         end_ids: the tokens a response ends at (default: the tokenizer's ``<|endoftext|>``; in the chat format pass
             :meth:`rbjax.model.handle.ModelHandle.end_token_ids` of the template: the end-of-turn token too).
+        self_debias, prefix_ids, bos_id: Self-Debias decoding (:func:`rbjax.model.generate.generate`: every token
+            drawn from the rescaled distribution, the prefixes inserted after a leading ``bos_id``); ``None``: the
+            model's own distribution.
     Returns:
         the records ``{"key", "context", "response"}`` in input order.
     """
@@ -132,7 +136,7 @@ def generate_responses(params, config, tokenizer, examples: Sequence[tuple[str, 
     try:
         gen: Generated = generate(params, config, prompts, settings=settings, seed=seed, batch_size=batch_size,
                                   precision=precision, eos_id=stops, progress=None if bar is None else bar.update,
-                                  mesh=mesh)
+                                  mesh=mesh, self_debias=self_debias, prefix_ids=prefix_ids, bos_id=bos_id)
     finally:
         if bar is not None:
             bar.close()

@@ -9,7 +9,12 @@ One entry point, :func:`evaluate` (``rbjax evaluate --task ...`` calls it; so do
 writes ``OUT/<task>.json`` for each task (atomically) and returns the result (``{task: result}`` for ``all``).
 
 **Model.** An HF model folder of any supported family, a hub id, or a finished ``rbjax debias`` run folder (its ``model/`` subfolder, the
-exported debiased model, is evaluated). The tokenizer comes from the model folder unless ``tokenizer`` is given.
+exported debiased model, is evaluated). The tokenizer comes from the model folder unless ``tokenizer`` is given. A
+Self-Debias run folder (inference-time only: its base model with the rescaled next-token distribution) is evaluated
+with the rescaling: ``lmp`` scores the lines with the self-debiased log-likelihoods (the Self-Debias scorer of
+``rbjax measure``), ``crg`` draws every token from the self-debiased distribution
+(:func:`rbjax.model.generate.generate`); ``dst`` (and ``all``, which includes it) is refused by name
+(:data:`SELF_DEBIAS_DST`: its classifier never reads the next-token distribution). One device: no ``mesh``.
 
 **Reuse.** Every result file carries a ``key``: the content digest of the model files
 (:func:`rbjax.model.hf.model_files_key`), of the tokenizer files, of every data file read, and the settings
@@ -57,9 +62,16 @@ from rbjax.dialog.tasks import TASKS, get_task
 from rbjax.dialog.tasks.common import memory_plans, resolve_model, result_path, training_layout
 from rbjax.model.handle import ModelHandle
 
-__all__ = ["TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
+__all__ = ["SELF_DEBIAS_DST", "TASKS", "evaluate", "format_result", "resolve_model", "task_settings", "training_layout"]
 
 log = get_logger("evaluate")
+
+#: why DST refuses a Self-Debias model (``{name}``: the model, ``{task}``: the task asked for)
+SELF_DEBIAS_DST = ("{name}: a Self-Debias run folder, and --task {task} includes dst: DST fine-tunes a classifier on "
+                   "the model's hidden states and never reads its next-token distribution, which is all Self-Debias "
+                   "rescales (at inference time), so DST of a Self-Debias model would be DST of its base model; "
+                   "evaluate the base model for DST, and this folder with --task lmp and --task crg (both apply the "
+                   "rescaling)")
 
 
 
@@ -106,7 +118,8 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
         rbjax.core.interrupt.Interrupted: SIGINT/SIGTERM: training stops after its update in flight (checkpoint
             saved), an evaluation (scoring, generation) after its batch in flight; the message says what is kept
             (the training, the tasks finished before) and to run the same command again.
-        ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``;
+        ValueError: unknown task or setting, bad values, bad data (named), an unwritable ``out_dir``; ``dst`` or
+            ``all`` of a Self-Debias run folder (:data:`SELF_DEBIAS_DST`);
         FileNotFoundError: missing model/data; RuntimeError: downloads that fail;
         rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
@@ -125,14 +138,15 @@ def evaluate(task: str, model: str | os.PathLike, out_dir: str | os.PathLike | N
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     tasks = TASKS if task == "all" else (task,)
     resolved = {t: get_task(t).settings.from_settings(settings) for t in tasks}  # validate everything before any work
-    if dry_run:  # the plans from config.json alone (of a hub id only that file is fetched)
-        m = model if isinstance(model, ModelHandle) else resolve_model(model, tokenizer)
-        return {t: memory_plans(m, resolved[t], get_task(t).plans(resolved[t]), dry_run=True) for t in tasks}
-    if out_dir is None:
+    if out_dir is None and not dry_run:
         raise ValueError("out_dir is needed (only a dry run writes nothing)")
+    m = model if isinstance(model, ModelHandle) else resolve_model(model, tokenizer)
+    if m.self_debias is not None and "dst" in tasks:
+        raise ValueError(SELF_DEBIAS_DST.format(name=m.name, task=task))
+    if dry_run:  # the plans from config.json alone (of a hub id only that file is fetched)
+        return {t: memory_plans(m, resolved[t], get_task(t).plans(resolved[t]), dry_run=True) for t in tasks}
     out = check_output_dir(Path(out_dir).expanduser(), "--out")
     out.mkdir(parents=True, exist_ok=True)
-    m = model if isinstance(model, ModelHandle) else resolve_model(model, tokenizer)
     results = {}
     for t in tasks:
         if len(tasks) > 1:

@@ -129,7 +129,8 @@ def lmp_program_shapes(scorer: PerplexityScorer, tokenizer, lines: Sequence[str]
 
 def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_size: int = BLOCK_SIZE,
                       batch_size: int = 64, progress: Callable[[int], None] | None = None,
-                      stacked: bool = False, bos_id: int | None = None, mesh=None) -> dict | list[dict]:
+                      stacked: bool = False, bos_id: int | None = None, mesh=None,
+                      scorer: PerplexityScorer | None = None) -> dict | list[dict]:
     """LMP of a causal LM on reference lines (paper §3.2).
 
     Every line is tokenised without special tokens, cut to ``block_size`` tokens and scored by the LMB scorer
@@ -152,6 +153,10 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
         mesh: a named device mesh (:func:`rbjax.core.mesh.make_mesh`): the parameters split by the family's logical
             axes over ``fsdp``/``tensor``, the rows over ``data``×``fsdp`` (:class:`PerplexityScorer`); ``None``:
             rows over this process's devices, parameters replicated.
+        scorer: score with this scorer instead of a :class:`PerplexityScorer` built from ``params`` (one with its
+            interface, e.g. :class:`rbjax.lmb.self_debias.SelfDebiasScorer`, whose log-likelihoods are the
+            self-debiased ones; its own batch size and BOS apply, not ``batch_size`` and ``bos_id``); not with
+            ``stacked`` or ``mesh``.
 
     Returns:
         :func:`lmp_from_counts`'s dict plus ``n_lines``, ``n_truncated`` (lines longer than ``block_size``),
@@ -165,16 +170,19 @@ def reddit_perplexity(params, config, tokenizer, lines: Sequence[str], *, block_
     toks, n_trunc = _line_ids(tokenizer, lines, block_size)
     n = len(toks)
     lens = np.array([len(t) for t in toks], np.int64)
+    if scorer is not None and (stacked or mesh is not None):
+        raise ValueError("a scorer of its own is given: stacked and mesh belong to the scorer built here")
+    if scorer is None:
+        scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked, bos_id=bos_id, mesh=mesh)
     try:
-        scores = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked, bos_id=bos_id,
-                                  mesh=mesh).score_ids(
-            toks, progress=progress)
+        scores = scorer.score_ids(toks, progress=progress)
     except PhraseError as e:
         raise ValueError(f"line {e.index + 1}: {e.problem}") from None
     outs = []
     for sc in (scores if stacked else [scores]):
         out = lmp_from_counts(sc.nll_sum, sc.n_scored, lens)
-        out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size), bos=bos_id is not None)
+        out.update(n_lines=n, n_truncated=int(n_trunc), block_size=int(block_size),
+                   bos=scorer.bos_id is not None)
         outs.append(out)
     return outs if stacked else outs[0]
 

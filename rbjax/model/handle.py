@@ -142,7 +142,8 @@ class ModelHandle:
         #: the :class:`rbjax.model.self_debias.SelfDebiasSettings` of a Self-Debias run folder (scorers and the sampler
         #: rescale with them), else ``None``
         self.self_debias: SelfDebiasSettings | None = None
-        #: set by a consumer that applies :attr:`self_debias` (the scorers of ``measure``): :meth:`load` refuses a
+        #: set by a consumer that applies :attr:`self_debias` (the scorers of ``measure`` and of ``evaluate``'s LMP,
+        #: ``evaluate``'s CRG generation): :meth:`load` refuses a
         #: Self-Debias model to every other, which would otherwise use the plain base model
         self.self_debias_accepted = False
         self._config = self._params = self._tokenizer = None
@@ -238,9 +239,10 @@ class ModelHandle:
         """
         if self.self_debias is not None and not self.self_debias_accepted:
             raise ValueError(f"{self.name}: a Self-Debias run folder (inference-time only: it rescales the base "
-                             "model's next-token distribution when scoring); this command does not apply that "
-                             "rescaling, so it would evaluate the plain base model. Use rbjax measure (RedditBias "
-                             "LMB, pair benchmarks, BBQ), or the base model itself")
+                             "model's next-token distribution when scoring and generating); this command does not "
+                             "apply that rescaling, so it would evaluate the plain base model. Use rbjax measure "
+                             "(RedditBias LMB, pair benchmarks, BBQ) or rbjax evaluate --task lmp / crg, or the base "
+                             "model itself")
         if self._params is None:
             self._config, self._params = load_pretrained(self.folder, mesh=mesh, config=self._config)
             self._load_tokenizer()

@@ -10,6 +10,7 @@ from rbjax.core.config import field
 from rbjax.core.progress import progress_bar
 from rbjax.data.redditbias import RedditBiasData, manifest
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
+from rbjax.lmb.measure import LoadedModel
 from rbjax.dialog.tasks.common import (
     EvalModel,
     Task,
@@ -55,7 +56,9 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     """Reddit-6K perplexity (paper §3.2; :mod:`rbjax.dialog.reddit_perplexity`) → ``OUT/lmp.json``.
 
     ``s``: ``lmp_file``/``data_dir``, ``lmp_max_lines``, ``lmp_block_size``, ``eval_batch_size``, ``progress``.
-    Metrics: ``perplexity`` (corpus level), ``reference_grid``, ``reference_cda``, ``mean_nll`` and counts.
+    Metrics: ``perplexity`` (corpus level), ``reference_grid``, ``reference_cda``, ``mean_nll`` and counts. A
+    Self-Debias model (:attr:`rbjax.model.handle.ModelHandle.self_debias`) is scored by its Self-Debias scorer (the
+    self-debiased log-likelihoods, one device: no ``mesh``), built as ``rbjax measure`` builds it.
     ``overwrite``: replace a result of other inputs (else refused: :class:`rbjax.core.reuse.OutputExists`).
     """
 
@@ -73,6 +76,9 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     mesh = task_mesh(s)
     check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
+    scorer = None
+    if model.self_debias is not None:  # a Self-Debias run folder: the lines scored with the rescaled distribution
+        scorer = LoadedModel(model, batch_size=s.eval_batch_size, mesh=mesh).scorer  # (it accepts the rescaling)
     config, params, tok = model.load(mesh=mesh)
     t_model = time.perf_counter() - t1
     lines = read_reference_lines(path, s.lmp_max_lines)
@@ -80,7 +86,8 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     with evaluation_phase("lmp", "the scoring of the Reddit lines", out_dir), \
             progress_bar(len(lines), "LMP (Reddit 6K)", "line", enabled=s.progress) as bar:  # stops between batches
         m = reddit_perplexity(params, config, tok, lines, block_size=s.lmp_block_size,
-                              batch_size=s.eval_batch_size, progress=bar.update, bos_id=model.bos_id(), mesh=mesh)
+                              batch_size=s.eval_batch_size, progress=bar.update, bos_id=model.bos_id(),
+                              mesh=None if scorer is not None else mesh, scorer=scorer)
     t_eval = time.perf_counter() - t1
     data = {"lmp_file": {**rec, "n_lines_scored": len(lines), "official": official,
                          "what": "RedditBias text_files/humanref6k.txt (DialoGPT's human.ref.6k.txt)" if official
@@ -88,6 +95,10 @@ def run_lmp(model: EvalModel, out_dir: str | os.PathLike, s: LMPSettings, *, ove
     notes = []
     if s.lmp_max_lines:
         notes.append(f"only the first {s.lmp_max_lines} lines were scored: not the paper's LMP")
+    if scorer is not None:
+        notes.append("Self-Debias: every token's log-likelihood is taken from the self-debiased distribution "
+                     f"({len(model.self_debias.prefixes)} prefix(es), λ {model.self_debias.decay_constant:g}, "
+                     f"ε {model.self_debias.epsilon:g}), as rbjax measure scores it")
     return finish("lmp", out_dir, key, model, s, overwrite, {"metrics": m, "data": data, "notes": notes,
                                                                 "timings": {"load_model_s": t_model,
                                                                             "eval_s": t_eval}}, t0)
