@@ -1,8 +1,8 @@
 """The methods without training in a study (SentenceDebias, INLP, Self-Debias; docs/study.md): planned as one run
 each with their defaults (no sweep, no training run; SentenceDebias and Self-Debias, which no seed changes, under the
-first seed only), measured and benchmarked like every method, no dialog stage for Self-Debias; the dry run's cost
+first seed only), measured and benchmarked like every method, Self-Debias's dialog stage without DST; the dry run's cost
 counts no training for them; settings that cannot run are named when the file is read; and a small study of them
-runs end to end, its report listing them and saying why Self-Debias has no dialog numbers."""
+runs end to end, its report listing them, Self-Debias's LMP beside the others' and why it has no DST."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,7 @@ def _methods(ms):
 def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path, capsys):
     """tiny.toml (two seeds, religion1 debiased, every dialog task, HD with a grid) with CDA and the three methods
     without training: each has one run stage of kind "debias" (no sweep entry, no training run), then lmb_test and
-    dialog like CDA's; SentenceDebias and Self-Debias only under the first seed; Self-Debias without dialog."""
+    dialog like CDA's; SentenceDebias and Self-Debias only under the first seed; Self-Debias's dialog without DST."""
     cfg = load_study(TINY, [_methods(["hd", "cda", *FREE]), "study.data_dir=/nonexistent-data"])
     stages = {s.name: s for s in plan_study(cfg, tmp_path / "out", progress=False)}
     for m in FREE:
@@ -42,7 +42,12 @@ def test_the_plan_of_a_study_with_the_methods_without_training(tmp_path, capsys)
         "seed43/religion1/cda/run", "seed43/religion1/inlp/run"}  # INLP's seed splits its sets; the others: once
     assert "seed43/religion1/inlp/lmb_test" in stages and "seed43/religion1/sentence-debias/lmb_test" not in stages
     assert "seed42/religion1/sentence-debias/dialog" in stages and "seed42/religion1/inlp/dialog" in stages
-    assert "seed42/religion1/self-debias/dialog" not in stages  # inference-time only: no dialog task
+    # Self-Debias: LMP and CRG with the rescaling, no DST (its classifier never reads the next-token distribution)
+    assert "seed42/religion1/self-debias/dialog" in stages
+    from rbjax.study.run import _Study
+
+    study = _Study(cfg, tmp_path / "out", False)
+    assert study._dialog_tasks("self-debias") == ["lmp", "crg"] and study._dialog_tasks("inlp") == ["lmp", "dst", "crg"]
     assert sum(s.training_runs for s in stages.values()) == 2 * (2 + 1 + 1)  # HD's two points + its retraining, CDA
     out = tmp_path / "out"
     assert main(["run", str(TINY), "--out", str(out), "--dry-run", "--set", _methods(["cda", *FREE])]) == 0
@@ -86,8 +91,9 @@ def test_settings_that_cannot_run_are_named(sets, message, tmp_path, capsys):
 
 def test_a_study_of_the_methods_without_training_runs_and_reports_them(shared_dir, tmp_path):
     """One type, one seed, LMP only (a few lines): SentenceDebias's run folder holds model/ (measured and evaluated
-    like a trained one), Self-Debias's none (measured with the rescaled distribution, not evaluated); the report lists
-    both beside the baseline and says why Self-Debias has no dialog numbers; the study's export refuses it by name."""
+    like a trained one), Self-Debias's none (measured and its LMP scored with the rescaled distribution); the report
+    lists both beside the baseline, Self-Debias's LMP filled, and says why it has no DST; the study's export refuses it
+    by name."""
     study = tmp_path / "s.toml"
     study.write_text(f"""
 [study]
@@ -112,12 +118,15 @@ lmp = {{ lmp_max_lines = 8 }}
     sd, self_d = out / "seed42/religion1/sentence-debias", out / "seed42/religion1/self-debias"
     assert json.loads((sd / "run/results.json").read_text())["training_free"] is True
     assert (sd / "run/model/config.json").is_file() and (sd / "dialog/lmp.json").is_file()
-    assert not (self_d / "run/model").exists() and not (self_d / "dialog").exists()
+    assert not (self_d / "run/model").exists()
+    lmp, base_lmp = (json.loads((f / "dialog/lmp.json").read_text()) for f in (self_d, out / "baseline"))
+    assert lmp["model"]["self_debias"]["prefixes"] and lmp["metrics"]["perplexity"] is not None
+    assert lmp["metrics"]["mean_nll"] != base_lmp["metrics"]["mean_nll"]  # the rescaled log-likelihoods
     recs = json.loads((self_d / "lmb_test/lmb.json").read_text())
     base = json.loads((out / "baseline/lmb_test/lmb.json").read_text())
     assert recs[0]["t_value"] != base[0]["t_value"]  # the rescaled distribution, not the base model, was scored
     md = (out / "report.md").read_text()
     assert "| SentenceDebias |" in md and "| Self-Debias |" in md  # Table 3 rows beside the baseline
-    assert "| Self-Debias (religion1) | not evaluated: inference-time only, dialog tasks not implemented |" in md
-    assert "Self-Debias: dialog quality not evaluated: inference-time only" in md
+    assert f"| Self-Debias (religion1) | {lmp['metrics']['perplexity']:.3f} | n/a | n/a |" in md
+    assert "DST does not apply (its classifier never reads the next-token distribution" in md
     assert main(["export", str(self_d), "--out", str(tmp_path / "exp")]) == 1

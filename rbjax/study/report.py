@@ -28,7 +28,8 @@ What it holds (paper §5, Figure 1, Tables 3–5):
   the categories; each bias score baseline → model with its paired bootstrap CI and whether it moved toward zero,
   past zero or away).
 * **Dialog quality** (Tables 4–5): LMP, DST F1/accuracy, CRG BLEU-4, NIST-2, METEOR, entropy-4, dist-2, length
-  (a Self-Debias model: "not evaluated: inference-time only, dialog tasks not implemented", also in the notes).
+  (a Self-Debias model: LMP and CRG with the rescaled distribution, DST n/a — its classifier never reads the
+  next-token distribution —, said in the notes; a study folder without its dialog stage: "not evaluated").
 * **Data notes**: every setting that cuts the study down from the paper's (training steps, the dev pairs of the
   selection, a reduced grid, LMP/DST/CRG cut-downs), what stood in for an official split, un-fine-tuned CRG.
 * **Settings and package versions** of every folder.
@@ -91,8 +92,13 @@ METHOD_NAMES = {"lmd": "LMD", "add": "ADD", "hd": "HD", "cda": "CDA", "lm": "LM"
                 "inlp": "INLP", "self-debias": "Self-Debias"}
 #: the order of the methods in every table: the paper's four, the LM control, then the methods without training
 METHOD_ORDER = ["lmd", "add", "hd", "cda", "lm", "sentence-debias", "inlp", "self-debias"]
-#: what the dialog table and the notes say of a Self-Debias model (rbjax evaluate refuses it)
-NOT_EVALUATED = "not evaluated: inference-time only, dialog tasks not implemented"
+#: what the dialog table says of a Self-Debias model without dialog results (a study whose [dialog] tasks are DST
+#: alone, which does not apply to it, or a folder made before its LMP and CRG were implemented)
+NOT_EVALUATED = "not evaluated: no LMP or CRG result (DST does not apply to Self-Debias)"
+#: the note on Self-Debias's dialog quality
+SELF_DEBIAS_DIALOG = ("Self-Debias: LMP scored with the self-debiased log-likelihoods and CRG generated from the "
+                      "self-debiased distribution; DST does not apply (its classifier never reads the next-token "
+                      "distribution, which is all Self-Debias rescales: it would be the base model's DST)")
 
 
 def _dig(d, path):
@@ -749,9 +755,8 @@ def _notes(data: dict) -> list[str]:
     for st in data["studies"]:
         for n in _cutdowns(st.get("config") or {}):
             notes[n] = None
-    if any(m == "self-debias" for m, _ in data["runs"]):
-        notes["Self-Debias: dialog quality " + NOT_EVALUATED + " (rbjax evaluate refuses a Self-Debias run folder; "
-              "its LMB and benchmarks are measured with the rescaled distribution)"] = None
+    if any(e["dialog"] for (m, _), seeds in data["runs"].items() if m == "self-debias" for e in seeds.values()):
+        notes[SELF_DEBIAS_DIALOG] = None
     results = [data["baseline"]["dialog"]] + [e["dialog"] for seeds in data["runs"].values() for e in seeds.values()]
     for res in results:
         for task in ("lmp", "dst", "crg"):

@@ -13,8 +13,9 @@ Stages (in order; folders under ``OUT``)::
                                   grid (kind "debias"; SentenceDebias and Self-Debias, which no seed
                                   changes, under the first seed only)                   rbjax debias --method
     seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
-    seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model (none for Self-Debias: inference-time
-                                       only, its dialog tasks are not implemented; the report says so)
+    seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model (Self-Debias: LMP and CRG with the
+                                       rescaled distribution, no DST — its classifier never reads the next-token
+                                       distribution, rbjax evaluate refuses it; the report says so)
     baseline/<benchmark>, seed<S>/<type>/<method>/<benchmark>
                                   [benchmarks]: CrowS-Pairs (crows-pairs), each pair file (pairs-<stem>) and
                                   BBQ (bbq) on the starting model and on every debiased
@@ -223,11 +224,16 @@ class _Study:
                       (lambda b=b: self._benchmark_key(model_of(), b)))
                 for b in self.cfg.benchmarks()]
 
-    def _dialog(self, model: str | Path, out_dir: Path) -> dict:
+    def _dialog_tasks(self, method: str | None = None) -> list[str]:
+        """The [dialog] tasks a model of ``method`` is evaluated on (``None``: the baseline): all of them, but DST for
+        Self-Debias (rbjax.dialog.evaluate.SELF_DEBIAS_DST)."""
+        return [t for t in self.cfg.dialog["tasks"] if not (method == SELF_DEBIAS and t == "dst")]
+
+    def _dialog(self, model: str | Path, out_dir: Path, tasks: list[str] | None = None) -> dict:
 
         d = self.cfg.dialog
         out = {}
-        for task in d["tasks"]:
+        for task in (d["tasks"] if tasks is None else tasks):
             settings = dict(d.get(task, {}))
             if task == "lmp":
                 settings.setdefault("data_dir", self.cfg.data_dir)
@@ -346,9 +352,10 @@ class _Study:
                                                       "types": cfg.bias_types, "data_dir": cfg.data_dir,
                                                       "precision": cfg.precision, **cfg.chat_key()})))
                     st += self._benchmark_stages(base, lambda sel=sel: sel, folder)
-                    if cfg.dialog["tasks"] and m != SELF_DEBIAS:  # Self-Debias: no dialog task (the report says)
+                    tasks = self._dialog_tasks(m)  # Self-Debias: no DST (the report says)
+                    if tasks:
                         st.append(Stage(f"{base}/dialog", "dialog", folder / "dialog",
-                                        (lambda sel=sel, f=folder: self._dialog(sel, f / "dialog")),
+                                        (lambda sel=sel, f=folder, ts=tasks: self._dialog(sel, f / "dialog", ts)),
                                         (lambda sel=sel: {"model": _model_digest(sel), "dialog": cfg.dialog,
                                                           "data_dir": cfg.data_dir, **cfg.chat_key()})))
         return st
