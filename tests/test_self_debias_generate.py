@@ -99,16 +99,15 @@ def params():
 def test_seeded_self_debias_sampling_repeats_and_lambda_zero_is_plain_sampling(params):
     s = sampling_settings("rbjax", max_new_tokens=10)
     pre = [[30, 31, 32], [33]]
-    plain = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=2)
-    off = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=2, self_debias=SelfDebiasSettings(("a", "b"),
+    plain = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=5)
+    off = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=5, self_debias=SelfDebiasSettings(("a", "b"),
                    0.0, 0.01), prefix_ids=pre)
     assert off.tokens == plain.tokens  # λ = 0: q = p, the same draws
     strong = SelfDebiasSettings(("a", "b"), 1e5, 0.0)
-    a = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=2, self_debias=strong, prefix_ids=pre)
-    b = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=2, self_debias=strong, prefix_ids=pre)
-    c = generate(params, CFG, PROMPTS[::-1], settings=s, seed=3, batch_size=5, self_debias=strong, prefix_ids=pre,
+    a = generate(params, CFG, PROMPTS, settings=s, seed=3, batch_size=5, self_debias=strong, prefix_ids=pre)
+    b = generate(params, CFG, PROMPTS[::-1], settings=s, seed=3, batch_size=5, self_debias=strong, prefix_ids=pre,
                  example_ids=[4, 3, 2, 1, 0])
-    assert a.tokens == b.tokens and c.tokens[::-1] == a.tokens  # seeded, per-example streams
+    assert b.tokens[::-1] == a.tokens  # seeded per-example streams: the same draws in another order
     assert a.tokens != plain.tokens  # the rescaled distribution was sampled from
     # top-k 1 sampling of the rescaled distribution is its greedy decoding
     g = generate(params, CFG, PROMPTS, settings=SamplingSettings(max_new_tokens=10, top_k=1), seed=9, batch_size=5,
