@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, dst_array_data, torch_losses  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TOKENIZER = SHARED / "tokenizers" / "gpt2"
@@ -132,13 +132,7 @@ def torch_worker(args) -> dict:
     model = transformers.GPT2LMHeadModel.from_pretrained(args.model)
     model.train()
     if args.method == "dst":
-        from benchmarks.bench_dialog import dst_arrays
-        from rbjax.dialog.tasks.dst import trim_columns
-        from rbjax.train.batching import ArrayData
-
-        a = dst_arrays(DST_BATCH * DST_ACCUM * (args.steps + 1), tok)
-        a = trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
-        data = ArrayData(a, pad_id=tok.eos_id, info={"bench": "dst"})
+        data = dst_array_data(DST_BATCH * DST_ACCUM * (args.steps + 1), tok)
         plan = BatchPlan(data, DST_BATCH, DST_ACCUM, 1, 42, "drop", args.steps, layout="padded")
     else:
         from rbjax.debias.config import DebiasRun
@@ -168,8 +162,6 @@ def torch_worker(args) -> dict:
             return (F.binary_cross_entropy_with_logits(logit, lab, reduction="none") * w).sum() / w.sum()
         if args.method == "lm":
             return model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-        from benchmarks.bench_train_step import torch_losses
-
         batch = {"input_ids": ids, "attention_mask": mask,
                  "occ_weights": torch.tensor(mb["occ_weights"][:, :, :n]).float(),
                  "occ_mask": torch.tensor(mb["occ_mask"]).float()}

@@ -38,22 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, dst_arrays  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
-
-
-def dst_arrays(n: int, tokenizer):
-    """The first ``n`` binary DST examples of the offline MultiWOZ 2.0 test split, encoded at block 128."""
-    from rbjax.dialog import state_tracking
-    from rbjax.dialog import multiwoz as mw
-
-    base = SHARED / "dialog-data" / "multiwoz"
-    mapping = base / "budzianowski-multiwoz" / "utils" / "mapping.pair"
-    test = mw.load_multiwoz(base / "ConvLab-ConvLab" / "data" / "multiwoz" / "test.json.zip", "test", mapping=mapping)
-    onto = mw.SlotOntology(mw.load_ontology(base / "thu-coai-tatk"), mw.Normalizer(mw.load_mapping_pairs(mapping)))
-    ex = state_tracking.build_examples(test.dialogues, onto, semantics="paper", seed=42)[:n]
-    return state_tracking.encode_examples(ex, tokenizer, block_size=128)
 
 
 class Variant:

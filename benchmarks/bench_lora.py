@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, dialogpt_config, random_params, torch_gpt2  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 BATCH, RANK, ALPHA = 8, 8, 16.0
@@ -57,9 +57,7 @@ LR_FULL, LR_LORA = 5e-5, 2e-4
 
 
 def model_config(args):
-    from rbjax.model.gpt2 import GPT2Config
-
-    return GPT2Config(n_layer=2, n_embd=64, n_head=2) if args.smoke else GPT2Config()  # DialoGPT-small shape
+    return dialogpt_config(args.smoke)  # DialoGPT-small shape
 
 
 def lm_plan(tok, config):
@@ -155,26 +153,18 @@ def rbjax_worker(args) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- PyTorch
 def torch_worker(args) -> dict:
-    import jax
-    import numpy as np
     import peft
     import torch
     import transformers
 
-    from rbjax.model.gpt2 import init_params
-    from rbjax.model.hf import params_to_state_dict
     from rbjax.model.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     config = model_config(args)
-    params = jax.device_get(init_params(config, seed=0))
+    params = random_params(config)
     tok = load_tokenizer(args.tokenizer)
-    tcfg = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_positions,
-                                   n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)
-    base = transformers.GPT2LMHeadModel(tcfg)
-    sd = {k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, config).items()}
-    base.load_state_dict(sd, strict=False)
-    base.tie_weights()
+    base = torch_gpt2(config, params)  # the same weights
+    tcfg = base.config
     base_sd = {k: v.clone() for k, v in base.state_dict().items()}
     models = {}
     for suffix, rate in DROPOUTS.items():  # one PEFT model per adapter dropout, on the same base weights

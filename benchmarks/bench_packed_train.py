@@ -41,16 +41,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, dialogpt_config, dst_array_data, random_params, torch_gpt2  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 LM_BATCH, DST_BATCH = 8, 12
 
 
 def model_config(args):
-    from rbjax.model.gpt2 import GPT2Config
-
-    return GPT2Config(n_layer=2, n_embd=64, n_head=2) if args.smoke else GPT2Config()  # DialoGPT-small shape
+    return dialogpt_config(args.smoke)  # DialoGPT-small shape
 
 
 def lm_data(tok, config):
@@ -63,15 +61,10 @@ def lm_data(tok, config):
 
 
 def dst_data(tok, n: int):
-    from benchmarks.bench_dialog import dst_arrays
-    from rbjax.dialog.tasks.dst import trim_columns
-    from rbjax.train.batching import ArrayData
     from rbjax.train.config import TrainerConfig
 
-    a = dst_arrays(n, tok)
-    a = trim_columns({k: a[k] for k in ("input_ids", "attention_mask", "labels")})
     cfg = TrainerConfig(batch_size=DST_BATCH, block_size=128, progress=False)
-    return cfg, ArrayData(a, pad_id=tok.eos_id, info={"bench": "dst"})
+    return cfg, dst_array_data(n, tok)
 
 
 def plans(cfg, data, steps):
@@ -160,25 +153,15 @@ def rbjax_worker(args) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- PyTorch
 def torch_worker(args) -> dict:
-    import jax
-    import numpy as np
     import torch
-    import transformers
 
-    from rbjax.model.gpt2 import init_params
-    from rbjax.model.hf import params_to_state_dict
     from rbjax.model.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     config = model_config(args)
-    params = jax.device_get(init_params(config, seed=0))
+    params = random_params(config)
     tok = load_tokenizer(args.tokenizer)
-    tcfg = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_positions,
-                                   n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)
-    model = transformers.GPT2LMHeadModel(tcfg)
-    sd = {k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, config).items()}
-    model.load_state_dict(sd, strict=False)
-    model.tie_weights()
+    model = torch_gpt2(config, params)  # the same weights
     model.train()
     head = torch.nn.Linear(config.n_embd, 1)
     opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=5e-5, weight_decay=0.0)

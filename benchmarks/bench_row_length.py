@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, dst_array_data  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
@@ -45,7 +45,6 @@ def main() -> int:
     import jax
     import numpy as np
 
-    from benchmarks.bench_packed_train import dst_data
     from rbjax.dialog.state_tracking import DSTObjective, init_head
     from rbjax.model.gpt2 import GPT2Config, init_params
     from rbjax.model.tokenizer import load_tokenizer
@@ -54,7 +53,7 @@ def main() -> int:
 
     config = GPT2Config(n_layer=2, n_embd=64, n_head=2) if args.smoke else GPT2Config()
     tok = load_tokenizer(SHARED / "tokenizers" / "gpt2")
-    _, data = dst_data(tok, 12)
+    data = dst_array_data(12, tok)
     spec = StepSpec(config=config, objective=DSTObjective(), dropout=True)
     start = {"gpt2": jax.device_get(init_params(config, seed=0)), "head": init_head(config, 0)}
     mon = LoadMonitor()

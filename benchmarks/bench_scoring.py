@@ -50,7 +50,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import LoadMonitor, torch_sorted_mean_nll  # noqa: E402
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 TYPES = ("religion1", "religion2", "race", "gender", "queerness")
@@ -167,26 +167,8 @@ def main() -> None:
                 out.append(math.exp(tmodel(x, labels=x).loss.item()))
         return np.array(out)
 
-    order = list(np.argsort([len(s) for s in ids], kind="stable"))
-
-    def torch_sorted(bf16: bool):
-        out = np.zeros(n)
-        ctx = torch.autocast(tdev, dtype=torch.bfloat16) if bf16 else torch.autocast(tdev, enabled=False)
-        with torch.inference_mode(), ctx:
-            for k in range(0, n, args.torch_batch):
-                rows = order[k:k + args.torch_batch]
-                L = max(len(ids[i]) for i in rows)
-                x = torch.zeros((len(rows), L), dtype=torch.long)
-                m = torch.zeros((len(rows), L), dtype=torch.long)
-                for r, i in enumerate(rows):
-                    x[r, :len(ids[i])] = torch.tensor(ids[i])
-                    m[r, :len(ids[i])] = 1
-                x, m = x.to(tdev), m.to(tdev)
-                logits = tmodel(x, attention_mask=m).logits[:, :-1].float()
-                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
-                tm = (m[:, 1:] * m[:, :-1]).float()
-                out[rows] = ((nll * tm).sum(1) / tm.sum(1)).cpu().numpy()
-        return out  # mean NLL per phrase
+    def torch_sorted(bf16: bool):  # mean NLL per phrase, length-sorted padded batches
+        return torch_sorted_mean_nll(tmodel, ids, args.torch_batch, tdev, bf16=bf16)
 
     def rb(k):
         sc = scorers[k]

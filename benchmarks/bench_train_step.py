@@ -4,7 +4,8 @@ One training update (forward, LM loss + debiasing loss, backward, clip 1.0, Adam
 for each debiasing loss (LMD, ADD, HD; paper semantics; HD also in reference semantics, whose running sum is the
 costliest), in rbjax (:func:`rbjax.train.step.train_step`, the trainer's update at accumulation 1) and in
 PyTorch (``transformers.GPT2LMHeadModel`` with the same weights, the same batch, the same trigger arrays, the loss
-written with torch ops, ``clip_grad_norm_`` and ``AdamW(weight_decay=0)``).
+written with torch ops, ``clip_grad_norm_`` and ``AdamW(weight_decay=0)``). The batch and both updates are in
+``benchmarks/_common.py`` (``build_batch``, ``RbjaxStep``, ``TorchStep``), shared with ``on_device.py``.
 
 * Weights: random GPT-2 117M (12 layers, width 768, vocabulary 50257) built in-process with rbjax's initialiser
   and copied into the PyTorch model, so both compute the same function (the first losses are printed side by side).
@@ -40,204 +41,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import (B, L, LoadMonitor, RbjaxStep, TorchStep, build_batch,  # noqa: E402
+                                random_params, rbjax_eval_losses)
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
-
-B, L = 8, 36
-
-
-def build_batch(method: str, semantics: str, tokenizer, data_dir: Path):
-    import numpy as np
-
-    from rbjax.debias.cda import read_train_phrases
-    from rbjax.train.batching import tokenize_lines
-    from rbjax.debias.triggers import TriggerBuilder, pad_occurrences
-    from rbjax.specs import load_spec
-
-    texts = read_train_phrases("religion1", str(data_dir))[:B]
-    ids, mask, _ = tokenize_lines(texts, tokenizer, L, tokenizer.eos_id)
-    batch = {"input_ids": ids, "attention_mask": mask}
-    shared = {}
-    if method in ("lmd", "add", "hd"):
-        tb = TriggerBuilder(load_spec("religion1"), tokenizer, semantics=semantics)
-        pid, pmask = tb.pair_ids("lmd" if method == "lmd" else "add_hd")
-        shared = {"pair_ids": pid.astype(np.int32), "pair_mask": pmask}
-        if method == "lmd":
-            t = tb.lmd(ids, mask)
-            batch.update(lmd_mask=t.mask, norm=t.norm)
-        else:
-            o = tb.attributes(ids, mask)
-            o = tb.attributes(ids, mask, max_occurrences=pad_occurrences(int(o.mask.sum(1).max())))
-            batch.update(occ_weights=o.weights, occ_mask=o.mask)
-    return batch, shared
-
-
-# ------------------------------------------------------------------------------------------------------ rbjax
-class RbjaxStep:
-    """The trainer's update at accumulation 1: :func:`rbjax.train.step.train_step` (gradient, clip, Adam)."""
-
-    def __init__(self, config, params, lambdas=(0.01, 10.0)):
-        import jax
-
-        self.config = config
-        self.params = jax.device_put(params)
-        self.lambdas = lambdas
-        self.states = {}
-        self.i = 0
-
-    def __call__(self, batch, shared, method, semantics) -> float:
-        import jax
-        import numpy as np
-
-        from rbjax.train.batching import dropout_key
-        from rbjax.debias.objective import DebiasObjective
-        from rbjax.train.step import StepSpec, init_state, train_step_jit
-
-        objective = DebiasObjective(method, semantics)
-        spec = StepSpec(config=self.config, objective=objective, dropout=True)
-        key = (method, semantics)
-        if key not in self.states:  # one state per method (each donates its own buffers)
-            hp = dict(zip(("lambda_lm", "lambda_d"), self.lambdas)) if objective.hparam_names else {}
-            self.states[key] = init_state(jax.tree.map(lambda x: x.copy(), self.params), spec, hparams=hp, lr=5e-5,
-                                          t_total=1000)
-        full = {k: np.asarray(v)[None] for k, v in batch.items()}
-        full["rng"] = dropout_key(0, 0, self.i)[None]
-        full.update(shared)
-        t0 = time.perf_counter()
-        self.states[key], m = train_step_jit(self.states[key], full, spec=spec)
-        np.asarray(m["total"])
-        jax.block_until_ready(self.states[key].params)
-        self.i += 1
-        return time.perf_counter() - t0
-
-
-def rbjax_eval_losses(config, params, batch, shared, method, semantics, lambdas=(0.01, 10.0)):
-    import numpy as np
-
-    from rbjax.debias.objective import DebiasObjective
-    from rbjax.train.step import StepSpec, micro_batch_losses
-
-    objective = DebiasObjective(method, semantics)
-    spec = StepSpec(config=config, objective=objective, dropout=False)
-    hp = np.asarray(lambdas if objective.hparam_names else (), np.float32)
-    tot, aux = micro_batch_losses(params, {**batch, **shared}, hp, spec)
-    return [float(aux["lm_loss"]), float(aux["debias_loss"]), float(tot)]
-
-
-# ---------------------------------------------------------------------------------------------------- PyTorch
-def torch_losses(model, batch, shared, method, semantics, lambdas, torch):
-    """LM loss + the paper's debiasing losses in torch ops (the same formulas as rbjax.debias.losses)."""
-    F = torch.nn.functional
-    ids = batch["input_ids"]
-    mask = batch["attention_mask"]
-    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    logits, h = out.logits, out.hidden_states[-1]  # last hidden state is after ln_f
-    tm = (mask[:, 1:] * mask[:, :-1]).float()
-    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                          reduction="none").view(tm.shape)
-    lm = (nll * tm).sum() / tm.sum().clamp(min=1)
-    if method == "lm":
-        return lm, lm.new_zeros(()), lm
-    wte = model.transformer.wte.weight
-    pm = shared["pair_mask"].float()
-    rows = wte[shared["pair_ids"]]  # (P, 2, W, d)
-    e = (rows * pm[..., None]).sum(-2) / pm.sum(-1, keepdim=True).clamp(min=1)
-    if semantics == "reference":
-        e = e.detach()
-    if method == "lmd":
-        m = batch["lmd_mask"]
-        gap = torch.einsum("bld,pd->blp", h, e[:, 0] - e[:, 1]).abs()
-        cnt = m.sum(-1)
-        hit = cnt > 0
-        per = (m * gap).sum(-1) / cnt.clamp(min=1)
-        deb = per[hit].sum() / hit.sum().clamp(min=1)
-    else:
-        ha = torch.einsum("bnl,bld->bnd", batch["occ_weights"], h)
-        valid = batch["occ_mask"]
-        if method == "add":
-            def cos(x, y):
-                xx, yy = (x * x).sum(-1), (y * y).sum(-1)
-                ok = (xx > 0) & (yy > 0)
-                c = (x * y).sum(-1) / (xx.clamp(min=1e-30).sqrt() * yy.clamp(min=1e-30).sqrt())
-                return torch.where(ok, c, torch.zeros_like(c))
-
-            c = cos(ha[:, :, None, None, :], e[None, None])
-            deb = (valid * (c[..., 1] - c[..., 0]).abs().sum(-1)).sum()
-        else:
-            ed = e.detach()
-            cmat = (ed[:, 0] - ed[:, 1]) / 2 if semantics == "paper" else (ed[:, 1] - ed[:, 0]) / 2
-            _, s, vh = torch.linalg.svd(cmat, full_matrices=False)
-            s2 = s * s
-            before = (torch.cumsum(s2, 0) - s2) / s2.sum()
-            keep = (before < 0.5) if semantics == "paper" else (before <= 0.5)
-            basis = vh.T * keep.float()
-            coef = torch.einsum("bnd,dm->bnm", ha, basis)
-            if semantics == "paper":
-                deb = (valid * coef.abs().sum(-1)).sum()
-            else:
-                proj = torch.einsum("bnm,dm->bnd", coef, basis) * valid[..., None]
-                run = torch.cumsum(proj.reshape(-1, proj.shape[-1]), 0)
-                deb = (valid.reshape(-1) * run.abs().sum(-1)).sum()
-    lam_lm, lam_d = lambdas
-    if semantics == "reference":
-        total = lam_lm * lm + lam_d * deb if float(deb) != 0 else lm
-    else:
-        total = lam_lm * lm + lam_d * deb
-    return lm, deb, total
-
-
-class TorchStep:
-    """A PyTorch update with the same weights: forward, LM + debias loss, backward, clip 1.0, AdamW(wd 0)."""
-
-    def __init__(self, config, params, lambdas=(0.01, 10.0)):
-        import numpy as np
-        import torch
-        import transformers
-
-        from rbjax.model.hf import params_to_state_dict
-
-        torch.manual_seed(0)
-        self.torch = torch
-        tcfg = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.n_positions,
-                                       n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head)
-        self.model = transformers.GPT2LMHeadModel(tcfg)
-        sd = {k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, config).items()}
-        missing, _ = self.model.load_state_dict(sd, strict=False)
-        assert not [k for k in missing if not k.endswith(("attn.bias", "attn.masked_bias", "lm_head.weight"))], missing
-        self.model.tie_weights()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=5e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        self.lambdas = lambdas
-
-    def convert(self, batch_np, shared_np):
-        import numpy as np
-
-        torch = self.torch
-        conv = {k: torch.tensor(np.asarray(v)) for k, v in batch_np.items()}
-        conv["input_ids"] = conv["input_ids"].long()
-        conv["attention_mask"] = conv["attention_mask"].long()
-        for k in ("lmd_mask", "occ_weights", "occ_mask", "norm"):
-            if k in conv:
-                conv[k] = conv[k].float()
-        sh = {"pair_ids": torch.tensor(np.asarray(shared_np["pair_ids"])).long(),
-              "pair_mask": torch.tensor(np.asarray(shared_np["pair_mask"]))} if shared_np else {}
-        return conv, sh
-
-    def eval_losses(self, conv, sh, method, semantics):
-        self.model.eval()
-        with self.torch.no_grad():
-            out = [float(x) for x in torch_losses(self.model, conv, sh, method, semantics, self.lambdas, self.torch)]
-        self.model.train()
-        return out
-
-    def __call__(self, conv, sh, method, semantics) -> float:
-        t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        _, _, total = torch_losses(self.model, conv, sh, method, semantics, self.lambdas, self.torch)
-        total.backward()
-        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        return time.perf_counter() - t0
 
 
 def worker(args) -> dict:
@@ -245,12 +52,12 @@ def worker(args) -> dict:
     import jax
     import numpy as np
 
-    from rbjax.model.gpt2 import GPT2Config, init_params
+    from rbjax.model.gpt2 import GPT2Config
     from rbjax.model.tokenizer import load_tokenizer
 
     config = GPT2Config()  # DialoGPT-small / GPT-2 117M shape
     t0 = time.perf_counter()
-    params = jax.device_get(init_params(config, seed=0))
+    params = random_params(config)
     init_s = time.perf_counter() - t0
     tok = load_tokenizer(args.tokenizer)
     names = args.methods.split(",")

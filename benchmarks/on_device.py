@@ -12,7 +12,8 @@ about 8 minutes on one H100/H200; every figure lands in one JSON file (``--out``
   per-phrase difference of the mean NLL;
 * ``debias_update``: one HD update (paper semantics: LM loss + hard-debiasing loss, clip 1.0, Adam) at the
   DialoGPT-small shape on 8 religion1 training phrases — rbjax's ``train_step`` against the same update written in
-  PyTorch (``benchmarks/bench_train_step.py``'s loss), interleaved, median of the timed updates;
+  PyTorch (``benchmarks/_common.py``'s ``TorchStep``, the loss of ``bench_train_step.py``), interleaved, median of
+  the timed updates;
 * ``lora_update``: one LoRA update (rank 8, α 16, every linear layer, LM loss, AdamW, clip 1.0) — rbjax's frozen-base
   ``train_step`` against PEFT on ``GPT2LMHeadModel``, same batch, interleaved.
 
@@ -31,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -39,8 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from benchmarks._common import LoadMonitor  # noqa: E402
+from benchmarks._common import (LoadMonitor, RbjaxStep, TorchStep, build_batch, interleaved,  # noqa: E402
+                                medians, torch_gpt2, torch_sorted_mean_nll)
 
 SHARED = Path(os.environ.get("RBJAX_SHARED", ROOT.parent / "shared"))
 
@@ -132,51 +132,33 @@ def scoring(cfg, params, torch, device, tm, n: int, rounds: int, batch: int, mon
     tok, ids = _phrases(n)
     clock = Clock(torch, device)
     scorer = PerplexityScorer(params, cfg, batch_size=batch)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     ref = np.zeros(len(ids))
 
     def torch_score():
-        with torch.no_grad():
-            for s in range(0, len(order), batch):
-                rows = order[s:s + batch]
-                L = max(len(ids[i]) for i in rows)
-                x = torch.zeros((len(rows), L), dtype=torch.long)
-                m = torch.zeros((len(rows), L), dtype=torch.long)
-                for r, i in enumerate(rows):
-                    x[r, :len(ids[i])] = torch.tensor(ids[i])
-                    m[r, :len(ids[i])] = 1
-                x, m = x.to(device), m.to(device)
-                logp = torch.log_softmax(tm(input_ids=x, attention_mask=m).logits[:, :-1].float(), -1)
-                nll = -logp.gather(-1, x[:, 1:, None])[..., 0] * m[:, 1:]
-                mean = (nll.sum(1) / m[:, 1:].sum(1)).cpu().numpy()
-                ref[rows] = mean
+        ref[:] = torch_sorted_mean_nll(tm, ids, batch, device)
 
     out = {}
     first = time.perf_counter()
     ours = scorer.score_ids(ids)
     out["rbjax_first_s"] = time.perf_counter() - first
-    times = {"rbjax": [], "torch": []}
-    with mon.section("scoring"):
-        for _ in range(rounds):
-            times["rbjax"].append(clock(lambda: scorer.score_ids(ids)))
-            times["torch"].append(clock(torch_score))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    times = interleaved(mon, "scoring", rounds, {"rbjax": lambda: clock(lambda: scorer.score_ids(ids)),
+                                                 "torch": lambda: clock(torch_score)})
+    med = medians(times)
     return {**out, "phrases": len(ids), "tokens": int(sum(map(len, ids))), "times_s": times,
             "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"],
             "max_abs_mean_nll_diff": float(np.nanmax(np.abs(ours.mean_nll - ref)))}
 
 
 def debias_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> dict:
-    import bench_train_step as bts  # the PyTorch HD loss and the batch of that benchmark, not written twice
     import jax
     import numpy as np
 
     from rbjax.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(SHARED / "tokenizers" / "gpt2")
-    batch, shared = bts.build_batch("hd", "paper", tok, SHARED / "redditbias")
-    ours = bts.RbjaxStep(cfg, params)
-    ref = bts.TorchStep(cfg, params)
+    batch, shared = build_batch("hd", "paper", tok, SHARED / "redditbias")
+    ours = RbjaxStep(cfg, params)
+    ref = TorchStep(cfg, params)
     ref.model.to(device)
     ref.opt = torch.optim.AdamW(ref.model.parameters(), lr=5e-5, weight_decay=0.0)
     conv, sh = ref.convert(batch, shared)
@@ -185,26 +167,20 @@ def debias_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> 
     clock = Clock(torch, device)
     first = ours(batch, shared, "hd", "paper")
     clock(lambda: ref(conv, sh, "hd", "paper"))  # warm-up
-    times = {"rbjax": [], "torch": []}
-    with mon.section("debias_update"):
-        for _ in range(rounds):
-            times["rbjax"].append(ours(batch, shared, "hd", "paper"))
-            times["torch"].append(clock(lambda: ref(conv, sh, "hd", "paper")))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    times = interleaved(mon, "debias_update", rounds, {"rbjax": lambda: ours(batch, shared, "hd", "paper"),
+                                                        "torch": lambda: clock(lambda: ref(conv, sh, "hd", "paper"))})
+    med = medians(times)
     jax.clear_caches()
     return {"method": "hd", "tokens": int(np.asarray(batch["attention_mask"]).size), "rbjax_first_s": first,
             "times_s": times, "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"]}
 
 
 def lora_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> dict:
-    import bench_train_step as bts
     import jax
     import numpy as np
     import peft
-    import transformers
 
     from rbjax.debias.objective import DebiasObjective
-    from rbjax.model.hf import params_to_state_dict
     from rbjax.model.lora import LoraSpec, add_adapters
     from rbjax.model.tokenizer import load_tokenizer
     from rbjax.train.batching import dropout_key
@@ -212,7 +188,7 @@ def lora_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> di
     from rbjax.train.step import StepSpec, init_state, train_step_jit
 
     tok = load_tokenizer(SHARED / "tokenizers" / "gpt2")
-    batch, _ = bts.build_batch("lm", "paper", tok, SHARED / "redditbias")
+    batch, _ = build_batch("lm", "paper", tok, SHARED / "redditbias")
     spec_l = LoraSpec(rank=8, alpha=16.0, targets="all-linear")
     objective = DebiasObjective("lm")
     spec = StepSpec(config=cfg, objective=objective, dropout=True)
@@ -233,12 +209,7 @@ def lora_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> di
         jax.block_until_ready(state.params)
         return time.perf_counter() - t0
 
-    tcfg = transformers.GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.n_positions, n_embd=cfg.n_embd,
-                                   n_layer=cfg.n_layer, n_head=cfg.n_head)
-    base = transformers.GPT2LMHeadModel(tcfg)
-    base.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in params_to_state_dict(params, cfg).items()},
-                         strict=False)
-    base.tie_weights()
+    base = torch_gpt2(cfg, params)
     pm = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
                                                    task_type="CAUSAL_LM")).to(device).train()
     tuned = [p for p in pm.parameters() if p.requires_grad]
@@ -255,12 +226,8 @@ def lora_update(cfg, params, torch, device, rounds: int, mon: LoadMonitor) -> di
     clock = Clock(torch, device)
     first = ours()
     clock(theirs)  # warm-up
-    times = {"rbjax": [], "torch": []}
-    with mon.section("lora_update"):
-        for _ in range(rounds):
-            times["rbjax"].append(ours())
-            times["torch"].append(clock(theirs))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    times = interleaved(mon, "lora_update", rounds, {"rbjax": ours, "torch": lambda: clock(theirs)})
+    med = medians(times)
     return {"rank": 8, "tokens": int(mask.numel()), "rbjax_first_s": first, "times_s": times,
             "rbjax_s": med["rbjax"], "torch_s": med["torch"], "ratio": med["torch"] / med["rbjax"]}
 

@@ -180,7 +180,27 @@ def test_every_benchmark_script_uses_the_monitor():
     assert len(scripts) >= 18 and {"on_device.py", "bench_scoring.py"} <= {p.name for p in scripts}
     missing = [f"{p.name}: {what}" for p in scripts for what, pat in
                (("imports LoadMonitor from _common", r"from (benchmarks\.)?_common import [^\n]*LoadMonitor"),
-                ("makes a LoadMonitor", r"LoadMonitor\("), ("times a section", r"\.section\("),
+                ("makes a LoadMonitor", r"LoadMonitor\("),
+                ("times a section", r"\.section\(|interleaved\(mon, "),  # _common.interleaved opens one
                 ("finishes with the monitor", r"\.finish\("))
                if not re.search(pat, p.read_text(encoding="utf-8"))]
     assert not missing, "benchmark scripts without the load monitor:\n" + "\n".join(missing)
+
+
+def test_no_benchmark_script_imports_another():
+    """Shared setup lives in _common.py: a script that imports another bench_ script runs its module-level setup."""
+    importing = [p.name for p in BENCH.glob("*.py")
+                 if re.search(r"^\s*(from|import) (benchmarks\.)?bench_", p.read_text(encoding="utf-8"), re.M)]
+    assert not importing, importing
+
+
+def test_interleaved_rounds_call_each_once_per_round_in_one_section():
+    """interleaved: every call once per round, in order, all rounds inside one section of the monitor."""
+    mon = common.LoadMonitor(0.1, read=FakeClocks(Reading(0.0, 0.0, 0.0), Reading(10.0, 5.0, 5.0)),
+                             loadavg=lambda: None)
+    order, seen = [], []
+    calls = {"a": lambda: order.append("a") or 1.0, "b": lambda: order.append("b") or 2.0}
+    times = common.interleaved(mon, "rounds", 3, calls, after_round=lambda k, t: seen.append((k, len(t["b"]))))
+    assert order == ["a", "b"] * 3 and times == {"a": [1.0] * 3, "b": [2.0] * 3}
+    assert seen == [(0, 1), (1, 2), (2, 3)] and [s.name for s in mon.sections] == ["rounds"]
+    assert common.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}

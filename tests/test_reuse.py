@@ -45,8 +45,14 @@ def test_unfinished_unreadable_and_check(tmp_path):
     assert res.stored() is None and res.reason == "unreadable"
     res.save({"v": 5})
     assert res.stored()["v"] == 5
+    assert res.record == {"v": 5, "status": "done", "key": {"a": 1}} and not res.other  # as written: no reused mark
     vetoed = KeyedResult(path, {"a": 1}, "x", check=lambda prev: "its output file is gone")
     assert vetoed.stored() is None and vetoed.reason == "its output file is gone"
+    assert vetoed.other and vetoed.record is None
+    other = KeyedResult(path, {"a": 2}, "x")
+    assert other.stored() is None and other.other and "a: 1 → 2" in other.reason and other.record is None
+    path.write_text(json.dumps({"status": "running", "key": {"a": 2}}))
+    assert other.stored() is None and not other.other  # unfinished: not a result of other inputs
     assert KeyedResult(tmp_path / "missing.json", {"a": 1}).stored() is None
 
 

@@ -236,6 +236,13 @@ def test_rerun_of_a_finished_run_keeps_training_and_adds_evaluations(tiny_model_
     assert main(base + ["--eval-bias", "race"]) == 0  # identical rerun: nothing to do, and it says so
     assert "this run is complete" in capsys.readouterr().err
     assert json.loads((out / "results.json").read_text()) == second
+    # the same inputs with another setting (the evaluation's batch size): not complete, so its record is rewritten
+    # with the settings of this run (everything reused)
+    assert main(base + ["--eval-bias", "race", "--eval-batch-size", "3"]) == 0
+    assert "this run is complete" not in capsys.readouterr().err
+    third = json.loads((out / "results.json").read_text())
+    assert third["config"]["eval_batch_size"] == 3 and third["training"] == first["training"]
+    assert third["reused"]["training"] and third["reused"]["lmp"]
     # another starting model with the same path: refused, never relabelled
     import shutil
 

@@ -45,6 +45,11 @@ class KeyedResult:
             :meth:`stored` raises :class:`OutputExists` naming the difference (the rule of
             :func:`claim_outputs`; the command's ``--overwrite`` turns it off). An unreadable or
             unfinished file is still recomputed.
+
+    After :meth:`stored`: :attr:`reason` (why the stored result cannot be reused; ``None`` when it can or there is
+    no file), :attr:`other` (the file is a finished result of other inputs, or one whose ``check`` failed — not a
+    damaged or unfinished one) and :attr:`record` (the stored result as written, without the ``reused`` mark, when
+    it can be reused; else ``None``).
     """
 
     path: Path
@@ -58,6 +63,8 @@ class KeyedResult:
         self.path = Path(self.path)
         self.key = canonical(self.key)
         self.reason: str | None = None
+        self.other = False
+        self.record: dict | None = None
 
     def _tell(self, msg: str) -> None:
         if self.say is not None:
@@ -66,16 +73,17 @@ class KeyedResult:
     def stored(self) -> dict | None:
         """The stored result when it was made from exactly :attr:`key` (marked ``reused: True``), else ``None``;
         :attr:`reason` then says why it cannot be reused (``None`` when there is no file)."""
-        self.reason = None
+        self.reason, self.other, self.record = None, False, None
         if not self.path.exists():
             return None
         prev = read_json(self.path)
-        self.reason, other = why_not_reusable(prev, self.key, self.check)
-        if other:
+        self.reason, self.other = why_not_reusable(prev, self.key, self.check)
+        if self.other:
             self._refuse()
         if self.reason is not None:
             self._tell(f"{self.path}: recomputing {self.what} ({self.reason})")
             return None
+        self.record = prev
         self._tell(f"{self.path}: same inputs as the existing {self.what}; reusing it (nothing recomputed; delete the "
                    "file to recompute)")
         return {**prev, "reused": True}

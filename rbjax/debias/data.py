@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rbjax.core.keys import digest
+from rbjax.core.padding import pad_sequences
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.debias import cda
 from rbjax.debias.config import LOSS_METHODS, DebiasRun, bias_spec
@@ -48,15 +49,11 @@ def chat_examples(texts: list[str], chat, block_size: int, pad_id: int):
     eot = 1 if chat.score_end_of_turn else 0
     long = [len(sp.span) - eot > block_size for sp in keep]
     cut = [sp.ids[:sp.n_context + block_size] if lg else sp.ids for sp, lg in zip(keep, long)]
-    W = max(len(c) for c in cut)
     n = len(keep)
-    ids = np.full((n, W), pad_id, np.int32)
-    mask = np.zeros((n, W), np.int32)
-    loss = np.zeros((n, W), np.int32)
+    ids, mask = pad_sequences(cut, pad_id)  # as wide as the longest row
+    loss = np.zeros_like(mask)
     ctx = np.array([sp.n_context for sp in keep], np.int32)
     for r, c in enumerate(cut):
-        ids[r, :len(c)] = c
-        mask[r, :len(c)] = 1
         loss[r, ctx[r]:len(c)] = 1
     n_trunc = sum(long)
     return ids, mask, ctx, loss, {"n_dropped_empty": len(spans) - n, "n_truncated": int(n_trunc),

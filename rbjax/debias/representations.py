@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rbjax.core.precision import get_policy
+from rbjax.core.padding import pad_sequences
 from rbjax.model.layers import position_ids_from_mask
 from rbjax.model.registry import family_of_config
 
@@ -61,13 +62,7 @@ def sentence_representations(params, config, token_ids: Sequence[Sequence[int]],
     out = []
     for start in range(0, len(seqs), batch_size):
         chunk = seqs[start:start + batch_size]
-        width = max(len(s) for s in chunk)
-        width = -(-width // 8) * 8 if limit is None else min(-(-width // 8) * 8, limit)
-        ids = np.zeros((len(chunk), width), np.int32)
-        mask = np.zeros((len(chunk), width), np.int32)
-        for r, s in enumerate(chunk):
-            ids[r, :len(s)] = s
-            mask[r, :len(s)] = 1
+        ids, mask = pad_sequences(chunk, 0, multiple=8, max_width=limit)  # few widths: few compiled shapes
         out.append(np.asarray(mean_hidden_states(params, jnp.asarray(ids), jnp.asarray(mask), config, precision),
                               dtype=np.float64))
     reps = np.concatenate(out) if out else np.zeros((0, config.hidden_size))

@@ -44,11 +44,11 @@ from rbjax.core.errors import SettingError
 from rbjax.core.interrupt import Interrupted
 from rbjax.core.io import (atomic_write_json, atomic_write_text, check_output_dir, read_json, replaced_leftovers,
                            replacing, versions)
-from rbjax.core.keys import canonical, digest, tree_digest
+from rbjax.core.keys import canonical, describe_difference, digest, tree_digest
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import is_model_parallel, run_mesh, to_host
 from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import why_not_reusable
+from rbjax.core.reuse import KeyedResult, why_not_reusable
 from rbjax.data.redditbias import ENV_DATA_DIR, RedditBiasData, expand_bias_types, load_pairs
 from rbjax.debias.config import METHODS, DebiasRun
 from rbjax.debias.data import TrainingData
@@ -524,109 +524,38 @@ def debias(cfg: DebiasRun, *, stop_after: int | None = None, overwrite: bool = F
 def _debias(cfg: DebiasRun, out: Path, trainer: Trainer, key: dict, t0: float, stop_after: int | None,
             replace_other_inputs: bool) -> dict:
     """:func:`debias` once ``trainer`` is built and ``key`` known (with ``overwrite``, in a folder whose run files
-    were set aside)."""
+    were set aside): the finished run of these inputs that ``out`` holds (if any), training (or its reuse), export,
+    evaluation, ``results.json``."""
     if replace_other_inputs:
         why = _other_inputs(out, key)
         if why is not None:
             log.info(f"{out}: held a run of other inputs ({why}); training again")
             _clear_run(out)
-    prev = read_json(out / "results.json")
-    why, other = why_not_reusable(prev, key)
-    if other:
-        raise ValueError(f"{out}: holds a finished run with other inputs ({why}); use another --out or --overwrite")
-    prev_done = why is None  # a finished run of these inputs
-    model_out = out / "model"
-    exported = None
-    if prev_done and (model_out / "config.json").is_file() and prev.get("model_files"):
-        exported = ModelHandle.open(model_out, tokenizer=trainer.tokenizer.source)
-        if exported.digest != prev["model_files"]:
-            exported = None
-    exported_ok = exported is not None
-    if exported_ok and stop_after is None:
+    prev, same_settings = _finished_run(out, key, cfg)
+    exported = _intact_export(prev, out / "model", trainer)
+    if exported is not None and stop_after is None:
         # a finished run whose exported weights are intact: its training is not repeated
-        params = jax.device_put(exported.params)
-        training = prev["training"]
-        reused_training = True
-        log.info(f"{out}: training finished earlier ({training['updates']} updates); reusing {model_out}")
+        params, training, reused_training = jax.device_put(exported.params), prev["training"], True
+        log.info(f"{out}: training finished earlier ({training['updates']} updates); reusing {out / 'model'}")
     else:
-        write_config(cfg, trainer)
-        after = evaluation_programs(cfg, trainer) if stop_after is None else []
-        result = trainer.run(out, stop_after=stop_after, description=cfg.describe(), after=after)
-        if not result.finished:
-            return {"status": "stopped", "updates_done": result.updates_done, "t_total": result.t_total,
-                    "out_dir": str(out)}
-        params = result.params
-        reused_training = result.resumed_from == result.t_total
-        if reused_training and prev_done:
-            training = prev["training"]  # restored the final checkpoint: keep the record of the real training
-        else:
-            training = {"updates": result.updates_done, "t_total": result.t_total, "resumed_from": result.resumed_from,
-                        "n_examples": trainer.n_examples, "triggers": trainer.data.trigger_stats, **result.summary}
-            training["skipped_updates"] = int(sum(result.summary.get("skipped_updates") or [0]))  # one run: a count
-            if result.resumed_from is not None:
-                # the summary covers this session only: the run's totals come from its metric lines
-                whole = whole_run_totals(out / "metrics.jsonl", result.t_total, current=result.summary.get("session"))
-                training["this_session"] = {k: result.summary.get(k) for k in ("tokens", "train_s",
-                                                                                 "first_update_s")}
-                if whole is not None:
-                    training.update(tokens=whole["tokens"], train_s=whole["train_s"] + result.summary["train_s"],
-                                    sessions=max(whole["sessions"], 1))
-                    training["tokens_per_s"] = whole["tokens"] / whole["train_s"] if whole["train_s"] > 0 else None
-                    training.pop("steady_tokens_per_s", None)
-                    if training.get("last") is None:
-                        training["last"] = _last_metrics(out / "metrics.jsonl")
-                else:
-                    training["totals_note"] = ("metrics.jsonl does not cover every update: tokens and train_s are "
-                                               "those of the last session only")
-        if reused_training:
-            log.info(f"{out}: training finished earlier; reusing its final checkpoint")
-    model_dir = None
-    if cfg.export:
-        if not exported_ok:
-            host = to_host(params)
-            if cfg.adapter.enabled:  # the adapters as a PEFT folder, and the merged model as an HF folder
-                save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(),
-                             **adapter_base(cfg.model, trainer.model.folder))
-            model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
-                                        tokenizer_dir=trainer.model.tokenizer_folder(),
-                                        source_dir=trainer.model.folder)  # generation_config.json from the model
-            if trainer.data.chat is not None and cfg.debias.chat_template is not None:
-                # trained with --chat-template: the export reads as it was trained (chat_template.jinja wins over
-                # the tokenizer_config.json entry, in transformers as in rbjax)
-                atomic_write_text(model_out / "chat_template.jinja", trainer.data.chat.template.text)
-        else:
-            model_dir = model_out
+        trained = _train(cfg, out, trainer, stop_after, prev)
+        if trained.get("status") == "stopped":
+            return trained
+        params, training, reused_training = trained["params"], trained["training"], trained["reused"]
+    model_dir = _export(cfg, out, trainer, params) if cfg.export and exported is None else \
+        (out / "model" if cfg.export else None)
     model_key = digest(model_files_key(model_dir)) if model_dir is not None else None
-    try:
-        evals = evaluate_run(cfg, trainer, params, model_dir, model_key=model_key,
-                             previous=prev if prev_done else None)
-    except KeyboardInterrupt:
-
-        kept = f" and exported to {model_dir}" if model_dir is not None else ""
-        raise Interrupted(
-            f"rbjax debias: interrupted during the evaluation. Training is finished ({training['updates']} updates, "
-            f"final checkpoint in {out / 'checkpoints'}{kept}); the bias types already measured are kept in "
-            f"{out / 'lmb_valid'}. Run the same rbjax debias command again: it reuses the training and those "
-            "measurements and evaluates the rest.") from None
+    evals = _evaluate_trained(cfg, out, trainer, params, model_dir, model_key, prev, training)
     reused = {"training": reused_training, **evals.pop("reused")}
-    if prev_done:
-        old_types = [r["bias_type"] for r in (prev.get("lmb_valid") or {}).get("all", [])]
-        new_types = [r["bias_type"] for r in (evals.get("lmb_valid") or {}).get("all", [])]
-        if reused_training and old_types == new_types and set(reused.get("lmb_types", [])) == set(new_types) \
-                and reused.get("lmp", True) and bool(prev.get("lmp")) == bool(cfg.evaluation.lmp) \
-                and prev.get("config") == canonical(cfg.to_dict()):
-            log.info(f"{out / 'results.json'}: this run is complete (training, LMB of {', '.join(new_types) or 'none'}"
-                 f"{', LMP' if cfg.evaluation.lmp else ''}); nothing to do (--overwrite starts again)")
+    if prev is not None:
+        if same_settings and _nothing_new(cfg, prev, evals, reused):
+            log.info(f"{out / 'results.json'}: this run is complete (training, LMB of "
+                     f"{', '.join(_lmb_types(evals)) or 'none'}{', LMP' if cfg.evaluation.lmp else ''}); nothing to do "
+                     "(--overwrite starts again)")
             return prev
-        added = [t for t in new_types if t not in old_types]
-        if added:
-            log.info(f"added the LMB of {', '.join(added)} to the finished run")
-        if reused_training and evals.get("lmb_valid") and prev.get("lmb_valid"):
-            # the same weights: keep the earlier evaluations of the types not measured this time
-            kept = [r for r in prev["lmb_valid"]["all"] if r["bias_type"] not in new_types]
-            evals["lmb_valid"]["all"] += kept
-    res = {"status": "done", "method": cfg.debias.method, "bias_type": cfg.debias.bias_type, "semantics": cfg.debias.semantics,
-           "format": cfg.debias.format, "chat": trainer.data.info.get("chat"),
+        _keep_earlier_evaluations(prev, evals, reused_training)
+    res = {"status": "done", "method": cfg.debias.method, "bias_type": cfg.debias.bias_type,
+           "semantics": cfg.debias.semantics, "format": cfg.debias.format, "chat": trainer.data.info.get("chat"),
            "config": cfg.to_dict(), "key": key, "model_dir": None if model_dir is None else str(model_dir),
            "model_files": None if model_dir is None else model_key,
            "training": training, **evals, "reused": reused, "wall_s": time.perf_counter() - t0, "versions": versions()}
@@ -634,3 +563,143 @@ def _debias(cfg: DebiasRun, out: Path, trainer: Trainer, key: dict, t0: float, s
         res["adapter"] = adapter_record(cfg, trainer, out / "adapter" if cfg.export else None)
     atomic_write_json(out / "results.json", res)
     return res
+
+
+def _finished_run(out: Path, key: dict, cfg: DebiasRun) -> tuple[dict | None, bool]:
+    """The finished run of ``key`` that ``out`` holds — its ``results.json`` as written; ``None`` when there is none
+    (no file, an unreadable or unfinished one) — and whether it was run with ``cfg``'s settings too (only then may a
+    rerun whose training and evaluations are all reused return it unchanged). The one reuse rule
+    (:class:`rbjax.core.reuse.KeyedResult`): the record's ``key``, then its ``config`` (its ``check``).
+
+    Raises:
+        ValueError: ``out`` holds a finished run of other inputs (the fields that differ named).
+    """
+    path = out / "results.json"
+    run = KeyedResult(path, key, "debias run")
+    if run.stored() is None:
+        if run.other:
+            raise ValueError(f"{out}: holds a finished run with other inputs ({run.reason}); use another --out or "
+                             "--overwrite")
+        return None, False
+    settings = canonical(cfg.to_dict())
+
+    def same_settings(rec: dict) -> str | None:
+        if rec.get("config") == settings:
+            return None
+        return f"settings differ: {describe_difference(rec.get('config') or {}, settings)}"
+
+    whole = KeyedResult(path, key, "debias run", check=same_settings)
+    return run.record, whole.stored() is not None
+
+
+def _intact_export(prev: dict | None, model_out: Path, trainer: Trainer) -> ModelHandle | None:
+    """The finished run's exported model (``OUT/model``) when its files are those ``prev`` recorded, else ``None``."""
+    if prev is None or not (model_out / "config.json").is_file() or not prev.get("model_files"):
+        return None
+    exported = ModelHandle.open(model_out, tokenizer=trainer.tokenizer.source)
+    return exported if exported.digest == prev["model_files"] else None
+
+
+def _train(cfg: DebiasRun, out: Path, trainer: Trainer, stop_after: int | None, prev: dict | None) -> dict:
+    """Train (resuming from ``OUT/checkpoints``): ``{"params", "training" (the record of the training),
+    "reused" (the final checkpoint was restored: nothing trained)}``, or the ``{"status": "stopped", ...}`` result
+    after ``stop_after`` updates."""
+    write_config(cfg, trainer)
+    after = evaluation_programs(cfg, trainer) if stop_after is None else []
+    result = trainer.run(out, stop_after=stop_after, description=cfg.describe(), after=after)
+    if not result.finished:
+        return {"status": "stopped", "updates_done": result.updates_done, "t_total": result.t_total,
+                "out_dir": str(out)}
+    reused = result.resumed_from == result.t_total
+    if reused and prev is not None:
+        training = prev["training"]  # restored the final checkpoint: keep the record of the real training
+    else:
+        training = _training_record(result, trainer, out)
+    if reused:
+        log.info(f"{out}: training finished earlier; reusing its final checkpoint")
+    return {"params": result.params, "training": training, "reused": reused}
+
+
+def _training_record(result, trainer: Trainer, out: Path) -> dict:
+    """``results.json``'s ``training``: updates, examples, triggers and the trainer's summary; for a resumed run
+    the whole run's tokens and seconds from ``metrics.jsonl`` (:func:`whole_run_totals`), this session's apart."""
+    training = {"updates": result.updates_done, "t_total": result.t_total, "resumed_from": result.resumed_from,
+                "n_examples": trainer.n_examples, "triggers": trainer.data.trigger_stats, **result.summary}
+    training["skipped_updates"] = int(sum(result.summary.get("skipped_updates") or [0]))  # one run: a count
+    if result.resumed_from is None:
+        return training
+    # the summary covers this session only: the run's totals come from its metric lines
+    whole = whole_run_totals(out / "metrics.jsonl", result.t_total, current=result.summary.get("session"))
+    training["this_session"] = {k: result.summary.get(k) for k in ("tokens", "train_s", "first_update_s")}
+    if whole is not None:
+        training.update(tokens=whole["tokens"], train_s=whole["train_s"] + result.summary["train_s"],
+                        sessions=max(whole["sessions"], 1))
+        training["tokens_per_s"] = whole["tokens"] / whole["train_s"] if whole["train_s"] > 0 else None
+        training.pop("steady_tokens_per_s", None)
+        if training.get("last") is None:
+            training["last"] = _last_metrics(out / "metrics.jsonl")
+    else:
+        training["totals_note"] = ("metrics.jsonl does not cover every update: tokens and train_s are those of the "
+                                   "last session only")
+    return training
+
+
+def _export(cfg: DebiasRun, out: Path, trainer: Trainer, params) -> Path:
+    """Write the trained model as an HF folder (``OUT/model``; with adapters the merged model, and the adapters as a
+    PEFT folder ``OUT/adapter``); returns the model folder."""
+    model_out = out / "model"
+    host = to_host(params)
+    if cfg.adapter.enabled:  # the adapters as a PEFT folder, and the merged model as an HF folder
+        save_adapter(host, trainer.config, out / "adapter", cfg.adapter.lora_spec(),
+                     **adapter_base(cfg.model, trainer.model.folder))
+    model_dir = save_pretrained(merge_adapters(host), trainer.config, model_out,
+                                tokenizer_dir=trainer.model.tokenizer_folder(),
+                                source_dir=trainer.model.folder)  # generation_config.json from the model
+    if trainer.data.chat is not None and cfg.debias.chat_template is not None:
+        # trained with --chat-template: the export reads as it was trained (chat_template.jinja wins over
+        # the tokenizer_config.json entry, in transformers as in rbjax)
+        atomic_write_text(model_out / "chat_template.jinja", trainer.data.chat.template.text)
+    return model_dir
+
+
+def _evaluate_trained(cfg: DebiasRun, out: Path, trainer: Trainer, params, model_dir: Path | None,
+                      model_key: str | None, prev: dict | None, training: dict) -> dict:
+    """:func:`evaluate_run` of the trained parameters; an interrupt says what is kept and how to go on.
+
+    Raises:
+        rbjax.core.interrupt.Interrupted: Ctrl-C / SIGTERM during the evaluation.
+    """
+    try:
+        return evaluate_run(cfg, trainer, params, model_dir, model_key=model_key, previous=prev)
+    except KeyboardInterrupt:
+        kept = f" and exported to {model_dir}" if model_dir is not None else ""
+        raise Interrupted(
+            f"rbjax debias: interrupted during the evaluation. Training is finished ({training['updates']} updates, "
+            f"final checkpoint in {out / 'checkpoints'}{kept}); the bias types already measured are kept in "
+            f"{out / 'lmb_valid'}. Run the same rbjax debias command again: it reuses the training and those "
+            "measurements and evaluates the rest.") from None
+
+
+def _lmb_types(rec: dict) -> list[str]:
+    """The bias types of a record's post-training LMB, in order."""
+    return [r["bias_type"] for r in (rec.get("lmb_valid") or {}).get("all", [])]
+
+
+def _nothing_new(cfg: DebiasRun, prev: dict, evals: dict, reused: dict) -> bool:
+    """Whether this rerun of a finished run (of the same inputs and settings) reused everything: its training, the
+    LMB of exactly the earlier types, and the LMP (on or off as before)."""
+    new_types = _lmb_types(evals)
+    return (reused["training"] and _lmb_types(prev) == new_types and set(reused.get("lmb_types", [])) == set(new_types)
+            and reused.get("lmp", True) and bool(prev.get("lmp")) == bool(cfg.evaluation.lmp))
+
+
+def _keep_earlier_evaluations(prev: dict, evals: dict, reused_training: bool) -> None:
+    """Add to ``evals`` the finished run's LMB of the bias types not measured this time, when the weights are the
+    same (training reused); says which types this rerun added."""
+    old_types, new_types = _lmb_types(prev), _lmb_types(evals)
+    added = [t for t in new_types if t not in old_types]
+    if added:
+        log.info(f"added the LMB of {', '.join(added)} to the finished run")
+    if reused_training and evals.get("lmb_valid") and prev.get("lmb_valid"):
+        # the same weights: keep the earlier evaluations of the types not measured this time
+        evals["lmb_valid"]["all"] += [r for r in prev["lmb_valid"]["all"] if r["bias_type"] not in new_types]

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rbjax.core.padding import pad_sequences
 from rbjax.dialog.crg_metrics import read_lines
 from rbjax.train.lm import forward_and_nll
 
@@ -231,12 +232,9 @@ def _training_arrays(ids_list: Sequence[Sequence[int]], loss_starts: Sequence[in
     one's loss starts: ``input_ids`` (padded with ``pad_id``), ``attention_mask`` and ``loss_mask`` (1 from the
     start to the example's end), all int32 ``(N, block_size)``; ``stats`` gains the example and token counts."""
     n = len(ids_list)
-    input_ids = np.full((n, block_size), pad_id, np.int32)
-    mask = np.zeros((n, block_size), np.int32)
-    loss_mask = np.zeros((n, block_size), np.int32)
+    input_ids, mask = pad_sequences(ids_list, pad_id, width=block_size)
+    loss_mask = np.zeros_like(mask)
     for i, (ids, start) in enumerate(zip(ids_list, loss_starts)):
-        input_ids[i, :len(ids)] = ids
-        mask[i, :len(ids)] = 1
         loss_mask[i, start:len(ids)] = 1
     stats.update(n_examples=n, n_tokens=int(mask.sum()), n_loss_tokens=int(loss_mask.sum()))
     return {"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask}, stats

@@ -56,6 +56,7 @@ from rbjax.core.interrupt import poll
 from rbjax.core.mesh import batch_axes, replicate, shard_tree
 from rbjax.core.precision import get_policy
 from rbjax.core.progress import progress_bar
+from rbjax.core.padding import pad_sequences
 from rbjax.dialog.multiwoz import EXPERIMENT_DOMAINS, SlotOntology, canonical_value
 from rbjax.model.partition import logical_axes_for
 from rbjax.model.registry import family_of_config
@@ -79,6 +80,12 @@ BLOCK_SIZE = 128
 REFERENCE_SEED = 42
 #: literal text between the system and the user turn (tokenised as ordinary BPE pieces, as in the reference)
 SEP = "[SEP]"
+
+
+def _cut_end(truncation: str) -> str:
+    """The end :func:`rbjax.core.padding.pad_sequences` cuts of a pair longer than the block for a ``truncation``
+    (``"reference"`` keeps the start, as ``"right"``)."""
+    return "left" if truncation == "left" else "right"
 
 
 # ------------------------------------------------------------------------------------------------ examples
@@ -238,17 +245,12 @@ def encode_examples(examples: Sequence[DSTExample] | Sequence[str], tokenizer, *
     pad = tokenizer.eos_id if pad_id is None else int(pad_id)
     ids = tokenizer.encode_batch(texts) if texts else []
     n = len(texts)
-    input_ids = np.full((n, block_size), pad, np.int32)
-    mask = np.zeros((n, block_size), np.int32)
     lengths = np.zeros(n, np.int32)
     for i, seq in enumerate(ids):
         if not seq:
             raise ValueError(f"example {i} ({texts[i][:60]!r}) encodes to no token")
         lengths[i] = len(seq)
-        if len(seq) > block_size:
-            seq = seq[-block_size:] if truncation == "left" else seq[:block_size]
-        input_ids[i, :len(seq)] = seq
-        mask[i, :len(seq)] = 1
+    input_ids, mask = pad_sequences(ids, pad, width=block_size, truncate=_cut_end(truncation))
     return {"input_ids": input_ids, "attention_mask": mask, "labels": np.asarray(labels, np.float32),
             "lengths": lengths}
 
@@ -749,13 +751,7 @@ def score_joint_goal(params, head_params: dict, config, tokenizer, dialogues: Se
         if K:
             for ti, t in enumerate(d["dialogue"]):
                 seqs = _encode_turn_pairs(tokenizer, t, cands, cache)
-                ids = np.full((K, block_size), pad, np.int32)
-                mask = np.zeros((K, block_size), np.int32)
-                for i, s in enumerate(seqs):
-                    if len(s) > block_size:
-                        s = s[-block_size:] if truncation == "left" else s[:block_size]
-                    ids[i, :len(s)] = s
-                    mask[i, :len(s)] = 1
+                ids, mask = pad_sequences(seqs, pad, width=block_size, truncate=_cut_end(truncation))
                 arrays = {"input_ids": ids, "attention_mask": mask, "labels": np.zeros(K, np.float32)}
                 probs[ti] = predict_proba(params, head_params, arrays, config, batch_size=batch_size, pooling=pooling,
                                           mesh=mesh)

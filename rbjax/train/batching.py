@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rbjax.core.padding import pad_sequences
+
 __all__ = ["LAYOUTS", "tokenize_lines", "epoch_permutation", "update_plan", "dropout_key", "ArrayData", "BatchPlan",
            "pack_micro_batch", "packed_need", "deal_update", "pack_index", "choose_packed_shapes", "choose_rows",
            "update_need", "row_cost",
@@ -52,14 +54,8 @@ def tokenize_lines(texts: list[str], tokenizer, block_size: int, pad_id: int) ->
     keep = [t for t in toks if len(t) > 0]
     if not keep:
         raise ValueError("no training line has a token")
-    ids = np.full((len(keep), block_size), pad_id, np.int32)
-    mask = np.zeros((len(keep), block_size), np.int32)
-    n_trunc = 0
-    for r, t in enumerate(keep):
-        n_trunc += len(t) > block_size
-        t = t[:block_size]
-        ids[r, :len(t)] = t
-        mask[r, :len(t)] = 1
+    n_trunc = sum(len(t) > block_size for t in keep)
+    ids, mask = pad_sequences(keep, pad_id, width=block_size, truncate="right")
     return ids, mask, {"n_dropped_empty": len(toks) - len(keep), "n_truncated": int(n_trunc),
                        "n_tokens": int(mask.sum())}
 

@@ -263,9 +263,51 @@ def retrieve(
     """
 
     cfg = (config or RetrieveConfig()).replace(**settings)
-    window, max_chars, clean_mode, prefilter = cfg.window, cfg.max_chars, cfg.clean_mode, cfg.prefilter
-    dedupe, require_attribute_in_window = cfg.dedupe, cfg.require_attribute_in_window
     log = log or get_logger("retrieve").info
+    specs, filt = _checked_inputs(specs, cfg, executor, jobs)
+    names = [s.name for s in specs]
+    dumps = [dumps] if isinstance(dumps, (str, os.PathLike)) else list(dumps)
+    files = expand_paths(dumps)  # missing dump files are named before anything is created
+    layout = output_layout(out, names)
+    for p in layout.csvs.values():
+        check_output_file(p, "output CSV")
+    check_output_dir(layout.parts_dir, "parts folder")
+    settings = ScanSettings(specs=tuple(specs), window=int(cfg.window), max_chars=int(cfg.max_chars),
+                            clean_mode=cfg.clean_mode, start=filt.t0, end=filt.t1,
+                            subreddits=None if filt.subs is None else tuple(sorted(filt.subs)),
+                            prefilter=bool(cfg.prefilter))
+    t0 = time.perf_counter()
+    tasks = []
+    for p in files:
+        size, mtime = file_stat(str(p))
+        tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
+    # The folder is this query's resumable retrieval: a rerun with the same specification(s) and settings updates it
+    # in place over added or changed dumps (each changed file is read again, below). Without --overwrite it refuses
+    # anything else: other settings or specifications, or a file edited since rbjax wrote it.
+    run_key = {"command": "retrieve", "dedupe": cfg.dedupe,
+               "require_attribute_in_window": cfg.require_attribute_in_window,
+               "settings": {k: v for k, v in settings.record().items() if k not in ("retrieval_version",
+                                                                                    "code_sha256")}}
+    targets = [*layout.csvs.values(), layout.summary]
+    claim_outputs(targets, run_key, overwrite=overwrite)
+    files_done = _FilesDone(tasks, layout.parts_dir, names)
+    todo = files_done.reuse_parts(resume)
+    n_jobs, resources = _plan_workers(executor, jobs, [tasks[i] for i in todo], log)
+    _scan_files(files_done, todo, executor=executor, n_jobs=n_jobs, resources=resources, ray_address=ray_address,
+                progress=progress, on_file=on_file)
+    res, totals = _merged_result(files_done, layout, cfg, t0, executor=executor, n_jobs=n_jobs)
+    _write_summary(layout, res, totals, settings, cfg, dumps)
+    record_outputs(targets, run_key)
+    return res
+
+
+def _checked_inputs(specs, cfg: RetrieveConfig, executor: str, jobs: int | None) -> tuple[list, RecordFilter]:
+    """The bias specifications as a list and the record filter, once the executor, ``jobs``, the specifications
+    (each named once, each with queries and attributes) and the date bounds are checked: before anything is read.
+
+    Raises:
+        ValueError: see :func:`retrieve`.
+    """
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     if executor not in parallel.EXECUTORS:
@@ -276,57 +318,102 @@ def retrieve(
     if len(set(names)) != len(names):
         raise ValueError(f"bias types given more than once: {names}")
     for s in specs:
-        QueryMatcher(s, window=window)  # a spec without queries/attributes is named now
-    filt = RecordFilter(cfg.start, cfg.end, cfg.subreddits)  # bad dates are named before anything is read
-    dumps = [dumps] if isinstance(dumps, (str, os.PathLike)) else list(dumps)
-    files = expand_paths(dumps)  # missing dump files are named before anything is created
-    layout = output_layout(out, names)
-    for p in layout.csvs.values():
-        check_output_file(p, "output CSV")
-    check_output_dir(layout.parts_dir, "parts folder")
-    settings = ScanSettings(specs=tuple(specs), window=int(window), max_chars=int(max_chars), clean_mode=clean_mode,
-                            start=filt.t0, end=filt.t1,
-                            subreddits=None if filt.subs is None else tuple(sorted(filt.subs)), prefilter=bool(prefilter))
-    t0 = time.perf_counter()
-    tasks = []
-    for p in files:
-        size, mtime = file_stat(str(p))
-        tasks.append(FileTask(os.path.abspath(p), size, mtime, settings))
-    # The folder is this query's resumable retrieval: a rerun with the same specification(s) and settings updates it
-    # in place over added or changed dumps (each changed file is read again, below). Without --overwrite it refuses
-    # anything else: other settings or specifications, or a file edited since rbjax wrote it.
-    run_key = {"command": "retrieve", "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
-               "settings": {k: v for k, v in settings.record().items() if k not in ("retrieval_version",
-                                                                                    "code_sha256")}}
-    targets = [*layout.csvs.values(), layout.summary]
-    claim_outputs(targets, run_key, overwrite=overwrite)
-    entries: list[dict | None] = [None] * len(tasks)
-    records: list[dict | None] = [None] * len(tasks)
-    todo: list[int] = []
-    reasons: dict[int, str] = {}
-    for i, task in enumerate(tasks):
-        folder = part_folder(layout.parts_dir, task.path)
-        rec, why = load_part(folder, task.inputs(), names) if resume else (None, "resume off")
-        if rec is not None:
-            records[i] = rec
-            entries[i] = dict(file_entry(task.path, rec, "reused", why), part=str(folder))
-        else:
-            todo.append(i)
-            reasons[i] = why
-    # how many workers
-    resources = None
+        QueryMatcher(s, window=cfg.window)  # a spec without queries/attributes is named now
+    return list(specs), RecordFilter(cfg.start, cfg.end, cfg.subreddits)  # bad dates are named before anything is read
+
+
+def _write_summary(layout, res: RetrievalResult, totals: dict, settings: ScanSettings, cfg: RetrieveConfig,
+                   dumps: list) -> None:
+    """Write the run's ``summary.json``: outputs, counts, totals, settings, the run's executor and speed, the files'
+    entries, versions."""
+    names = list(layout.csvs)
+    atomic_write_json(layout.summary, {
+        "bias_types": names,
+        "outputs": {n: str(p) for n, p in layout.csvs.items()},
+        "candidates": res.candidates, "comments_matched": res.comments_matched, "duplicates": res.duplicates,
+        "totals": totals, "corrupt_examples": res.stats.corrupt_examples, "stream_errors": res.stats.errors,
+        "unreadable": res.stats.unreadable,
+        "settings": {**settings.record(), "dedupe": cfg.dedupe,
+                     "require_attribute_in_window": cfg.require_attribute_in_window,
+                     "dumps": [str(d) for d in dumps]},
+        "run": {"executor": res.executor, "jobs": res.jobs, "seconds": res.seconds, "lines_read": res.lines_read,
+                "comments_per_second": res.comments_per_second if res.lines_read else None,
+                "files_read": sum(e["status"] == "read" for e in res.files),
+                "files_reused": sum(e["status"] == "reused" for e in res.files)},
+        "files": res.files,
+        "versions": _versions(),
+    })
+
+
+class _FilesDone:
+    """The dump files of a run and, for each, its part's record and its entry (:attr:`RetrievalResult.files`) once
+    it is reused or read (``None`` until then)."""
+
+    def __init__(self, tasks: list[FileTask], parts_dir: Path, names: list[str]):
+        self.tasks, self.parts_dir, self.names = tasks, parts_dir, names
+        self.entries: list[dict | None] = [None] * len(tasks)
+        self.records: list[dict | None] = [None] * len(tasks)
+        self.reasons: dict[int, str] = {}
+
+    def folder(self, i: int) -> Path:
+        return part_folder(self.parts_dir, self.tasks[i].path)
+
+    def reuse_parts(self, resume: bool) -> list[int]:
+        """Take the parts of the files already done with the same inputs (``resume``); returns the indices of the
+        files to read (:attr:`reasons` says why each one is read)."""
+        todo = []
+        for i, task in enumerate(self.tasks):
+            rec, why = load_part(self.folder(i), task.inputs(), self.names) if resume else (None, "resume off")
+            if rec is not None:
+                self.records[i] = rec
+                self.entries[i] = dict(file_entry(task.path, rec, "reused", why), part=str(self.folder(i)))
+            else:
+                todo.append(i)
+                self.reasons[i] = why
+        return todo
+
+    def read(self, i: int, part: FilePart) -> dict:
+        """Write file ``i``'s part, just read; returns its entry."""
+        task = self.tasks[i]
+        rec = write_part(self.folder(i), part, task.inputs(), self.names)
+        self.records[i] = rec
+        self.entries[i] = dict(file_entry(task.path, rec, "read", self.reasons[i]), part=str(self.folder(i)))
+        return self.entries[i]
+
+    def stopped(self, sig: str) -> str:
+        """What an interrupt keeps: the parts of the files finished (this run or before)."""
+        done = sum(e is not None for e in self.entries)
+        now = sum(e is not None and e["status"] == "read" for e in self.entries)
+        return (f"rbjax retrieve: {sig} — stopped; {done} of {len(self.tasks)} dump file(s) are finished and kept as "
+                f"parts in {self.parts_dir} ({now} read in this run, {done - now} from before); the file(s) in flight "
+                "are read again and the candidates CSVs and summary are written by the next run. Run the same "
+                "command again: it reuses the finished files.")
+
+
+def _plan_workers(executor: str, jobs: int | None, todo: list[FileTask], log: Callable[[str], None]):
+    """``(n_jobs, resources)``: local worker processes for the files to read, bounded by memory (a note goes to
+    ``log``), and no per-task resources; on Ray, ``jobs`` and each task's CPU and memory."""
     if executor == "local":
-        need = max((decoder_memory(tasks[i].path) for i in todo), default=0) + WORKER_BASE_BYTES
+        need = max((decoder_memory(t.path) for t in todo), default=0) + WORKER_BASE_BYTES
         n_jobs, note = parallel.plan_jobs(len(todo), need, jobs)
-        n_jobs = min(n_jobs, max(1, len(todo)))
         if note:
             log(note)
-    else:
-        n_jobs = jobs
+        return min(n_jobs, max(1, len(todo))), None
 
-        def resources(task: FileTask) -> dict:
-            return {"num_cpus": 1, "memory": decoder_memory(task.path) + WORKER_BASE_BYTES}
+    def resources(task: FileTask) -> dict:
+        return {"num_cpus": 1, "memory": decoder_memory(task.path) + WORKER_BASE_BYTES}
+    return jobs, resources
 
+
+def _scan_files(files: _FilesDone, todo: list[int], *, executor: str, n_jobs: int | None, resources,
+                ray_address: str | None, progress: bool | None, on_file: Callable[[dict], None] | None) -> None:
+    """Read the files ``todo`` (in this process, worker processes or Ray tasks), writing each part as it comes back.
+
+    Raises:
+        RuntimeError: a worker runs other retrieval code. rbjax.core.interrupt.Interrupted: a signal (the message
+            says what is kept). rbjax.core.parallel.TaskError: a scan failed.
+    """
+    tasks = files.tasks
     bar = _RunProgress(progress, len(tasks), len(tasks) - len(todo), sum(tasks[i].size for i in todo))
     in_process = executor == "local" and n_jobs == 1
     fn = functools.partial(scan_dump, progress=bar) if in_process else scan_dump
@@ -338,43 +425,40 @@ def retrieve(
         if part.worker.get("code_sha256") != digest:
             raise RuntimeError(f"the worker that read {task.path} (host {part.worker.get('host')}) runs other rbjax "
                                "retrieval code than this machine; install the same rbjax version on every node")
-        folder = part_folder(layout.parts_dir, task.path)
-        rec = write_part(folder, part, task.inputs(), names)
-        records[i] = rec
-        entries[i] = dict(file_entry(task.path, rec, "read", reasons[i]), part=str(folder))
+        entry = files.read(i, part)
         bar.file_done(task.size, part.stats.lines)
         if on_file is not None:
-            on_file(entries[i])
-
-    def stopped(sig: str) -> str:  # what an interrupt keeps: the parts of the files finished (this run or before)
-        done = sum(e is not None for e in entries)
-        now = sum(e is not None and e["status"] == "read" for e in entries)
-        return (f"rbjax retrieve: {sig} — stopped; {done} of {len(tasks)} dump file(s) are finished and kept as parts "
-                f"in {layout.parts_dir} ({now} read in this run, {done - now} from before); the file(s) in flight "
-                "are read again and the candidates CSVs and summary are written by the next run. Run the same "
-                "command again: it reuses the finished files.")
+            on_file(entry)
 
     # a dump file can take hours: a signal stops at once (the files finished are kept), with this account
     try:
-        with interruptible(stopped, defer=False):
+        with interruptible(files.stopped, defer=False):
             if todo:  # (all reused: no worker, no Ray cluster)
                 parallel.run_tasks(fn, [tasks[i] for i in todo], executor=executor, jobs=n_jobs,
                                    resources=resources, ray_address=ray_address, on_result=on_result)
     finally:
         bar.close()
 
+
+def _merged_result(files: _FilesDone, layout, cfg: RetrieveConfig, t0: float, *, executor: str,
+                   n_jobs: int | None) -> tuple[RetrievalResult, dict]:
+    """Merge the parts into the candidates CSVs; returns the run's result and the summary's ``totals``.
+
+    Raises:
+        rbjax.data.dumps.UnreadableDumpsError: no file could be read (no CSV is written).
+    """
     stats = DumpStats()
     too_long = empty = 0
-    for rec in records:
+    for rec in files.records:
         stats.add(DumpStats.from_dict(rec["stats"]))
         too_long += rec["too_long"]
         empty += rec["empty"]
-    if len(stats.unreadable) == len(tasks):
+    if len(stats.unreadable) == len(files.tasks):
         raise UnreadableDumpsError(stats, note="no candidates CSV was written")
-    merged = merge_parts(layout.csvs, [(part_folder(layout.parts_dir, task.path), rec)
-                                       for task, rec in zip(tasks, records)],
-                         dedupe=dedupe, require_attribute_in_window=require_attribute_in_window)
+    merged = merge_parts(layout.csvs, [(files.folder(i), rec) for i, rec in enumerate(files.records)],
+                         dedupe=cfg.dedupe, require_attribute_in_window=cfg.require_attribute_in_window)
     seconds = time.perf_counter() - t0
+    entries, names = files.entries, files.names
     lines_read = sum(e["lines"] for e in entries if e["status"] == "read")
     res = RetrievalResult(
         stats=stats, candidates={n: merged[n]["candidates"] for n in names},
@@ -384,21 +468,5 @@ def retrieve(
         summary_path=layout.summary)
     totals = {k: v for k, v in stats.to_dict().items() if not isinstance(v, list)}
     totals.update(kept=stats.yielded, too_long=too_long, empty=empty)
-    atomic_write_json(layout.summary, {
-        "bias_types": names,
-        "outputs": {n: str(p) for n, p in layout.csvs.items()},
-        "candidates": res.candidates, "comments_matched": res.comments_matched, "duplicates": res.duplicates,
-        "totals": totals, "corrupt_examples": stats.corrupt_examples, "stream_errors": stats.errors,
-        "unreadable": stats.unreadable,
-        "settings": {**settings.record(), "dedupe": dedupe, "require_attribute_in_window": require_attribute_in_window,
-                     "dumps": [str(d) for d in dumps]},
-        "run": {"executor": executor, "jobs": n_jobs, "seconds": seconds, "lines_read": lines_read,
-                "comments_per_second": res.comments_per_second if lines_read else None,
-                "files_read": sum(e["status"] == "read" for e in entries),
-                "files_reused": sum(e["status"] == "reused" for e in entries)},
-        "files": entries,
-        "versions": _versions(),
-    })
-    record_outputs(targets, run_key)
-    return res
+    return res, totals
 

@@ -147,13 +147,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     # the data first: a --multiwoz folder without the splits is refused by name (not by a failed download of
     # the support files it lacks too); the key from the files' content, before they are parsed (a reused result
     # costs no loading)
-    test_files = mw.split_files(s.multiwoz, "test")
-    train_files = (mw.split_files(s.dst_train_file, "train") if s.dst_train_file
-                   else mw.split_files(s.multiwoz, "val"))
-    mapping, onto_path = _dst_support_files(s)
-    digests = lambda files: [file_record(p)["sha256"] for p in files]
-    data_key = {"train": digests(train_files), "test": digests(test_files),
-                "ontology": file_record(onto_path)["sha256"], "mapping": file_record(mapping)["sha256"]}
+    mapping, onto_path, data_key = _dst_data_key(s)
     key = result_key("dst", model, data_key, s)
     prev = existing_result(result_path(out_dir, "dst"), key, "dst", overwrite)
     if prev is not None:
@@ -163,21 +157,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
     onto = mw.SlotOntology(mw.load_ontology(onto_path), mw.Normalizer(mw.load_mapping_pairs(mapping)))
     t_data = time.perf_counter() - t0
 
-    # examples: the paper draws each split's negatives from its own seeded stream; the reference from one stream,
-    # train first
-    if reference:
-        rng = random.Random(s.seed)
-        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="reference", rng=rng)
-        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="reference", rng=rng)
-    else:
-        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="paper", seed=s.seed)
-        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="paper", seed=s.seed)
-    counts = {"train_all": state_tracking.example_counts(train_ex), "test_all": state_tracking.example_counts(test_ex)}
-    if s.max_examples:
-        train_ex, test_ex = train_ex[:s.max_examples], test_ex[:s.max_examples]
-    counts.update(train=state_tracking.example_counts(train_ex), test=state_tracking.example_counts(test_ex))
-    if not train_ex or not test_ex:
-        raise ValueError(f"no DST examples (train {len(train_ex)}, test {len(test_ex)}): no turn with a turn_label")
+    train_ex, test_ex, counts = _dst_examples(train, test, onto, s)
     mesh = task_mesh(s)
     check_memory(model, s, memory_plans(s))
     t1 = time.perf_counter()
@@ -196,13 +176,7 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
                                                   "n_examples": len(train_ex), "semantics": s.semantics})
     start = {"gpt2": params, "head": state_tracking.init_head(config, s.seed)}
     pooling = "reference" if reference else "last"
-    after = []
-    if mesh is None:  # the test pairs' programs (and, for the joint goal, every bucket width), before update 1
-        widths = state_tracking.prediction_widths(test_arr, s.eval_batch_size)
-        if s.joint_goal:
-            widths |= state_tracking.prediction_widths(block_size=s.trainer.block_size)
-        after.append(lambda final: state_tracking.compile_predictions(
-            final["gpt2"], final["head"], config, widths, batch_size=s.eval_batch_size, pooling=pooling))
+    after = [] if mesh is not None else [_compile_predictions(test_arr, config, s, pooling)]
     trained, training, train_dir = fine_tune("dst", state_tracking.DSTObjective(pooling=pooling),
                                              model, out_dir, s, start, data, what="DST", after=after)
 
@@ -222,15 +196,80 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
             jr = state_tracking.score_joint_goal(trained["gpt2"], trained["head"], config, tok, dials, onto,
                                                  batch_size=s.eval_batch_size, block_size=s.trainer.block_size,
                                                  truncation=trunc, pooling=pooling, progress=s.progress, mesh=mesh)
-        secs = time.perf_counter() - t1
-        metrics["joint_goal"] = {
-            "jga": jr["jga"], "n_turns": jr["n_turns"], "n_correct": jr["n_correct"],
+        timings["joint_goal_s"] = time.perf_counter() - t1
+        metrics["joint_goal"] = _joint_goal_record(jr, dials, test, onto, metrics["n"], timings["joint_goal_s"])
+    data_rec = _dst_data_record(train, test, onto_path, mapping)
+    res = finish("dst", out_dir, key, model, s, overwrite, {"metrics": metrics, "counts": counts, "training": training,
+                                                            "data": data_rec, "notes": _dst_notes(train, s),
+                                                            "timings": timings}, t0)
+    drop_checkpoints(train_dir, s)
+    return res
+
+
+def _dst_data_key(s: DSTSettings) -> tuple[Path, Path, dict]:
+    """``(mapping, ontology, data key)``: the support files and the content digests of the train (or its ``val``
+    stand-in) and test files, read before they are parsed (a reused result costs no loading).
+
+    Raises:
+        FileNotFoundError: a ``--multiwoz`` folder without the splits (named).
+    """
+    test_files = mw.split_files(s.multiwoz, "test")
+    train_files = (mw.split_files(s.dst_train_file, "train") if s.dst_train_file
+                   else mw.split_files(s.multiwoz, "val"))
+    mapping, onto_path = _dst_support_files(s)
+    digests = lambda files: [file_record(p)["sha256"] for p in files]
+    data_key = {"train": digests(train_files), "test": digests(test_files),
+                "ontology": file_record(onto_path)["sha256"], "mapping": file_record(mapping)["sha256"]}
+    return mapping, onto_path, data_key
+
+
+def _dst_examples(train, test, onto, s: DSTSettings) -> tuple[list, list, dict]:
+    """The binary examples of the train and test splits (cut to ``max_examples``) and their counts before and after
+    the cut. The paper draws each split's negatives from its own seeded stream; the reference from one stream,
+    train first.
+
+    Raises:
+        ValueError: a split without examples.
+    """
+    if s.semantics == "reference":
+        rng = random.Random(s.seed)
+        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="reference", rng=rng)
+        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="reference", rng=rng)
+    else:
+        train_ex = state_tracking.build_examples(train.dialogues, onto, semantics="paper", seed=s.seed)
+        test_ex = state_tracking.build_examples(test.dialogues, onto, semantics="paper", seed=s.seed)
+    counts = {"train_all": state_tracking.example_counts(train_ex), "test_all": state_tracking.example_counts(test_ex)}
+    if s.max_examples:
+        train_ex, test_ex = train_ex[:s.max_examples], test_ex[:s.max_examples]
+    counts.update(train=state_tracking.example_counts(train_ex), test=state_tracking.example_counts(test_ex))
+    if not train_ex or not test_ex:
+        raise ValueError(f"no DST examples (train {len(train_ex)}, test {len(test_ex)}): no turn with a turn_label")
+    return train_ex, test_ex, counts
+
+
+def _compile_predictions(test_arr: dict, config, s: DSTSettings, pooling: str):
+    """The job (for the trainer's ``after``) that compiles the test pairs' programs (and, for the joint goal, every
+    bucket width) before update 1."""
+    widths = state_tracking.prediction_widths(test_arr, s.eval_batch_size)
+    if s.joint_goal:
+        widths |= state_tracking.prediction_widths(block_size=s.trainer.block_size)
+    return lambda final: state_tracking.compile_predictions(final["gpt2"], final["head"], config, widths,
+                                                            batch_size=s.eval_batch_size, pooling=pooling)
+
+
+def _joint_goal_record(jr: dict, dials: list, test, onto, binary_pairs: int, secs: float) -> dict:
+    """``metrics["joint_goal"]``: JGA, turns, the oracle, the dialogues scored and the cost (pairs, seconds, the
+    whole split's pairs)."""
+    return {"jga": jr["jga"], "n_turns": jr["n_turns"], "n_correct": jr["n_correct"],
             "oracle_jga": jr["oracle_jga"], "n_dialogues": len(dials), "dialogues_of_split": len(test.dialogues),
             "cost": {"pairs_scored": jr["n_pairs"], "seconds": secs,
                      "pairs_per_s": jr["n_pairs"] / secs if secs > 0 else None,
-                     "binary_pairs": metrics["n"], "full_split": state_tracking.jga_cost(test.dialogues, onto)},
+                     "binary_pairs": binary_pairs, "full_split": state_tracking.jga_cost(test.dialogues, onto)},
             "per_dialogue": jr["per_dialogue"]}
-        timings["joint_goal_s"] = secs
+
+
+def _dst_notes(train, s: DSTSettings) -> list[str]:
+    """What a reader of ``dst.json`` must know: a stand-in train split, ``--max-examples``, ``--max-steps``."""
     notes = []
     if train.stand_in_for:
         notes.append(f"trained on the MultiWOZ 2.0 {train.split} split standing in for the {train.stand_in_for} "
@@ -240,18 +279,20 @@ def run_dst(model: EvalModel, out_dir: str | os.PathLike, s: DSTSettings, *, ove
         notes.append(f"--max-examples {s.max_examples}: only the first {s.max_examples} train and test "
                      "examples were used")
     if s.trainer.max_steps:
-        notes.append(f"--max-steps {s.trainer.max_steps}: training stopped after {s.trainer.max_steps} update(s), not one epoch")
-    data_rec = {"train": {**train.describe(), "official": train.stand_in_for is None},
-                "test": {**test.describe(), "official": True,
-                         "note": "the MultiWOZ 2.0 test split" + (" (ConvLab's re-tokenised copy: transcripts differ "
-                                                                  "a little from the official text, belief states "
-                                                                  "do not)" if test.layout == "convlab" else "")},
-                "ontology": file_record(onto_path), "mapping": file_record(mapping),
-                "stand_in_for": train.stand_in_for}
-    res = finish("dst", out_dir, key, model, s, overwrite, {"metrics": metrics, "counts": counts, "training": training,
-                                                   "data": data_rec, "notes": notes, "timings": timings}, t0)
-    drop_checkpoints(train_dir, s)
-    return res
+        notes.append(f"--max-steps {s.trainer.max_steps}: training stopped after {s.trainer.max_steps} update(s), not "
+                     "one epoch")
+    return notes
+
+
+def _dst_data_record(train, test, onto_path: Path, mapping: Path) -> dict:
+    """``dst.json``'s ``data``: each split's files and whether it is the official one, the ontology and mapping."""
+    return {"train": {**train.describe(), "official": train.stand_in_for is None},
+            "test": {**test.describe(), "official": True,
+                     "note": "the MultiWOZ 2.0 test split" + (" (ConvLab's re-tokenised copy: transcripts differ "
+                                                              "a little from the official text, belief states "
+                                                              "do not)" if test.layout == "convlab" else "")},
+            "ontology": file_record(onto_path), "mapping": file_record(mapping),
+            "stand_in_for": train.stand_in_for}
 
 
 
