@@ -101,8 +101,8 @@ def self_debias_packed_log_probs(params, head_emb, ids, pos, seg, br, pidx, tgt,
             z = _head(h, head_emb, dt, cap)  # (R, Q, c, V)
             return target_log_probs(z[:, 0], [z[:, k] for k in range(1, Q)], t, decay_constant, epsilon)
 
-        c = max(1, min(P, max_logits // max(1, R * Q * V)))
-        n = -(-P // c)
+        n = -(-P // max(1, min(P, max_logits // max(1, R * Q * V))))  # chunks, as even as possible
+        c = -(-P // n)
         if n == 1:
             return chunk((pidx, tgt))
         pi = jnp.pad(pidx, ((0, 0), (0, n * c - P))).reshape(R, n, c).transpose(1, 0, 2)
