@@ -21,6 +21,9 @@ Checks (each prints ``{"check": NAME, ...figures}`` on one line):
   on one device: equal element for element.
 * ``scorer_ahead``: the LMB scorer's programs compiled ahead from the parameters' shapes alone (rows split over the 8
   devices), then phrases scored: the programs built by each.
+* ``self_debias``: Self-Debias pair scoring (2 prefixes) with the rows split over the 8 devices (its programs
+  compiled ahead from the parameters' shapes) and on ``data=2,fsdp=2,tensor=2`` (parameters split), against one
+  device: the relative differences of the summed log-likelihoods, the programs built by each step.
 * ``sweep_compiles``: a small sweep (2 batch plans × 4 λ points, chunks of 2) with the local executor on all 8
   devices; the training programs compiled (:func:`rbjax.train.step.compiled_programs`), the batch plans, chunks
   and mesh shapes.
@@ -191,6 +194,54 @@ def check_scorer_ahead(args) -> dict:
             "used": sorted(list(p[:3]) for p in scorer.programs), "planned": sorted(list(s) for s in shapes)}
 
 
+def check_self_debias(args) -> dict:
+    import jax
+    import numpy as np
+
+    from rbjax.core.compilation import CompileCounter
+    from rbjax.core.mesh import make_mesh, parse_mesh
+    from rbjax.lmb.self_debias import SelfDebiasScorer
+    from rbjax.model.handle import ModelHandle
+    from rbjax.model.self_debias import BIAS_BENCH_PREFIXES, SelfDebiasSettings
+
+    model = ModelHandle.open(args.model, args.tokenizer)
+    model.load()
+    tok, cfg = model.tokenizer, model.config
+    lines = (Path(args.data_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
+    texts = [ln.strip() for ln in lines if ln.strip()][:16]
+    a = tok.encode_batch(texts)
+    c = tok.encode_batch([t.replace("jews", "christians").replace("jew", "christian") for t in texts])
+    prefixes = (BIAS_BENCH_PREFIXES["religion"], BIAS_BENCH_PREFIXES["race-color"])
+    pre_ids, settings = [tok.encode(t) for t in prefixes], SelfDebiasSettings(prefixes, decay_constant=1e4)
+    params = jax.tree.map(np.asarray, model.params)
+
+    def scorer(p, **kw):
+        return SelfDebiasScorer(p, cfg, pre_ids, settings, batch_size=8, **kw)
+
+    ref = scorer(params, devices=jax.devices()[:1]).score_pairs(a, c)
+    ahead = scorer(jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), model.params))
+    shapes = ahead.program_shapes(pairs=(a, c))
+    with CompileCounter() as built:
+        n = ahead.compile_programs(shapes)
+    rows = scorer(params)
+    with CompileCounter() as scoring:
+        got = rows.score_pairs(a, c)
+    split = scorer(params, mesh=make_mesh(parse_mesh("data=2,fsdp=2,tensor=2", 8)))
+    got_split = split.score_pairs(a, c)
+
+    def rel(x, y):
+        return max(float(np.max(np.abs(u.nll_sum - v.nll_sum) / np.abs(v.nll_sum))) for u, v in zip(x, y))
+
+    from rbjax.lmb.perplexity import PerplexityScorer  # the rescaling's effect (that a lost prefix would show)
+
+    base = PerplexityScorer(params, cfg, batch_size=8, devices=jax.devices()[:1]).score_pairs(a, c)
+    return {"n_devices": rows.n_devices, "programs": n, "built_ahead": built.built, "built_scoring": scoring.built,
+            "used": sorted(list(p[1:4]) for p in rows.programs), "planned": sorted(list(s) for s in shapes),
+            "rows_rel": rel(got, ref), "split_rel": rel(got_split, ref), "vs_plain_rel": rel(base, ref),
+            "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(split.params)}),
+            "scored": int(sum(int(x.n_scored.sum()) for x in ref))}
+
+
 def check_dropout_masks(args) -> dict:
     import jax
     import jax.numpy as jnp
@@ -213,7 +264,7 @@ def check_dropout_masks(args) -> dict:
 
 
 CHECKS = {"data_parallel": check_data_parallel, "grid_chunk": check_grid_chunk, "sweep_compiles": check_sweep_compiles,
-          "scorer_ahead": check_scorer_ahead, "dropout_masks": check_dropout_masks}
+          "scorer_ahead": check_scorer_ahead, "dropout_masks": check_dropout_masks, "self_debias": check_self_debias}
 
 
 def main(argv=None) -> int:

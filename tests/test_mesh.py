@@ -98,7 +98,7 @@ def mesh_checks(tiny_model_dir, tokenizer_dir, redditbias_dir, tmp_path_factory)
     work = tmp_path_factory.mktemp("mesh_checks")
     cmd = [sys.executable, str(ROOT / "tests" / "mesh_checks.py"), "--model", str(tiny_model_dir), "--tokenizer",
            str(tokenizer_dir), "--data-dir", str(redditbias_dir), "--work", str(work),
-           "data_parallel", "grid_chunk", "sweep_compiles", "scorer_ahead", "dropout_masks"]
+           "data_parallel", "grid_chunk", "sweep_compiles", "scorer_ahead", "dropout_masks", "self_debias"]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, f"mesh_checks.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     out = {}
@@ -115,6 +115,18 @@ def test_scorer_programs_compiled_ahead_on_8_devices(mesh_checks):
     r = mesh_checks["scorer_ahead"]
     assert r["n_devices"] == 8 and r["programs"] >= 1 and r["built_ahead"] >= r["programs"]
     assert r["used"] == r["planned"] and r["built_scoring"] == 0
+
+
+def test_self_debias_scoring_on_8_devices_and_split_parameters(mesh_checks):
+    """Self-Debias pair scoring (2 prefixes) with the rows split over 8 devices — its programs compiled ahead from
+    the parameters' shapes, none built while scoring — and with the parameters split on data=2,fsdp=2,tensor=2:
+    equal to one device to float32 rounding (seen ~2e-8), far below the rescaling's own effect (seen 7.6e-4)."""
+    r = mesh_checks["self_debias"]
+    assert r["n_devices"] == 8 and r["programs"] >= 1 and r["built_ahead"] >= r["programs"], r
+    assert r["used"] == r["planned"] and r["built_scoring"] == 0, r
+    assert r["rows_rel"] <= 1e-6 and r["split_rel"] <= 1e-6, r
+    assert r["vs_plain_rel"] > 1e-4 and r["scored"] > 100, r
+    assert "P('tensor', 'fsdp')" in r["param_specs"], r
 
 
 def test_dropout_masks_equal_on_the_mesh_and_on_one_device(mesh_checks):

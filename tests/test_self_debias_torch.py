@@ -91,3 +91,45 @@ def test_self_debias_log_likelihoods_match_torch(case, n_prefixes):
     for c, ts, ll in zip(ctxs, conts, lls):
         ref = _torch_self_debias(tm, [c + t for t in ts], [len(c)] * len(ts), prefixes, bos, 50.0, 0.01)
         np.testing.assert_allclose(ll, ref, atol=1e-4)
+
+
+def test_self_debias_packed_layout_chat_context_mixed_starts_and_chunks(case):
+    """The packed layout's other paths against PyTorch: a context shared by every sequence (the chat format: laid
+    once a row, the prefix put after its BOS), pairs of which one side only starts with the BOS (scored as two
+    phrases, rows of each kind packed apart), the LM head over chunks of one slot; the programs are those
+    ``program_shapes`` plans."""
+    tm, cfg, params, bos = case
+    prefixes = PREFIXES
+    settings = SelfDebiasSettings(("p0", "p1"), 50.0, 0.01)
+    sc = SelfDebiasScorer(params, cfg, prefixes, settings, batch_size=4, bos_id=bos)
+    a, b = _phrases(2, 6), _phrases(3, 6)
+    # a chat template's context: 6 tokens (the BOS first where the model has one), none scored
+    ctx = ([] if bos is None else [bos]) + [10, 11, 12, 13, 14, 15][: 6 - (bos is not None)]
+    ca, cb = [ctx + p for p in a], [ctx + p for p in b]
+    n = ([len(ctx)] * len(a), [len(ctx)] * len(b))
+    sa, sb = sc.score_pairs(ca, cb, n_context=n)
+    assert sc.last_stats["row_context"] > 0 and sc.last_stats["passes"] == 3
+    for seqs, got in ((ca, sa), (cb, sb)):
+        ref = _torch_self_debias(tm, seqs, [len(ctx)] * len(seqs), prefixes, bos, 50.0, 0.01)
+        np.testing.assert_array_equal(got.n_scored, [len(s) - len(ctx) for s in seqs])
+        ok = got.n_scored > 0
+        np.testing.assert_allclose(-got.nll_sum[ok], ref[ok], atol=1e-4)
+    assert sc.program_shapes(pairs=(ca, cb), n_context=n) == {p[1:4] for p in sc.programs} != set()
+    # the LM head one predicting slot at a time: the same values
+    chunked = SelfDebiasScorer(params, cfg, prefixes, settings, batch_size=4, bos_id=bos)
+    chunked.max_logits = 1
+    xa, xb = chunked.score_pairs(ca, cb, n_context=n)
+    np.testing.assert_allclose(xa.nll_sum, sa.nll_sum, rtol=1e-6)
+    np.testing.assert_allclose(xb.nll_sum, sb.nll_sum, rtol=1e-6)
+    if bos is None:
+        return
+    # the BOS on one side only (the first pairs), on both (the others): each sequence's own prefixed form
+    ma = [[bos] + p for p in a]
+    mb = [p if i < 3 else [bos] + p for i, p in enumerate(b)]
+    nm = ([1] * len(ma), [1 if s[0] == bos else 0 for s in mb])
+    ga, gb = sc.score_pairs(ma, mb, n_context=nm)
+    for seqs, got in ((ma, ga), (mb, gb)):
+        ref = _torch_self_debias(tm, seqs, [1] * len(seqs), prefixes, bos, 50.0, 0.01)
+        np.testing.assert_array_equal(got.n_scored, [len(s) - 1 for s in seqs])
+        ok = got.n_scored > 0
+        np.testing.assert_allclose(-got.nll_sum[ok], ref[ok], atol=1e-4)

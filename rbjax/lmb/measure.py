@@ -142,12 +142,10 @@ class LoadedModel:
         self.bos = handle.resolve_bos(bos)
         self.bos_policy = "tokenizer" if bos is None else ("--bos" if bos else "--no-bos")
         if handle.self_debias is not None:  # a Self-Debias run folder: the rescaled distribution scores
-            if mesh is not None:
-                raise ValueError(f"{handle.name}: a Self-Debias model is scored on one device (no --mesh)")
             self.scorer = SelfDebiasScorer(handle.params if params is None else params, self.config,
                                            handle.self_debias_prefix_ids(), handle.self_debias,
                                            batch_size=batch_size, bos_id=handle.bos_id(bos), precision=precision,
-                                           param_dtype=param_dtype)
+                                           mesh=mesh, param_dtype=param_dtype)
             return
         self.scorer = PerplexityScorer(handle.params if params is None else params, self.config, batch_size=batch_size,
                                        bos_id=handle.bos_id(bos), precision=precision,

@@ -111,6 +111,20 @@ def token_nll(params, input_ids, attention_mask, config, precision: str = "fp32"
     return nll.sum(-1), m.sum(-1).astype(jnp.int32)
 
 
+def tree_attention_mask(seg, br):
+    """The packed rows' attention mask, the causal (slot order) mask left to the model: a tree sees its prefix and
+    its own branch, and the row's shared context (``seg == ROW_CONTEXT``).
+
+    Args:
+        seg, br: int32 (R, L) tree id and branch of each slot (:func:`_packed_nll`).
+    Returns:
+        bool (R, L, L): query slot × key slot.
+    """
+    same = seg[:, :, None] == seg[:, None, :]
+    bq, bk = br[:, :, None], br[:, None, :]
+    return (same & ((bk == 0) | (bk == bq))) | (seg[:, None, :] == ROW_CONTEXT)
+
+
 def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, precision: str):
     """NLL of the predicting slots of a packed batch.
 
@@ -127,11 +141,7 @@ def _packed_nll(params, head_emb, ids, pos, seg, br, pidx, tgt, *, config, preci
     """
     policy = get_policy(precision)
     dt = policy.compute_dtype
-    same = seg[:, :, None] == seg[:, None, :]
-    bq, bk = br[:, :, None], br[:, None, :]
-    # a tree sees its prefix and its own branch, and the row's shared context (seg ROW_CONTEXT); the model adds the
-    # causal (slot order) mask
-    allowed = (same & ((bk == 0) | (bk == bq))) | (seg[:, None, :] == ROW_CONTEXT)
+    allowed = tree_attention_mask(seg, br)
     fam = family_of_config(config)
     with policy.matmul_context():
         model = fam.module(config, dtype=dt)
@@ -715,6 +725,11 @@ class PerplexityScorer:
         sizes = np.array([t.size for t in live])
         preds = np.array([len(t.pred) for t in live])
         L, P, rows = _plan_rows(sizes, preds, self.config, self.row_len, K)
+        return L, P, self._cut_batches(rows, L)
+
+    def _cut_batches(self, rows, L: int):
+        """The packed ``rows`` (of ``L`` slots) cut into batches: ``[(rows, R)]``, each batch's rows with its
+        compiled row count."""
         # rows per batch: a multiple of the device count, and of 4 devices' worth when that large, so that the
         # last batch can take the smallest multiple of a quarter batch that holds it (≤ 4 programs per L)
         step = self.n_devices
@@ -726,7 +741,7 @@ class PerplexityScorer:
         for start in range(0, len(rows), R):
             chunk = rows[start:start + R]
             batches.append((chunk, -(-len(chunk) // step) * step))
-        return L, P, batches
+        return batches
 
     def _run(self, trees, n, progress, n_skipped_phrases=1, shared=()):
         """Pack ``trees`` (None = nothing to predict) after the row context ``shared`` (token ids at the start of

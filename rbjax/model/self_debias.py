@@ -142,9 +142,10 @@ def target_log_probs(logits, logits_prefixed, targets, decay_constant: float = D
 
     Args:
         logits: (..., V) float32 next-token logits given the text. logits_prefixed: a sequence of K (..., V) logits
-            with each prefix. targets: int (...) the token whose log-probability is wanted.
+            with each prefix. targets: int (...) the token whose log-probability is wanted, or int (..., T): T tokens
+            each (e.g. the two continuations of a pair read at its branch point).
     Returns:
-        float32 (...): log q(targets).
+        float32 (...) log q(targets), or (..., T) for targets of shape (..., T).
     """
     def softmax(z):  # one exp per logit: (probabilities, log-sum-exp)
         m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
@@ -160,10 +161,12 @@ def target_log_probs(logits, logits_prefixed, targets, decay_constant: float = D
     log_factor = -decay_constant * jnp.maximum(pb - p, 0.0)
     if epsilon > 0:
         log_factor = jnp.maximum(log_factor, jnp.log(jnp.float32(epsilon)))
-    norm = jnp.sum(p * jnp.exp(log_factor), axis=-1)
-    t = targets[..., None]
-    pick = lambda x: jnp.take_along_axis(x, t, axis=-1)[..., 0]  # noqa: E731
-    return pick(logits - lse) + pick(log_factor) - jnp.log(norm)
+    norm = jnp.sum(p * jnp.exp(log_factor), axis=-1, keepdims=True)
+    several = jnp.ndim(targets) == jnp.ndim(logits)
+    t = targets if several else targets[..., None]
+    pick = lambda x: jnp.take_along_axis(x, t, axis=-1)  # noqa: E731
+    out = pick(logits - lse) + pick(log_factor) - jnp.log(norm)
+    return out if several else out[..., 0]
 
 
 def jax_logsumexp(z):

@@ -509,7 +509,7 @@ class StudyConfig:
 
     def _validate_no_training(self, method: str) -> None:
         """A method without training ([training] does not apply to it) on every debiased type, with its defaults:
-        Self-Debias needs a default prefix for each type (a spec file has none) and one device (no [study] mesh)."""
+        Self-Debias needs a default prefix for each type (a spec file has none)."""
         where = self.where("study", "methods")
         for b in self.debias_types:
             try:
@@ -519,9 +519,6 @@ class StudyConfig:
                     ProjectionRun(method=method, bias_type=b, model="m", out_dir="o")
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{where}: {method} on the debiased type {b}: {e}") from None
-        if method == SELF_DEBIAS and self.mesh is not None:
-            raise ValueError(f"{where}: self-debias is scored on one device; a study with it has no [study] mesh "
-                             f"(got {self.mesh!r})")
 
     def _validate_sweep(self) -> None:
         sw = self.raw.get("sweep", {})
