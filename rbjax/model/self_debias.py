@@ -151,7 +151,7 @@ def target_log_probs(logits, logits_prefixed, targets, decay_constant: float = D
         m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
         e = jnp.exp(z - m)
         s = jnp.sum(e, axis=-1, keepdims=True)
-        return e / s, m + jnp.log(s)
+        return e * (1.0 / s), m + jnp.log(s)  # one reciprocal a row, a multiply per logit (not a divide)
 
     p, lse = softmax(logits)
     pb = None
