@@ -1,4 +1,4 @@
-"""No function of the package is longer than :data:`MAX_LINES` lines unless its docstring says why (issue 47): a long
+"""No function of the package is longer than :data:`MAX_LINES` lines unless its docstring says why: a long
 function reads as the sequence of its named steps instead (docs/architecture.md, "Long functions")."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ MAX_LINES = 120
 #: the words that give the reason, in the function's docstring
 MARKER = "Long because:"
 
-#: split in a parallel branch (issue 47): these functions are being split into steps there; the lead removes this
+#: split in a parallel branch: these functions are being split into steps there; the lead removes this
 #: list when the branches are merged
 SPLIT_IN_A_PARALLEL_BRANCH = {
     "rbjax/data/retrieval/run.py::retrieve",
