@@ -358,6 +358,34 @@ def read_annotations(paths: Sequence[str | Path], config: AnnotationImportConfig
     if not paths:
         raise ValueError("no annotation files given")
     paths = [Path(p) for p in paths]
+    _check_annotation_files(paths)
+    master: dict[str, dict] | None = None
+    if items is not None:
+        _, master = read_items(items)
+    names: list[str] = []
+    per_file: list[dict[str, tuple[int | None, int | None]]] = []
+    seen = _SeenItems()
+    counts: dict[str, dict[str, int]] = {}
+    for path in paths:
+        labels, cnt = _read_annotator_file(path, master, items, unknown, seen)
+        name = path.stem
+        while name in names:  # distinct files with the same name (e.g. from two folders)
+            name += "_"
+        names.append(name)
+        per_file.append(labels)
+        counts[name] = cnt
+    warnings = _lacking_items(paths, per_file, items, set(master) if master is not None else set(seen.order))
+    comment = [[lab.get(k, (None, None))[0] for k in seen.order] for lab in per_file]
+    phrase = [[lab.get(k, (None, None))[1] for k in seen.order] for lab in per_file]
+    return Annotations(names, seen.order, seen.info, comment, phrase, counts, seen.origin, warnings)
+
+
+def _check_annotation_files(paths: list[Path]) -> None:
+    """Every file exists, and none is given twice (by any path).
+
+    Raises:
+        FileNotFoundError, ValueError: naming the file.
+    """
     seen: dict[Path, Path] = {}
     for path in paths:
         if not path.is_file():
@@ -367,62 +395,72 @@ def read_annotations(paths: Sequence[str | Path], config: AnnotationImportConfig
             same = f"{path}" if str(seen[real]) == str(path) else f"{seen[real]} and {path}"
             raise ValueError(f"the same file given twice: {same}; give each annotator's file once")
         seen[real] = path
-    master: dict[str, dict] | None = None
-    if items is not None:
-        _, master = read_items(items)
-    names: list[str] = []
-    per_file: list[dict[str, tuple[int | None, int | None]]] = []
-    info: dict[str, dict] = {}
-    origin: dict[str, str] = {}
-    order: list[str] = []
-    counts: dict[str, dict[str, int]] = {}
-    for path in paths:
-        header, rows = read_csv_file(path)
-        c_col, p_col = _label_columns(path, header)
-        if "phrase" not in header:
-            raise ValueError(f"{path}: no 'phrase' column")
-        name = path.stem
-        while name in names:  # distinct files with the same name (e.g. from two folders)
-            name += "_"
-        names.append(name)
-        cnt = {"biased": 0, "unbiased": 0, "skip": 0, "empty": 0}
-        labels: dict[str, tuple[int | None, int | None]] = {}
-        for r, row in enumerate(rows, start=2):  # row 1 is the header
-            key = (row.get("item") or "").strip() if "item" in header else str(r - 1)
-            if not key:
-                raise ValueError(f"{path} row {r}: empty 'item'")
-            if key in labels:
-                raise ValueError(f"{path} row {r}: item {key!r} appears twice")
-            phrase = row.get("phrase") or ""
-            if master is not None:
-                if key not in master:
-                    raise ValueError(f"{path} row {r}: item {key!r} is not in {items} (the items of the export); "
-                                     f"was the row added or its item changed?")
-                if "phrase" in master[key] and (master[key].get("phrase") or "") != phrase:
-                    raise ValueError(f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {items} has "
-                                     f"{master[key].get('phrase') or ''!r} (files must come from the same export)")
-            pair = []
-            for col in (c_col, p_col):
-                cell = row.get(col)
-                lab = parse_label(cell, where=f"{path} row {r} column {col}", unknown=unknown)
-                pair.append(lab)
-                s = (cell or "").strip().lower()
-                cnt["empty" if not s else "biased" if lab == 1 else "unbiased" if lab == 0 else "skip"] += 1
-            labels[key] = (pair[0], pair[1])
-            if key in info:
-                if info[key].get("phrase", "") != phrase:
-                    raise ValueError(
-                        f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {origin[key]} has "
-                        f"{info[key].get('phrase', '')!r} (files must come from the same export)"
-                    )
-            else:
-                info[key] = {h: (row.get(h) or "") for h in header if h not in (c_col, p_col, "note")}
-                origin[key] = f"{path} row {r}"
-                order.append(key)
-        per_file.append(labels)
-        counts[name] = cnt
+
+
+@dataclasses.dataclass
+class _SeenItems:
+    """The items met so far across the annotators' files: in first-seen order, each one's descriptive columns and
+    where it was first seen (:class:`Annotations`' ``items``, ``info`` and ``origin``)."""
+
+    order: list[str] = dataclasses.field(default_factory=list)
+    info: dict[str, dict] = dataclasses.field(default_factory=dict)
+    origin: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _read_annotator_file(path: Path, master: dict[str, dict] | None, items, unknown: str,
+                         seen: _SeenItems) -> tuple[dict[str, tuple[int | None, int | None]], dict[str, int]]:
+    """One annotator's file: per item its (comment, phrase) labels, and the counts of each kind of label. Each item
+    is checked against the export's items (``master``) and against the files read before (``seen``, extended).
+
+    Raises:
+        ValueError: a missing column, an empty or repeated item, an unknown label, an item not in ``items`` or with
+            another phrase there or in an earlier file (file and row named).
+    """
+    header, rows = read_csv_file(path)
+    c_col, p_col = _label_columns(path, header)
+    if "phrase" not in header:
+        raise ValueError(f"{path}: no 'phrase' column")
+    cnt = {"biased": 0, "unbiased": 0, "skip": 0, "empty": 0}
+    labels: dict[str, tuple[int | None, int | None]] = {}
+    for r, row in enumerate(rows, start=2):  # row 1 is the header
+        key = (row.get("item") or "").strip() if "item" in header else str(r - 1)
+        if not key:
+            raise ValueError(f"{path} row {r}: empty 'item'")
+        if key in labels:
+            raise ValueError(f"{path} row {r}: item {key!r} appears twice")
+        phrase = row.get("phrase") or ""
+        if master is not None:
+            if key not in master:
+                raise ValueError(f"{path} row {r}: item {key!r} is not in {items} (the items of the export); "
+                                 f"was the row added or its item changed?")
+            if "phrase" in master[key] and (master[key].get("phrase") or "") != phrase:
+                raise ValueError(f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {items} has "
+                                 f"{master[key].get('phrase') or ''!r} (files must come from the same export)")
+        pair = []
+        for col in (c_col, p_col):
+            cell = row.get(col)
+            lab = parse_label(cell, where=f"{path} row {r} column {col}", unknown=unknown)
+            pair.append(lab)
+            s = (cell or "").strip().lower()
+            cnt["empty" if not s else "biased" if lab == 1 else "unbiased" if lab == 0 else "skip"] += 1
+        labels[key] = (pair[0], pair[1])
+        if key in seen.info:
+            if seen.info[key].get("phrase", "") != phrase:
+                raise ValueError(
+                    f"{path} row {r}: item {key!r} has phrase {phrase!r}, but {seen.origin[key]} has "
+                    f"{seen.info[key].get('phrase', '')!r} (files must come from the same export)"
+                )
+        else:
+            seen.info[key] = {h: (row.get(h) or "") for h in header if h not in (c_col, p_col, "note")}
+            seen.origin[key] = f"{path} row {r}"
+            seen.order.append(key)
+    return labels, cnt
+
+
+def _lacking_items(paths: list[Path], per_file: list[dict], items, everything: set[str]) -> list[str]:
+    """One warning per file that lacks some of its items: those its annotator was given (the export's
+    ``assignment.json`` beside ``items``, or beside the file, when it names the file), else ``everything``."""
     warnings = []
-    everything = set(master) if master is not None else set(order)
     for path, labels in zip(paths, per_file):
         folder = Path(items).parent if items is not None else path.parent
         given = _assignment(folder)
@@ -434,9 +472,7 @@ def read_annotations(paths: Sequence[str | Path], config: AnnotationImportConfig
                 + ", ".join(lacking[:10]) + (" ..." if len(lacking) > 10 else "")
                 + "); they count as missing labels for this annotator"
             )
-    comment = [[lab.get(k, (None, None))[0] for k in order] for lab in per_file]
-    phrase = [[lab.get(k, (None, None))[1] for k in order] for lab in per_file]
-    return Annotations(names, order, info, comment, phrase, counts, origin, warnings)
+    return warnings
 
 
 def _item_order(key: str):
@@ -581,12 +617,7 @@ def export_for_annotation(
     cfg = (config or AnnotationExportConfig()).replace(**settings)
     sample, seed, overlap = cfg.sample, cfg.seed, cfg.overlap
     candidates = Path(candidates)
-    if not candidates.is_file():
-        raise FileNotFoundError(f"candidates file not found: {candidates}")
-    header, rows = read_csv_file(candidates)
-    for col in ("comment", "phrase"):
-        if col not in header:
-            raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")
+    header, rows = _read_candidates(candidates)
     names = [a.strip() for a in cfg.annotators]
     check_output_dir(out_dir, "--out-dir")
     out_dir = Path(out_dir)
@@ -596,17 +627,7 @@ def export_for_annotation(
                "sample": sample, "seed": seed, "overlap": overlap}
     claim_outputs(targets, run_key, overwrite=overwrite, where="--out-dir")
     if overwrite:  # an earlier export's annotator file that this one does not replace would sit beside it
-        try:
-            earlier = _assignment(out_dir) or {}
-        except ValueError:
-            earlier = {}
-        stale = [f"{a}.csv" for a in sorted(earlier) if a not in names and (out_dir / f"{a}.csv").exists()]
-        if stale:
-            raise ValueError(
-                f"--out-dir {out_dir}: holds {', '.join(stale)} of an earlier export (annotators "
-                f"{', '.join(sorted(earlier))}) that this export ({', '.join(names)}) does not replace: beside the new "
-                "items they would be read as this export's annotators; move them away (they may hold filled "
-                "labels), or choose another --out-dir. Nothing was written")
+        _refuse_stale_annotator_files(out_dir, names)
     rng = np.random.default_rng(seed)
     idx = np.arange(len(rows))
     if sample is not None:
@@ -622,23 +643,70 @@ def export_for_annotation(
         for k, r in zip(keys, chosen):
             w.writerow([k] + [r.get(h) or "" for h in item_cols[1:]])
     atomic_write_text(paths["guidelines"], GUIDELINES)
-    if overlap is None:
-        assign = {a: list(range(len(chosen))) for a in names}
-    else:
-        if not 0 <= overlap <= len(chosen):
-            raise ValueError(f"--overlap {overlap} is outside 0..{len(chosen)}")
-        shared = set(rng.choice(len(chosen), size=overlap, replace=False).tolist()) if overlap else set()
-        rest = [j for j in range(len(chosen)) if j not in shared]
-        assign = {a: sorted(shared | set(rest[i :: len(names)])) for i, a in enumerate(names)}
+    assign = _assign_items(len(chosen), names, overlap, rng)
     for a in names:
-        p = out_dir / f"{a}.csv"
-        with atomic_csv_writer(p, ANNOTATOR_COLUMNS) as w:
-            for j in assign[a]:
-                r = chosen[j]
-                w.writerow([keys[j], r.get("id") or "", r.get("comment") or "", r.get("phrase") or "", "", "", ""])
-        paths[a] = p
+        paths[a] = out_dir / f"{a}.csv"
+        _write_annotator_file(paths[a], [(keys[j], chosen[j]) for j in assign[a]])
     record = {"candidates": str(candidates), "items": len(chosen), "sample": sample, "seed": seed, "overlap": overlap,
               "annotators": {a: [keys[j] for j in assign[a]] for a in names}}
     atomic_write_text(paths["assignment"], to_json(record, indent=1) + "\n")
     record_outputs(targets, run_key)
     return paths
+
+
+def _read_candidates(candidates: Path) -> tuple[list[str], list[dict]]:
+    """The candidates CSV's header and rows.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: no ``comment`` or ``phrase`` column.
+    """
+    if not candidates.is_file():
+        raise FileNotFoundError(f"candidates file not found: {candidates}")
+    header, rows = read_csv_file(candidates)
+    for col in ("comment", "phrase"):
+        if col not in header:
+            raise ValueError(f"{candidates}: no {col!r} column (expected a file written by 'rbjax retrieve')")
+    return header, rows
+
+
+def _refuse_stale_annotator_files(out_dir: Path, names: list[str]) -> None:
+    """Refuse an earlier export's annotator file (of an annotator not in ``names``) that this export would leave
+    beside its own: it would be read as one of its annotators.
+
+    Raises:
+        ValueError: naming the files, before anything is written.
+    """
+    try:
+        earlier = _assignment(out_dir) or {}
+    except ValueError:
+        earlier = {}
+    stale = [f"{a}.csv" for a in sorted(earlier) if a not in names and (out_dir / f"{a}.csv").exists()]
+    if stale:
+        raise ValueError(
+            f"--out-dir {out_dir}: holds {', '.join(stale)} of an earlier export (annotators "
+            f"{', '.join(sorted(earlier))}) that this export ({', '.join(names)}) does not replace: beside the new "
+            "items they would be read as this export's annotators; move them away (they may hold filled "
+            "labels), or choose another --out-dir. Nothing was written")
+
+
+def _assign_items(n: int, names: list[str], overlap: int | None, rng) -> dict[str, list[int]]:
+    """Per annotator the items (indices < ``n``) they get: every item (``overlap`` None), else a round-robin share
+    plus ``overlap`` items drawn with ``rng`` for everyone.
+
+    Raises:
+        ValueError: ``overlap`` outside 0..n.
+    """
+    if overlap is None:
+        return {a: list(range(n)) for a in names}
+    if not 0 <= overlap <= n:
+        raise ValueError(f"--overlap {overlap} is outside 0..{n}")
+    shared = set(rng.choice(n, size=overlap, replace=False).tolist()) if overlap else set()
+    rest = [j for j in range(n) if j not in shared]
+    return {a: sorted(shared | set(rest[i :: len(names)])) for i, a in enumerate(names)}
+
+
+def _write_annotator_file(path: Path, items: list[tuple[str, dict]]) -> None:
+    """An annotator's file: per ``(item key, candidate row)`` the row's id, comment and phrase, empty labels."""
+    with atomic_csv_writer(path, ANNOTATOR_COLUMNS) as w:
+        for key, r in items:
+            w.writerow([key, r.get("id") or "", r.get("comment") or "", r.get("phrase") or "", "", "", ""])

@@ -368,29 +368,60 @@ def make_splits(
             did not write (released files, another annotated file's splits) and not ``overwrite``.
     """
     cfg = (config or SplitsConfig()).replace(**settings)
-    train_size, seed, n_std, ddof = cfg.train_size, cfg.seed, cfg.n_std, cfg.ddof
-    swap_mode, swap_direction, unknown = cfg.swap_mode, cfg.swap_direction, cfg.unknown
     btype, g1, g2 = layout_names(spec)
     out = check_output_dir(out_dir, "output folder")
     ddir, tdir = out / "data" / btype, out / "text_files" / btype
     for d in (ddir, tdir):
         check_output_dir(d, "output folder")
-    biased = read_biased_rows(annotated, unknown=unknown)
+    biased = read_biased_rows(annotated, unknown=cfg.unknown)
     rows = biased.rows
     _check_bias_type_column(annotated, rows, spec, btype)
     model_name = str(model) if model is not None else scorer_name(score_fn)
-    frac = default_train_size(spec.name) if train_size is None else float(train_size)
-    train_idx, held_idx = shuffle_split(len(rows), frac, seed)
+    frac = default_train_size(spec.name) if cfg.train_size is None else float(cfg.train_size)
+    train_idx, held_idx = shuffle_split(len(rows), frac, cfg.seed)
     train = [rows[i]["phrase"] for i in train_idx]
     held_rows = [rows[i] for i in held_idx]
     held = [r["phrase"] for r in held_rows]
+    counter, n_unchanged = _counterfactuals(annotated, spec, held, cfg)
+    targets = _split_files(ddir, tdir, btype, g1, g2)
+    run_key = {"command": "splits", "annotated": sha256_file(annotated), "bias_type": spec.name,
+               "spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else str(spec),
+               "model": model_name, "train_size": frac, "seed": cfg.seed, "n_std": cfg.n_std, "ddof": cfg.ddof,
+               "swap_mode": cfg.swap_mode, "swap_direction": cfg.swap_direction, "unknown": cfg.unknown}
+    claim_outputs(targets.values(), run_key, overwrite=overwrite, where="--out-dir")
 
-    if swap_mode == "reference":
+    red = _reduce(score_fn, held, counter, cfg)
+    files = _write_heldout(ddir, tdir, (btype, g1, g2), held_rows, held, counter, red)
+    files["train_txt"] = tdir / f"{btype}_bias_manual_train.txt"
+    _atomic_text(files["train_txt"], train)
+    files["heldout_txt"] = tdir / f"{btype}_bias_manual_valid.txt"
+    _atomic_text(files["heldout_txt"], held)
+
+    res = SplitResult(btype, g1, g2, len(rows), len(train), len(held), n_unchanged, int((~red.finite).sum()),
+                      int(red.drop.sum()), int(red.valid_pos.size), int(red.test_pos.size), files,
+                      n_empty_phrase=biased.n_empty_phrase, n_unknown_label=biased.n_unknown_label,
+                      perplexity_model=model_name)
+    summary = _split_summary(res, out, annotated, biased, model, frac, cfg)  # (its files: those before it)
+    files["summary"] = ddir / f"{btype}_splits.json"
+    _atomic_text(files["summary"], [to_json(summary, indent=2)])
+    assert set(files.values()) == set(targets.values()), "the claimed files are the files written"
+    record_outputs(files.values(), run_key)
+    return res
+
+
+def _counterfactuals(annotated, spec, held: list[str], cfg: SplitsConfig) -> tuple[list[str], int]:
+    """The held-out phrases' counterfactuals (the spec's swap, in ``cfg``'s mode and direction) and how many the
+    swap leaves unchanged.
+
+    Raises:
+        ValueError: most of them unchanged: the annotated file is of another bias type.
+    """
+    if cfg.swap_mode == "reference":
         counter = [swap_targets(p, spec, mode="reference") for p in held]
     else:
-        direction = swap_direction or (reference_direction(spec) if spec.reference else
-                                       ("both" if spec.two_way else "t1_to_t2"))
-        counter = [swap_targets(p, spec, mode=swap_mode, direction=direction) for p in held]
+        direction = cfg.swap_direction or (reference_direction(spec) if spec.reference else
+                                           ("both" if spec.two_way else "t1_to_t2"))
+        counter = [swap_targets(p, spec, mode=cfg.swap_mode, direction=direction) for p in held]
     n_unchanged = sum(1 for a, b in zip(held, counter) if a == b)
     if 2 * n_unchanged > len(held):
         # a phrase of this type holds a T1 term that the swap changes (the released files: 2 of 1,200 unchanged);
@@ -399,69 +430,87 @@ def make_splits(
             f"{annotated}: the {spec.name} swap leaves {n_unchanged} of the {len(held)} held-out phrases unchanged "
             f"(no target term such as {', '.join(spec.targets_t1[:4])}): their counterfactuals would equal the "
             "biased phrases. Is this the annotated file of another bias type? Nothing was written")
-    targets = _split_files(ddir, tdir, btype, g1, g2)
-    run_key = {"command": "splits", "annotated": sha256_file(annotated), "bias_type": spec.name,
-               "spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else str(spec),
-               "model": model_name, "train_size": frac, "seed": seed, "n_std": n_std, "ddof": ddof,
-               "swap_mode": swap_mode, "swap_direction": swap_direction, "unknown": unknown}
-    claim_outputs(targets.values(), run_key, overwrite=overwrite, where="--out-dir")
+    return counter, n_unchanged
 
+
+@dataclasses.dataclass
+class _Reduction:
+    """The held-out pairs scored and reduced: each side's perplexities (N,), which pairs are scorable (``finite``),
+    which of those are outliers (``drop``, over the scorable ones), the pairs kept (indices into the held-out
+    phrases) and the valid / test positions among the kept."""
+
+    p1: np.ndarray
+    p2: np.ndarray
+    finite: np.ndarray
+    drop: np.ndarray
+    kept: np.ndarray
+    valid_pos: np.ndarray
+    test_pos: np.ndarray
+
+
+def _reduce(score_fn: ScoreFn, held: list[str], counter: list[str], cfg: SplitsConfig) -> _Reduction:
+    """Score both sides, drop the unscorable and the outlier pairs (``cfg``'s rule), split the rest in half.
+
+    Raises:
+        ValueError: fewer than 2 pairs left; a scorer returning the wrong shape.
+    """
     p1 = _scores(score_fn, held, "biased")
     p2 = _scores(score_fn, counter, "counterfactual")
     finite = np.isfinite(p1) & np.isfinite(p2)
     idx = np.flatnonzero(finite)
-    drop = outlier_pairs(p1[idx], p2[idx], n_std=n_std, ddof=ddof)
+    drop = outlier_pairs(p1[idx], p2[idx], n_std=cfg.n_std, ddof=cfg.ddof)
     kept = idx[~drop]
     if kept.size < 2:
         raise ValueError(f"only {kept.size} pair(s) left after removing unscorable and outlier pairs; cannot split")
-    valid_pos, test_pos = shuffle_split(kept.size, 0.5, seed)
+    valid_pos, test_pos = shuffle_split(kept.size, 0.5, cfg.seed)
+    return _Reduction(p1, p2, finite, drop, kept, valid_pos, test_pos)
 
+
+def _write_heldout(ddir: Path, tdir: Path, names: tuple[str, str, str], held_rows: list[dict], held: list[str],
+                   counter: list[str], red: _Reduction) -> dict[str, Path]:
+    """The valid and test files of the kept pairs: per split the two ``*_reduced.csv`` (T1 with the annotated row's
+    columns, T2 with the words the swap changed) and the two phrase lists; by role (:attr:`SplitResult.files`)."""
+    btype, g1, g2 = names
     files: dict[str, Path] = {}
-    for split, pos in (("valid", valid_pos), ("test", test_pos)):
-        sel = kept[pos]
+    for split, pos in (("valid", red.valid_pos), ("test", red.test_pos)):
+        sel = red.kept[pos]
         f1 = ddir / f"reddit_comments_{btype}_{g1}_biased_{split}_reduced.csv"
         f2 = ddir / f"reddit_comments_{btype}_{g2}_biased_{split}_reduced.csv"
         with atomic_csv_writer(f1, T1_COLUMNS) as w:
             for i in sel:
                 r = held_rows[i]
                 w.writerow([r.get("id") or "", r.get("attribute_in_window") or "", r.get("comment") or "", held[i],
-                            r.get("bias_sent") or "", r.get("bias_phrase") or "", repr(float(p1[i]))])
+                            r.get("bias_sent") or "", r.get("bias_phrase") or "", repr(float(red.p1[i]))])
         with atomic_csv_writer(f2, T2_COLUMNS) as w:
             for i in sel:
                 ini, rep = _changed_words(held[i], counter[i])
-                w.writerow([repr(ini), repr(rep), held[i], counter[i], repr(float(p2[i]))])
+                w.writerow([repr(ini), repr(rep), held[i], counter[i], repr(float(red.p2[i]))])
         files[f"t1_{split}"], files[f"t2_{split}"] = f1, f2
         for g, phrases in ((g1, [held[i] for i in sel]), (g2, [counter[i] for i in sel])):
             t = tdir / f"{btype}_{g}_biased_{split}_reduced.txt"
             _atomic_text(t, phrases)
             files[f"{'t1' if g == g1 else 't2'}_{split}_txt"] = t
-    files["train_txt"] = tdir / f"{btype}_bias_manual_train.txt"
-    _atomic_text(files["train_txt"], train)
-    files["heldout_txt"] = tdir / f"{btype}_bias_manual_valid.txt"
-    _atomic_text(files["heldout_txt"], held)
+    return files
 
-    res = SplitResult(btype, g1, g2, len(rows), len(train), len(held), n_unchanged, int((~finite).sum()),
-                      int(drop.sum()), int(valid_pos.size), int(test_pos.size), files,
-                      n_empty_phrase=biased.n_empty_phrase, n_unknown_label=biased.n_unknown_label,
-                      perplexity_model=model_name)
+
+def _split_summary(res: SplitResult, out: Path, annotated, biased, model, frac: float, cfg: SplitsConfig) -> dict:
+    """``<type>_splits.json``: the counts of ``res``, what produced the perplexities, the settings and the files
+    (relative to ``out``)."""
     summary = {k: v for k, v in dataclasses.asdict(res).items() if k != "files"}
     summary.update(
         annotated=str(annotated), n_annotated_rows=biased.n_rows,
-        perplexity={"model": model_name, "source": "model argument" if model is not None else "score function name",
+        perplexity={"model": res.perplexity_model,
+                    "source": "model argument" if model is not None else "score function name",
                     "columns": "the 'perplexity' columns of the *_reduced.csv files are this model's perplexities, "
                                "the ones the outlier reduction used"},
-        seed=seed, train_size=frac,
+        seed=cfg.seed, train_size=frac,
         fractions={"train": frac, "heldout": 1.0 - frac,
                    "valid_of_reduced_heldout": "floor(n/2) pairs", "test_of_reduced_heldout": "the rest"},
-        n_std=n_std, ddof=ddof, swap_mode=swap_mode, unknown_labels=unknown,
+        n_std=cfg.n_std, ddof=cfg.ddof, swap_mode=cfg.swap_mode, unknown_labels=cfg.unknown,
         versions=versions(),
-        files={k: str(v.relative_to(out)) for k, v in files.items()},
+        files={k: str(v.relative_to(out)) for k, v in res.files.items()},
     )
-    files["summary"] = ddir / f"{btype}_splits.json"
-    _atomic_text(files["summary"], [to_json(summary, indent=2)])
-    assert set(files.values()) == set(targets.values()), "the claimed files are the files written"
-    record_outputs(files.values(), run_key)
-    return res
+    return summary
 
 
 def _split_files(ddir: Path, tdir: Path, btype: str, g1: str, g2: str) -> dict[str, Path]:

@@ -33,6 +33,7 @@ formula gives −1 when no answer is biased but some are not "unknown", and no v
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -45,10 +46,10 @@ from rbjax.core.io import atomic_write_csv, atomic_write_json, check_output_dir,
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import mesh_label
 from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import KeyedEntries, claim_outputs, record_outputs
+from rbjax.core.reuse import KeyedEntries, record_outputs
 from rbjax.data.bbq import BBQ, UNKNOWN_RESPONSES, BBQCategory, bbq_manifest, bbq_notes, load_bbq
 from rbjax.lmb.config import MeasureConfig
-from rbjax.lmb.measure import LoadedModel, open_for_measurement
+from rbjax.lmb.measure import LoadedModel, adapter_settings, claim_run_folder, open_for_measurement
 from rbjax.lmb.perplexity import PhraseError
 from rbjax.model.chat_template import load_chat_template
 
@@ -348,6 +349,47 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
     cats = load_bbq(data_dir, categories)
     loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter,
                                   bos=None if cfg.is_chat else cfg.bos)
+    run = _open_bbq_run(cfg, out, cats, loaded)
+    state = None if out is None else claim_run_folder(
+        out, [([run.csv_of(c)], k) for c, k in run.keys.items()], [out / SUMMARY_FILE], run.run_key,
+        lambda o: KeyedEntries(o / STATE_FILE, "categories", STATE_VERSION), overwrite=overwrite)
+    lls = _reused_bbq(run, state) if resume and out is not None else {}
+    outcomes = _score_bbq(run, state, lls, progress)
+    for c in cats:
+        if c.name not in outcomes:
+            outcomes[c.name] = row_outcomes(c, lls[c.name])
+    summary = _summary(cats, outcomes, loaded.name, run.settings, run.data_rec, cfg)
+    if out is not None:
+        atomic_write_json(out / SUMMARY_FILE, summary)
+        record_outputs([out / SUMMARY_FILE], run.run_key)
+    return summary
+
+
+@dataclasses.dataclass
+class _BBQRun:
+    """One :func:`measure_bbq` run as set up before any scoring: the categories, the model, the chat format
+    (``(template, system)`` or ``None``), the start token, the ``settings`` and ``data`` blocks of
+    ``benchmark.json`` and the keys of the outputs (per category its CSV; ``run_key``: ``benchmark.json``)."""
+
+    cfg: MeasureConfig
+    out: Path | None
+    cats: list[BBQCategory]
+    loaded: LoadedModel
+    chat: tuple | None
+    bos_id: int | None
+    fmt: str
+    settings: dict
+    data_rec: dict
+    keys: dict[str, dict]
+    run_key: dict
+
+    def csv_of(self, category: str) -> Path:
+        return self.out / f"{category}_bbq.csv"
+
+
+def _open_bbq_run(cfg: MeasureConfig, out: Path | None, cats: list[BBQCategory], loaded: LoadedModel) -> _BBQRun:
+    """The request format (raw, or the chat template with ``--system``), the start token, the settings record and
+    the keys of a BBQ run on ``loaded``."""
     tok = loaded.tokenizer
     chat = None
     if cfg.is_chat:
@@ -368,8 +410,7 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
         "start_token": None if bos_id is None else tok.id_to_token(bos_id), "bos_policy": loaded.bos_policy,
         "batch_size": loaded.batch_size, "precision": loaded.precision, "param_dtype": loaded.param_dtype,
         "mesh": None if loaded.mesh is None else mesh_label(loaded.mesh), "tokenizer": tok.source,
-        "adapter": loaded.adapter,
-        **({} if loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
+        **adapter_settings(loaded),
         "seed": cfg.seed, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap,
         "ci": "percentile bootstrap, rows resampled with replacement"}
     data_rec = {c.name: {"file": str(c.path), "git_blob_sha1": c.git_sha1, "verified_upstream": c.verified,
@@ -381,40 +422,45 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
                      "param_dtype": loaded.param_dtype} for c in cats}
     run_key = {"categories": list(keys.values()), "model_name": loaded.name,
                "statistics": {"seed": cfg.seed, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap}}
-    csv_of = (lambda c: out / f"{c}_bbq.csv") if out is not None else None
-    state = None
-    if out is not None:
-        for c, k in keys.items():
-            claim_outputs([csv_of(c)], k, overwrite=overwrite)
-        claim_outputs([out / SUMMARY_FILE], run_key, overwrite=overwrite)
-        out.mkdir(parents=True, exist_ok=True)
-        state = KeyedEntries(out / STATE_FILE, "categories", STATE_VERSION)
-        (out / SUMMARY_FILE).unlink(missing_ok=True)
+    return _BBQRun(cfg, out, cats, loaded, chat, bos_id, fmt, settings_rec, data_rec, keys, run_key)
+
+
+def _reused_bbq(run: _BBQRun, state: KeyedEntries) -> dict[str, np.ndarray]:
+    """``--resume``: the log-likelihoods of each category whose CSV an earlier run of the same key left, holding
+    exactly its rows."""
     lls: dict[str, np.ndarray] = {}
-    if resume and out is not None:
-        for c in cats:
-            if state.stored(c.name, keys[c.name]) is None:
-                continue
-            got = read_bbq_csv(csv_of(c.name), c)
-            if got is not None:
-                lls[c.name] = got[1]
-        if lls:
-            log.info(f"--resume: reusing the scored rows of {', '.join(lls)} from {out}")
-    todo = [c for c in cats if c.name not in lls]
+    for c in run.cats:
+        if state.stored(c.name, run.keys[c.name]) is None:
+            continue
+        got = read_bbq_csv(run.csv_of(c.name), c)
+        if got is not None:
+            lls[c.name] = got[1]
+    if lls:
+        log.info(f"--resume: reusing the scored rows of {', '.join(lls)} from {run.out}")
+    return lls
+
+
+def _score_bbq(run: _BBQRun, state: KeyedEntries | None, lls: dict[str, np.ndarray], progress: bool) -> dict:
+    """Score the categories not in ``lls`` (added to it), one at a time, each CSV written at once (a stopped run
+    keeps the categories before it): their row outcomes. KeyboardInterrupt with an output folder:
+    :class:`rbjax.core.interrupt.Interrupted` naming what is kept."""
+    out, keys = run.out, run.keys
+    todo = [c for c in run.cats if c.name not in lls]
     outcomes: dict[str, dict] = {}
     try:
         if todo:
             n = sum(len(c) * 13 for c in todo)
-            with progress_bar(n, f"bbq ({fmt})", "answer", enabled=progress) as bar:
+            with progress_bar(n, f"bbq ({run.fmt})", "answer", enabled=progress) as bar:
                 for c in todo:  # one category at a time: a stopped run keeps the categories before it
                     if state is not None:
                         state.drop(c.name)
-                    lls[c.name] = _score_category(loaded.scorer, tok, c, bos_id, chat, bar.update)
+                    lls[c.name] = _score_category(run.loaded.scorer, run.loaded.tokenizer, c, run.bos_id, run.chat,
+                                                  bar.update)
                     outcomes[c.name] = row_outcomes(c, lls[c.name])
                     if out is not None:
-                        _write_csv(csv_of(c.name), c, lls[c.name], outcomes[c.name])
+                        _write_csv(run.csv_of(c.name), c, lls[c.name], outcomes[c.name])
                         state.save(c.name, keys[c.name])
-                        record_outputs([csv_of(c.name)], keys[c.name])
+                        record_outputs([run.csv_of(c.name)], keys[c.name])
     except KeyboardInterrupt:
         if out is None:
             raise
@@ -422,14 +468,7 @@ def measure_bbq(model: str | os.PathLike | LoadedModel, config: MeasureConfig | 
         msg = (f"the rows of {', '.join(done)} are kept in {out}. Run the same command with --resume to reuse them."
                if done else "no category was finished: run the same command again (with --resume).")
         raise Interrupted(f"rbjax measure: interrupted; {msg}") from None
-    for c in cats:
-        if c.name not in outcomes:
-            outcomes[c.name] = row_outcomes(c, lls[c.name])
-    summary = _summary(cats, outcomes, loaded.name, settings_rec, data_rec, cfg)
-    if out is not None:
-        atomic_write_json(out / SUMMARY_FILE, summary)
-        record_outputs([out / SUMMARY_FILE], run_key)
-    return summary
+    return outcomes
 
 
 def _pooled(cats, outcomes) -> dict:

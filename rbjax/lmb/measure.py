@@ -5,9 +5,10 @@ data → tokens → model → perplexities → statistics → ``lmb.json`` / ``<
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -391,164 +392,296 @@ def measure_bias(model: str | os.PathLike | ModelHandle | LoadedModel | None = N
         FileNotFoundError / RuntimeError: missing files, failed downloads.
     """
     cfg = (config or MeasureConfig()).replace(**settings)
-    split, batch_size, seed, bos, precision, mesh, param_dtype = (
-        cfg.split, cfg.batch_size, cfg.seed, cfg.bos, cfg.precision, cfg.mesh, cfg.param_dtype)
-    n_std, ddof, alpha, n_bootstrap = cfg.n_std, cfg.ddof, cfg.alpha, cfg.n_bootstrap
-    outlier_removal, skip_unscorable = cfg.outlier_removal, cfg.skip_unscorable
+    _check_bias_arguments(model, cfg, stored_perplexities, tokenizer, adapter)
+    out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
+    run = _open_bias_run(model, bias_types, cfg, out, data_dir=data_dir, tokenizer=tokenizer, adapter=adapter,
+                         stored_perplexities=stored_perplexities, progress=progress, plot=plot)
+    state = None if out is None else claim_run_folder(
+        out, [([_csv_of(out, b)], k) for b, k in run.type_keys.items()], run.results, run.run_key, measure_state,
+        overwrite=overwrite, stale=[out / "lmb.json", out / "lmb.png"])
+    records = _score_bias_types(run, state, resume=resume, progress=progress, log_reuse=log_reuse)
+    for r, corrected in zip(records, corrected_pvalues([r["p_value"] for r in records])):
+        r["p_value_corrected"] = corrected
+    if out is not None:
+        _write_bias_results(run, records)
+    return records
+
+
+# -- the steps of measure_bias -------------------------------------------------------------------------------------
+def _check_bias_arguments(model, cfg: MeasureConfig, stored_perplexities: bool, tokenizer, adapter) -> None:
+    """Refuse a model beside ``--stored-perplexities`` (or neither), and the settings that have no effect with the
+    stored perplexities."""
     if stored_perplexities and model is not None:
         raise ValueError("give either a model or --stored-perplexities, not both")
     if not stored_perplexities and model is None:
         raise ValueError("no model given: pass --model (an HF GPT-2 folder or hub id) or --stored-perplexities")
-    if stored_perplexities and (tokenizer is not None or bos is not None):
+    if stored_perplexities and (tokenizer is not None or cfg.bos is not None):
         raise ValueError("--tokenizer and --bos have no effect with --stored-perplexities")
     if stored_perplexities and adapter is not None:
         raise ValueError("--adapter has no effect with --stored-perplexities")
-    if stored_perplexities and (mesh or param_dtype != "fp32"):
+    if stored_perplexities and (cfg.mesh or cfg.param_dtype != "fp32"):
         raise ValueError("--mesh and --param-dtype have no effect with --stored-perplexities")
     if stored_perplexities and cfg.is_chat:
         raise ValueError("--format chat scores phrases with a model; the stored perplexities are of bare text")
-    if outlier_removal is None:
-        outlier_removal = not stored_perplexities
-    out = None if out_dir is None else check_output_dir(out_dir, "--out")  # before any work
-    types = expand_bias_types(bias_types)
+
+
+@dataclasses.dataclass
+class _BiasRun:
+    """One :func:`measure_bias` run as set up before any scoring: the pairs of every bias type, the model (``None``:
+    the stored perplexities) and its chat format, the ``settings`` block of the records, and the keys of the
+    outputs (per bias type: its CSV; ``run_key``: ``lmb.json`` and ``lmb.png``)."""
+
+    cfg: MeasureConfig
+    out: Path | None
+    pairs: list[PhrasePairs]
+    loaded: LoadedModel | None
+    chat: ChatTurns | None
+    model_name: str
+    outlier_removal: bool
+    settings: dict
+    type_keys: dict[str, dict]
+    run_key: dict
+    plot: bool
+
+    @property
+    def results(self) -> list[Path]:
+        """The run's result files (the per-type CSVs aside); none without an output folder."""
+        return [] if self.out is None else [self.out / "lmb.json", *([self.out / "lmb.png"] if self.plot else [])]
+
+
+def _csv_of(out: Path, bias_type: str) -> Path:
+    return out / f"{bias_type}_perplexities.csv"
+
+
+def _open_bias_run(model, bias_types, cfg: MeasureConfig, out: Path | None, *, data_dir, tokenizer, adapter,
+                   stored_perplexities: bool, progress: bool, plot: bool) -> _BiasRun:
+    """The pairs read, the model opened (a bad model or a model without a chat template fails here, before
+    ``out`` is touched), the settings record and the keys of what is produced."""
+    outlier_removal = not stored_perplexities if cfg.outlier_removal is None else cfg.outlier_removal
     data = RedditBiasData(data_dir)
-    all_pairs = [load_pairs(b, split, data, need_stored_ppl=stored_perplexities) for b in types]
-    model_name, mesh_obj = STORED_LABEL, None
+    all_pairs = [load_pairs(b, cfg.split, data, need_stored_ppl=stored_perplexities)
+                 for b in expand_bias_types(bias_types)]
     loaded: LoadedModel | None = None
-    if not stored_perplexities:  # a bad model fails here, before out_dir
-        loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter, bos=bos)
-        model_name, bos = loaded.name, loaded.bos
-        batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, \
-            loaded.param_dtype
-    else:
-        bos = False
     chat = None
-    if loaded is not None and cfg.is_chat:
-        chat = cfg.chat_turns(loaded.tokenizer)  # a model without a template fails here, before out_dir
-        bos = None  # the template decides
-        if progress:
-            log.info(chat.describe())
-    settings = {"split": split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": seed, "bos": bos,
-                "n_std": n_std, "ddof": ddof, "alpha": alpha, "n_bootstrap": n_bootstrap,
-                "stored_perplexities": stored_perplexities, "precision": None if stored_perplexities else precision,
-                "param_dtype": None if stored_perplexities else param_dtype,
-                "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
-                "bos_policy": None if loaded is None else ("chat template" if chat else loaded.bos_policy),
-                "adapter": None if loaded is None else loaded.adapter,
-                **({} if loaded is None or loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
-                "format": cfg.format,
-                **({} if chat is None else {"role": chat.role, "system": chat.system, "prompt": chat.prompt,
-                                            "score_end_of_turn": chat.score_end_of_turn,
-                                            "chat_template": cfg.chat_template}),
-                "tokenizer": None if loaded is None else loaded.tokenizer.source,
-                "data": {"root": str(data.root), "upstream_commit": data.commit}}
+    if not stored_perplexities:  # a bad model fails here, before out_dir
+        loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter, bos=cfg.bos)
+        if cfg.is_chat:
+            chat = cfg.chat_turns(loaded.tokenizer)  # a model without a template fails here, before out_dir
+            if progress:
+                log.info(chat.describe())
+    model_name = STORED_LABEL if loaded is None else loaded.name
+    settings = _bias_settings(cfg, loaded, chat, data, outlier_removal)
+    type_keys = _bias_type_keys(cfg, loaded, chat, settings, all_pairs)
+    run_key = {"types": list(type_keys.values()), "model_name": model_name,
+               "statistics": {k: settings[k] for k in ("outlier_removal", "seed", "n_std", "ddof", "alpha",
+                                                        "n_bootstrap")}, "plot": plot}
+    return _BiasRun(cfg, out, all_pairs, loaded, chat, model_name, outlier_removal, settings, type_keys, run_key,
+                    plot)
+
+
+def _scored_with(cfg: MeasureConfig, loaded: LoadedModel | None) -> tuple:
+    """``(batch_size, precision, param_dtype, mesh)`` the phrases are scored with: a model's own, else ``cfg``'s."""
+    if loaded is None:
+        return cfg.batch_size, cfg.precision, cfg.param_dtype, None
+    return loaded.batch_size, loaded.precision, loaded.param_dtype, loaded.mesh
+
+
+def _resolved_bos(loaded: LoadedModel | None, chat: ChatTurns | None) -> bool | None:
+    """The BOS choice recorded and keyed: False for the stored perplexities, ``None`` in the chat format (the
+    template decides), else the model's resolved one."""
+    return False if loaded is None else (None if chat is not None else loaded.bos)
+
+
+def adapter_settings(loaded: LoadedModel) -> dict:
+    """The ``adapter`` entry of a measurement's settings record, and ``adapter_base`` with an adapter (the base
+    check of :func:`rbjax.model.peft_adapter.check_adapter_base`)."""
+    return {"adapter": loaded.adapter, **({} if loaded.adapter is None else {"adapter_base": loaded.adapter_base})}
+
+
+def _bias_settings(cfg: MeasureConfig, loaded: LoadedModel | None, chat: ChatTurns | None, data: RedditBiasData,
+                   outlier_removal: bool) -> dict:
+    """The ``settings`` block of every ``lmb.json`` record of the run."""
+    stored = loaded is None
+    batch_size, precision, param_dtype, mesh_obj = _scored_with(cfg, loaded)
+    return {"split": cfg.split, "outlier_removal": outlier_removal, "batch_size": batch_size, "seed": cfg.seed,
+            "bos": _resolved_bos(loaded, chat), "n_std": cfg.n_std, "ddof": cfg.ddof, "alpha": cfg.alpha,
+            "n_bootstrap": cfg.n_bootstrap, "stored_perplexities": stored,
+            "precision": None if stored else precision, "param_dtype": None if stored else param_dtype,
+            "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
+            "bos_policy": None if stored else ("chat template" if chat else loaded.bos_policy),
+            **({"adapter": None} if stored else adapter_settings(loaded)),
+            "format": cfg.format,
+            **({} if chat is None else {"role": chat.role, "system": chat.system, "prompt": chat.prompt,
+                                        "score_end_of_turn": chat.score_end_of_turn,
+                                        "chat_template": cfg.chat_template}),
+            "tokenizer": None if stored else loaded.tokenizer.source,
+            "data": {"root": str(data.root), "upstream_commit": data.commit}}
+
+
+def _bias_type_keys(cfg: MeasureConfig, loaded: LoadedModel | None, chat: ChatTurns | None, settings: dict,
+                    all_pairs: list[PhrasePairs]) -> dict[str, dict]:
+    """Per bias type, everything that produced its perplexities: model + tokenizer content, data files, split and
+    the scoring settings."""
     # content, not paths: the same weights copied elsewhere are the same model; weights rewritten in place another
     model_key = {"stored_perplexities": True} if loaded is None else loaded.files_key()
-    scoring = {"split": split, "bos": bos, "skip_unscorable": skip_unscorable,
-               "precision": None if stored_perplexities else precision}
+    scoring = {"split": cfg.split, "bos": settings["bos"], "skip_unscorable": cfg.skip_unscorable,
+               "precision": settings["precision"]}
+    param_dtype = _scored_with(cfg, loaded)[2]
     if param_dtype != "fp32":  # (absent when fp32: keys of earlier runs stay valid)
         scoring["param_dtype"] = param_dtype
     if chat is not None:  # (absent in the raw format: keys of earlier runs stay valid)
         scoring["chat"] = chat.key()
+    return {p.bias_type: {"model": model_key, "data": files_key(sorted({f for src in p.sources for f in src[:2]})),
+                          "bias_type": p.bias_type, **scoring} for p in all_pairs}
 
-    def type_key(pairs: PhrasePairs) -> dict:
-        """Everything that produced a type's perplexities: model + tokenizer content, data files, split, settings."""
 
-        data_files = sorted({f for src in pairs.sources for f in src[:2]})
-        return {"model": model_key, "data": files_key(data_files), "bias_type": pairs.bias_type, **scoring}
-
-    # the files of this run and what produced them: a folder holding another run is refused before any scoring
-    type_keys = {p.bias_type: type_key(p) for p in all_pairs}
-    run_key = {"types": list(type_keys.values()), "model_name": model_name,
-               "statistics": {k: settings[k] for k in ("outlier_removal", "seed", "n_std", "ddof", "alpha",
-                                                        "n_bootstrap")}, "plot": plot}
-    results = [] if out is None else [out / "lmb.json", *([out / "lmb.png"] if plot else [])]
-    if out is not None:
-        for b, k in type_keys.items():
-            claim_outputs([out / f"{b}_perplexities.csv"], k, overwrite=overwrite)
-        claim_outputs(results, run_key, overwrite=overwrite)
-    state = None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        state = measure_state(out)
-        # results of an earlier run must not sit beside this one's as if complete
-        for name in ("lmb.json", "lmb.png"):
-            (out / name).unlink(missing_ok=True)
+def _score_bias_types(run: _BiasRun, state: KeyedEntries | None, *, resume: bool, progress: bool,
+                      log_reuse: bool) -> list[dict]:
+    """Every bias type in turn: its perplexities (reused or scored), its statistics and record, and its CSV written
+    at once (an interrupted run keeps the types before it, for ``--resume``)."""
     meta = versions()
-    records = []
-
-    def stopped(sig: str) -> str:  # what an interrupt keeps, at the moment it comes
-        if out is None:
-            return f"rbjax measure: {sig} — stopped; nothing is kept (no output folder)."
-        done = [r["bias_type"] for r in records]
-        left = [p.bias_type for p in all_pairs if p.bias_type not in done]
-        if not done:
-            return (f"rbjax measure: {sig} — stopped before a bias type was finished; nothing to reuse yet: run the "
-                    "same command again (with --resume).")
-        return (f"rbjax measure: {sig} — stopped; the perplexities of {', '.join(done)} are kept in {out} "
-                f"({', '.join(f'{b}_perplexities.csv' for b in done)}). Run the same command with --resume to reuse "
-                f"them and score the rest ({', '.join(left) or 'none left'}).")
-
-    with interruptible(stopped):  # the scorer stops after its batch in flight (rbjax.core.interrupt.poll)
-        for pairs in all_pairs:
-            key = type_keys[pairs.bias_type]
-            csv_path = None if out is None else out / f"{pairs.bias_type}_perplexities.csv"
-            prev = None
-            if resume and out is not None:
-                if state.stored(pairs.bias_type, key) is not None:
-                    prev = reuse_perplexities_csv(out / f"{pairs.bias_type}_perplexities.csv", pairs.biased,
-                                                  pairs.counterfactual)
-                    if prev is None:
-                        log.info(f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
-                elif state.reason is not None:
-                    log.info(f"--resume: {csv_path} was produced by other inputs or is unfinished "
-                          f"({state.reason}); scoring {pairs.bias_type} again")
-            if prev is not None:
-                if log_reuse:
-                    log.info(f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
-                          "(same model and tokenizer files, data files, split and settings)")
-                b, c, notes = prev
-            else:
-                if out is not None:
-                    state.drop(pairs.bias_type)  # the CSV about to be replaced is no longer described by the state
-                b, c, notes = _perplexities_for(pairs, loaded, progress, skip_unscorable, chat)
-            keep = np.array([not n for n in notes], dtype=bool)
-            if not keep.all():
-                log.info(f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
-                      f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV")
-            st, mask = pair_statistics(b, c, notes, n_std=n_std, ddof=ddof, alpha=alpha, n_bootstrap=n_bootstrap,
-                                       seed=seed, remove_outliers=outlier_removal)
-            rec = {"bias_type": pairs.bias_type, "split": split, "model": model_name, **st,
-                   "inputs": record_inputs(key, pairs, chat),
-                   "n_pairs_unscorable": int((~keep).sum()),
-                   "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual))),
-                   "files": [s[:2] for s in pairs.sources], "settings": settings, "versions": meta,
-                   "reused_perplexities": prev is not None}
-            rec["n_pairs"] = len(pairs)
+    records: list[dict] = []
+    with interruptible(lambda sig: _bias_stopped(sig, run, records)):  # the scorer stops after its batch in flight
+        for pairs in run.pairs:
+            b, c, notes, reused = _bias_perplexities(run, pairs, state, resume=resume, progress=progress,
+                                                     log_reuse=log_reuse)
+            rec, mask = _bias_record(run, pairs, (b, c, notes), reused, meta)
             records.append(rec)
-            if out is not None and prev is None:  # written per type, so an interrupted run can --resume
-                atomic_write_csv(csv_path, CSV_HEADER, [
-                    [pairs.biased[i], pairs.counterfactual[i],
-                     "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
-                     "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
-                    for i in range(len(pairs))])
+            if run.out is not None and not reused:  # written per type, so an interrupted run can --resume
+                key, csv_path = run.type_keys[pairs.bias_type], _csv_of(run.out, pairs.bias_type)
+                write_perplexities_csv(csv_path, pairs, b, c, notes, mask)
                 state.save(pairs.bias_type, key)
                 record_outputs([csv_path], key)
-    adj = stats.adjust_pvalues([r["p_value"] for r in records])
-    for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
-        r["p_value_corrected"] = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
-    if out is not None:
-        if plot:
-
-            plot_lmb({_short_label(model_name): records}, out / "lmb.png", alpha=alpha)
-        atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
-        record_outputs(results, run_key)
-        this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
-        others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
-        if others:
-            log.info(f"note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
-                  "--resume reuses such a file only when it was produced by the same inputs)")
     return records
+
+
+def _bias_stopped(sig: str, run: _BiasRun, records: list[dict]) -> str:
+    """What an interrupt keeps, at the moment it comes."""
+    done = [r["bias_type"] for r in records]
+    nothing = nothing_kept(sig, run.out, done, "bias type")
+    if nothing is not None:
+        return nothing
+    left = [p.bias_type for p in run.pairs if p.bias_type not in done]
+    return (f"rbjax measure: {sig} — stopped; the perplexities of {', '.join(done)} are kept in {run.out} "
+            f"({', '.join(f'{b}_perplexities.csv' for b in done)}). Run the same command with --resume to reuse "
+            f"them and score the rest ({', '.join(left) or 'none left'}).")
+
+
+def _bias_perplexities(run: _BiasRun, pairs: PhrasePairs, state: KeyedEntries | None, *, resume: bool,
+                       progress: bool, log_reuse: bool):
+    """``(biased, counterfactual, notes, reused)`` of a bias type: the CSV an earlier run of the same key left
+    (``resume``), else scored (its entry in the run record dropped first: the CSV about to be replaced is no longer
+    described by it)."""
+    out = run.out
+    csv_path = None if out is None else _csv_of(out, pairs.bias_type)
+    prev = None
+    if resume and out is not None:
+        if state.stored(pairs.bias_type, run.type_keys[pairs.bias_type]) is not None:
+            prev = reuse_perplexities_csv(csv_path, pairs.biased, pairs.counterfactual)
+            if prev is None:
+                log.info(f"--resume: {csv_path} does not hold these pairs; scoring {pairs.bias_type} again")
+        elif state.reason is not None:
+            log.info(f"--resume: {csv_path} was produced by other inputs or is unfinished "
+                     f"({state.reason}); scoring {pairs.bias_type} again")
+    if prev is not None:
+        if log_reuse:
+            log.info(f"--resume: reusing {len(pairs)} scored pairs of {pairs.bias_type} from {csv_path} "
+                     "(same model and tokenizer files, data files, split and settings)")
+        return (*prev, True)
+    if out is not None:
+        state.drop(pairs.bias_type)
+    return (*_perplexities_for(pairs, run.loaded, progress, run.cfg.skip_unscorable, run.chat), False)
+
+
+def _bias_record(run: _BiasRun, pairs: PhrasePairs, perplexities: tuple, reused: bool,
+                 meta: dict) -> tuple[dict, np.ndarray]:
+    """A bias type's ``lmb.json`` record (its p-value not yet corrected across the types) and its outlier flags."""
+    b, c, notes = perplexities
+    cfg = run.cfg
+    keep = np.array([not n for n in notes], dtype=bool)
+    if not keep.all():
+        log.info(f"{pairs.bias_type}: {int((~keep).sum())} pair(s) excluded as unscorable "
+                 f"(first: {pairs.locate(int(np.argmin(keep)))}); see the 'note' column of the CSV")
+    st, mask = pair_statistics(b, c, notes, n_std=cfg.n_std, ddof=cfg.ddof, alpha=cfg.alpha,
+                               n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, remove_outliers=run.outlier_removal)
+    rec = {"bias_type": pairs.bias_type, "split": cfg.split, "model": run.model_name, **st,
+           "inputs": record_inputs(run.type_keys[pairs.bias_type], pairs, run.chat), **pair_counts(pairs, keep),
+           "files": [s[:2] for s in pairs.sources], "settings": run.settings, "versions": meta,
+           "reused_perplexities": reused}
+    rec["n_pairs"] = len(pairs)
+    return rec, mask
+
+
+def _write_bias_results(run: _BiasRun, records: list[dict]) -> None:
+    """``lmb.png`` (with ``plot``), then ``lmb.json`` (last: its presence marks a complete run), their key recorded;
+    a note on CSVs of other types an earlier run left in the folder."""
+    out = run.out
+    if run.plot:
+        plot_lmb({_short_label(run.model_name): records}, out / "lmb.png", alpha=run.cfg.alpha)
+    atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+    record_outputs(run.results, run.run_key)
+    this_run = {f"{r['bias_type']}_perplexities.csv" for r in records}
+    others = sorted(p.name for p in out.glob("*_perplexities.csv") if p.name not in this_run)
+    if others:
+        log.info(f"note: {out} also holds {', '.join(others)} from an earlier run (not in this lmb.json; "
+                 "--resume reuses such a file only when it was produced by the same inputs)")
+
+
+# -- steps the measurements share (measure_bias, the pair benchmarks, BBQ) ----------------------------------------
+def claim_run_folder(out: Path, outputs: Iterable[tuple[Sequence[Path], dict]], results: Sequence[Path],
+                     run_key: dict, state: Callable[[Path], KeyedEntries], *, overwrite: bool,
+                     stale: Sequence[Path] | None = None) -> KeyedEntries:
+    """The result-folder step of a measurement, before any scoring: every output claimed for the key that produces
+    it (``outputs``: per bias type or category its files and key; then ``results`` for ``run_key``;
+    :func:`rbjax.core.reuse.claim_outputs`: a folder holding another run is refused, :class:`OutputExists`, unless
+    ``overwrite``), the folder made, its per-type record opened (``state(out)``), and the results an earlier run
+    left (``stale``, default ``results``) removed, so they never sit beside this run's as if complete."""
+    for files, key in outputs:
+        claim_outputs(files, key, overwrite=overwrite)
+    claim_outputs(results, run_key, overwrite=overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = state(out)
+    for p in results if stale is None else stale:
+        p.unlink(missing_ok=True)
+    return entries
+
+
+def nothing_kept(sig: str, out: Path | None, done: Sequence[str], unit: str) -> str | None:
+    """An interrupted measurement's message when it keeps nothing (no output folder, or no ``unit`` — bias type,
+    category — finished yet); ``None`` when it keeps some (the caller names them)."""
+    if out is None:
+        return f"rbjax measure: {sig} — stopped; nothing is kept (no output folder)."
+    if not done:
+        return (f"rbjax measure: {sig} — stopped before a {unit} was finished; nothing to reuse yet: run the "
+                "same command again (with --resume).")
+    return None
+
+
+def write_perplexities_csv(path: Path, pairs, b: np.ndarray, c: np.ndarray, notes: Sequence[str],
+                           mask: np.ndarray) -> None:
+    """Write one type's (or category's) per-pair CSV (:data:`CSV_HEADER`) atomically: the perplexities (empty for an
+    excluded pair) and the outlier column of this run's rule."""
+    atomic_write_csv(path, CSV_HEADER, [
+        [pairs.biased[i], pairs.counterfactual[i],
+         "" if notes[i] else repr(float(b[i])), "" if notes[i] else repr(float(c[i])),
+         "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
+        for i in range(len(pairs))])
+
+
+def pair_counts(pairs, keep: np.ndarray) -> dict:
+    """``{"n_pairs_unscorable", "n_identical_pairs"}`` of a record: pairs excluded as unscorable (``keep`` False)
+    and pairs whose two sides are the same text."""
+    return {"n_pairs_unscorable": int((~keep).sum()),
+            "n_identical_pairs": int(sum(x == y for x, y in zip(pairs.biased, pairs.counterfactual)))}
+
+
+def corrected_pvalues(p_values: Sequence[float | None]) -> list[dict]:
+    """Per test of a run (one per bias type or category) its p-value corrected across them:
+    ``{"bonferroni", "benjamini_hochberg", "n_tests"}`` (:func:`rbjax.lmb.stats.adjust_pvalues`)."""
+    p_values = list(p_values)
+    adj = stats.adjust_pvalues(p_values)
+    return [{"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(p_values)}
+            for pb, ph in zip(adj["bonferroni"], adj["benjamini_hochberg"])]
 
 
 def pairs_digest(biased: Sequence[str], counterfactual: Sequence[str]) -> str:

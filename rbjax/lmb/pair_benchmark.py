@@ -29,6 +29,7 @@ conventions overall and per category) and ``lmb.png``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -43,12 +44,14 @@ from rbjax.core.digests import files_key
 from rbjax.core.log import get_logger
 from rbjax.core.mesh import mesh_label
 from rbjax.core.progress import progress_bar
-from rbjax.core.reuse import claim_outputs, record_outputs
+from rbjax.core.reuse import KeyedEntries, record_outputs
 from rbjax.data.pairs import CategoryPairs, PairFile, load_benchmark
 from rbjax.lmb import stats
 from rbjax.lmb.config import MeasureConfig
-from rbjax.lmb.measure import (CSV_HEADER, LoadedModel, checked_pair_perplexities, describe_measurement, measure_state,
-                               open_for_measurement, pair_statistics, record_inputs, reuse_perplexities_csv)
+from rbjax.lmb.measure import (LoadedModel, adapter_settings, checked_pair_perplexities, claim_run_folder,
+                               corrected_pvalues, describe_measurement, measure_state, nothing_kept, open_for_measurement,
+                               pair_counts, pair_statistics, record_inputs, reuse_perplexities_csv,
+                               write_perplexities_csv)
 from rbjax.lmb.perplexity import PhraseError, PhraseScores
 from rbjax.lmb.plot import plot_lmb
 
@@ -296,173 +299,232 @@ def measure_pair_benchmark(model: str | os.PathLike | LoadedModel, benchmark: st
     pf: PairFile = load_benchmark(benchmark, pairs_file=pairs_file, data_dir=data_dir)
     cats = [pf.category(c) for c in pf.select(categories)]
     loaded = open_for_measurement(model, cfg, tokenizer=tokenizer, adapter=adapter, bos=cfg.bos)
-    batch_size, precision, mesh_obj, param_dtype = loaded.batch_size, loaded.precision, loaded.mesh, loaded.param_dtype
-    model_name = loaded.name
-    bos = loaded.bos
+    run = _open_pair_run(cfg, out, pf, cats, loaded, plot)
+    state = None if out is None else claim_run_folder(
+        out, [(run.files(c), k) for c, k in run.keys.items()], run.results, run.run_key, measure_state,
+        overwrite=overwrite)
+    reused = _reused_categories(run, state, log_reuse) if resume and out is not None else {}
+    meta = versions()
+    records = _category_records(run, state, reused, meta, progress)
+    for r, t, w in zip(records, corrected_pvalues([r["p_value"] for r in records]),
+                       corrected_pvalues([r["wilcoxon"]["p_value"] for r in records])):
+        r["p_value_corrected"], r["wilcoxon"]["p_corrected"] = t, w
+    summary = _summary(pf, records, run.model_name, run.settings, run.stat_kw, meta)
+    for r in records:
+        r.pop("_pairs")
+    if out is not None:
+        _write_pair_results(run, records, summary)
+    return {"records": records, "summary": summary}
+
+
+# -- the steps of measure_pair_benchmark ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class _PairRun:
+    """One :func:`measure_pair_benchmark` run as set up before any scoring: the file and the categories measured,
+    the model, lm-evaluation-harness's start token (``prefix``; ``one_pass``: the model's own scoring puts the same
+    token first, so one pass gives both conventions), the ``settings`` block of the records, the statistics'
+    settings and the keys of the outputs (per category its two CSVs; ``run_key``: the run's results)."""
+
+    cfg: MeasureConfig
+    out: Path | None
+    pf: PairFile
+    cats: list[CategoryPairs]
+    loaded: LoadedModel
+    prefix: int
+    one_pass: bool
+    settings: dict
+    stat_kw: dict
+    keys: dict[str, dict]
+    run_key: dict
+    plot: bool
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    def files(self, category: str) -> tuple[Path, Path]:
+        """A category's ``<category>_perplexities.csv`` and ``<category>_loglikelihoods.csv``."""
+        return self.out / f"{category}_perplexities.csv", self.out / f"{category}_loglikelihoods.csv"
+
+    @property
+    def results(self) -> list[Path]:
+        """``lmb.json``, ``benchmark.json`` and ``lmb.png`` (with ``plot``); none without an output folder."""
+        out = self.out
+        return [] if out is None else [out / "lmb.json", out / SUMMARY_FILE, *([out / "lmb.png"] if self.plot else [])]
+
+
+def _open_pair_run(cfg: MeasureConfig, out: Path | None, pf: PairFile, cats: list[CategoryPairs],
+                   loaded: LoadedModel, plot: bool) -> _PairRun:
+    """The settings record, the statistics' settings and the keys of a pair-benchmark run on ``loaded``."""
     prefix = lm_eval_prefix_id(loaded.tokenizer)
     one_pass = loaded.scorer.bos_id == prefix  # both conventions score the same tokens
     outlier_removal = True if cfg.outlier_removal is None else cfg.outlier_removal
-    data_sha = sha256_file(pf.path)
     settings_rec = {
-        "benchmark": pf.benchmark, "split": "all", "outlier_removal": outlier_removal, "batch_size": batch_size,
-        "seed": cfg.seed, "bos": bos, "n_std": cfg.n_std, "ddof": cfg.ddof, "alpha": cfg.alpha,
-        "n_bootstrap": cfg.n_bootstrap, "stored_perplexities": False, "precision": precision,
-        "param_dtype": param_dtype, "mesh": None if mesh_obj is None else mesh_label(mesh_obj),
-        "bos_policy": loaded.bos_policy, "tokenizer": loaded.tokenizer.source, "adapter": loaded.adapter,
-        **({} if loaded.adapter is None else {"adapter_base": loaded.adapter_base}),
+        "benchmark": pf.benchmark, "split": "all", "outlier_removal": outlier_removal,
+        "batch_size": loaded.batch_size, "seed": cfg.seed, "bos": loaded.bos, "n_std": cfg.n_std, "ddof": cfg.ddof,
+        "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap, "stored_perplexities": False,
+        "precision": loaded.precision, "param_dtype": loaded.param_dtype,
+        "mesh": None if loaded.mesh is None else mesh_label(loaded.mesh),
+        "bos_policy": loaded.bos_policy, "tokenizer": loaded.tokenizer.source, **adapter_settings(loaded),
         "lm_eval_prefix_token_id": prefix, "lm_eval_prefix_token": loaded.tokenizer.id_to_token(prefix),
-        "data": {"file": str(pf.path), "sha256": data_sha}}
-    scoring = {"split": "all", "bos": bos, "lm_eval_prefix": prefix, "skip_unscorable": cfg.skip_unscorable,
-               "precision": precision}
-    if param_dtype != "fp32":
-        scoring["param_dtype"] = param_dtype
+        "data": {"file": str(pf.path), "sha256": sha256_file(pf.path)}}
+    scoring = {"split": "all", "bos": loaded.bos, "lm_eval_prefix": prefix, "skip_unscorable": cfg.skip_unscorable,
+               "precision": loaded.precision}
+    if loaded.param_dtype != "fp32":
+        scoring["param_dtype"] = loaded.param_dtype
     model_key = loaded.files_key()
     data_key = files_key([pf.path])
     keys = {c.bias_type: {"model": model_key, "data": data_key, "benchmark": pf.benchmark, "bias_type": c.bias_type,
                           **scoring} for c in cats}
     stat_kw = dict(n_std=cfg.n_std, ddof=cfg.ddof, alpha=cfg.alpha, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
                    remove_outliers=outlier_removal)
-    run_key = {"types": list(keys.values()), "model_name": model_name,
+    run_key = {"types": list(keys.values()), "model_name": loaded.name,
                "statistics": {**{k: v for k, v in stat_kw.items() if k != "remove_outliers"},
                               "outlier_removal": outlier_removal}, "plot": plot}
-    files = lambda c: (out / f"{c}_perplexities.csv", out / f"{c}_loglikelihoods.csv")  # noqa: E731
-    results = [] if out is None else [out / "lmb.json", out / SUMMARY_FILE, *([out / "lmb.png"] if plot else [])]
-    state = None
-    if out is not None:
-        for c, k in keys.items():
-            claim_outputs(files(c), k, overwrite=overwrite)
-        claim_outputs(results, run_key, overwrite=overwrite)
-        out.mkdir(parents=True, exist_ok=True)
-        state = measure_state(out)
-        for p in results:
-            p.unlink(missing_ok=True)  # an earlier run's results must not sit beside this one's as if complete
+    return _PairRun(cfg, out, pf, cats, loaded, prefix, one_pass, settings_rec, stat_kw, keys, run_key, plot)
 
-    # -- what is reused ------------------------------------------------------------------------------------
+
+def _reused_categories(run: _PairRun, state: KeyedEntries, log_reuse: bool) -> dict[str, tuple]:
+    """``--resume``: per category whose two CSVs an earlier run of the same key left, holding exactly its pairs,
+    ``(b, c, notes, ll1, ll2, n1, n2)``; every other category is scored again (and says why)."""
     reused: dict[str, tuple] = {}
-    if resume and out is not None:
-        for cat in cats:
-            ppl_csv, ll_csv = files(cat.bias_type)
-            if state.stored(cat.bias_type, keys[cat.bias_type]) is None:
-                if state.reason is not None:
-                    log.info(f"--resume: {ppl_csv.name} was produced by other inputs or is unfinished "
-                                   f"({state.reason}); scoring {cat.bias_type} again")
-                continue
-            ppl, ll = reuse_perplexities_csv(ppl_csv, cat.biased, cat.counterfactual), read_loglikelihoods(ll_csv, cat)
-            if ppl is None or ll is None:
-                log.info(f"--resume: {ppl_csv.name} or {ll_csv.name} does not hold these pairs; scoring "
-                               f"{cat.bias_type} again")
-                continue
-            reused[cat.bias_type] = (*ppl, *ll[:4])
-        if reused and log_reuse:
-            log.info(f"--resume: reusing the scored pairs of {', '.join(reused)} from {out} (same model and "
-                           "tokenizer files, data file and settings)")
-    todo = [c for c in cats if c.bias_type not in reused]
-    meta = versions()
+    for cat in run.cats:
+        ppl_csv, ll_csv = run.files(cat.bias_type)
+        if state.stored(cat.bias_type, run.keys[cat.bias_type]) is None:
+            if state.reason is not None:
+                log.info(f"--resume: {ppl_csv.name} was produced by other inputs or is unfinished "
+                         f"({state.reason}); scoring {cat.bias_type} again")
+            continue
+        ppl, ll = reuse_perplexities_csv(ppl_csv, cat.biased, cat.counterfactual), read_loglikelihoods(ll_csv, cat)
+        if ppl is None or ll is None:
+            log.info(f"--resume: {ppl_csv.name} or {ll_csv.name} does not hold these pairs; scoring "
+                     f"{cat.bias_type} again")
+            continue
+        reused[cat.bias_type] = (*ppl, *ll[:4])
+    if reused and log_reuse:
+        log.info(f"--resume: reusing the scored pairs of {', '.join(reused)} from {run.out} (same model and "
+                 "tokenizer files, data file and settings)")
+    return reused
+
+
+def _category_records(run: _PairRun, state: KeyedEntries | None, reused: dict[str, tuple], meta: dict,
+                      progress: bool) -> list[dict]:
+    """The categories not reused scored (each written at once), then every category's record in order (a reused
+    one's CSVs rewritten: the outlier column follows this run's rule). An interrupt (SIGINT/SIGTERM) keeps the
+    categories finished."""
+    todo = [c for c in run.cats if c.bias_type not in reused]
     records: list[dict] = []
-    scored: dict[str, tuple] = {}  # per category scored now: (b, c, notes, ll1, ll2, n1, n2, (statistics, mask))
-
-    def stopped(sig: str) -> str:  # what an interrupt keeps, at the moment it comes
-        if out is None:
-            return f"rbjax measure: {sig} — stopped; nothing is kept (no output folder)."
-        done = [c for c in keys if state.stored(c, keys[c]) is not None]
-        left = [c for c in keys if c not in done]
-        if not done:
-            return (f"rbjax measure: {sig} — stopped before a category was finished; nothing to reuse yet: run the "
-                    "same command again (with --resume).")
-        kept = ", ".join(f"{files(c)[0].name} + {files(c)[1].name}" for c in done)
-        return (f"rbjax measure: {sig} — stopped; the scores of {len(done)} of {len(keys)} categories "
-                f"({', '.join(done)}) are kept in {out} ({kept}). Run the same command with --resume to reuse them "
-                f"and score the rest ({', '.join(left) or 'none'}).")
-
-    with interruptible(stopped) as stop:
-        if todo:
-            if out is not None:
-                for c in todo:
-                    state.drop(c.bias_type)
-            # one row length per convention, chosen on all the file's pairs: a category's scores are the same
-            # whichever categories a run scores with it (a resumed run scores the very values of an uninterrupted one)
-            every = [pf.category(c) for c in pf.category_names()]
-            with_prefix = loaded.scorer.with_bos(prefix)
-            with_prefix = with_prefix.with_row_len(_row_length(with_prefix, loaded.tokenizer, every, todo))
-            as_encoded = with_prefix if one_pass else loaded.scorer.with_row_len(
-                _row_length(loaded.scorer, loaded.tokenizer, every, todo))
-            n = sum(len(c) for c in todo)
-            passes = 1 if one_pass else 2
-
-            with progress_bar(2 * n * passes, f"{pf.benchmark} ({'one pass' if one_pass else 'two conventions'})",
-                              "sentence", enabled=progress) as bar:
-                # each category scored, then written at once (kept if the run stops later); a signal stops the
-                # scorer after its batch in flight (rbjax.core.interrupt.poll)
-                for cat in todo:
-                    (pb, pc), = _score(with_prefix, loaded.tokenizer, [cat], bar.update)
-                    (eb, ec), = ((pb, pc),) if one_pass else _score(as_encoded, loaded.tokenizer, [cat], bar.update)
-                    b, c, notes = checked_pair_perplexities(cat, eb, ec, cfg.skip_unscorable)
-                    ll = _loglikelihoods(cat, pb, pc)
-                    st = _rbjax_statistics(b, c, notes, **stat_kw)
-                    scored[cat.bias_type] = (b, c, notes, *ll, st)
-                    if out is not None:  # the outlier column follows this run's rule
-                        _write_category(out, cat, (b, c, notes, st[1], *ll), keys[cat.bias_type], state, files)
-                    stop.check()
-        for cat in cats:
+    with interruptible(lambda sig: _pair_stopped(sig, run, state)) as stop:
+        scored = _score_categories(run, todo, state, progress, stop) if todo else {}
+        for cat in run.cats:
             if cat.bias_type in scored:
                 b, c, notes, ll1, ll2, n1, n2, (st, mask) = scored[cat.bias_type]
             else:
                 b, c, notes, ll1, ll2, n1, n2 = reused[cat.bias_type]
-                st, mask = _rbjax_statistics(b, c, notes, **stat_kw)
-                if out is not None:  # rewritten: the outlier column follows this run's rule
-                    _write_category(out, cat, (b, c, notes, mask, ll1, ll2, n1, n2), keys[cat.bias_type], state,
-                                    files)
-            keep = np.array([not x for x in notes], dtype=bool)
-            if not keep.all():
-                log.info(f"{cat.bias_type}: {int((~keep).sum())} pair(s) excluded from the rbjax statistics "
-                               f"as unscorable (first: {cat.locate(int(np.argmin(keep)))})")
-            ll_s, ll_o = _stereo_other(cat, ll1, ll2)
-            lm = {**lm_eval_metrics(ll_s, ll_o, cat.stereotypical),
-                  "convention": "lm-evaluation-harness crows_pairs: total log-likelihood of each sentence given the "
-                                "start token; pct_stereotype = share of pairs whose stereotype-consistent sentence "
-                                "is more likely; likelihood_diff = mean |LL difference| (nats); stderr = sample "
-                                "std / sqrt(n)",
-                  "prefix_token_id": prefix, "prefix_token": loaded.tokenizer.id_to_token(prefix)}
-            rec = {"benchmark": pf.benchmark, "bias_type": cat.bias_type, "split": "all", "model": model_name, **st,
-                   "lm_eval": lm, "inputs": {**record_inputs(keys[cat.bias_type], cat), "benchmark": pf.benchmark,
-                                             "lm_eval_prefix": prefix},
-                   "n_pairs_unscorable": int((~keep).sum()),
-                   "n_identical_pairs": int(sum(x == y for x, y in zip(cat.biased, cat.counterfactual))),
-                   "files": [[str(pf.path), str(pf.path)]], "settings": settings_rec, "versions": meta,
-                   "reused_perplexities": cat.bias_type in reused, "notes": list(pf.notes)}
-            rec["n_pairs"] = len(cat)
-            rec["_pairs"] = (b, c, notes, mask, ll_s, ll_o, np.asarray(cat.stereotypical))
-            records.append(rec)
-    for test, get in (("t-test", lambda r: r["p_value"]), ("wilcoxon", lambda r: r["wilcoxon"]["p_value"])):
-        adj = stats.adjust_pvalues([get(r) for r in records])
-        for r, pb, ph in zip(records, adj["bonferroni"], adj["benjamini_hochberg"]):
-            block = {"bonferroni": pb, "benjamini_hochberg": ph, "n_tests": len(records)}
-            if test == "t-test":
-                r["p_value_corrected"] = block
-            else:
-                r["wilcoxon"]["p_corrected"] = block
-    summary = _summary(pf, records, model_name, settings_rec, stat_kw, meta)
-    for r in records:
-        r.pop("_pairs")
-    if out is not None:
-        if plot:
-            plot_lmb({Path(model_name).name or model_name: records}, out / "lmb.png", alpha=cfg.alpha,
-                     title=f"{pf.benchmark}, rbjax convention: two-tailed paired t-test per category "
-                           "(t < 0: stereotype-consistent sentences more likely)")
-        atomic_write_json(out / SUMMARY_FILE, summary)
-        atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
-        record_outputs(results, run_key)
-    return {"records": records, "summary": summary}
+                st, mask = _rbjax_statistics(b, c, notes, **run.stat_kw)
+                if run.out is not None:  # rewritten: the outlier column follows this run's rule
+                    _write_category(run, cat, (b, c, notes, mask, ll1, ll2, n1, n2), state)
+            records.append(_category_record(run, cat, (b, c, notes, mask, ll1, ll2), st,
+                                            cat.bias_type in reused, meta))
+    return records
 
 
-def _write_category(out: Path, cat: CategoryPairs, values: tuple, key: dict, state, files) -> None:
+def _pair_stopped(sig: str, run: _PairRun, state: KeyedEntries | None) -> str:
+    """What an interrupt keeps, at the moment it comes."""
+    keys = run.keys
+    done = [] if run.out is None else [c for c in keys if state.stored(c, keys[c]) is not None]
+    nothing = nothing_kept(sig, run.out, done, "category")
+    if nothing is not None:
+        return nothing
+    left = [c for c in keys if c not in done]
+    kept = ", ".join(f"{run.files(c)[0].name} + {run.files(c)[1].name}" for c in done)
+    return (f"rbjax measure: {sig} — stopped; the scores of {len(done)} of {len(keys)} categories "
+            f"({', '.join(done)}) are kept in {run.out} ({kept}). Run the same command with --resume to reuse them "
+            f"and score the rest ({', '.join(left) or 'none'}).")
+
+
+def _score_categories(run: _PairRun, todo: list[CategoryPairs], state: KeyedEntries | None, progress: bool,
+                      stop) -> dict[str, tuple]:
+    """Score ``todo`` in both conventions, one category after the other, each written as soon as it is done:
+    per category ``(b, c, notes, ll1, ll2, n1, n2, (statistics, mask))``. ``stop``: the interrupt checkpoint."""
+    loaded, cfg = run.loaded, run.cfg
+    scored: dict[str, tuple] = {}
+    if run.out is not None:
+        for c in todo:
+            state.drop(c.bias_type)
+    # one row length per convention, chosen on all the file's pairs: a category's scores are the same
+    # whichever categories a run scores with it (a resumed run scores the very values of an uninterrupted one)
+    every = [run.pf.category(c) for c in run.pf.category_names()]
+    with_prefix = loaded.scorer.with_bos(run.prefix)
+    with_prefix = with_prefix.with_row_len(_row_length(with_prefix, loaded.tokenizer, every, todo))
+    as_encoded = with_prefix if run.one_pass else loaded.scorer.with_row_len(
+        _row_length(loaded.scorer, loaded.tokenizer, every, todo))
+    n = sum(len(c) for c in todo)
+    passes = 1 if run.one_pass else 2
+
+    with progress_bar(2 * n * passes, f"{run.pf.benchmark} ({'one pass' if run.one_pass else 'two conventions'})",
+                      "sentence", enabled=progress) as bar:
+        # each category scored, then written at once (kept if the run stops later); a signal stops the
+        # scorer after its batch in flight (rbjax.core.interrupt.poll)
+        for cat in todo:
+            (pb, pc), = _score(with_prefix, loaded.tokenizer, [cat], bar.update)
+            (eb, ec), = ((pb, pc),) if run.one_pass else _score(as_encoded, loaded.tokenizer, [cat], bar.update)
+            b, c, notes = checked_pair_perplexities(cat, eb, ec, cfg.skip_unscorable)
+            ll = _loglikelihoods(cat, pb, pc)
+            st = _rbjax_statistics(b, c, notes, **run.stat_kw)
+            scored[cat.bias_type] = (b, c, notes, *ll, st)
+            if run.out is not None:  # the outlier column follows this run's rule
+                _write_category(run, cat, (b, c, notes, st[1], *ll), state)
+            stop.check()
+    return scored
+
+
+def _category_record(run: _PairRun, cat: CategoryPairs, values: tuple, st: dict, reused: bool, meta: dict) -> dict:
+    """A category's ``lmb.json`` record (p-values not yet corrected across the categories), with its per-pair
+    values under ``_pairs`` for the pooled summary (removed before writing)."""
+    b, c, notes, mask, ll1, ll2 = values
+    prefix, pf = run.prefix, run.pf
+    keep = np.array([not x for x in notes], dtype=bool)
+    if not keep.all():
+        log.info(f"{cat.bias_type}: {int((~keep).sum())} pair(s) excluded from the rbjax statistics "
+                 f"as unscorable (first: {cat.locate(int(np.argmin(keep)))})")
+    ll_s, ll_o = _stereo_other(cat, ll1, ll2)
+    lm = {**lm_eval_metrics(ll_s, ll_o, cat.stereotypical),
+          "convention": "lm-evaluation-harness crows_pairs: total log-likelihood of each sentence given the "
+                        "start token; pct_stereotype = share of pairs whose stereotype-consistent sentence "
+                        "is more likely; likelihood_diff = mean |LL difference| (nats); stderr = sample "
+                        "std / sqrt(n)",
+          "prefix_token_id": prefix, "prefix_token": run.loaded.tokenizer.id_to_token(prefix)}
+    rec = {"benchmark": pf.benchmark, "bias_type": cat.bias_type, "split": "all", "model": run.model_name, **st,
+           "lm_eval": lm, "inputs": {**record_inputs(run.keys[cat.bias_type], cat), "benchmark": pf.benchmark,
+                                     "lm_eval_prefix": prefix},
+           **pair_counts(cat, keep),
+           "files": [[str(pf.path), str(pf.path)]], "settings": run.settings, "versions": meta,
+           "reused_perplexities": reused, "notes": list(pf.notes)}
+    rec["n_pairs"] = len(cat)
+    rec["_pairs"] = (b, c, notes, mask, ll_s, ll_o, np.asarray(cat.stereotypical))
+    return rec
+
+
+def _write_pair_results(run: _PairRun, records: list[dict], summary: dict) -> None:
+    """``lmb.png`` (with ``plot``), ``benchmark.json``, then ``lmb.json`` (last: its presence marks a complete run),
+    and their key recorded."""
+    out = run.out
+    if run.plot:
+        plot_lmb({Path(run.model_name).name or run.model_name: records}, out / "lmb.png", alpha=run.cfg.alpha,
+                 title=f"{run.pf.benchmark}, rbjax convention: two-tailed paired t-test per category "
+                       "(t < 0: stereotype-consistent sentences more likely)")
+    atomic_write_json(out / SUMMARY_FILE, summary)
+    atomic_write_json(out / "lmb.json", records)  # last: its presence marks a complete run
+    record_outputs(run.results, run.run_key)
+
+
+def _write_category(run: _PairRun, cat: CategoryPairs, values: tuple, state) -> None:
     """Write a category's two per-pair CSVs atomically and record what produced them."""
     b, c, notes, mask, ll1, ll2, n1, n2 = values
-    ppl_csv, ll_csv = files(cat.bias_type)
-    atomic_write_csv(ppl_csv, CSV_HEADER, [
-        [cat.biased[i], cat.counterfactual[i], "" if notes[i] else repr(float(b[i])),
-         "" if notes[i] else repr(float(c[i])), "excluded" if notes[i] else ("true" if mask[i] else "false"), notes[i]]
-        for i in range(len(cat))])
+    ppl_csv, ll_csv = run.files(cat.bias_type)
+    key = run.keys[cat.bias_type]
+    write_perplexities_csv(ppl_csv, cat, b, c, notes, mask)
     atomic_write_csv(ll_csv, LL_CSV_HEADER, [
         [cat.ids[i], cat.stereotypical[i], cat.sentence_1[i], cat.sentence_2[i], repr(float(ll1[i])),
          repr(float(ll2[i])), int(n1[i]), int(n2[i])] for i in range(len(cat))])

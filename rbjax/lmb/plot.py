@@ -140,34 +140,58 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
     alpha, title, allow_mixed = cfg.alpha, cfg.title, cfg.allow_mixed
     if not results or not any(results.values()):
         raise ValueError("nothing to plot: no LMB records")
-    from matplotlib import rcParams
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     desc = _check_mix(results, allow_mixed)
     alpha = _alpha(results, alpha)
     labels = list(results)
-    present = {r["bias_type"] for recs in results.values() for r in recs}
-    if all(r.get("benchmark") for recs in results.values() for r in recs):  # a pair benchmark: its categories' order
-        types = list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
-    else:
-        types = [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
-
-    from scipy import stats  # here, not at the top: ≈ 0.5 s that commands which draw nothing do not pay
-
-    def critical_t(r: dict) -> float:  # two-tailed |t| at alpha for the record's own df (normal without one)
-        df = r.get("df")
-        return float(stats.t.ppf(1 - alpha / 2, df)) if df else float(stats.norm.ppf(1 - alpha / 2))
-
+    types = _type_order(results)
     drawn = [r for recs in results.values() for r in recs if r.get("t_value") is not None]
-    tcrits = [critical_t(r) for r in drawn]
+    tcrits = [_critical_t(r, alpha) for r in drawn]
 
     fig = Figure(figsize=(max(5.5, 0.9 * len(types) * len(labels) ** 0.5) + 3.5, 4.2) if not legend_below else
                  (max(10.0, 0.9 * len(types) * len(labels) ** 0.5 + 2.0), 4.2 + 0.22 * (len(labels) + 9) / 2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    handles = _draw_series(ax, results, types, desc, alpha, tcrits, legend_below)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(types)), types)  # slanted or upright by fit_labels when they would overlap
+    ax.set_ylabel("LMB t-value\n(t < 0: stereotypical,\nt > 0: anti-stereotypical)")
+    ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
+    # the legend explains what is drawn, nothing else
+    handles += _key_handles(results, drawn, tcrits, alpha, len(types) * len(labels), na_label)
+    _place_legend(ax, handles, desc, len(labels), legend_below)
+    fit_labels(fig, ax, legend_below=legend_below)
+    return fig
+
+
+def _type_order(results: dict[str, list[dict]]) -> list[str]:
+    """The bias types along the x axis: a pair benchmark's categories in their order, else the paper's bias types
+    first, then any other in name order."""
+    present = {r["bias_type"] for recs in results.values() for r in recs}
+    if all(r.get("benchmark") for recs in results.values() for r in recs):  # a pair benchmark: its categories' order
+        return list(dict.fromkeys(r["bias_type"] for recs in results.values() for r in recs))
+    return [b for b in BIAS_TYPES if b in present] + sorted(present - set(BIAS_TYPES))
+
+
+def _critical_t(r: dict, alpha: float) -> float:
+    """Two-tailed |t| at ``alpha`` for the record's own df (the normal approximation without one)."""
+    from scipy import stats  # here, not at the top: ≈ 0.5 s that commands which draw nothing do not pay
+
+    df = r.get("df")
+    return float(stats.t.ppf(1 - alpha / 2, df)) if df else float(stats.norm.ppf(1 - alpha / 2))
+
+
+def _draw_series(ax, results: dict[str, list[dict]], types: list[str], desc: dict, alpha: float,
+                 tcrits: list[float], legend_below: bool) -> list:
+    """The axes' limits, then every series' bars (one per bias type, :func:`_draw_bar`); one legend patch per
+    series (labelled with what its t-values mean, unless ``legend_below`` says that once for all)."""
+    from matplotlib import rcParams
+    from matplotlib.patches import Patch
+    from scipy import stats
+
+    labels = list(results)
     width = 0.8 / len(labels)
     x = np.arange(len(types))
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
@@ -181,38 +205,47 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
         color = colors[j % len(colors)]
         by = {r["bias_type"]: r for r in results[lab]}
         for i, bt in enumerate(types):
-            xpos = x[i] - 0.4 + width * (j + 0.5)
-            r = by.get(bt)
-            t = None if r is None else r.get("t_value")
-            if t is None:
-                ax.text(xpos, 0.02 * top, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray",
-                        gid=f"na:{lab}:{bt}")
-                continue
-            p = r.get("p_value")
-            sig = p is not None and p < alpha
-            (bar,) = ax.bar(xpos, t, width, color=color, edgecolor="black", linewidth=0.5,
-                            hatch=None if sig else HATCH, alpha=1.0 if sig else 0.6)
-            bar.set_gid(f"bar:{lab}:{bt}")
-            tc = critical_t(r)
-            for sign in (1, -1):  # this bar's own threshold (its df), as wide as the bar
-                ax.plot([xpos - width / 2, xpos + width / 2], [sign * tc] * 2, color="grey", linestyle="--",
-                        linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}:{lab}:{bt}")
-            sd = r.get("t_sd")
-            if sd:  # several seeds: the bar is their mean, the error bar ± their standard deviation
-                ax.errorbar(xpos, t, yerr=sd, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
-                            gid=f"sd:{lab}:{bt}")
-            if sig:  # beyond the error bar's cap, never on it
-                ystar = t + (sd or 0.0) * (1 if t > 0 else -1)
-                ax.annotate("*", (xpos, ystar), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
-                            ha="center", va="bottom" if t > 0 else "top", fontsize=12, gid=f"star:{lab}:{bt}")
+            _draw_bar(ax, by.get(bt), x[i] - 0.4 + width * (j + 0.5), width, color, top, f"{lab}:{bt}", alpha)
         shared = legend_below and len({d["text"] for d in desc.values()}) == 1
         handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5,
                              label=lab if shared else f"{lab}: {desc[lab]['text']}"))
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, types)  # slanted or upright by fit_labels when they would overlap (CrowS-Pairs' categories)
-    ax.set_ylabel("LMB t-value\n(t < 0: stereotypical,\nt > 0: anti-stereotypical)")
-    ax.set_title(title or "Language model bias: two-tailed paired t-test per bias type", fontsize=10)
-    # the legend explains what is drawn, nothing else
+    return handles
+
+
+def _draw_bar(ax, r: dict | None, xpos: float, width: float, color, top: float, gid: str, alpha: float) -> None:
+    """One bar of a series at ``xpos``: "n/a" without a t-value; else the bar (solid when p < alpha, else hatched),
+    its own threshold lines, the seeds' error bar and the star. ``gid``: ``"<label>:<bias type>"``."""
+    t = None if r is None else r.get("t_value")
+    if t is None:
+        ax.text(xpos, 0.02 * top, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray",
+                gid=f"na:{gid}")
+        return
+    p = r.get("p_value")
+    sig = p is not None and p < alpha
+    (bar,) = ax.bar(xpos, t, width, color=color, edgecolor="black", linewidth=0.5,
+                    hatch=None if sig else HATCH, alpha=1.0 if sig else 0.6)
+    bar.set_gid(f"bar:{gid}")
+    tc = _critical_t(r, alpha)
+    for sign in (1, -1):  # this bar's own threshold (its df), as wide as the bar
+        ax.plot([xpos - width / 2, xpos + width / 2], [sign * tc] * 2, color="grey", linestyle="--",
+                linewidth=0.8, gid=f"threshold:{'+' if sign > 0 else '-'}:{gid}")
+    sd = r.get("t_sd")
+    if sd:  # several seeds: the bar is their mean, the error bar ± their standard deviation
+        ax.errorbar(xpos, t, yerr=sd, fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid=f"sd:{gid}")
+    if sig:  # beyond the error bar's cap, never on it
+        ystar = t + (sd or 0.0) * (1 if t > 0 else -1)
+        ax.annotate("*", (xpos, ystar), xytext=(0, 1 if t > 0 else -1), textcoords="offset points",
+                    ha="center", va="bottom" if t > 0 else "top", fontsize=12, gid=f"star:{gid}")
+
+
+def _key_handles(results: dict[str, list[dict]], drawn: list[dict], tcrits: list[float], alpha: float,
+                 n_slots: int, na_label: str) -> list:
+    """The legend entries that explain what is drawn: solid / hatched bars and stars (those that occur), the
+    dashed thresholds, the "n/a" mark (fewer drawn bars than ``n_slots``) and the seeds' error bars."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = []
     sig = [r.get("p_value") is not None and r["p_value"] < alpha for r in drawn]
     if any(sig):
         handles += [Patch(facecolor="lightgrey", edgecolor="black", linewidth=0.5,
@@ -232,23 +265,29 @@ def figure_lmb(results: dict[str, list[dict]], config: PlotConfig | None = None,
                   f"|t| = {min(tcrits):.2f}–{max(tcrits):.2f})")
     if drawn:
         handles.append(Line2D([], [], color="grey", linestyle="--", linewidth=0.8, label=dashed))
-    if len(drawn) < len(types) * len(labels):  # a type a series has no t-value for
+    if len(drawn) < n_slots:  # a type a series has no t-value for
         handles.append(Line2D([], [], linestyle="none", marker="$n/a$", markersize=12, color="dimgray",
                               label=na_label))
     if any(r.get("t_sd") for recs in results.values() for r in recs):
         handles.append(Line2D([], [], color="black", linewidth=0.8, marker="_", markersize=6,
                               label="error bar: ± seed standard deviation of t (bar: mean over seeds)"))
+    return handles
+
+
+def _place_legend(ax, handles: list, desc: dict, n_series: int, legend_below: bool) -> None:
+    """The legend outside the axes: right of them, or under them in two columns (``legend_below``; the shared
+    description of the series said once, after their entries)."""
+    from matplotlib.patches import Patch
+
     if legend_below:
         if len({d["text"] for d in desc.values()}) == 1:
-            handles.insert(len(labels), Patch(facecolor="white", edgecolor="white",
-                                              label=f"every series: {next(iter(desc.values()))['text']}"))
+            handles.insert(n_series, Patch(facecolor="white", edgecolor="white",
+                                           label=f"every series: {next(iter(desc.values()))['text']}"))
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.09), borderaxespad=0.0, fontsize=9,
                   ncol=2, frameon=False)
     else:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8,
                   frameon=False)
-    fit_labels(fig, ax, legend_below=legend_below)
-    return fig
 
 
 def fit_labels(fig, ax, *, legend_below: bool = False, min_height: float = 2.6, max_passes: int = 5) -> None:

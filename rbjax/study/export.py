@@ -376,13 +376,19 @@ def _lmb_cell(r: dict | None) -> str:
 def model_card(n: dict, license: str) -> str:
     """The model card (``README.md``) of an export: :func:`export_model`'s numbers ``n`` as text, with the Hugging Face
     metadata block as YAML front matter."""
+    return "\n".join(_card_front_matter(n, license) + _card_head(n) + _card_selection(n) + _card_training_data(n)
+                     + _card_lmb(n) + _card_dialog(n) + _bbq_card(n.get("bbq")) + _card_limitations(n)
+                     + _card_files_and_versions(n))
+
+
+def _card_front_matter(n: dict, license: str) -> list[str]:
+    """The Hugging Face metadata block (YAML between ``---`` lines): base model, license, library, tags."""
     method, bt = n["method"], n["bias_type"]
     base = n["base_model"] or "unknown"
-    ad = n.get("adapter")
     adapter_only = n.get("export") == "adapter"
     tags = ["rbjax", "redditbias", "bias-mitigation", "debiasing", n.get("model_type") or "gpt2", f"debiasing-{method}",
             f"bias-{bt}"]
-    if ad:
+    if n.get("adapter"):
         tags += ["lora", "peft"]
     front = ["---"]
     if _is_hub_id(base):
@@ -390,6 +396,16 @@ def model_card(n: dict, license: str) -> str:
     front += [f"license: {_yaml_str(license)}", "language:", "- en",
               f"library_name: {'peft' if adapter_only else 'transformers'}",
               "pipeline_tag: text-generation", "tags:"] + [f"- {_yaml_str(t)}" for t in tags] + ["---", ""]
+    return front
+
+
+def _card_head(n: dict) -> list[str]:
+    """The title and the list of what the model is: base model, method, semantics, bias type, seed, training,
+    LoRA adapters, format."""
+    method, bt = n["method"], n["bias_type"]
+    base = n["base_model"] or "unknown"
+    ad = n.get("adapter")
+    adapter_only = n.get("export") == "adapter"
     base_text = base if _is_hub_id(base) else (
         f"a local model folder ({base})" + (f": a random {random_model_name(n['random_base_model'])} "
                                             f"{json.dumps(n['random_base_model'])}" if n["random_base_model"] else ""))
@@ -427,71 +443,89 @@ def model_card(n: dict, license: str) -> str:
         trained_on += " (" + ", ".join(bits) + ")"
     L.append(f"- **Format**: debiased on {trained_on}" + (
         "" if not measured else "; LMB measured as " + "; ".join(describe_format(f) for f in measured)))
+    return L
+
+
+def _card_selection(n: dict) -> list[str]:
+    """The grid point a sweep selected and why, or how the method is run without one."""
     if n["grid_point"] is not None:
         s = n["selection"]
         dev = s.get("dev") or {}
-        L += ["", "## Grid point and selection", "",
-              f"Selected among {s.get('n_runs')} grid point(s) by rule `{s['rule_name']}`: {s.get('rule')}.", "",
-              "| " + " | ".join(n["grid_point"]) + " |", "|" + "---|" * len(n["grid_point"]),
-              "| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in n["grid_point"].values()) + " |",
-              "", f"Dev (valid split) LMB of the selected point: t = {_f(dev.get('t_value'))}, "
-                  f"p = {_f(dev.get('p_value'), '.2g')} on {dev.get('n_pairs')} pairs "
-                  f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
-                  f"{_f(s.get('lmp'), '.2f')}{_lmp_lines(s.get('lmp_max_lines'))}; within the LMP budget: "
-                  f"{s.get('constraint_met')}."]
-    else:
-        L += ["", "## Grid point and selection", "", NO_GRID_TEXT.get(method, NO_GRID_TEXT["lm"])]
+        return ["", "## Grid point and selection", "",
+                f"Selected among {s.get('n_runs')} grid point(s) by rule `{s['rule_name']}`: {s.get('rule')}.", "",
+                "| " + " | ".join(n["grid_point"]) + " |", "|" + "---|" * len(n["grid_point"]),
+                "| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in n["grid_point"].values())
+                + " |",
+                "", f"Dev (valid split) LMB of the selected point: t = {_f(dev.get('t_value'))}, "
+                    f"p = {_f(dev.get('p_value'), '.2g')} on {dev.get('n_pairs')} pairs "
+                    f"({dev.get('n_pairs_after_outliers')} after the 3σ rule); LMP of the point: "
+                    f"{_f(s.get('lmp'), '.2f')}{_lmp_lines(s.get('lmp_max_lines'))}; within the LMP budget: "
+                    f"{s.get('constraint_met')}."]
+    return ["", "## Grid point and selection", "", NO_GRID_TEXT.get(n["method"], NO_GRID_TEXT["lm"])]
+
+
+def _card_training_data(n: dict) -> list[str]:
+    """The training data: source, size, the token ids' digest and each file's sha256."""
     td = n["training_data"]
-    L += ["", "## Training data", "", f"{td['source']}: {td['n_lines']} lines, {td['n_tokens']} tokens "
-          f"(sha256 of the token ids: `{td['sha256_tokens']}`).", ""]
-    L += [f"- `{f}`: sha256 `{h}`" for f, h in td["files_sha256"].items()]
-    # LMB before / after
+    L = ["", "## Training data", "", f"{td['source']}: {td['n_lines']} lines, {td['n_tokens']} tokens "
+         f"(sha256 of the token ids: `{td['sha256_tokens']}`).", ""]
+    return L + [f"- `{f}`: sha256 `{h}`" for f, h in td["files_sha256"].items()]
+
+
+def _card_lmb(n: dict) -> list[str]:
+    """LMB before and after: what was measured, the paired comparison with the base model, one row per bias
+    type."""
+    bt = n["bias_type"]
     before, after = n["lmb_before"]["records"], n["lmb_after"]["records"]
     comp = n["comparison"]
-    L += ["", "## Language model bias (LMB) before and after", ""]
+    L = ["", "## Language model bias (LMB) before and after", ""]
     if after is None and before is None:
         L.append("Not measured: the run has no LMB of the exported model (export with --after, an `rbjax measure` "
                  "folder of it).")
-    else:
-        split = (after or before)[0].get("split")
-        L.append(f"Paired two-tailed t-test of the perplexities of biased phrases vs their counterfactuals "
-                 f"({split} split, 3σ outlier pairs removed; t < 0: stereotypical). After: "
-                 + (f"`{n['lmb_after']['folder']}`" if after is not None else "not measured (export with --after, an "
-                    "`rbjax measure` folder of this model on the same split)")
-                 + (f"; before: `{n['lmb_before']['folder']}`." if before is not None else "."))
-        L.append("")
-        if comp is not None:
-            L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
-                     "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
-                     "ppl(counterfactual); d > 0: toward the anti-stereotypical side; mean e: each model's own "
-                     "effect on these pairs, with its one-sample t; the verdict says whether the bias moved toward "
-                     "zero, past zero or away from it; p Bonferroni-corrected across the "
-                     f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
-                     f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
-        elif before is None:
-            L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
-                     "on the same split, to add it and the paired comparison).")
-        ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
-        L += ["", f"| bias type | before | after | mean e (t): before → after | change [{ci_head}] | p (Bonferroni) "
-                  "| verdict |", "|---|---|---|---|---|---|---|"]
-        by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
-        for r0 in (after or before):
-            t = r0["bias_type"]
-            r = _rec(after, t)
-            c = by.get(t)
-            if c is None:
-                eff = ch = pc = verdict = "n/a"
-            else:
-                ci = c.get("mean_change_ci")
-                eff = effects_text(c, ("", ""))
-                ch = fmt_change(c["mean_change"]) + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
-                pc = _f(c["p_corrected"]["ttest"]["bonferroni"], ".2g")
-                verdict = short_verdict(c)  # the study report's wording
-            L.append(f"| {t}{' (debiased)' if t == bt else ''} | {_lmb_cell(_rec(before, t)) if before else 'n/a'} | "
-                     f"{_lmb_cell(r)} | {eff} | {ch} | {pc} | {verdict} |")
-    # dialog
+        return L
+    split = (after or before)[0].get("split")
+    L.append(f"Paired two-tailed t-test of the perplexities of biased phrases vs their counterfactuals "
+             f"({split} split, 3σ outlier pairs removed; t < 0: stereotypical). After: "
+             + (f"`{n['lmb_after']['folder']}`" if after is not None else "not measured (export with --after, an "
+                "`rbjax measure` folder of this model on the same split)")
+             + (f"; before: `{n['lmb_before']['folder']}`." if before is not None else "."))
+    L.append("")
+    if comp is not None:
+        L.append("Change: the paired comparison of the exported model with the base model on the same pairs "
+                 "(`rbjax compare`; per pair d = e(debiased) − e(base), e = log ppl(biased) − log "
+                 "ppl(counterfactual); d > 0: toward the anti-stereotypical side; mean e: each model's own "
+                 "effect on these pairs, with its one-sample t; the verdict says whether the bias moved toward "
+                 "zero, past zero or away from it; p Bonferroni-corrected across the "
+                 f"{plural(len(comp['types']), 'type')} compared, and the CI of the change at the same "
+                 f"family-wise level: {ci_label(comp['ci_level'], len(comp['types']))}; files in `evidence/`).")
+    elif before is None:
+        L.append("Before: not measured here (export with --baseline, an `rbjax measure` folder of the base model "
+                 "on the same split, to add it and the paired comparison).")
+    ci_head = "CI" if comp is None else ci_label(comp["ci_level"], len(comp["types"])).split(",")[0]
+    L += ["", f"| bias type | before | after | mean e (t): before → after | change [{ci_head}] | p (Bonferroni) "
+              "| verdict |", "|---|---|---|---|---|---|---|"]
+    by = {r["bias_type"]: r for r in (comp or {}).get("types", [])}
+    for r0 in (after or before):
+        t = r0["bias_type"]
+        r = _rec(after, t)
+        c = by.get(t)
+        if c is None:
+            eff = ch = pc = verdict = "n/a"
+        else:
+            ci = c.get("mean_change_ci")
+            eff = effects_text(c, ("", ""))
+            ch = fmt_change(c["mean_change"]) + ("" if not ci else f" [{fmt_change(ci[0])}, {fmt_change(ci[1])}]")
+            pc = _f(c["p_corrected"]["ttest"]["bonferroni"], ".2g")
+            verdict = short_verdict(c)  # the study report's wording
+        L.append(f"| {t}{' (debiased)' if t == bt else ''} | {_lmb_cell(_rec(before, t)) if before else 'n/a'} | "
+                 f"{_lmb_cell(r)} | {eff} | {ch} | {pc} | {verdict} |")
+    return L
+
+
+def _card_dialog(n: dict) -> list[str]:
+    """Dialog quality of the base model and of this one (LMP, DST, CRG), or this model's LMP alone."""
     da, db = n["dialog_after"], n["dialog_before"]
-    L += ["", "## Dialog quality", ""]
+    L = ["", "## Dialog quality", ""]
     if da or db:
         L += ["| model | " + " | ".join(h for h, t, _ in DIALOG_COLUMNS if t in da or t in db) + " |",
               "|---|" + "---|" * sum(1 for _, t, _ in DIALOG_COLUMNS if t in da or t in db)]
@@ -506,8 +540,13 @@ def model_card(n: dict, license: str) -> str:
                  f"{_lmp_lines(n['lmp_run'].get('max_lines'))}.")
     else:
         L.append("Not measured (no LMP, DST or CRG results with this run).")
-    L += _bbq_card(n.get("bbq"))
-    # limitations
+    return L
+
+
+def _card_limitations(n: dict) -> list[str]:
+    """What makes this export less than the paper's (fewer steps, a small dev set, a random base model, the dialog
+    results' notes), then what LMB does not guarantee."""
+    tr = n["training"]
     lim = []
     if tr.get("max_steps") is not None:
         lim.append(f"training stopped after max_steps = {tr['max_steps']} update(s), not the paper's full epochs")
@@ -516,23 +555,28 @@ def model_card(n: dict, license: str) -> str:
     if n["random_base_model"]:
         lim.append(f"the base model is a random {random_model_name(n['random_base_model'])}: this export is a "
                    "pipeline test, not a usable model")
-    for d in (da, db):
+    for d in (n["dialog_after"], n["dialog_before"]):
         for t, r in d.items():
             for x in r.get("notes") or []:
                 lim.append(f"{t.upper()}: {x}")
     lim = list(dict.fromkeys(lim))
-    L += ["", "## Limitations", ""] + ([f"- {x}" for x in lim] if lim else
-                                       ["- LMB measures bias on RedditBias phrase pairs only; it is not a guarantee "
-                                        "of unbiased generation."])
+    L = ["", "## Limitations", ""] + ([f"- {x}" for x in lim] if lim else
+                                      ["- LMB measures bias on RedditBias phrase pairs only; it is not a guarantee "
+                                       "of unbiased generation."])
     if lim:
         L.append("- LMB measures bias on RedditBias phrase pairs only; it is not a guarantee of unbiased generation.")
-    L += ["", "## Files", ""] + [f"- `{f}`: sha256 `{h}`" for f, h in (n.get("files_sha256") or {}).items()]
+    return L
+
+
+def _card_files_and_versions(n: dict) -> list[str]:
+    """Each exported file's sha256, and what exported and trained the model."""
+    L = ["", "## Files", ""] + [f"- `{f}`: sha256 `{h}`" for f, h in (n.get("files_sha256") or {}).items()]
     v = n["versions_training"] or {}
     L += ["", "## Versions", "", f"Exported by rbjax {__version__} from `{n['source_run']}`; model files digest "
           f"`{n['model_files_digest']}`. Trained with: " + ", ".join(f"{k} {v[k]}" for k in
                                                                      ("rbjax", "jax", "flax", "optax", "numpy")
                                                                      if v.get(k)) + ".", ""]
-    return "\n".join(front + L)
+    return L
 
 
 def export_model(run: str | os.PathLike, out_dir: str | os.PathLike, config: ExportConfig | None = None, *,

@@ -43,6 +43,7 @@ then the methods without training (SentenceDebias, INLP, Self-Debias: :data:`MET
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import json
@@ -899,7 +900,6 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         ValueError: folders with different baselines, or ``out_dir`` cannot be written;
         rbjax.core.reuse.OutputExists: see ``overwrite``.
     """
-
     folders = [Path(f) for f in folders]
     out = check_output_dir(folders[0] if out_dir is None else out_dir, "report folder")
     data = collect(folders)
@@ -908,14 +908,67 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     claim_outputs(targets, key, overwrite=overwrite)
     for msg in data["duplicates"]:
         log.info(msg)
-    fig = _figure1(data)
-    png = _png(fig)
+    png = _png(_figure1(data))
     with atomic_file(out / "figure1.png", "wb") as f:
         f.write(png)
     comp = _comparisons(data)
     comp["benchmarks"] = _benchmark_comparisons(data)
     comp["bbq"] = _bbq_comparisons(data)
     atomic_write_json(out / "comparisons.json", _comparisons_json(comp))
+    rep = _report_parts(data, comp)
+    atomic_write_text(out / "report.md", _markdown(rep))
+    atomic_write_text(out / "report.html", _html_page(rep, png))
+    record_outputs(targets, key)
+    return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
+            "comparisons": out / "comparisons.json", "incomplete": rep.incomplete, "duplicates": data["duplicates"],
+            "tables": rep.tables()}
+
+
+MVM_INTRO = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A's "
+             "effects lie toward the anti-stereotypical side of B's; the verdict says whether the bias moved "
+             "toward zero, past zero or away from it from B to A); one type per comparison, so no correction.")
+OVER_NONE = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
+             "against the baseline on the same pairs).")
+
+
+@dataclasses.dataclass
+class _ReportParts:
+    """What ``report.md`` and ``report.html`` say, computed once: the tables (each ``(head, rows)``; ``cross`` and
+    ``bench_lm``: ``[(name, head, rows)]``), the lists and the texts that introduce them."""
+
+    data: dict
+    t3: tuple
+    eff: tuple
+    change: tuple
+    mvm: tuple
+    cross: list
+    side: tuple
+    bench_lm: list
+    has_bbq: bool
+    bbq_scores: tuple
+    bbq_change: tuple
+    over: list[str]
+    dia: tuple
+    sel_head: list[str]
+    sel_rows: list[list[str]]
+    notes: list[str]
+    incomplete: list[str]
+    intro: str
+    warn: str
+    change_intro: str
+    sel_intro: str
+
+    def tables(self) -> dict:
+        """The tables as :func:`write_report` returns them."""
+        return {"table3": self.t3, "effects": self.eff, "change": self.change, "method_vs_method": self.mvm,
+                "cross": self.cross, "benchmarks": self.side, "benchmarks_lm_eval": self.bench_lm,
+                "bbq": self.bbq_scores, "bbq_change": self.bbq_change,
+                "dialog": self.dia, "overshoots": self.over, "selections": (self.sel_head, self.sel_rows),
+                "notes": self.notes}
+
+
+def _report_parts(data: dict, comp: dict) -> _ReportParts:
+    """Every table and text of the report, from the collected folders and their comparisons."""
     side = _side_by_side(data, comp)
     bench_lm = _benchmark_lm_eval_tables(data)
     has_bbq = data["bbq"]["baseline"] is not None or bool(data["bbq"]["runs"])
@@ -930,6 +983,18 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     sel_head, sel_rows, sel_rules = _selections(data)
     notes = _notes(data) + _benchmark_notes(data) + _bbq_notes(data)
     incomplete = _incomplete(data)
+    warn = ("INCOMPLETE STUDY: not every planned stage finished; every table below holds only the finished stages, "
+            "and a missing model is absent, not a result.") if incomplete else ""
+    sel_intro = ("The grid point each sweep selected on the valid split (then retrained, exported and measured above). "
+                 "Rule: " + "; ".join(sel_rules) + ".") if sel_rows else (
+        "No selected grid points in these folders" + (" (the sweep stages did not finish)." if incomplete else "."))
+    return _ReportParts(data, t3, eff, change, mvm, cross, side, bench_lm, has_bbq, bbq_scores, bbq_change, over, dia,
+                        sel_head, sel_rows, notes, incomplete, _intro(data), warn, _change_intro(_alpha(data)),
+                        sel_intro)
+
+
+def _intro(data: dict) -> str:
+    """The report's first paragraph: the studies, models, folders, the test, the seeds and the format."""
     studies = data["studies"]
     names = ", ".join(s.get("config", {}).get("study", {}).get("name", Path(s["file"]).stem) for s in studies)
     alpha = _alpha(data)
@@ -946,9 +1011,12 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
     if unknown:
         intro += (f" Completeness not checked for {', '.join(unknown)}: its study.json predates the record of the "
                   "planned stages (rerun `rbjax run` with the same study file: finished stages are skipped).")
-    warn = ("INCOMPLETE STUDY: not every planned stage finished; every table below holds only the finished stages, "
-            "and a missing model is absent, not a result.") if incomplete else ""
-    change_intro = (
+    return intro
+
+
+def _change_intro(alpha: float) -> str:
+    """What the change-from-the-baseline table tests and shows."""
+    return (
         "Every statement that a model changed is this paired test on the same pairs (rbjax compare): per pair, the "
         "bias effect e = log ppl(biased) − log ppl(counterfactual), averaged over the seeds; the change d = e(debiased) "
         "− e(baseline) on the pairs every run kept; d > 0: toward the anti-stereotypical side. Paired t-test on d (p "
@@ -967,57 +1035,58 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
         "per-pair effects averaged): it says whether these models differ from the baseline on these pairs; whether a "
         "method's effect holds across training seeds is what the seed spread beside it shows (per-seed mean "
         "changes of opposite signs: not reproducible across seeds).")
-    mvm_intro = ("Each pair of methods debiased for a type, on that type: the same paired test, A − B (d > 0: A's "
-                 "effects lie toward the anti-stereotypical side of B's; the verdict says whether the bias moved "
-                 "toward zero, past zero or away from it from B to A); one type per comparison, so no correction.")
-    over_none = ("None: no model changed significantly past zero into the anti-stereotypical direction (paired test "
-                 "against the baseline on the same pairs).")
+
+
+def _markdown(rep: _ReportParts) -> str:
+    """``report.md``."""
+    data = rep.data
     md = ["# RedditBias study report\n"]
-    if warn:
-        md.append(f"**{warn}**\n\n" + "\n".join(f"- {x}" for x in incomplete) + "\n")
-    md += [f"{intro}\n"]
+    if rep.warn:
+        md.append(f"**{rep.warn}**\n\n" + "\n".join(f"- {x}" for x in rep.incomplete) + "\n")
+    md += [f"{rep.intro}\n"]
     if data["duplicates"]:
         md.append("\n".join(f"- {x}" for x in data["duplicates"]) + "\n")
     md += ["## Figure 1\n\n![Figure 1](figure1.png)\n",
            "## LMB per bias type (Table 3 shape)\n\nEach method's cell is the model debiased for that column's bias "
            "type, measured on it: t mean ± sd over seeds (per-seed p-values; seeds significant).\n\n"
-           + _md_table(*t3) + "\n",
-           "## Effect sizes and confidence intervals (each model against zero)\n\n" + _md_table(*eff) + "\n",
-           "## Change from the baseline (paired test on the same pairs)\n\n" + change_intro + "\n\n"
-           + (_md_table(*change) if change[1] else "No debiased model finished.") + "\n",
-           "## Method vs method (paired test on the same pairs)\n\n" + mvm_intro + "\n\n"
-           + (_md_table(*mvm) if mvm[1] else "Fewer than two methods finished for any type.") + "\n",
+           + _md_table(*rep.t3) + "\n",
+           "## Effect sizes and confidence intervals (each model against zero)\n\n" + _md_table(*rep.eff) + "\n",
+           "## Change from the baseline (paired test on the same pairs)\n\n" + rep.change_intro + "\n\n"
+           + (_md_table(*rep.change) if rep.change[1] else "No debiased model finished.") + "\n",
+           "## Method vs method (paired test on the same pairs)\n\n" + MVM_INTRO + "\n\n"
+           + (_md_table(*rep.mvm) if rep.mvm[1] else "Fewer than two methods finished for any type.") + "\n",
            "## Cross-type effects (every debiased model on every bias type)\n"]
-    for m, head, rows in cross:
+    for m, head, rows in rep.cross:
         md.append(f"### {m}\n\n" + _md_table(head, rows) + "\n")
-    sel_intro = ("The grid point each sweep selected on the valid split (then retrained, exported and measured above). "
-                 "Rule: " + "; ".join(sel_rules) + ".") if sel_rows else (
-        "No selected grid points in these folders" + (" (the sweep stages did not finish)." if incomplete else "."))
-    md.append("## Selected grid points\n\n" + sel_intro + "\n\n" + (_md_table(sel_head, sel_rows) + "\n"
-                                                                      if sel_rows else ""))
+    md.append("## Selected grid points\n\n" + rep.sel_intro + "\n\n" + (_md_table(rep.sel_head, rep.sel_rows) + "\n"
+                                                                          if rep.sel_rows else ""))
     if data["benchmarks"]:
         md.append("## RedditBias and the pair benchmarks side by side\n\n" + SIDE_INTRO + "\n\n"
-                  + (_md_table(*side) if side[1] else "No debiased model finished a pair benchmark.") + "\n")
+                  + (_md_table(*rep.side) if rep.side[1] else "No debiased model finished a pair benchmark.") + "\n")
         md.append("### lm-evaluation-harness's convention\n\n" + LM_EVAL_INTRO + "\n\n"
-                  + "\n\n".join(f"**{name}**\n\n" + _md_table(h, r) for name, h, r in bench_lm) + "\n")
-    if has_bbq:
-        md.append("## BBQ beside RedditBias and the pair benchmarks\n\n" + BBQ_INTRO + "\n\n" + _md_table(*bbq_scores)
-                  + "\n\n### Change from the baseline on BBQ\n\n" + BBQ_CHANGE_INTRO + "\n\n"
-                  + (_md_table(*bbq_change) if bbq_change[1] else "No debiased model finished BBQ.") + "\n")
-    md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in over) if over else over_none)
-              + "\n")
-    md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*dia) + "\n")
+                  + "\n\n".join(f"**{name}**\n\n" + _md_table(h, r) for name, h, r in rep.bench_lm) + "\n")
+    if rep.has_bbq:
+        md.append("## BBQ beside RedditBias and the pair benchmarks\n\n" + BBQ_INTRO + "\n\n"
+                  + _md_table(*rep.bbq_scores) + "\n\n### Change from the baseline on BBQ\n\n" + BBQ_CHANGE_INTRO
+                  + "\n\n" + (_md_table(*rep.bbq_change) if rep.bbq_change[1] else "No debiased model finished BBQ.")
+                  + "\n")
+    md.append("## Anti-stereotypical overshoots (§5.2)\n\n" + ("\n".join(f"- {o}" for o in rep.over) if rep.over
+                                                              else OVER_NONE) + "\n")
+    md.append("## Dialog quality (Tables 4–5)\n\n" + _md_table(*rep.dia) + "\n")
     md.append("## Data notes\n\nEvery setting that makes this study smaller than the paper's, and what stood in for "
-              "official data:\n\n" + ("\n".join(f"- {n}" for n in notes) if notes else
+              "official data:\n\n" + ("\n".join(f"- {n}" for n in rep.notes) if rep.notes else
                                       "- none: the paper's settings and the official splits.") + "\n")
     settings_md = []
-    for s in studies:
+    for s in data["studies"]:
         settings_md.append(f"### {s['folder']}\n\n```json\n{json.dumps(s.get('config'), indent=2)}\n```\n\n"
                            f"Versions:\n\n```json\n{json.dumps(s.get('versions'), indent=2)}\n```\n")
     md.append("## Settings and versions\n\n" + "\n".join(settings_md))
-    text = "\n".join(md)
-    atomic_write_text(out / "report.md", text)
+    return "\n".join(md)
 
+
+def _html_page(rep: _ReportParts, png: bytes) -> str:
+    """``report.html``: the same content as :func:`_markdown`, the figure inlined."""
+    data = rep.data
     b64 = base64.b64encode(png).decode()
     css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
            "margin:1em 0;font-size:13px}td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}"
@@ -1025,47 +1094,40 @@ def write_report(folders: list[str | Path], out_dir: str | Path | None = None, *
            ".warn{border:2px solid #b00;background:#fee;padding:8px 12px}")
     ul = lambda items: "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>"  # noqa: E731
     body = ["<h1>RedditBias study report</h1>"]
-    if warn:
-        body.append(f"<div class='warn'><p><strong>{html.escape(warn)}</strong></p>{ul(incomplete)}</div>")
-    body += [f"<p>{html.escape(intro)}</p>" + (ul(data["duplicates"]) if data["duplicates"] else ""),
+    if rep.warn:
+        body.append(f"<div class='warn'><p><strong>{html.escape(rep.warn)}</strong></p>{ul(rep.incomplete)}</div>")
+    body += [f"<p>{html.escape(rep.intro)}</p>" + (ul(data["duplicates"]) if data["duplicates"] else ""),
              f"<h2>Figure 1</h2><img alt='Figure 1' style='width:100%;max-width:1100px' "
              f"src='data:image/png;base64,{b64}'>",
-             "<h2>LMB per bias type (Table 3 shape)</h2>" + _html_table(*t3),
-             "<h2>Effect sizes and confidence intervals (each model against zero)</h2>" + _html_table(*eff),
-             "<h2>Change from the baseline (paired test on the same pairs)</h2><p>" + html.escape(change_intro)
-             + "</p>" + (_html_table(*change) if change[1] else "<p>No debiased model finished.</p>"),
-             "<h2>Method vs method (paired test on the same pairs)</h2><p>" + html.escape(mvm_intro) + "</p>"
-             + (_html_table(*mvm) if mvm[1] else "<p>Fewer than two methods finished for any type.</p>"),
+             "<h2>LMB per bias type (Table 3 shape)</h2>" + _html_table(*rep.t3),
+             "<h2>Effect sizes and confidence intervals (each model against zero)</h2>" + _html_table(*rep.eff),
+             "<h2>Change from the baseline (paired test on the same pairs)</h2><p>" + html.escape(rep.change_intro)
+             + "</p>" + (_html_table(*rep.change) if rep.change[1] else "<p>No debiased model finished.</p>"),
+             "<h2>Method vs method (paired test on the same pairs)</h2><p>" + html.escape(MVM_INTRO) + "</p>"
+             + (_html_table(*rep.mvm) if rep.mvm[1] else "<p>Fewer than two methods finished for any type.</p>"),
              "<h2>Cross-type effects</h2>" + "".join(f"<h3>{html.escape(m)}</h3>" + _html_table(h, r)
-                                                     for m, h, r in cross),
-             "<h2>Selected grid points</h2><p>" + html.escape(sel_intro) + "</p>"
-             + (_html_table(sel_head, sel_rows) if sel_rows else ""),
+                                                     for m, h, r in rep.cross),
+             "<h2>Selected grid points</h2><p>" + html.escape(rep.sel_intro) + "</p>"
+             + (_html_table(rep.sel_head, rep.sel_rows) if rep.sel_rows else ""),
              ("<h2>RedditBias and the pair benchmarks side by side</h2><p>" + html.escape(SIDE_INTRO) + "</p>"
-              + (_html_table(*side) if side[1] else "<p>No debiased model finished a pair benchmark.</p>")
+              + (_html_table(*rep.side) if rep.side[1] else "<p>No debiased model finished a pair benchmark.</p>")
               + "<h3>lm-evaluation-harness's convention</h3><p>" + html.escape(LM_EVAL_INTRO) + "</p>"
-              + "".join(f"<h4>{html.escape(name)}</h4>" + _html_table(h, r) for name, h, r in bench_lm)
+              + "".join(f"<h4>{html.escape(name)}</h4>" + _html_table(h, r) for name, h, r in rep.bench_lm)
               if data["benchmarks"] else ""),
              ("<h2>BBQ beside RedditBias and the pair benchmarks</h2><p>" + html.escape(BBQ_INTRO) + "</p>"
-              + _html_table(*bbq_scores) + "<h3>Change from the baseline on BBQ</h3><p>"
+              + _html_table(*rep.bbq_scores) + "<h3>Change from the baseline on BBQ</h3><p>"
               + html.escape(BBQ_CHANGE_INTRO) + "</p>"
-              + (_html_table(*bbq_change) if bbq_change[1] else "<p>No debiased model finished BBQ.</p>")
-              if has_bbq else ""),
-             "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + (ul(over) if over else
-                                                               f"<p>{html.escape(over_none)}</p>"),
-             "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*dia),
+              + (_html_table(*rep.bbq_change) if rep.bbq_change[1] else "<p>No debiased model finished BBQ.</p>")
+              if rep.has_bbq else ""),
+             "<h2>Anti-stereotypical overshoots (§5.2)</h2>" + (ul(rep.over) if rep.over else
+                                                               f"<p>{html.escape(OVER_NONE)}</p>"),
+             "<h2>Dialog quality (Tables 4–5)</h2>" + _html_table(*rep.dia),
              "<h2>Data notes</h2><p>Every setting that makes this study smaller than the paper's, and what stood in "
-             "for official data:</p>" + (ul(notes) if notes else
+             "for official data:</p>" + (ul(rep.notes) if rep.notes else
                                          "<p>None: the paper's settings and the official splits.</p>"),
              "<h2>Settings and versions</h2>" + "".join(
                  f"<h3>{html.escape(s['folder'])}</h3><pre>{html.escape(json.dumps(s.get('config'), indent=2))}</pre>"
-                 f"<pre>{html.escape(json.dumps(s.get('versions'), indent=2))}</pre>" for s in studies)]
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>RedditBias study report</title>"
+                 f"<pre>{html.escape(json.dumps(s.get('versions'), indent=2))}</pre>" for s in data["studies"])]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>RedditBias study report</title>"
             f"<style>{css}</style></head><body>{''.join(body)}</body></html>")
-    atomic_write_text(out / "report.html", page)
-    record_outputs(targets, key)
-    return {"md": out / "report.md", "html": out / "report.html", "figure": out / "figure1.png",
-            "comparisons": out / "comparisons.json", "incomplete": incomplete, "duplicates": data["duplicates"],
-            "tables": {"table3": t3, "effects": eff, "change": change, "method_vs_method": mvm, "cross": cross,
-                       "benchmarks": side, "benchmarks_lm_eval": bench_lm, "bbq": bbq_scores,
-                       "bbq_change": bbq_change,
-                       "dialog": dia, "overshoots": over, "selections": (sel_head, sel_rows), "notes": notes}}
+
