@@ -12,16 +12,6 @@ MAX_LINES = 120
 #: the words that give the reason, in the function's docstring
 MARKER = "Long because:"
 
-#: split in a parallel branch: these functions are being split into steps there; the lead removes this
-#: list when the branches are merged
-SPLIT_IN_A_PARALLEL_BRANCH = {
-    "rbjax/data/retrieval/run.py::retrieve",
-    "rbjax/dialog/tasks/dst.py::run_dst",
-    "rbjax/dialog/tasks/crg.py::run_crg",
-    "rbjax/debias/run.py::_debias",
-}
-
-
 def long_functions(source: str, max_lines: int = MAX_LINES) -> list[tuple[str, int]]:
     """``[(qualified name, lines)]`` of the functions of ``source`` longer than ``max_lines`` whose docstring does not
     contain :data:`MARKER` (nested functions and methods included, named ``outer.inner``)."""
@@ -59,7 +49,6 @@ def test_no_function_is_longer_than_the_limit_without_a_reason():
     found = []
     for path in sorted((ROOT / "rbjax").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        found += [f"{rel}::{name} ({n} lines)" for name, n in long_functions(path.read_text(encoding="utf-8"))
-                  if f"{rel}::{name}" not in SPLIT_IN_A_PARALLEL_BRANCH]
+        found += [f"{rel}::{name} ({n} lines)" for name, n in long_functions(path.read_text(encoding="utf-8"))]
     assert not found, (f"functions longer than {MAX_LINES} lines without {MARKER!r} in their docstring: split them "
                        "into named steps, or say why not:\n" + "\n".join(found))

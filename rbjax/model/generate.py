@@ -46,6 +46,7 @@ import numpy as np
 
 from rbjax.core.interrupt import poll
 from rbjax.core.mesh import batch_axes, mesh_sizes, tree_shardings
+from rbjax.core.padding import pad_sequences
 from rbjax.core.precision import get_policy
 from rbjax.model.registry import family_of_config
 from rbjax.model.partition import logical_axes_for
@@ -349,23 +350,9 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
     ids = list(range(n)) if example_ids is None else [int(i) for i in example_ids]
     if len(ids) != n:
         raise ValueError(f"{len(ids)} example ids for {n} prompts")
-    seqs = [[int(x) for x in p] for p in prompts]
-    for i, s in enumerate(seqs):
-        if not s:
-            raise ValueError(f"prompt {i} is empty")
-        if len(s) + longest >= config.max_positions:
-            raise ValueError(f"prompt {i} has {len(s)} tokens"
-                             f"{f' (and the longest Self-Debias prefix {longest})' if longest else ''}; the model "
-                             f"takes at most {config.max_positions} in all")
-        if min(s) < 0 or max(s) >= config.vocab_size:
-            raise ValueError(f"prompt {i}: a token id outside the model vocabulary [0, {config.vocab_size})")
+    seqs = _checked_prompts(prompts, config, longest)
     max_new = settings.max_new_tokens
-    budgets = []
-    for s in seqs:
-        b = max_new
-        if settings.max_length is not None:
-            b = min(b, settings.max_length - len(s))
-        budgets.append(max(0, min(b, config.max_positions - len(s) - longest)))
+    budgets = _budgets(seqs, settings, config, longest)
     top_k = config.vocab_size if settings.top_k is None else min(settings.top_k, config.vocab_size)
     rows_sharding = None
     if mesh is not None:
@@ -380,19 +367,11 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
     order = sorted(range(n), key=lambda i: len(seqs[i]))
     for start in range(0, n, batch_size):
         rows = order[start:start + batch_size]
-        # each example's variants: the prompt, then (Self-Debias) the prompt with each prefix inserted
-        variants = [[seqs[i]] + [_with_prefix(seqs[i], q, bos_id) for q in prefixes] for i in rows]
-        P = -(-max(len(v) for vs in variants for v in vs) // 8) * 8
-        n_var = 1 + len(prefixes)
-        pid = np.full((n_var * batch_size, P), pad_id, np.int32)
-        pm = np.zeros((n_var * batch_size, P), np.int32)
+        pid, pm = _prompt_arrays([seqs[i] for i in rows], prefixes, bos_id, pad_id, batch_size)
         bud = np.zeros(batch_size, np.int32)
         idx = np.zeros(batch_size, np.int32)
-        pm[:, -1] = 1  # filler rows: one real token so attention is defined; budget 0 emits nothing
-        for r, i in enumerate(rows):
-            for v, s in enumerate(variants[r]):  # variant-major rows (the decode loop's layout)
-                pid[v * batch_size + r, P - len(s):], pm[v * batch_size + r, P - len(s):] = s, 1
-            bud[r], idx[r] = budgets[i], ids[i]
+        bud[:len(rows)] = [budgets[i] for i in rows]
+        idx[:len(rows)] = [ids[i] for i in rows]
         kw = dict(config=config, max_new=max_new, top_k=top_k, greedy=settings.greedy, precision=precision,
                   eos_id=stop, pad_id=pad_id, mesh=mesh,
                   rescale=None if self_debias is None else (float(self_debias.decay_constant),
@@ -416,6 +395,54 @@ def generate(params, config, prompts: Sequence[Sequence[int]], *, settings: Samp
         rec["self_debias"] = {**self_debias.to_dict(), "prefix_tokens": [len(q) for q in prefixes],
                               "bos_id": None if bos_id is None else int(bos_id)}
     return Generated(tokens=out_tokens, stopped_at_eos=eos_flags, settings=rec)
+
+
+def _checked_prompts(prompts, config, longest: int) -> list[list[int]]:
+    """The prompts as lists of ints, each non-empty, within the vocabulary and, with the ``longest`` Self-Debias
+    prefix, shorter than the model's positions.
+
+    Raises:
+        ValueError: the first prompt that is not (its index named).
+    """
+    seqs = [[int(x) for x in p] for p in prompts]
+    for i, s in enumerate(seqs):
+        if not s:
+            raise ValueError(f"prompt {i} is empty")
+        if len(s) + longest >= config.max_positions:
+            raise ValueError(f"prompt {i} has {len(s)} tokens"
+                             f"{f' (and the longest Self-Debias prefix {longest})' if longest else ''}; the model "
+                             f"takes at most {config.max_positions} in all")
+        if min(s) < 0 or max(s) >= config.vocab_size:
+            raise ValueError(f"prompt {i}: a token id outside the model vocabulary [0, {config.vocab_size})")
+    return seqs
+
+
+def _budgets(seqs, settings: SamplingSettings, config, longest: int) -> list[int]:
+    """New tokens allowed per prompt: ``max_new_tokens``, within ``max_length`` in all and within the model's
+    positions (with the ``longest`` Self-Debias prefix); 0 when nothing fits."""
+    out = []
+    for s in seqs:
+        b = settings.max_new_tokens
+        if settings.max_length is not None:
+            b = min(b, settings.max_length - len(s))
+        out.append(max(0, min(b, config.max_positions - len(s) - longest)))
+    return out
+
+
+def _prompt_arrays(seqs, prefixes, bos_id, pad_id: int, batch_size: int):
+    """One batch's left-padded prompt ids and mask, int32 ((1 + K)·``batch_size``, P), P the longest variant rounded
+    up to 8: each example's variants (the prompt, then with each of the K Self-Debias prefixes inserted), variant-major
+    (rows ``v·batch_size + r``); filler rows (after the batch's examples) hold one real pad token so that their
+    attention is defined (their budget 0 emits nothing)."""
+    variants = [[s] + [_with_prefix(s, q, bos_id) for q in prefixes] for s in seqs]
+    n_var = 1 + len(prefixes)
+    rows = [None] * (n_var * batch_size)
+    for r, vs in enumerate(variants):
+        for v, s in enumerate(vs):
+            rows[v * batch_size + r] = s
+    pid, pm = pad_sequences([[] if s is None else s for s in rows], pad_id, multiple=8, side="left")
+    pm[:, -1] = 1
+    return pid, pm
 
 
 def _check_prefixes(config, self_debias, prefix_ids, mesh) -> list[list[int]]:

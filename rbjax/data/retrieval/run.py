@@ -204,6 +204,9 @@ def retrieve(
     de-duplication, into one CSV per bias type: the result does not depend on ``jobs``, the
     executor or the order in which files finish.
 
+    Long because: this docstring is the reference of every retrieval setting (about 90 lines); the body is about 35
+    lines, the sequence of the steps below it.
+
     Args:
         specs: a :class:`~rbjax.specs.BiasSpec` or a list of them.
         dumps: dump file(s) or glob patterns (``"RC_2019-*.zst"``, each pattern sorted; see
