@@ -70,8 +70,10 @@ def test_the_dry_run_cost_counts_no_training_for_them():
 
 
 @pytest.mark.parametrize("sets, message", [
-    (['sweep.methods=["inlp"]'], "sweep.methods must be a list of lmd, add, hd, cda, lm (the methods without "
-                                 "training have no grid)"),
+    (['sweep.methods=["inlp"]'], "sweep.methods has inlp, whose grid is over sweep.inlp_iterations: give its "
+                                 "values"),
+    (['sweep.methods=["nope"]'], "sweep.methods must be a list of lmd, add, hd, cda, lm, sentence-debias, inlp, "
+                                 "self-debias"),
     ([_methods(["self-debias"]), "study.mesh=data=1"], "self-debias is scored on one device"),
     ([_methods(["nope"])], "unknown method(s) ['nope'] (expected lmd, add, hd, cda, lm, sentence-debias, inlp, "
                            "self-debias)"),

@@ -12,7 +12,7 @@ import pytest
 
 from rbjax.cli import main
 from rbjax.study.config import load_study
-from rbjax.study.run import plan_study
+from rbjax.study.run import estimate_cost, plan_study
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 
@@ -56,9 +56,15 @@ def test_a_grid_without_values_or_values_without_a_grid_are_named(sweep, message
         load_study(_study(tmp_path, shared_dir, sweep))
 
 
-def test_no_grid_by_default(shared_dir, tmp_path):
-    names = [s.name for s in plan_study(load_study(_study(tmp_path, shared_dir, "")), tmp_path / "o")]
+def test_no_grid_by_default_and_the_cost_of_one(shared_dir, tmp_path):
+    plain = load_study(_study(tmp_path, shared_dir, ""))
+    names = [s.name for s in plan_study(plain, tmp_path / "o")]
     assert "seed42/religion1/sentence-debias/run" in names and not any(n.endswith("/sweep") for n in names)
+    grid = load_study(_study(tmp_path, shared_dir, 'methods = ["sentence-debias"]\nk = [1, 2, 3]'))
+    # three fits and the selected one's again instead of one (each sentence and its twin: 2 × 720 religion1 lines),
+    # and the three models and the start on the valid pairs (2 × 480 phrases each)
+    extra = estimate_cost(grid)["phrases_scored"] - estimate_cost(plain)["phrases_scored"]
+    assert extra == 3 * 2 * 720 + 4 * 2 * 480
 
 
 def test_a_grid_of_sentence_debias_and_self_debias_is_selected_on_the_valid_split(shared_dir, tmp_path):

@@ -530,7 +530,7 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
                                for m in cfg.methods if m in cfg.sweep["methods"] and m not in NO_TRAINING_METHODS
                                ) * n_types * 2 * 480
     # the grids of the methods without training: each value's model and the starting model on the valid pairs
-    dev_scored += sum(seeds_of(m) * (fits_of(m) - 1 + 1) for m in cfg.methods
+    dev_scored += sum(seeds_of(m) * (len(cfg.no_training_grid(m)[1]) + 1) for m in cfg.methods
                       if m in NO_TRAINING_METHODS and cfg.no_training_grid(m)) * n_types * 2 * 480
     per_model = PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
     test_scored = (n_models + extra_passes) * per_model + fit_scored
