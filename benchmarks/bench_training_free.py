@@ -10,7 +10,7 @@ first N), each sentence tokenised as the command does. Timed, each from a cleare
   * ``inlp``: the same with INLP (the representation pass, then the classifiers), its two parts timed apart
     (``inlp_representations``, ``inlp_classifiers``).
 
-The goal (issue 46): fitting ≤ 1.5 × one scoring pass. The machine may be shared, so the ratios are given twice: of
+The goal: fitting ≤ 1.5 × one scoring pass. The machine may be shared, so the ratios are given twice: of
 wall time, and of this process's CPU time (``time.process_time``: user + system of every thread), which another
 job's load changes much less. The foreign CPU of every section is recorded (``benchmarks/_common.py``); the wall
 ratios move to ``"void_ratios"`` when it exceeds the threshold (the CPU-time ratios are kept, marked).
