@@ -15,7 +15,8 @@ wall time, and of this process's CPU time (``time.process_time``: user + system 
 job's load changes much less. The foreign CPU of every section is recorded (``benchmarks/_common.py``); the wall
 ratios move to ``"void_ratios"`` when it exceeds the threshold (the CPU-time ratios are kept, marked).
 
-    python benchmarks/bench_training_free.py [--n-sets 200] [--bias religion1] [--iterations 80] [--small]
+    python benchmarks/bench_training_free.py [--n-sets 400 | --n-sets 0 (all)] [--bias religion1] [--iterations 80]
+                                             [--batch-size 32] [--small]
 
 ``--small``: a 2-layer, width-256 model of the same vocabulary (a quick run). The last line is JSON.
 """
@@ -51,7 +52,8 @@ class Clock:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bias", default="religion1")
-    ap.add_argument("--n-sets", type=int, default=None, help="the first N counterfactual sets (default: all)")
+    ap.add_argument("--n-sets", type=int, default=400,
+                    help="the first N counterfactual sets (default 400: about 3 minutes on 2 CPU cores; 0: all)")
     ap.add_argument("--iterations", type=int, default=80, help="INLP's classifiers at most (bias-bench: 80)")
     ap.add_argument("--batch-size", type=int, default=32, help="rows per forward call of both sides")
     ap.add_argument("--small", action="store_true", help="a 2-layer, width-256 model (quick)")
@@ -69,7 +71,7 @@ def main() -> None:
 
     tok = load_tokenizer(str(SHARED / "tokenizers" / "gpt2"))
     _, sets = counterfactual_sets(read_train_phrases(args.bias, SHARED / "redditbias"), bias_spec(args.bias))
-    sets = sets[:args.n_sets]
+    sets = sets[:args.n_sets or None]
     token_sets = [[tok.encode(s) for s in row] for row in sets]
     flat = [t for row in token_sets for t in row]
     cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4) if args.small else GPT2Config()

@@ -10,7 +10,6 @@ import json
 import numpy as np
 import pytest
 
-from rbjax.cli import main
 from rbjax.study.config import load_study
 from rbjax.study.run import estimate_cost, plan_study
 

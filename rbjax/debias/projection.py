@@ -111,15 +111,19 @@ def nullspace_of_bases(bases, d: int) -> tuple[np.ndarray, int]:
     the (d, d) sum of projections: the sum is BᵀB, whose eigenvalues are B's squared singular values, so the same
     rule (keep λ > d·eps·λ_max) keeps the same directions, and ``P = I − QQᵀ`` for Q B's kept right singular
     vectors. An SVD of Σk_i × d instead of d × d: INLP fits one basis per iteration (docs/debiasing.md, "Cost")."""
+    q = _removed_basis(bases, d)
+    return np.eye(d) - q.T @ q, int(q.shape[0])
+
+
+def _removed_basis(bases, d: int) -> np.ndarray:
+    """(k, d) orthonormal rows spanning the removed directions (:func:`nullspace_of_bases`: ``P = I − QᵀQ``)."""
     bases = [np.asarray(b, dtype=np.float64) for b in bases if len(b)]
     if not bases:
-        return np.eye(d), 0
-    b = np.concatenate(bases)
-    _, s, vt = np.linalg.svd(b, full_matrices=False)
+        return np.zeros((0, d))
+    _, s, vt = np.linalg.svd(np.concatenate(bases), full_matrices=False)
     if not s.size or s[0] == 0:
-        return np.eye(d), 0
-    q = vt[s ** 2 > s[0] ** 2 * d * np.finfo(np.float64).eps]
-    return np.eye(d) - q.T @ q, int(q.shape[0])
+        return np.zeros((0, d))
+    return vt[s ** 2 > s[0] ** 2 * d * np.finfo(np.float64).eps]
 
 
 def nullspace_intersection(rowspace_projections, d: int) -> np.ndarray:
@@ -272,23 +276,26 @@ def inlp_projection(x_train, y_train, x_dev, y_dev, *, n_classes: int | None = N
         raise ValueError("INLP: the training rows hold a single class; nothing to classify")
     d = xt.shape[1]
     chance = float(np.bincount(yd, minlength=c).max() / len(yd))
-    p, kept, bases, history, stopped, removed = np.eye(d), [], [], [], "iterations", 0
+    q, kept, bases, history, stopped = np.zeros((0, d)), [], [], [], "iterations"
+    # P x = x − (x Qᵀ) Q with Q the removed directions (nullspace_of_bases): N·d·k a product, not N·d², and no (d, d)
+    # SVD per iteration; P itself is formed once, at the end
     for i in range(1, iterations + 1):
-        w = fit_linear_classifier(xt @ p, yt, c, l2=l2, max_iter=max_iter)
+        xt_p, xd_p = xt - (xt @ q.T) @ q, xd - (xd @ q.T) @ q
+        w = fit_linear_classifier(xt_p, yt, c, l2=l2, max_iter=max_iter)
         w_j = jnp.asarray(w, jnp.float32)
-        tr = float(_accuracy(w_j, jnp.asarray(xt @ p, jnp.float32), jnp.asarray(yt)))
-        dv = float(_accuracy(w_j, jnp.asarray(xd @ p, jnp.float32), jnp.asarray(yd)))
+        tr = float(_accuracy(w_j, jnp.asarray(xt_p, jnp.float32), jnp.asarray(yt)))
+        dv = float(_accuracy(w_j, jnp.asarray(xd_p, jnp.float32), jnp.asarray(yd)))
         at_chance = dv <= chance + epsilon
         if not at_chance:
             kept.append(w)
             bases.append(rowspace_basis(w))
-            p, removed = nullspace_of_bases(bases, d)  # (no (d, d) SVD per iteration: nullspace_of_bases)
+            q = _removed_basis(bases, d)
         history.append({"iteration": i, "train_accuracy": tr, "dev_accuracy": dv, "chance": chance,
-                        "kept": not at_chance, "rank": d - removed})
+                        "kept": not at_chance, "rank": d - int(q.shape[0])})
         if at_chance:
             stopped = "chance"
             break
-    return InlpResult(projection=p, classifiers=kept, history=history, stopped=stopped)
+    return InlpResult(projection=np.eye(d) - q.T @ q, classifiers=kept, history=history, stopped=stopped)
 
 
 # -------------------------------------------------------------------------------------------------- folding

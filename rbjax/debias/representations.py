@@ -61,8 +61,10 @@ def sentence_representations(params, config, token_ids: Sequence[Sequence[int]],
         n_context: per sentence, its leading ids that are context only (chat format: the template's text before
             the sentence, :attr:`rbjax.model.chat.ChatSpan.n_context`): read by the model, left out of the mean.
             ``None``: every id is the sentence's. Not with ``bos_id`` (a chat template writes its own BOS).
-        batch_size: rows per forward call (sentences are right-padded to the batch's longest, rounded up to a
-            multiple of 8 so that few shapes compile; on a mesh, rows padded up to a multiple of its row shards).
+        batch_size: rows per forward call (the sentences are taken in order of length, so that a batch holds
+            sentences of about one length, and right-padded to the batch's longest, rounded up to a multiple of 8 so
+            that few shapes compile; on a mesh, rows padded up to a multiple of its row shards). The result is in
+            the input order.
         normalize: divide each row by its L2 norm (SentenceDebias).
         mesh: a named mesh (:func:`rbjax.core.mesh.mesh_of`) the forward pass runs on, or ``None``: one device.
     Raises:
@@ -88,9 +90,11 @@ def sentence_representations(params, config, token_ids: Sequence[Sequence[int]],
         sizes = mesh_sizes(mesh)
         shards = sizes["data"] * sizes["fsdp"]
         params = jax.device_put(params, tree_shardings(params, mesh, logical_axes_for(config)))
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # little padding (stable: ties in input order)
     out = []
     for start in range(0, len(seqs), batch_size):
-        chunk, cchunk = seqs[start:start + batch_size], ctx[start:start + batch_size]
+        idx = order[start:start + batch_size]
+        chunk, cchunk = [seqs[i] for i in idx], [ctx[i] for i in idx]
         width = max(len(s) for s in chunk)
         width = -(-width // 8) * 8 if limit is None else min(-(-width // 8) * 8, limit)
         n_rows = len(chunk) if mesh is None else -(-len(chunk) // shards) * shards
@@ -109,7 +113,9 @@ def sentence_representations(params, config, token_ids: Sequence[Sequence[int]],
         h = mean_hidden_states(params, batch[0], batch[1], config, precision,
                                None if n_context is None else batch[2])
         out.append(np.asarray(jax.device_get(h), dtype=np.float64)[:len(chunk)])
-    reps = np.concatenate(out) if out else np.zeros((0, config.hidden_size))
+    reps = np.zeros((len(seqs), config.hidden_size))
+    if out:
+        reps[np.asarray(order)] = np.concatenate(out)
     if normalize:
         reps = reps / np.linalg.norm(reps, axis=1, keepdims=True)
     return reps
