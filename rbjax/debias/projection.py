@@ -23,6 +23,7 @@ only the classifier fit runs in JAX.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from functools import partial
 
@@ -265,6 +266,23 @@ def inlp_projection(x_train, y_train, x_dev, y_dev, *, n_classes: int | None = N
     Raises:
         ValueError: mismatched shapes, labels outside [0, C), or fewer than 2 classes in the training rows.
     """
+    with _one_blas_thread():
+        return _inlp(x_train, y_train, x_dev, y_dev, n_classes, iterations, epsilon, l2, max_iter)
+
+
+def _one_blas_thread():
+    """numpy's BLAS/LAPACK on one thread, where ``threadpoolctl`` is installed: INLP alternates an XLA fit with small
+    host SVDs, and right after an XLA computation its idle threads still spin, so a multi-threaded LAPACK call, whose
+    threads meet at a barrier after every BLAS step, waited up to a hundred times longer than on one thread (an SVD of
+    54 × 768: 0.3 s instead of 3 ms on 2 cores; docs/debiasing.md, "Cost")."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - installed with scikit-learn; without it only slower
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _inlp(x_train, y_train, x_dev, y_dev, n_classes, iterations, epsilon, l2, max_iter) -> InlpResult:
     xt, xd = _as_2d(x_train, "x_train"), _as_2d(x_dev, "x_dev")
     yt, yd = np.asarray(y_train, dtype=np.int64), np.asarray(y_dev, dtype=np.int64)
     if xt.shape[1] != xd.shape[1] or len(yt) != len(xt) or len(yd) != len(xd) or not len(xd):
