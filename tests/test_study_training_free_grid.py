@@ -107,3 +107,13 @@ def test_a_grid_of_sentence_debias_and_self_debias_is_selected_on_the_valid_spli
     assert "no LMP budget" in sdb["default"]["rule"] and sdb["default"]["lmp_budget"] is None
     res = json.loads((out / "seed42/religion1/self-debias/sweep/selected_default/results.json").read_text())
     assert res["self_debias"]["decay_constant"] == sdb["default"]["point"]["decay_constant"]
+    # the report's selection table names the value each grid selected (the trained grids' columns stay empty)
+    from rbjax.study.report import _selections
+    data = {"studies": [{"folder": str(out), "config": {"sweep": {"selection": "default"}}}],
+            "baseline": {"lmb": [{"bias_type": "religion1"}]},
+            "runs": {("sentence-debias", "religion1"): {f"{out.name}:42": {"selection": sel}},
+                     ("self-debias", "religion1"): {f"{out.name}:42": {"selection": sdb}}}}
+    _, rows, rules = _selections(data)
+    assert rows[0][0] == f"SentenceDebias (k = {chosen})" and rows[0][3:7] == ["", "", "", ""]
+    assert rows[1][0].startswith("Self-Debias (decay_constant = ") and rows[1][-1] == ""  # no LMP budget
+    assert any("no LMP budget" in r for r in rules)
