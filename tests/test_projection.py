@@ -145,3 +145,19 @@ def test_fold_into_head_gives_the_logits_of_the_projected_state():
         pr.fold_into_head(w, p + np.triu(np.ones((7, 7)), 1))
     with pytest.raises(ValueError, match="not idempotent"):
         pr.fold_into_head(w, 2 * p)
+
+
+def test_nullspace_of_stacked_bases_equals_the_intersection_of_projections():
+    # the INLP update without a (d, d) SVD per iteration: the same projection and rank as nullspace_intersection's
+    # sum of row-space projections, for nearly parallel rows too (the rule keeps the same directions)
+    rng = np.random.default_rng(8)
+    ws = [rng.normal(size=(1, 12)), rng.normal(size=(2, 12))]
+    ws.append(ws[0] + 1e-3 * rng.normal(size=(1, 12)))
+    ws.append(ws[1][:1] * 3.0)  # inside an earlier row space: removes nothing new
+    p, k = pr.nullspace_of_bases([pr.rowspace_basis(w) for w in ws], 12)
+    ref = pr.nullspace_intersection([pr.rowspace_projection(w) for w in ws], 12)
+    np.testing.assert_allclose(p, ref, atol=1e-10)
+    assert k == 4 == 12 - np.linalg.matrix_rank(ref, tol=1e-8)
+    o = scipy.linalg.null_space(np.concatenate(ws))  # by scipy: the common nullspace of all the rows
+    np.testing.assert_allclose(p, o @ o.T, atol=1e-8)
+    assert pr.nullspace_of_bases([], 5)[1] == 0 and np.array_equal(pr.nullspace_of_bases([], 5)[0], np.eye(5))

@@ -82,8 +82,10 @@ def test_self_debias_in_a_study_with_a_mesh():
 
 
 @pytest.mark.parametrize("sets, message", [
-    (['sweep.methods=["inlp"]'], "sweep.methods must be a list of lmd, add, hd, cda, lm (the methods without "
-                                 "training have no grid)"),
+    (['sweep.methods=["inlp"]'], "sweep.methods has inlp, whose grid is over sweep.inlp_iterations: give its "
+                                 "values"),
+    (['sweep.methods=["nope"]'], "sweep.methods must be a list of lmd, add, hd, cda, lm, sentence-debias, inlp, "
+                                 "self-debias"),
     ([_methods(["nope"])], "unknown method(s) ['nope'] (expected lmd, add, hd, cda, lm, sentence-debias, inlp, "
                            "self-debias)"),
 ])

@@ -20,7 +20,7 @@ from rbjax.debias.grid_config import AXES as GRID_AXES
 from rbjax.debias.run import check_own_bias_type_data, debias
 from rbjax.debias.self_debias import METHOD as SELF_DEBIAS, SelfDebiasRun, run_self_debias
 from rbjax.debias.training_free import TRAINING_FREE_METHODS, ProjectionRun, run_training_free
-from rbjax.model.chat import describe_chat
+from rbjax.model.chat import ChatSettings, describe_chat
 from rbjax.model.handle import ModelHandle
 from rbjax.model.memory import plan_for_model
 
@@ -120,8 +120,10 @@ def add_training_free_arguments(p) -> None:
                                               "self-debias; docs/debiasing.md §10-11)"), NoTrainingOptions)
 
 #: the training settings each method without training reads (the others are refused when given: nothing is ignored)
-TRAINING_FREE_SETTINGS = {"sentence-debias": ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed"),
-                          "inlp": ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed"),
+#: (the chat format's settings but --score-end-of-turn, which only scoring reads; --mesh: of the representation pass)
+_PROJECTION_SETTINGS = ("method", "bias_type", "model", "tokenizer", "out_dir", "data_dir", "seed", "mesh", "format",
+                        "role", "system", "prompt", "chat_template")
+TRAINING_FREE_SETTINGS = {"sentence-debias": _PROJECTION_SETTINGS, "inlp": _PROJECTION_SETTINGS,
                           SELF_DEBIAS: ("method", "bias_type", "model", "tokenizer", "out_dir")}
 
 
@@ -153,11 +155,15 @@ def run_without_training(args) -> int:
     cfg = ProjectionRun(method=args.method, bias_type=args.bias_type, model=args.model, tokenizer=args.tokenizer,
                         out_dir=args.out_dir, data_dir=args.data_dir, corpus=args.corpus, pairs=args.pairs, k=args.k,
                         iterations=args.inlp_iterations, epsilon=args.inlp_epsilon,
-                        dev_fraction=args.inlp_dev_fraction, seed=args.seed)
+                        dev_fraction=args.inlp_dev_fraction, seed=args.seed, mesh=args.mesh,
+                        chat=ChatSettings(**{k: getattr(args, k) for k in ("format", "role", "system", "prompt",
+                                                                            "chat_template")}))
     res = run_training_free(cfg, overwrite=args.overwrite)
     pj = res["projection"]
     print(f"{res['method']} on {res['bias_type']}: {res['sets']} counterfactual sets ({', '.join(res['groups'])}); "
           f"removed {pj['removed']} of {pj['dim']} dimensions{'  [reused]' if res.get('reused') else ''}")
+    if res.get("chat"):
+        print(f"  sentences read in the {describe_chat(res['chat'])}")
     print(f"  model: {res['model_dir']}")
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}")
     return 0

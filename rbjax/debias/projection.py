@@ -23,6 +23,7 @@ only the classifier fit runs in JAX.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from functools import partial
 
@@ -33,7 +34,8 @@ import optax
 
 from rbjax.model.registry import family_of_config
 
-__all__ = ["sentence_debias_subspace", "subspace_projection", "rowspace_projection", "nullspace_intersection",
+__all__ = ["sentence_debias_subspace", "subspace_projection", "rowspace_projection", "rowspace_basis",
+           "nullspace_intersection", "nullspace_of_bases",
            "InlpResult", "inlp_projection", "fit_linear_classifier", "split_groups", "check_projection",
            "fold_into_head", "projected_model"]
 
@@ -90,12 +92,39 @@ def subspace_projection(directions) -> np.ndarray:
 def rowspace_projection(w) -> np.ndarray:
     """The orthogonal projection onto the row space of ``w`` ((r, d)), (d, d) float64; zero for a zero ``w``. The
     basis is the left singular vectors of ``wᵀ`` above ``max(shape)·eps·σ_max`` (``scipy.linalg.orth``'s rule)."""
+    basis = rowspace_basis(w)
+    return basis.T @ basis
+
+
+def rowspace_basis(w) -> np.ndarray:
+    """(k, d) orthonormal rows spanning the row space of ``w`` ((r, d)): :func:`rowspace_projection`'s basis
+    (``scipy.linalg.orth``'s rule), none for a zero ``w``."""
     w = _as_2d(w, "w")
     u, s, _ = np.linalg.svd(w.T, full_matrices=False)
     if not s.size or s[0] == 0:
-        return np.zeros((w.shape[1], w.shape[1]))
-    basis = u[:, s > s[0] * max(w.shape) * np.finfo(np.float64).eps]
-    return basis @ basis.T
+        return np.zeros((0, w.shape[1]))
+    return u[:, s > s[0] * max(w.shape) * np.finfo(np.float64).eps].T
+
+
+def nullspace_of_bases(bases, d: int) -> tuple[np.ndarray, int]:
+    """``(P, k)``: :func:`nullspace_intersection` of the row spaces whose orthonormal bases are given (each (k_i, d),
+    :func:`rowspace_basis`), and the dimension k removed, computed from the stacked bases B ((Σk_i, d)) instead of
+    the (d, d) sum of projections: the sum is BᵀB, whose eigenvalues are B's squared singular values, so the same
+    rule (keep λ > d·eps·λ_max) keeps the same directions, and ``P = I − QQᵀ`` for Q B's kept right singular
+    vectors. An SVD of Σk_i × d instead of d × d: INLP fits one basis per iteration (docs/debiasing.md, "Cost")."""
+    q = _removed_basis(bases, d)
+    return np.eye(d) - q.T @ q, int(q.shape[0])
+
+
+def _removed_basis(bases, d: int) -> np.ndarray:
+    """(k, d) orthonormal rows spanning the removed directions (:func:`nullspace_of_bases`: ``P = I − QᵀQ``)."""
+    bases = [np.asarray(b, dtype=np.float64) for b in bases if len(b)]
+    if not bases:
+        return np.zeros((0, d))
+    _, s, vt = np.linalg.svd(np.concatenate(bases), full_matrices=False)
+    if not s.size or s[0] == 0:
+        return np.zeros((0, d))
+    return vt[s ** 2 > s[0] ** 2 * d * np.finfo(np.float64).eps]
 
 
 def nullspace_intersection(rowspace_projections, d: int) -> np.ndarray:
@@ -223,7 +252,8 @@ def inlp_projection(x_train, y_train, x_dev, y_dev, *, n_classes: int | None = N
     kept so far, the identity at first) and measures its accuracy on ``P x_dev``. When that accuracy is at most
     chance + ``epsilon`` (chance: the majority-class rate of ``y_dev``) the classifier is dropped and the loop stops;
     otherwise its row space joins the removed ones and ``P`` becomes the projection onto the intersection of every
-    kept classifier's nullspace (:func:`nullspace_intersection`, recomputed from all of them, not a product). A
+    kept classifier's nullspace (:func:`nullspace_intersection`'s rule, recomputed from all of them, not a product,
+    by :func:`nullspace_of_bases` from their stacked bases). A
     C-class classifier has C − 1 directions, so each kept iteration lowers the rank of ``P`` by up to C − 1 (one for
     a binary one).
 
@@ -236,6 +266,23 @@ def inlp_projection(x_train, y_train, x_dev, y_dev, *, n_classes: int | None = N
     Raises:
         ValueError: mismatched shapes, labels outside [0, C), or fewer than 2 classes in the training rows.
     """
+    with _one_blas_thread():
+        return _inlp(x_train, y_train, x_dev, y_dev, n_classes, iterations, epsilon, l2, max_iter)
+
+
+def _one_blas_thread():
+    """numpy's BLAS/LAPACK on one thread, where ``threadpoolctl`` is installed: INLP alternates an XLA fit with small
+    host SVDs, and right after an XLA computation its idle threads still spin, so a multi-threaded LAPACK call, whose
+    threads meet at a barrier after every BLAS step, waited up to a hundred times longer than on one thread (an SVD of
+    54 × 768: 0.3 s instead of 3 ms on 2 cores; docs/debiasing.md, "Cost")."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - installed with scikit-learn; without it only slower
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _inlp(x_train, y_train, x_dev, y_dev, n_classes, iterations, epsilon, l2, max_iter) -> InlpResult:
     xt, xd = _as_2d(x_train, "x_train"), _as_2d(x_dev, "x_dev")
     yt, yd = np.asarray(y_train, dtype=np.int64), np.asarray(y_dev, dtype=np.int64)
     if xt.shape[1] != xd.shape[1] or len(yt) != len(xt) or len(yd) != len(xd) or not len(xd):
@@ -247,23 +294,26 @@ def inlp_projection(x_train, y_train, x_dev, y_dev, *, n_classes: int | None = N
         raise ValueError("INLP: the training rows hold a single class; nothing to classify")
     d = xt.shape[1]
     chance = float(np.bincount(yd, minlength=c).max() / len(yd))
-    p, kept, rowspaces, history, stopped = np.eye(d), [], [], [], "iterations"
+    q, kept, bases, history, stopped = np.zeros((0, d)), [], [], [], "iterations"
+    # P x = x − (x Qᵀ) Q with Q the removed directions (nullspace_of_bases): N·d·k a product, not N·d², and no (d, d)
+    # SVD per iteration; P itself is formed once, at the end
     for i in range(1, iterations + 1):
-        w = fit_linear_classifier(xt @ p, yt, c, l2=l2, max_iter=max_iter)
+        xt_p, xd_p = xt - (xt @ q.T) @ q, xd - (xd @ q.T) @ q
+        w = fit_linear_classifier(xt_p, yt, c, l2=l2, max_iter=max_iter)
         w_j = jnp.asarray(w, jnp.float32)
-        tr = float(_accuracy(w_j, jnp.asarray(xt @ p, jnp.float32), jnp.asarray(yt)))
-        dv = float(_accuracy(w_j, jnp.asarray(xd @ p, jnp.float32), jnp.asarray(yd)))
+        tr = float(_accuracy(w_j, jnp.asarray(xt_p, jnp.float32), jnp.asarray(yt)))
+        dv = float(_accuracy(w_j, jnp.asarray(xd_p, jnp.float32), jnp.asarray(yd)))
         at_chance = dv <= chance + epsilon
         if not at_chance:
             kept.append(w)
-            rowspaces.append(rowspace_projection(w))
-            p = nullspace_intersection(rowspaces, d)
+            bases.append(rowspace_basis(w))
+            q = _removed_basis(bases, d)
         history.append({"iteration": i, "train_accuracy": tr, "dev_accuracy": dv, "chance": chance,
-                        "kept": not at_chance, "rank": int(np.linalg.matrix_rank(p, tol=1e-8))})
+                        "kept": not at_chance, "rank": d - int(q.shape[0])})
         if at_chance:
             stopped = "chance"
             break
-    return InlpResult(projection=p, classifiers=kept, history=history, stopped=stopped)
+    return InlpResult(projection=np.eye(d) - q.T @ q, classifiers=kept, history=history, stopped=stopped)
 
 
 # -------------------------------------------------------------------------------------------------- folding

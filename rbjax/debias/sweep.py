@@ -148,14 +148,16 @@ def _dev_pairs(bias_type: str, split: str, data, max_pairs: int | None):
 
 def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str = "valid", batch_size: int = 64,
             n_bootstrap: int = 1000, seed: int = 0, max_pairs: int | None = None, stacked: bool = False,
-            chat=None):
+            chat=None, scorer=None):
     """LMB of in-memory params on one bias type's dev (valid) pairs (paper §3.1), without exporting a model.
 
     The same path as :func:`rbjax.lmb.measure.measure_bias` (pair-prefix scoring →
     :func:`~rbjax.lmb.measure.pair_statistics`); with ``stacked`` the params carry a leading model axis and all
     models are scored in one vmapped pass. ``max_pairs`` scores only the first N pairs (smoke runs; not the paper's
     statistic). ``chat``: a :class:`rbjax.model.chat.ChatTurns`: each phrase scored as its turn of the chat (the
-    format the run trained in; only the phrase's tokens scored), ``None``: bare text.
+    format the run trained in; only the phrase's tokens scored), ``None``: bare text. ``scorer``: a scorer of the
+    model's own to score with instead of a :class:`~rbjax.lmb.perplexity.PerplexityScorer` of ``params`` (a
+    Self-Debias model's :class:`rbjax.lmb.self_debias.SelfDebiasScorer`, built with the same BOS rule).
 
     Returns:
         ``{t_value, p_value, n_pairs, n_pairs_after_outliers, significant, direction, cohens_d_paired,
@@ -169,8 +171,9 @@ def dev_lmb(params, config, tokenizer, bias_type: str, data=None, *, split: str 
     pairs = _dev_pairs(bias_type, split, data, max_pairs)
     # phrases scored as the model's own tokenizer encodes them (a BOS before each where it adds one), as measure does
     # (in the chat format the template writes the BOS where the model has one)
-    scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
-                              bos_id=tokenizer.default_bos_id if chat is None else None)
+    if scorer is None:
+        scorer = PerplexityScorer(params, config, batch_size=batch_size, stacked=stacked,
+                                  bos_id=tokenizer.default_bos_id if chat is None else None)
     out = []
     for b, c, notes in pair_perplexities_of_models(scorer, tokenizer, pairs, skip_unscorable=True, chat=chat):
         st, _ = pair_statistics(b, c, notes, n_bootstrap=n_bootstrap, seed=seed)

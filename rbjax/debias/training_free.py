@@ -23,6 +23,7 @@ import io
 import os
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from rbjax.core.io import atomic_folder, atomic_write_json, atomic_write_text
@@ -32,7 +33,9 @@ from rbjax.data.swap import swap_targets
 from rbjax.debias import projection as pr
 from rbjax.debias.cda import read_train_phrases
 from rbjax.debias.config import bias_spec, resolve_bias_type
+from rbjax.core.mesh import mesh_of
 from rbjax.debias.representations import sentence_representations
+from rbjax.model.chat import ChatSettings
 from rbjax.model.handle import ModelHandle
 from rbjax.model.hf import save_pretrained
 
@@ -56,6 +59,13 @@ class ProjectionRun:
         iterations: INLP's classifiers at most (bias-bench: 80). epsilon: INLP stops once a classifier's held-out
             accuracy is within this of chance. dev_fraction: INLP's held-out share of the sets. seed: of INLP's split.
         bos: the BOS policy (``None``: as the model's tokenizer encodes a text). batch_size: rows per forward call.
+        chat: the format the sentences are read in (:class:`rbjax.model.chat.ChatSettings`; default raw): in the
+            chat format each sentence is a turn of the model's chat template, as LMB scoring renders a phrase, and
+            its representation is the mean over its own tokens (the template's are context). ``score_end_of_turn``
+            is a scoring setting and is refused; so is ``bos`` (the template writes the BOS).
+        mesh: the device mesh of the representation pass (``"data=8"``, ``"data=2,fsdp=2,tensor=2"``;
+            :func:`rbjax.core.mesh.mesh_of`), or ``None``: one device. It changes where the pass runs, not what
+            it computes (not a setting of the projection: it is recorded, not keyed).
     """
 
     method: str
@@ -73,6 +83,8 @@ class ProjectionRun:
     seed: int = 0
     bos: bool | None = None
     batch_size: int = 32
+    chat: ChatSettings = ChatSettings()
+    mesh: str | None = None
 
     def __post_init__(self):
         if self.method not in TRAINING_FREE_METHODS:
@@ -87,13 +99,26 @@ class ProjectionRun:
             raise ValueError(f"dev_fraction must lie in (0, 1), got {self.dev_fraction}")
         if self.epsilon < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        if not isinstance(self.chat, ChatSettings):
+            raise TypeError(f"chat must be a ChatSettings, got {type(self.chat).__name__}")
+        self.chat.check_chat_settings()
+        if self.chat.score_end_of_turn:
+            raise ValueError("score_end_of_turn is a scoring setting: a sentence's representation is the mean over "
+                             "its own tokens (leave --score-end-of-turn out)")
+        if self.chat.is_chat and self.bos is not None:
+            raise ValueError("bos has no effect in the chat format: the chat template writes the BOS")
         object.__setattr__(self, "bias_type", resolve_bias_type(self.bias_type))
 
     def settings(self) -> dict:
-        """What defines the projection (recorded; the output folder and batch size excluded)."""
+        """What defines the projection (recorded; the output folder, batch size and mesh excluded). In the chat
+        format: ``format = "chat"`` and the format's settings (``role``, ``system``, ``prompt``,
+        ``chat_template``); a raw-format run records none of them (its key is what it was before the chat format
+        existed)."""
         d = dataclasses.asdict(self)
-        for k in ("out_dir", "batch_size"):
+        for k in ("out_dir", "batch_size", "mesh", "chat"):
             d.pop(k)
+        if self.chat.is_chat:
+            d.update({k: getattr(self.chat, k) for k in ("format", "role", "system", "prompt", "chat_template")})
         if self.method == "sentence-debias":
             for k in ("iterations", "epsilon", "dev_fraction", "seed"):
                 d.pop(k)
@@ -164,15 +189,19 @@ def pairs_csv_text(groups: list[str], sets: list[list[str]]) -> str:
 
 
 def fit_projection(cfg: ProjectionRun, params, config, token_sets: list[list[list[int]]], *,
-                   bos_id: int | None) -> tuple[np.ndarray, np.ndarray, dict]:
+                   bos_id: int | None, n_context: list[list[int]] | None = None,
+                   mesh=None) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(P, removed rows, record)`` of the method on tokenised sets (``token_sets[i][g]``: set i's sentence of group
-    g). SentenceDebias: L2-normalised representations, :func:`rbjax.debias.projection.sentence_debias_subspace`;
-    INLP: plain mean representations labelled by group, sets split by :func:`rbjax.debias.projection.split_groups`,
-    :func:`rbjax.debias.projection.inlp_projection`."""
+    g; in the chat format its rendered chat up to the sentence's end, ``n_context[i][g]`` leading ids of them the
+    template's). SentenceDebias: L2-normalised representations,
+    :func:`rbjax.debias.projection.sentence_debias_subspace`; INLP: plain mean representations labelled by group,
+    sets split by :func:`rbjax.debias.projection.split_groups`, :func:`rbjax.debias.projection.inlp_projection`.
+    ``mesh``: the representation pass's (:func:`rbjax.debias.representations.sentence_representations`)."""
     G = len(token_sets[0])
     flat = [s[g] for g in range(G) for s in token_sets]
+    ctx = None if n_context is None else [c[g] for g in range(G) for c in n_context]
     reps = sentence_representations(params, config, flat, bos_id=bos_id, batch_size=cfg.batch_size,
-                                    normalize=cfg.method == "sentence-debias")
+                                    normalize=cfg.method == "sentence-debias", n_context=ctx, mesh=mesh)
     reps = reps.reshape(G, len(token_sets), -1)
     if cfg.method == "sentence-debias":
         v = pr.sentence_debias_subspace(reps, k=cfg.k)
@@ -211,19 +240,29 @@ def run_training_free(cfg: ProjectionRun, *, overwrite: bool = False) -> dict:
         groups, sets = counterfactual_sets(sentences, spec)
         source = {"corpus": str(cfg.corpus) if cfg.corpus else f"{cfg.bias_type} training phrases"}
     pairs_text = pairs_csv_text(groups, sets)
+    turns = cfg.chat.chat_turns(tok)  # the chat format: each sentence a turn of the model's template (None: raw)
     key = {"method": cfg.method, "settings": cfg.settings(), "model": handle.digest,
            "tokenizer": handle.tokenizer_digest, "pairs": hashlib.sha256(pairs_text.encode()).hexdigest(),
-           "bos": handle.resolve_bos(cfg.bos)}
+           "bos": handle.resolve_bos(cfg.bos) if turns is None else None,
+           **({"chat": turns.key()} if turns is not None else {})}
     prev = None if overwrite else stored_run(out, key, cfg.method)
     if prev is not None:
         return prev
-    config, params, _ = handle.load()
-    bos_id = handle.bos_id(cfg.bos)
-    token_sets = [[tok.encode(s) for s in row] for row in sets]
+    mesh = mesh_of(cfg.mesh)
+    config, params, _ = handle.load(mesh=mesh)
+    if turns is None:
+        bos_id, n_context = handle.bos_id(cfg.bos), None
+        token_sets = [[tok.encode(s) for s in row] for row in sets]
+    else:  # the rendered chat up to each sentence's end; the mean over its own tokens (as LMB scores a phrase)
+        bos_id = None
+        spans = [turns.encode(row) for row in sets]
+        token_sets = [[list(sp.ids) for sp in row] for row in spans]
+        n_context = [[sp.n_context for sp in row] for row in spans]
     for i, row in enumerate(token_sets):
-        if any(not t for t in row):
-            raise ValueError(f"set {i + 1} ({row!r}) has a sentence without tokens")
-    p, removed, fit = fit_projection(cfg, params, config, token_sets, bos_id=bos_id)
+        if any(len(t) <= (0 if n_context is None else n_context[i][g]) for g, t in enumerate(row)):
+            raise ValueError(f"set {i + 1} ({sets[i]!r}) has a sentence without tokens")
+    p, removed, fit = fit_projection(cfg, params, config, token_sets, bos_id=bos_id, n_context=n_context, mesh=mesh)
+    params = jax.device_get(params)  # (on a mesh: its slices gathered to fold the head and save)
     dparams, dconfig = pr.projected_model(params, config, p)
     res = {"status": "done", "method": cfg.method, "bias_type": cfg.bias_type, "training_free": True,
            "groups": groups, "sets": len(sets), "source": source, "settings": cfg.settings(), "key": key,
@@ -232,7 +271,9 @@ def run_training_free(cfg: ProjectionRun, *, overwrite: bool = False) -> dict:
                           "removed": int(p.shape[0] - np.linalg.matrix_rank(p, tol=1e-8)),
                           "applied_to": "the final hidden state (after the final norm, before the LM head), "
                                         "folded into the LM head as W·P"},
-           "fit": fit}
+           "fit": fit, "format": cfg.chat.format, "mesh": cfg.mesh}
+    if turns is not None:  # as a trained run's results.json records its format
+        res["chat"] = turns.record(sets[0][0])
     with atomic_folder(out) as tmp:  # the run written whole, then put in place: an earlier one never survives in part
         np.save(tmp / "projection.npy", p)
         np.save(tmp / "subspace.npy", removed)

@@ -19,6 +19,8 @@
     methods = ["lmd", "add", "hd"]           # methods with a grid; the others train once with their defaults
     batch_size = [4, 8, 16]  …  selection = "default" | "reference"; lmp_tolerance; dev_max_pairs; n_bootstrap;
     grid_chunk; executor = "local" | "ray"; ray_address
+    k = [1, 2]  inlp_iterations = [10, 80]  decay_constant = [10, 50]   # the small grids of the methods without
+                                            # training (each with its method in methods; none by default)
     [measure]       # MeasureConfig fields (split = "test", n_bootstrap, batch_size, bos, …); precision and mesh: [study]
     [dialog]        # tasks = ["lmp", "dst", "crg"] and each task's settings (lmp = {...}, dst = {...}, crg = {...}); mesh: [study]
     [benchmarks]    # pair benchmarks on the baseline and every debiased model (docs/pairs.md): crows_pairs = true,
@@ -69,10 +71,15 @@ from rbjax.model.chat import ChatSettings
 from rbjax.model.registry import family_of
 
 __all__ = ["StudyConfig", "StudySettings", "BenchmarksSettings", "load_study", "parse_override", "STUDY_METHODS",
-           "NO_TRAINING_METHODS", "SEED_FREE_METHODS"]
+           "NO_TRAINING_METHODS", "NO_TRAINING_GRID", "SEED_FREE_METHODS"]
 
-#: the debiasing methods without training (docs/debiasing.md §10–11): run once with their defaults, no grid
+#: the debiasing methods without training (docs/debiasing.md §10–11): run once with their defaults, or over a small
+#: grid of their own (:data:`NO_TRAINING_GRID`)
 NO_TRAINING_METHODS = (*TRAINING_FREE_METHODS, SELF_DEBIAS)
+#: the one grid axis of each method without training: ``[sweep]`` key → (the setting of its run, the values' kind);
+#: SentenceDebias's subspace size k, INLP's classifiers at most, Self-Debias's decay constant λ
+NO_TRAINING_GRID = {"sentence-debias": ("k", "k", "int"), "inlp": ("inlp_iterations", "iterations", "int"),
+                    SELF_DEBIAS: ("decay_constant", "decay_constant", "positive number")}
 #: the methods a study takes: the trained ones and those without training
 STUDY_METHODS = (*METHODS, *NO_TRAINING_METHODS)
 #: the methods whose result does not depend on a seed (SentenceDebias, Self-Debias): run once, under the study's
@@ -166,7 +173,8 @@ SECTIONS = ("study", "training", "sweep", "measure", "dialog", "benchmarks")
 STUDY_KEYS = {f.name for f in dataclasses.fields(StudySettings)}
 #: [sweep]: the grid's axes, the methods with a grid, the selection the study goes on with, and SweepConfig's fields
 #: (but ``final``: the study retrains nothing, it measures the selected point)
-SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID} | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
+SWEEP_KEYS = ({"methods", "selection", *PAPER_GRID, *(a for a, _, _ in NO_TRAINING_GRID.values())}
+              | {f.name for f in dataclasses.fields(SweepConfig)}) - {"final"}
 #: the format settings, which [study] sets for every stage (training, measure, dialog)
 CHAT_KEYS = {f.name for f in dataclasses.fields(ChatSettings)}
 #: [measure] takes MeasureConfig's fields but precision and mesh, which [study] sets for every stage; its format keys
@@ -354,6 +362,12 @@ class StudyConfig:
     def is_chat(self) -> bool:
         return self.settings.is_chat
 
+    def projection_chat(self) -> ChatSettings:
+        """The format SentenceDebias and INLP read their sentences in: [study]'s (its scoring-only
+        ``score_end_of_turn`` left out: a representation is the mean over a sentence's own tokens)."""
+        c = {k: v for k, v in self.chat.items() if k != "score_end_of_turn"}
+        return ChatSettings(**c) if self.is_chat else ChatSettings()
+
     def chat_key(self) -> dict:
         """What the format adds to a stage's key: nothing in the raw format (the keys of raw-format studies are what
         they were), the format settings in the chat format."""
@@ -397,6 +411,14 @@ class StudyConfig:
                         "data_dir": self._resolve(b.get("bbq_dir")),
                         "categories": list(b.get("bbq_categories") or []) or "all"})
         return out
+
+    def no_training_grid(self, method: str) -> tuple[str, list] | None:
+        """``(the run's setting, its values)`` of a method without training that has a grid (in ``[sweep] methods``,
+        its axis given: ``k``, ``inlp_iterations`` or ``decay_constant``), else ``None`` (one run, its defaults)."""
+        if method not in NO_TRAINING_GRID or method not in self.sweep["methods"]:
+            return None
+        key, setting, _ = NO_TRAINING_GRID[method]
+        return setting, list(self.sweep[key])
 
     def grid(self) -> dict:
         g = {k: self.sweep.get(k, v) for k, v in PAPER_GRID.items()}
@@ -507,16 +529,18 @@ class StudyConfig:
                 key = next((k for k in self.training if re.search(rf"\b{re.escape(k)}\b", msg)), None)
                 raise ValueError(f"{self.where('training', key)}: {msg}") from None
 
-    def _validate_no_training(self, method: str) -> None:
-        """A method without training ([training] does not apply to it) on every debiased type, with its defaults:
-        Self-Debias needs a default prefix for each type (a spec file has none)."""
+    def _validate_no_training(self, method: str, **setting) -> None:
+        """A method without training ([training] does not apply to it) on every debiased type, with its defaults (or
+        ``setting``, a grid point's) and, for SentenceDebias and INLP, the study's format: Self-Debias needs a
+        default prefix for each type (a spec file has none)."""
         where = self.where("study", "methods")
         for b in self.debias_types:
             try:
                 if method == SELF_DEBIAS:
-                    SelfDebiasRun(bias_type=b, model="m", out_dir="o")
+                    SelfDebiasRun(bias_type=b, model="m", out_dir="o", **setting)
                 else:
-                    ProjectionRun(method=method, bias_type=b, model="m", out_dir="o")
+                    ProjectionRun(method=method, bias_type=b, model="m", out_dir="o", chat=self.projection_chat(),
+                                  **setting)
             except (ValueError, FileNotFoundError) as e:
                 raise ValueError(f"{where}: {method} on the debiased type {b}: {e}") from None
 
@@ -533,10 +557,28 @@ class StudyConfig:
                 words = "positive integers" if ints else "finite numbers >= 0"
                 raise ValueError(f"{self.where('sweep', k)}: sweep.{k} must be a non-empty list of {words}, got {v!r}")
         if "methods" in sw:
-            if not isinstance(sw["methods"], list) or any(m not in METHODS for m in sw["methods"]):
+            if not isinstance(sw["methods"], list) or any(m not in STUDY_METHODS for m in sw["methods"]):
                 raise ValueError(f"{self.where('sweep', 'methods')}: sweep.methods must be a list of "
-                                 f"{', '.join(METHODS)} (the methods without training have no grid), got "
-                                 f"{sw['methods']!r}")
+                                 f"{', '.join(STUDY_METHODS)}, got {sw['methods']!r}")
+        methods = self.sweep["methods"]
+        for m, (key, setting, kind) in NO_TRAINING_GRID.items():
+            if (m in methods) != (key in sw):  # a grid without its values, or values no grid reads
+                raise ValueError(f"{self.where('sweep', key if key in sw else 'methods')}: " + (
+                    f"sweep.methods has {m}, whose grid is over sweep.{key}: give its values, e.g. "
+                    f"{key} = {[1, 2] if kind == 'int' else [10, 50]}" if m in methods else
+                    f"sweep.{key} is the grid of {m}, which sweep.methods does not name (add it there)"))
+            if key not in sw:
+                continue
+            v = sw[key]
+            ok = isinstance(v, list) and v and len(set(v)) == len(v) and all(
+                (_is_int(x) and x >= 1) if kind == "int" else (_is_num(x) and math.isfinite(x) and x > 0) for x in v)
+            if not ok:
+                words = "distinct integers >= 1" if kind == "int" else "distinct finite numbers > 0"
+                raise ValueError(f"{self.where('sweep', key)}: sweep.{key} must be a non-empty list of {words}, "
+                                 f"got {v!r}")
+            if m in self.methods:
+                for x in v:  # every point as its run takes it (SentenceDebias's k is checked against the data later)
+                    self._validate_no_training(m, **{setting: x})
         if "selection" in sw and sw["selection"] not in ("default", "reference"):
             raise ValueError(f"{self.where('sweep', 'selection')}: sweep.selection must be 'default' or 'reference', "
                              f"got {sw['selection']!r}")

@@ -741,7 +741,10 @@ def _selections(data: dict) -> tuple[list[str], list[list[str]], list[str]]:
             if chosen.get("rule") and chosen["rule"] not in rules:
                 rules.append(chosen["rule"])
             budget = chosen.get("constraint_met")
-            rows.append([METHOD_NAMES.get(method, method), debiased, seed.split(":")[-1], str(pt.get("batch_size", "")),
+            own = ", ".join(f"{k} = {v:g}" for k, v in pt.items()  # a method without training: its grid's setting
+                            if k not in ("batch_size", "grad_accum", "lambda_lm", "lambda_d"))
+            name = METHOD_NAMES.get(method, method) + (f" ({own})" if own else "")
+            rows.append([name, debiased, seed.split(":")[-1], str(pt.get("batch_size", "")),
                          str(pt.get("grad_accum", "")), f"{pt['lambda_lm']:g}" if "lambda_lm" in pt else "",
                          f"{pt['lambda_d']:g}" if "lambda_d" in pt else "", _fmt(dev.get("t_value")),
                          _fmt(dev.get("p_value"), ".2e"), _fmt(chosen.get("lmp"), ".1f"),

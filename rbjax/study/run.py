@@ -12,6 +12,10 @@ Stages (in order; folders under ``OUT``)::
                                   Self-Debias, docs/debiasing.md §10–11): one run with their defaults, no
                                   grid (kind "debias"; SentenceDebias and Self-Debias, which no seed
                                   changes, under the first seed only)                   rbjax debias --method
+    seed<S>/<type>/<method>/sweep      a method without training with a grid of its own ([sweep] methods and k,
+                                  inlp_iterations or decay_constant): a run per value, each measured on the
+                                  valid split (dev LMB, LMP), selected by the sweeps' rule, the selected
+                                  value run again into sweep/selected_<rule> (kind "debias")
     seed<S>/<type>/<method>/lmb_test   the debiased model measured on ALL bias types (test split)
     seed<S>/<type>/<method>/dialog     LMP, DST, CRG of the debiased model (Self-Debias: LMP and CRG with the
                                        rescaled distribution, no DST — its classifier never reads the next-token
@@ -62,6 +66,8 @@ from rbjax.model.hf import resolve_model_dir, save_pretrained
 from rbjax.model.memory import flops_per_token
 from rbjax.model.self_debias import CATEGORY_PREFIXES, default_prefixes
 from rbjax.model.registry import family_of_config
+from rbjax.model.chat import ChatSettings
+from rbjax.study.tuning import PointEvaluation, select_no_training, write_selection
 from rbjax.study.config import NO_TRAINING_METHODS, SEED_FREE_METHODS, StudyConfig
 from rbjax.study.report import write_report
 
@@ -140,7 +146,12 @@ class _Study:
         return DebiasRun.from_flat(kw)
 
     def _grid_methods(self) -> list[str]:
-        return [m for m in self.cfg.methods if m in self.cfg.sweep["methods"]]
+        """The trained methods with a grid (``rbjax sweep``)."""
+        return [m for m in self.cfg.methods if m in self.cfg.sweep["methods"] and m not in NO_TRAINING_METHODS]
+
+    def _no_training_grid(self, method: str) -> bool:
+        """A method without training that has a grid of its own (:meth:`StudyConfig.no_training_grid`)."""
+        return self.cfg.no_training_grid(method) is not None
 
     def _single_methods(self) -> list[str]:
         return [m for m in self.cfg.methods if m not in self.cfg.sweep["methods"] and m not in NO_TRAINING_METHODS]
@@ -161,6 +172,9 @@ class _Study:
         f = self.run_folder(seed, bias_type, method)
         if method in self._grid_methods():
             return f / "sweep" / f"selected_{self.cfg.sweep['selection']}" / "model"
+        if self._no_training_grid(method):  # the selected value's run (Self-Debias: the folder itself)
+            sel = f / "sweep" / f"selected_{self.cfg.sweep['selection']}"
+            return sel if method == SELF_DEBIAS else sel / "model"
         if method == SELF_DEBIAS:  # no weights: the run folder is the base model with the rescaled distribution
             return f / "run"
         return f / "run" / "model"
@@ -267,25 +281,58 @@ class _Study:
                     replace_other_inputs=True)  # the study owns its folders: a changed setting trains again
         return {"updates": res["training"]["updates"], "model_dir": res.get("model_dir")}
 
-    def _no_training_run(self, seed: int, bias_type: str, method: str):
-        """The run of a method without training with its defaults (INLP's split seeded by ``seed``)."""
-        out = str(self.run_folder(seed, bias_type, method) / "run")
+    def _no_training_run(self, seed: int, bias_type: str, method: str, out: Path | None = None, **setting):
+        """The run of a method without training with its defaults, or ``setting`` (a grid point's), into ``out``
+        (default: the method's ``run`` folder); INLP's split seeded by ``seed``; SentenceDebias and INLP read their
+        sentences in the study's format (:meth:`StudyConfig.projection_chat`) and fit on [study] mesh."""
+        out = str(out if out is not None else self.run_folder(seed, bias_type, method) / "run")
         if method == SELF_DEBIAS:
-            return SelfDebiasRun(bias_type=bias_type, model=self.model, out_dir=out, tokenizer=self._tok_for(self.model))
+            return SelfDebiasRun(bias_type=bias_type, model=self.model, out_dir=out, tokenizer=self._tok_for(self.model),
+                                 **setting)
         return ProjectionRun(method=method, bias_type=bias_type, model=self.model, out_dir=out,
                              tokenizer=self._tok_for(self.model), data_dir=self.cfg.data_dir,
-                             **({"seed": seed} if method == "inlp" else {}))
+                             chat=self.cfg.projection_chat(), mesh=self.cfg.mesh,
+                             **({"seed": seed} if method == "inlp" else {}), **setting)
+
+    @staticmethod
+    def _run_without_training(cfg) -> dict:
+        run = run_self_debias if isinstance(cfg, SelfDebiasRun) else run_training_free
+        try:  # a finished run with the same inputs is reused ...
+            return run(cfg)
+        except FileExistsError:  # ... one with other inputs replaced: the study owns its folders
+            return run(cfg, overwrite=True)
 
     def _debias_without_training(self, seed: int, bias_type: str, method: str) -> dict:
-        cfg = self._no_training_run(seed, bias_type, method)
-        run = run_self_debias if method == SELF_DEBIAS else run_training_free
-        try:  # a finished run with the same inputs is reused ...
-            res = run(cfg)
-        except FileExistsError:  # ... one with other inputs replaced: the study owns its folders
-            res = run(cfg, overwrite=True)
+        res = self._run_without_training(self._no_training_run(seed, bias_type, method))
         fit = {k: v for k, v in (res.get("fit") or {}).items() if k != "history"}
         return {"method": method, "training_free": True, "reused": bool(res.get("reused")),
                 "model_dir": res.get("model_dir"), **({"fit": fit} if fit else {})}
+
+    def _no_training_sweep(self, seed: int, bias_type: str, method: str) -> dict:
+        """The small grid of a method without training (docs/debiasing.md §10, "A grid in the study"): one run per
+        value in ``sweep/points/<setting>=<value>``, each measured on the valid split of ``bias_type`` as the
+        trained methods' grid points are (:func:`rbjax.study.tuning.evaluate_point`: dev LMB, LMP), selected by
+        the same rules (:func:`rbjax.debias.sweep.select`), the study's rule's value run again into
+        ``sweep/selected_<rule>``. ``sweep/selection.json`` and ``sweep/sweep.csv`` as a sweep writes them."""
+        setting, values = self.cfg.no_training_grid(method)
+        folder = self.run_folder(seed, bias_type, method) / "sweep"
+        ev = PointEvaluation.of(self._train_base("lmd", bias_type, seed, folder), self.cfg.sweep_config(),
+                                chat=ChatSettings(**self.cfg.chat) if self.cfg.is_chat else None)  # as measured
+        records = []
+        for v in values:
+            pid = f"{setting}={v:g}" if isinstance(v, float) else f"{setting}={v}"
+            res = self._run_without_training(self._no_training_run(seed, bias_type, method, folder / "points" / pid,
+                                                                   **{setting: v}))
+            dev, lmp = ev.evaluate(folder / "points" / pid)
+            records.append({"id": pid, "point": {setting: v}, "dev": dev, "lmp": lmp,
+                            "fit": {k: x for k, x in (res.get("fit") or {}).items() if k != "history"}})
+        sel = select_no_training(records, ev, method, self.cfg.sweep)
+        rule = self.cfg.sweep["selection"]
+        final = self._no_training_run(seed, bias_type, method, folder / f"selected_{rule}", **sel[rule]["point"])
+        self._run_without_training(final)
+        sel[rule]["final"] = {"out_dir": final.out_dir}
+        write_selection(folder, sel, records)
+        return {"selected": sel[rule]["id"], "n_runs": len(records)}
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def _training_key(self, seed: int) -> dict:
@@ -298,7 +345,19 @@ class _Study:
         settings = dataclasses.asdict(cfg)
         settings.pop("out_dir")
         settings.update(model=_model_digest(self.model))
-        return {"method": method, "type": bias_type, "settings": settings, "seed": seed}
+        for k, default in (("chat", dataclasses.asdict(ChatSettings())), ("mesh", None)):
+            if settings.get(k, default) == default:  # a raw-format, one-device study's key is what it was
+                settings.pop(k, None)
+        key = {"method": method, "type": bias_type, "settings": settings, "seed": seed}
+        if self._no_training_grid(method):  # the grid, how its points are measured and selected
+            sw = self.cfg.sweep
+            key["grid"] = {"values": self.cfg.no_training_grid(method),
+                           "sweep": {k: sw.get(k) for k in ("selection", "lmp_tolerance", "n_bootstrap",
+                                                            "dev_max_pairs")},
+                           "lmp": {k: self.cfg.training.get(k) for k in ("lmp_file", "lmp_max_lines", "block_size",
+                                                                          "eval_batch_size")},
+                           "data_dir": self.cfg.data_dir, "precision": self.cfg.precision}
+        return key
 
     # -- the plan -----------------------------------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -338,6 +397,12 @@ class _Study:
                                     training_runs=1))
             for b in cfg.debias_types:
                 for m in self._no_training_methods(seed):
+                    if self._no_training_grid(m):  # a small grid of its own, selected on the valid split
+                        st.append(Stage(f"seed{seed}/{Path(b).stem}/{m}/sweep", "debias",
+                                        self.run_folder(seed, b, m) / "sweep",
+                                        (lambda s=seed, b=b, m=m: self._no_training_sweep(s, b, m)),
+                                        (lambda s=seed, b=b, m=m: self._no_training_key(s, b, m))))
+                        continue
                     st.append(Stage(f"seed{seed}/{Path(b).stem}/{m}/run", "debias", self.run_folder(seed, b, m) / "run",
                                     (lambda s=seed, b=b, m=m: self._debias_without_training(s, b, m)),
                                     (lambda s=seed, b=b, m=m: self._no_training_key(s, b, m))))
@@ -459,13 +524,21 @@ def estimate_cost(cfg: StudyConfig, costs: dict | None = None) -> dict:
     n_models = 1 + n_types * sum(seeds_of(m) for m in cfg.methods)
     # the counterfactual sets' sentences of SentenceDebias and INLP, one forward pass each (at most every line of the
     # debiased type and its swapped twin)
-    fit_scored = sum(seeds_of(m) * 2 * TRAIN_LINES.get(b, 720) for m in cfg.methods if m in TRAINING_FREE
-                     for b in cfg.debias_types)
+    def fits_of(m: str) -> int:  # a grid of its own: a fit per value and the selected value's again
+        g = cfg.no_training_grid(m)
+        return 1 if g is None else len(g[1]) + 1
+
+    fit_scored = sum(seeds_of(m) * fits_of(m) * 2 * TRAIN_LINES.get(b, 720) for m in cfg.methods
+                     if m in TRAINING_FREE for b in cfg.debias_types)
     # Self-Debias: every phrase its model is measured on once more per prefix (the scorer's extra passes)
     extra_passes = sum(len(default_prefixes(b)) if b in CATEGORY_PREFIXES else 1 for b in cfg.debias_types) \
         if SELF_DEBIAS in cfg.methods else 0
     dev_scored = n_seeds * sum(len(grid_points(m, cfg.grid())[:cfg.sweep.get("max_points")])
-                               for m in cfg.methods if m in cfg.sweep["methods"]) * n_types * 2 * 480
+                               for m in cfg.methods if m in cfg.sweep["methods"] and m not in NO_TRAINING_METHODS
+                               ) * n_types * 2 * 480
+    # the grids of the methods without training: each value's model and the starting model on the valid pairs
+    dev_scored += sum(seeds_of(m) * (len(cfg.no_training_grid(m)[1]) + 1) for m in cfg.methods
+                      if m in NO_TRAINING_METHODS and cfg.no_training_grid(m)) * n_types * 2 * 480
     per_model = PHRASES.get(cfg.measure["split"], 2432) * len(cfg.bias_types) / 5
     test_scored = (n_models + extra_passes) * per_model + fit_scored
     # [benchmarks]: each pair's two sentences, twice where the two conventions need two passes (GPT-2); CrowS-Pairs
