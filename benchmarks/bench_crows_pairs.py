@@ -22,10 +22,10 @@ sections (``"load"``, ``benchmarks/_common.py``).
 
 The work each side does, counted without timing anything (``"work"`` in the JSON; load-independent): rbjax's slots
 (padding included) and LM-head rows from the scorer's own accounting (``last_stats``); lm-evaluation-harness's for
-each batch size as it batches (requests sorted by length, longest first, each batch right-padded to its longest
-input; the head and a full-vocabulary ``log_softmax`` on every slot); the matmul FLOPs of both by one model
-(:func:`matmul_flops`); and the floor of any exact method: a trie of all 3,016 sentences (each distinct prefix run
-once, the head on every prefix that predicts a token, no padding; :func:`trie_floor`). With equal speed per FLOP,
+each batch size as it batches (:func:`lm_eval_batches`: identical model inputs once, sorted by length, longest
+first, each batch right-padded to its longest input; the head and a full-vocabulary ``log_softmax`` on every slot); the matmul FLOPs of both by one model
+(:func:`matmul_flops`); and the floor of any exact method: a trie of all 3,016 sentences (each distinct prefix that
+predicts a token run once, its head row once, no padding; :func:`trie_floor`). With equal speed per FLOP,
 the wall ratio is the FLOP ratio; against the trie floor no exact packing can do better.
 
     python benchmarks/bench_crows_pairs.py [--rounds 3] [--lm-eval-batch 1 16 64] [--batch-size 64]
@@ -60,12 +60,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def lm_eval_batches(lengths, batch_size: int) -> list[tuple[int, int]]:
-    """``[(rows, padded length)]`` of lm-evaluation-harness's ``loglikelihood`` batches (``HFLM``): requests
-    sorted by input length, longest first (its ``Collator``), cut into batches of ``batch_size``, each right-padded
-    to its longest input. ``lengths``: each request's input length (an empty context: the sentence's tokens)."""
-    order = sorted((int(n) for n in lengths), reverse=True)
-    return [(len(order[i:i + batch_size]), order[i]) for i in range(0, len(order), batch_size)]
+def lm_eval_batches(inputs, batch_size: int) -> list[tuple[int, int]]:
+    """``[(rows, padded length)]`` of lm-evaluation-harness's ``loglikelihood`` batches (``HFLM``, ``logits_cache``
+    on, its default): requests with the same model input (context + continuation without its last token) run once
+    (its ``Collator`` groups them by that input), sorted by length, longest first, cut into batches of
+    ``batch_size``, each right-padded to its longest input. ``inputs``: each request's model input (token ids; an
+    empty context: the start token and the sentence but its last token)."""
+    order = sorted({tuple(int(t) for t in x) for x in inputs}, key=lambda x: (-len(x), x))
+    return [(len(order[i:i + batch_size]), len(order[i])) for i in range(0, len(order), batch_size)]
 
 
 def matmul_flops(batches, head_rows: int, d: int, vocab: int, n_layers: int) -> float:
@@ -76,18 +78,11 @@ def matmul_flops(batches, head_rows: int, d: int, vocab: int, n_layers: int) -> 
     return float(body + head_rows * 2 * d * vocab)
 
 
-def trie_floor(seqs) -> tuple[int, int]:
-    """``(nodes, predicting nodes)`` of a trie over ``seqs`` (token id lists, the start token included): the
-    fewest token states any exact method computes (each distinct prefix once) and the fewest LM-head rows (a
-    prefix that some sequence continues predicts its next token; one log-sum-exp serves all its continuations)."""
-    nodes, predicting = set(), set()
-    for s in seqs:
-        s = tuple(s)
-        for k in range(1, len(s) + 1):
-            nodes.add(s[:k])
-            if k < len(s):
-                predicting.add(s[:k])
-    return len(nodes), len(predicting)
+def trie_floor(seqs) -> int:
+    """The fewest token states and LM-head rows of any exact scoring of ``seqs`` (token id lists, the start token
+    included): the distinct proper prefixes of a trie over them. Each is run once and predicts its next token(s)
+    from one log-sum-exp; a sequence's last token needs no state unless it starts a longer sequence's next token."""
+    return len({tuple(s[:k]) for s in seqs for k in range(1, len(s))})
 
 
 def main() -> None:
@@ -180,23 +175,24 @@ def main() -> None:
     d, V, nl = m.config.hidden_size, m.config.vocab_size, m.config.num_layers
     ids = tok.encode_batch(sentences)
     rb_flops = matmul_flops([(st["slots_total"] // st["row_len"], st["row_len"])], st["head_rows"], d, V, nl)
-    nodes, predicting = trie_floor([[tok.bos_id] + list(x) for x in ids])
+    floor = trie_floor([[tok.bos_id] + list(x) for x in ids])
     work = {"rbjax": {"slots": st["slots_total"], "head_rows": st["head_rows"], "predicting": st["predicting"],
                       "matmul_flops": rb_flops},
-            "trie_floor": {"slots": nodes, "head_rows": predicting,  # attention as over rbjax's rows
-                           "matmul_flops": matmul_flops([(nodes / st["row_len"], st["row_len"])], predicting, d, V,
-                                                        nl)},
+            "trie_floor": {"slots": floor, "head_rows": floor,  # attention as over rbjax's rows
+                           "matmul_flops": matmul_flops([(floor / st["row_len"], st["row_len"])], floor, d, V, nl)},
             "lm_eval": {}}
+    inputs = [[tok.bos_id] + list(x)[:-1] for x in ids]  # lm-eval's model inputs (its start token, empty context)
     for bs in args.lm_eval_batch:
-        b = lm_eval_batches([len(x) for x in ids], bs)
+        b = lm_eval_batches(inputs, bs)
         slots = sum(r * L for r, L in b)
         f = matmul_flops(b, slots, d, V, nl)
-        work["lm_eval"][str(bs)] = {"slots": slots, "real_slots": sum(len(x) for x in ids), "head_rows": slots,
+        work["lm_eval"][str(bs)] = {"slots": slots, "real_slots": sum(len(x) for x in {tuple(y) for y in inputs}),
+                                    "head_rows": slots,
                                     "matmul_flops": f, "flop_ratio_vs_rbjax": f / rb_flops,
                                     "flop_ratio_vs_trie_floor": f / work["trie_floor"]["matmul_flops"]}
         print(f"work: lm-eval batch {bs}: {slots:,} slots (head on all), {f / 1e12:.2f} TFLOP; rbjax "
               f"{st['slots_total']:,} slots, {st['head_rows']:,} head rows, {rb_flops / 1e12:.2f} TFLOP "
-              f"(ratio {f / rb_flops:.3f}); trie floor {nodes:,} slots, {predicting:,} head rows "
+              f"(ratio {f / rb_flops:.3f}); trie floor {floor:,} slots and head rows "
               f"(ratio {f / work['trie_floor']['matmul_flops']:.3f})", file=sys.stderr)
     out["work"] = work
     med = {k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v]))) for k, v in runs.items()}
