@@ -20,6 +20,14 @@ lm-evaluation-harness) is printed. The last line is JSON; its ``"ratios"`` (rbja
 batch size) move to ``"void_ratios"``, and print as VOID, when the machine had foreign CPU load during the timed
 sections (``"load"``, ``benchmarks/_common.py``).
 
+The work each side does, counted without timing anything (``"work"`` in the JSON; load-independent): rbjax's slots
+(padding included) and LM-head rows from the scorer's own accounting (``last_stats``); lm-evaluation-harness's for
+each batch size as it batches (:func:`lm_eval_batches`: identical model inputs once, sorted by length, longest
+first, each batch right-padded to its longest input; the head and a full-vocabulary ``log_softmax`` on every slot); the matmul FLOPs of both by one model
+(:func:`matmul_flops`); and the floor of any exact method: a trie of all 3,016 sentences (each distinct prefix that
+predicts a token run once, its head row once, no padding; :func:`trie_floor`). With equal speed per FLOP,
+the wall ratio is the FLOP ratio; against the trie floor no exact packing can do better.
+
     python benchmarks/bench_crows_pairs.py [--rounds 3] [--lm-eval-batch 1 16 64] [--batch-size 64]
 """
 from __future__ import annotations
@@ -50,6 +58,31 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def lm_eval_batches(inputs, batch_size: int) -> list[tuple[int, int]]:
+    """``[(rows, padded length)]`` of lm-evaluation-harness's ``loglikelihood`` batches (``HFLM``, ``logits_cache``
+    on, its default): requests with the same model input (context + continuation without its last token) run once
+    (its ``Collator`` groups them by that input), sorted by length, longest first, cut into batches of
+    ``batch_size``, each right-padded to its longest input. ``inputs``: each request's model input (token ids; an
+    empty context: the start token and the sentence but its last token)."""
+    order = sorted({tuple(int(t) for t in x) for x in inputs}, key=lambda x: (-len(x), x))
+    return [(len(order[i:i + batch_size]), len(order[i])) for i in range(0, len(order), batch_size)]
+
+
+def matmul_flops(batches, head_rows: int, d: int, vocab: int, n_layers: int) -> float:
+    """Forward matmul FLOPs of scoring: ``batches`` ``[(rows, row length)]`` through ``n_layers`` blocks (per
+    slot 24·d² for the four projections and 4·L·d for attention over a row of L slots) and ``head_rows`` LM-head
+    rows (2·d·V each). The model rbjax's row-length planner uses (:mod:`rbjax.lmb.perplexity`)."""
+    body = sum(r * L * n_layers * (24 * d * d + 4 * L * d) for r, L in batches)
+    return float(body + head_rows * 2 * d * vocab)
+
+
+def trie_floor(seqs) -> int:
+    """The fewest token states and LM-head rows of any exact scoring of ``seqs`` (token id lists, the start token
+    included): the distinct proper prefixes of a trie over them. Each is run once and predicts its next token(s)
+    from one log-sum-exp; a sequence's last token needs no state unless it starts a longer sequence's next token."""
+    return len({tuple(s[:k]) for s in seqs for k in range(1, len(s))})
 
 
 def main() -> None:
@@ -138,6 +171,30 @@ def main() -> None:
                       f"{parity[str(bs)]:.2e}", file=sys.stderr)
                 del lm
     st = scorer.last_stats
+    # -- the work of each side, counted (load-independent): slots, head rows, matmul FLOPs, the trie floor --------
+    d, V, nl = m.config.hidden_size, m.config.vocab_size, m.config.num_layers
+    ids = tok.encode_batch(sentences)
+    rb_flops = matmul_flops([(st["slots_total"] // st["row_len"], st["row_len"])], st["head_rows"], d, V, nl)
+    floor = trie_floor([[tok.bos_id] + list(x) for x in ids])
+    work = {"rbjax": {"slots": st["slots_total"], "head_rows": st["head_rows"], "predicting": st["predicting"],
+                      "matmul_flops": rb_flops},
+            "trie_floor": {"slots": floor, "head_rows": floor,  # attention as over rbjax's rows
+                           "matmul_flops": matmul_flops([(floor / st["row_len"], st["row_len"])], floor, d, V, nl)},
+            "lm_eval": {}}
+    inputs = [[tok.bos_id] + list(x)[:-1] for x in ids]  # lm-eval's model inputs (its start token, empty context)
+    for bs in args.lm_eval_batch:
+        b = lm_eval_batches(inputs, bs)
+        slots = sum(r * L for r, L in b)
+        f = matmul_flops(b, slots, d, V, nl)
+        work["lm_eval"][str(bs)] = {"slots": slots, "real_slots": sum(len(x) for x in {tuple(y) for y in inputs}),
+                                    "head_rows": slots,
+                                    "matmul_flops": f, "flop_ratio_vs_rbjax": f / rb_flops,
+                                    "flop_ratio_vs_trie_floor": f / work["trie_floor"]["matmul_flops"]}
+        print(f"work: lm-eval batch {bs}: {slots:,} slots (head on all), {f / 1e12:.2f} TFLOP; rbjax "
+              f"{st['slots_total']:,} slots, {st['head_rows']:,} head rows, {rb_flops / 1e12:.2f} TFLOP "
+              f"(ratio {f / rb_flops:.3f}); trie floor {floor:,} slots and head rows "
+              f"(ratio {f / work['trie_floor']['matmul_flops']:.3f})", file=sys.stderr)
+    out["work"] = work
     med = {k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v]))) for k, v in runs.items()}
     out["rbjax"]["lm_eval_convention"] = {
         "first_call_s": first, "median_s": med["rbjax"][0], "median_cpu_s": med["rbjax"][1],

@@ -27,9 +27,15 @@ activations), the activations measured as the temporaries of a 2-point chunk (on
 the memory plan (:func:`rbjax.model.memory.plan_memory`). Only compiled: an update of 54 DialoGPT-small points
 takes minutes on this CPU.
 
+Work (``--flops``; load-independent, for a machine too busy to time on): the FLOPs of each variant's timed updates,
+counted after the timing — rbjax's from XLA's cost analysis of each compiled update program
+(``jax.jit(train_step).lower(...).compile().cost_analysis()["flops"]``: every HLO op, the matmuls ≈ 98.5 % of it
+at this shape), PEFT's from ``torch.utils.flop_counter.FlopCounterMode`` over the same updates (matmuls only) — and
+their ratio beside the slot counts. With equal speed per FLOP, the tokens/s ratio is the FLOP ratio.
+
 Usage::
 
-    python benchmarks/bench_lora.py [--steps 12] [--repeats 1] [--memory] [--smoke]
+    python benchmarks/bench_lora.py [--steps 12] [--repeats 1] [--memory] [--flops] [--smoke]
 
 The last line printed is a JSON object with the figures and the ratios. Each worker process is a section of the
 load monitor (``benchmarks/_common.py``, the worker's CPU counted as its own): the ratios move to ``"void_ratios"``
@@ -147,8 +153,22 @@ def rbjax_worker(args) -> dict:
             v.tokens.append(v.plan.tokens(u))
         print(f"[rbjax] round {u + 1}/{args.steps}: " + ", ".join(f"{v.name} {v.times[-1]:.2f} s" for v in variants),
               file=sys.stderr, flush=True)
-    return {v.name: {**info[v.name], "times_s": v.times, "tokens": v.tokens,
-                     "tokens_per_s": sum(v.tokens) / sum(v.times)} for v in variants}
+    out = {v.name: {**info[v.name], "times_s": v.times, "tokens": v.tokens,
+                    "tokens_per_s": sum(v.tokens) / sum(v.times)} for v in variants}
+    if args.flops:  # counted after the timing: XLA's cost analysis of the program of each timed update's shape
+        from rbjax.train.step import train_step_jit
+
+        for v in variants:
+            per_shape = {}
+            for u in range(args.steps):
+                s = plan.update_shape(u)
+                if s not in per_shape:
+                    host = {**plan.update_batch(u), **v.shared}
+                    ca = train_step_jit.lower(v.state, host, v.frozen, spec=v.spec).compile().cost_analysis()
+                    per_shape[s] = float((ca[0] if isinstance(ca, list) else ca)["flops"])
+            out[v.name]["flops"] = sum(per_shape[plan.update_shape(u)] for u in range(args.steps))
+            out[v.name]["slots"] = sum(plan.slots(u) for u in range(args.steps))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- PyTorch
@@ -209,7 +229,17 @@ def torch_worker(args) -> dict:
                                                                   for n, r in res.items()), file=sys.stderr, flush=True)
     for r in res.values():
         r["tokens_per_s"] = sum(r["tokens"]) / sum(r["times_s"])
-        r["real_fraction_timed"] = sum(r["tokens"]) / sum(r.pop("slots"))
+        r["real_fraction_timed"] = sum(r["tokens"]) / sum(r["slots"])
+        r["slots"] = sum(r["slots"])
+    if args.flops:  # counted after the timing (the counter slows the step): the same updates once more
+        from torch.utils.flop_counter import FlopCounterMode
+
+        for n, r in res.items():
+            r["flops"] = 0
+            for u in range(args.steps):
+                with FlopCounterMode(display=False) as fc:
+                    step(n, *batch(u))
+                r["flops"] += fc.get_total_flops()
     return {**res, "_threads": torch.get_num_threads(), "_torch": torch.__version__, "_peft": peft.__version__}
 
 
@@ -288,6 +318,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2"))
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--memory", action="store_true", help="also the 54-point chunk's memory on 8 simulated devices")
+    ap.add_argument("--flops", action="store_true", help="also count each variant's FLOPs (after the timing)")
     ap.add_argument("--smoke", action="store_true", help="a 2-layer width-64 model (checks the script, not speed)")
     ap.add_argument("--worker", choices=["rbjax", "torch", "memory"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,8 +333,8 @@ def main() -> int:
 
     def worker(fw, env=None):
         cmd = [sys.executable, __file__, "--worker", fw, "--steps", str(args.steps), "--tokenizer", args.tokenizer]
-        p = subprocess.run(cmd + (["--smoke"] if args.smoke else []), stdout=subprocess.PIPE, text=True, check=False,
-                           env=env)
+        cmd += (["--smoke"] if args.smoke else []) + (["--flops"] if args.flops else [])
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False, env=env)
         if p.returncode != 0:
             raise SystemExit(f"{fw} worker failed (exit {p.returncode})")
         return json.loads(p.stdout.strip().splitlines()[-1])
@@ -325,7 +356,7 @@ def main() -> int:
                     out[k] = v
                 out[k]["repeat_tokens_per_s"] = hist
     full = out["full-packed"]
-    ratios = {}
+    ratios, work = {}, {}
     for suffix, rate in DROPOUTS.items():
         lora, pt = out[f"lora{suffix}-packed"], out.get(f"peft{suffix}-padded")
         ratios[f"lora{suffix}_over_full"] = lora["tokens_per_s"] / full["tokens_per_s"]
@@ -335,6 +366,12 @@ def main() -> int:
             ratios[f"lora{suffix}_over_peft{suffix}"] = lora["tokens_per_s"] / pt["tokens_per_s"]
             line += f", PEFT LoRA (pad to batch max) {pt['tokens_per_s']:.1f} ({pt['real_fraction_timed']:.2f})"
         print(line)
+        if pt and "flops" in lora and "flops" in pt:
+            work[f"lora{suffix}_over_peft{suffix}"] = pt["flops"] / lora["flops"]
+            print(f"  work of the {args.steps} timed updates: rbjax {lora['flops'] / 1e9:.1f} GFLOP over "
+                  f"{lora['slots']:,} slots (XLA cost analysis), PEFT {pt['flops'] / 1e9:.1f} GFLOP over "
+                  f"{pt['slots']:,} slots (FlopCounterMode, matmuls): PEFT/rbjax {pt['flops'] / lora['flops']:.3f}× "
+                  f"FLOPs, {pt['slots'] / lora['slots']:.3f}× slots")
     for k, v in ratios.items():
         print(f"{k}: {mon.ratio_text(v, unit='')}")
     memory = None
@@ -355,6 +392,7 @@ def main() -> int:
     v = versions()
     print(json.dumps(mon.finish({"results": out, "memory": memory, "steps": args.steps,
                                  "repeats": args.repeats, "load_avg_1min_at_worker_starts": loads,
+                                 "flop_ratios": work,
                                  "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                                              "jax_backend": v.get("jax_backend")},
                                  "versions": {k: v.get(k) for k in ("jax", "jaxlib", "flax", "optax", "numpy")}},

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rbjax.lmb.perplexity import PerplexityScorer, common_prefix_length
+from rbjax.lmb.perplexity import PerplexityScorer, _choice_tree, _pair_tree, _single_tree, common_prefix_length
 from rbjax.model.gpt2 import GPT2Config, GPT2LMHeadModel, init_params
 
 TYPES = ("religion1", "religion2", "race", "gender", "queerness")
@@ -88,8 +88,10 @@ def test_prefix_shared_equals_alone_on_every_test_pair(params, test_split):
     live = [max(len(x), len(y)) >= 2 for x, y in zip(a, c)]
     alone = sum(len(x) + len(y) for x, y, ok in zip(a, c, live) if ok)
     assert stats["phrase_tokens"] == alone
-    assert stats["slots_run"] == alone - sum(p for p, ok in zip(pref, live) if ok)  # each shared prefix runs once
-    assert 0.15 < 1 - stats["slots_run"] / stats["phrase_tokens"] < 0.18  # 16.6 % of the split's tokens are shared
+    # each shared prefix runs once, and a branch's last token (a target only) runs no slot
+    ends = sum((len(x) > p) + (len(y) > p) for x, y, p, ok in zip(a, c, pref, live) if ok)
+    assert stats["slots_run"] == alone - sum(p for p, ok in zip(pref, live) if ok) - ends
+    assert 0.15 < 1 - (stats["slots_run"] + ends) / stats["phrase_tokens"] < 0.18  # 16.6 % of the tokens are shared
     # the LM head ran once per predicting position: the scored targets, less the prefix targets counted for both
     # phrases (p − 1 per pair) and the branch points that predict two targets from one state
     shared_targets = sum(max(p - 1, 0) for p in pref)
@@ -141,3 +143,24 @@ def test_pair_errors_name_the_side(params):
         sc.score_pairs([[1, 2], [3, 4]], [[1, 2], [3, CFG.vocab_size]])
     with pytest.raises(ValueError, match="2 biased phrases but 1"):
         sc.score_pairs([[1, 2], [3, 4]], [[1, 2]])
+
+
+def test_trees_run_no_slot_that_nothing_reads():
+    """A phrase's last token is a target only: its state predicts nothing and no later token of its branch attends
+    to it, so no tree gives it a slot. Every slot of a tree predicts a token or is attended by a later slot (the
+    prefix, branch 0, by every branch; a branch by its own later slots) — the body runs only states the scores
+    read. Kept: a one-token phrase's slot (else an empty tree) and an identical pair's whole prefix."""
+    def unread(t):
+        pred = {s for s, _ in t.pred}
+        return [s for s in range(t.size) if s not in pred
+                and not any(t.br[j] == t.br[s] or t.br[s] == 0 for j in range(s + 1, t.size))]
+
+    trees = {"single": _single_tree([1, 2, 3], 0), "single after a row context": _single_tree([9, 9, 1, 2], 0, 3, 2),
+             "pair": _pair_tree([1, 2, 3, 4], [1, 2, 5], 0), "one side a prefix": _pair_tree([1, 2], [1, 2, 3], 0),
+             "no common prefix": _pair_tree([1, 2], [3, 4, 5], 0),
+             "choices": _choice_tree([1, 2], [[3, 4], [5]], [0, 1])}
+    for name, t in trees.items():
+        assert unread(t) == [], name
+    # slots: the tokens less the last of each branch (the shared prefix once)
+    assert [t.size for t in trees.values()] == [2, 1, 3, 2, 1 + 2, 1 + 2 + 1]
+    assert _single_tree([7], 0).size == 1 and _pair_tree([1, 2], [1, 2], 0).size == 2  # kept

@@ -35,6 +35,10 @@ How the work is cut down, each step exact in float32:
 * **LM head only where a token is predicted.** The last token of each phrase and the empty slots predict
   nothing; the predicting slots of each row are gathered into a packed ``(rows, head_slots)`` array before the
   chunked log-sum-exp (:mod:`rbjax.model.nll`).
+* **No slot for a phrase's last token.** It is only a target: its state predicts nothing and no later token of
+  its branch attends to it, so a tree's branch ends at the token before it (the states of every other slot are
+  those of the whole phrase: attention is causal). The exceptions keep one slot where there would be none: a
+  phrase of a single token (with nothing scored) and a continuation without tokens.
 
 Precision is a setting: ``"fp32"`` (default, parity with PyTorch: matmuls at ``"highest"`` so GPU/TPU do not
 use TF32/bf16 passes) or ``"bf16"`` (bf16 matmul inputs, float32 accumulation, float32 residual stream,
@@ -227,20 +231,24 @@ class _Tree:
 
 def _single_tree(seq: list, i: int, first: int = 1, skip: int = 0) -> _Tree:
     """One phrase: slot j predicts token j+1 when j+1 >= ``first`` (the first scored token); the tree starts at
-    token ``skip`` of the sequence (the tokens before it are the row's shared context)."""
-    ids = list(seq[skip:])
-    return _Tree(ids=ids, pos=list(range(skip, len(seq))), br=[0] * len(ids),
+    token ``skip`` of the sequence (the tokens before it are the row's shared context) and ends before its last
+    token (a target only; kept when it would leave the tree empty)."""
+    end = len(seq) - 1 if len(seq) - skip >= 2 else len(seq)
+    ids = list(seq[skip:end])
+    return _Tree(ids=ids, pos=list(range(skip, end)), br=[0] * len(ids),
                  pred=[(j - skip, [(seq[j + 1], i, -1)]) for j in range(max(first - 1, skip), len(seq) - 1)],
                  n_phrases=1, n_alone=len(seq))
 
 
 def _pair_tree(a: list, c: list, i: int, fa: int = 1, fc: int = 1, skip: int = 0) -> _Tree:
     """A biased phrase and its counterfactual sharing their common prefix; ``fa``/``fc``: the first scored token
-    of each (targets before it are context, owned by nobody); ``skip`` as :func:`_single_tree`."""
+    of each (targets before it are context, owned by nobody); ``skip`` as :func:`_single_tree`. Each branch ends
+    before its phrase's last token (a target only); the prefix is kept whole."""
     p = common_prefix_length(a, c)
-    ids = a[skip:p] + a[p:] + c[p:]
-    pos = list(range(skip, p)) + list(range(p, len(a))) + list(range(p, len(c)))
-    br = [0] * (p - skip) + [1] * (len(a) - p) + [2] * (len(c) - p)
+    ea, ec = (len(a) - 1 if len(a) > p else p), (len(c) - 1 if len(c) > p else p)  # branch ends (exclusive)
+    ids = a[skip:p] + a[p:ea] + c[p:ec]
+    pos = list(range(skip, p)) + list(range(p, ea)) + list(range(p, ec))
+    br = [0] * (p - skip) + [1] * (ea - p) + [2] * (ec - p)
     pred = []
     for j in range(skip, p - 1):  # inside the prefix: one target, both phrases (each from its first scored token)
         oa, oc = (i if j + 1 >= fa else -1), (i if j + 1 >= fc else -1)
@@ -251,10 +259,10 @@ def _pair_tree(a: list, c: list, i: int, fa: int = 1, fc: int = 1, skip: int = 0
         if t:
             pred.append((p - 1 - skip, t))
     off = p - skip
-    for seq, f, own in ((a, fa, (i, -1)), (c, fc, (-1, i))):
+    for seq, e, f, own in ((a, ea, fa, (i, -1)), (c, ec, fc, (-1, i))):
         n = len(seq) - p
         pred += [(off + k, [(seq[p + k + 1], *own)]) for k in range(n - 1) if p + k + 1 >= f]
-        off += n
+        off += e - p
     return _Tree(ids=ids, pos=pos, br=br, pred=pred, n_phrases=2, n_alone=len(a) + len(c))
 
 
@@ -263,18 +271,19 @@ def _choice_tree(ctx: list, conts: Sequence[list], owners: Sequence[int], skip: 
     continuation b is branch b, laid out as ``[last context token] + continuation`` with position ids continuing
     from the context, so that each branch predicts its own first token from its own copy of the last context
     token (attending to the shared part and to itself only: the same keys and values as the context followed by
-    that continuation alone). ``owners``: the flat index each continuation's sums go to; ``skip`` as
-    :func:`_single_tree`."""
+    that continuation alone), ending before the continuation's last token (a target only). ``owners``: the flat
+    index each continuation's sums go to; ``skip`` as :func:`_single_tree`."""
     n = len(ctx)
     ids, pos, br, pred = list(ctx[skip:n - 1]), list(range(skip, n - 1)), [0] * (n - 1 - skip), []
     off = n - 1 - skip
     for b, (t, own) in enumerate(zip(conts, owners), start=1):
         seq = [ctx[-1], *t]
-        ids += seq
-        pos += list(range(n - 1, n - 1 + len(seq)))
-        br += [b] * len(seq)
+        run = seq[:-1] if t else seq  # the last token is a target only
+        ids += run
+        pos += list(range(n - 1, n - 1 + len(run)))
+        br += [b] * len(run)
         pred += [(off + k, [(seq[k + 1], own, -1)]) for k in range(len(t))]
-        off += len(seq)
+        off += len(run)
     return _Tree(ids=ids, pos=pos, br=br, pred=pred, n_phrases=len(conts), n_alone=sum(n + len(t) for t in conts))
 
 
@@ -332,10 +341,12 @@ def _pack(sizes: np.ndarray, preds: np.ndarray, row_len: int, head_slots: int) -
     return rows
 
 
-def _head_slots(L: int) -> int:
-    """LM-head slots per row of ``L`` slots: a row of packed phrases has at least one non-predicting slot per
-    phrase, so the head processes ``L - max(4, L // 16)`` of them (the packer respects the limit)."""
-    return max(1, L - max(4, L // 16)) if L > 8 else L
+def _head_slots(L: int, frac: float = 1.0) -> int:
+    """LM-head slots per row of ``L`` slots when a fraction ``frac`` of the trees' slots predict a token: that
+    share of the row and a margin of ``max(2, L // 32)`` for rows whose trees predict more than the average, at
+    most ``L`` (the packer respects the limit). Trees run no slot for a phrase's last token, so without context
+    tokens every slot predicts (``frac`` 1: the head takes the whole row)."""
+    return min(L, math.ceil(frac * L) + max(2, L // 32))
 
 
 def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None, shared: int = 0):
@@ -347,9 +358,10 @@ def _plan_rows(sizes: np.ndarray, preds: np.ndarray, config, row_len: int | None
         # more trees, at little attention cost)
         cands = [c for c in ROW_LENGTHS if c >= longest][:None if shared else 3] or [-(-longest // 64) * 64]
     d, V, nl = config.hidden_size, config.vocab_size, config.num_layers
+    frac = float(preds.sum()) / max(1, int(sizes.sum()))
     best = None
     for L in cands:
-        P = max(_head_slots(L - shared), int(preds.max()))
+        P = max(_head_slots(L - shared, frac), int(preds.max()))
         rows = _pack(sizes, preds, L - shared, P)
         cost = len(rows) * (L * nl * (24 * d * d + 4 * L * d) + P * 2 * d * V)
         if best is None or cost < best[0]:
