@@ -1,6 +1,6 @@
 """Self-Debias scoring cost against plain scoring, at the DialoGPT-small shape (random weights).
 
-The goal (issue 46): scoring with K self-debiasing prefixes costs at most (1 + K)× plain scoring — one regular pass
+The goal: scoring with K self-debiasing prefixes costs at most (1 + K)× plain scoring — one regular pass
 and one pass per prefix over the same tokens. This script scores real RedditBias test pairs (evenly spaced over the
 five bias types, both sides) with
 

@@ -181,6 +181,9 @@ def check_scorer_ahead(args) -> dict:
     model.load()
     lines = (Path(args.data_dir) / "text_files/religion1/religion1_bias_manual_train.txt").read_text().splitlines()
     ids = model.tokenizer.encode_batch([ln for ln in lines if ln.strip()][:120])
+    # an earlier check of this process (a debias run compiles its evaluation ahead) may hold a program of the same
+    # shape in memory: forget them, so that what is built ahead is counted here
+    jax.clear_caches()
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), model.params)
     ahead = PerplexityScorer(abstract, model.config, batch_size=8)
     shapes = ahead.program_shapes(ids)

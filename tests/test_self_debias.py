@@ -101,7 +101,7 @@ def test_own_prefixes_and_wrong_method_options(tiny_model_dir, tmp_path):
     for method, extra, named in (("lmd", ["--prefix", "Be fair: "], "--prefix"),
                                  ("self-debias", ["--lr", "1e-3", "--k", "2"], "--lr, --k"),
                                  ("self-debias", ["--data-dir", "x", "--seed", "3"], "--data-dir, --seed"),
-                                 ("inlp", ["--decay-constant", "5", "--mesh", "data=1"], "--mesh, --decay-constant"),
+                                 ("inlp", ["--decay-constant", "5"], "--decay-constant"),
                                  ("sentence-debias", ["--inlp-iterations", "3"], "--inlp-iterations"),
                                  ("inlp", ["--dry-run"], "--dry-run")):
         with pytest.raises(SystemExit, match=f"^--method {method}: {named} would have no effect"):

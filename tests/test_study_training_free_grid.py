@@ -98,13 +98,17 @@ def test_a_grid_of_sentence_debias_and_self_debias_is_selected_on_the_valid_spli
                                   np.load(sd / f"points/k={chosen}/subspace.npy"))
     assert stages["seed42/religion1/sentence-debias/lmb_test"].key()["model"]  # its model: the selected run's
 
-    # Self-Debias: scored with its rescaling (λ changes dev t), no LMP, so no LMP budget
+    # Self-Debias: scored with its rescaling (λ changes dev t and the LMP), selected by the same default rule
     sdb = json.loads((out / "seed42/religion1/self-debias/sweep/selection.json").read_text())
     r = {x["id"]: x for x in sdb["records"]}
-    assert set(r) == {"decay_constant=5", "decay_constant=100"} and all(x["lmp"] is None for x in r.values())
+    assert set(r) == {"decay_constant=5", "decay_constant=100"}
     assert r["decay_constant=5"]["dev"]["t_value"] != r["decay_constant=100"]["dev"]["t_value"]
-    assert sdb["default"]["id"] == min(r.values(), key=lambda x: abs(x["dev"]["t_value"]))["id"]
-    assert "no LMP budget" in sdb["default"]["rule"] and sdb["default"]["lmp_budget"] is None
+    assert r["decay_constant=5"]["lmp"]["perplexity"] != r["decay_constant=100"]["lmp"]["perplexity"]
+    sd_budget = 1.1 * sdb["baseline"]["lmp"]["perplexity"]
+    sd_within = [x for x in r.values() if x["lmp"]["perplexity"] <= sd_budget]
+    sd_want = min(sd_within, key=lambda x: abs(x["dev"]["t_value"]))["id"] if sd_within else \
+        min(r.values(), key=lambda x: x["lmp"]["perplexity"])["id"]
+    assert sdb["default"]["id"] == sd_want and sdb["default"]["constraint_met"] == bool(sd_within)
     res = json.loads((out / "seed42/religion1/self-debias/sweep/selected_default/results.json").read_text())
     assert res["self_debias"]["decay_constant"] == sdb["default"]["point"]["decay_constant"]
     # the report's selection table names the value each grid selected (the trained grids' columns stay empty)
@@ -113,7 +117,6 @@ def test_a_grid_of_sentence_debias_and_self_debias_is_selected_on_the_valid_spli
             "baseline": {"lmb": [{"bias_type": "religion1"}]},
             "runs": {("sentence-debias", "religion1"): {f"{out.name}:42": {"selection": sel}},
                      ("self-debias", "religion1"): {f"{out.name}:42": {"selection": sdb}}}}
-    _, rows, rules = _selections(data)
+    _, rows, _ = _selections(data)
     assert rows[0][0] == f"SentenceDebias (k = {chosen})" and rows[0][3:7] == ["", "", "", ""]
-    assert rows[1][0].startswith("Self-Debias (decay_constant = ") and rows[1][-1] == ""  # no LMP budget
-    assert any("no LMP budget" in r for r in rules)
+    assert rows[1][0].startswith("Self-Debias (decay_constant = ")

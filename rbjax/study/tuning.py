@@ -4,9 +4,9 @@ grid points are — the debiased type's dev LMB (:func:`rbjax.debias.sweep.dev_l
 (:func:`rbjax.dialog.reddit_perplexity.reddit_perplexity`, with [training]'s LMP settings) — and selected by the same
 rules (:func:`rbjax.debias.sweep.select`) against the starting model's LMP.
 
-Self-Debias rescales the next-token distribution at decoding time; its LMB is scored with the rescaling
-(:class:`rbjax.lmb.self_debias.SelfDebiasScorer`), but it has no LMP (the Reddit-6K perplexity is not implemented for
-it), so its points are selected by the default rule without the LMP budget (selection.json says so).
+Self-Debias rescales the next-token distribution at decoding time: its LMB and its LMP are both scored with the
+rescaling (:class:`rbjax.lmb.self_debias.SelfDebiasScorer`, as ``rbjax evaluate --task lmp`` scores a Self-Debias run
+folder), so its points are selected by the same rules as the others'.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from rbjax.core.io import atomic_write_csv, atomic_write_json, versions
 from rbjax.data.redditbias import RedditBiasData
 from rbjax.debias.config import DebiasRun
 from rbjax.debias.run import lmp_reference_file
-from rbjax.debias.self_debias import METHOD as SELF_DEBIAS
 from rbjax.debias.sweep import dev_lmb, select
 from rbjax.debias.sweep_config import SweepConfig
 from rbjax.dialog.reddit_perplexity import read_reference_lines, reddit_perplexity
@@ -56,7 +55,7 @@ class PointEvaluation:
     def evaluate(self, model: str | Path) -> tuple[dict, dict | None]:
         """``(dev, lmp)`` of a model (a folder, or a run folder: SentenceDebias/INLP's folded model, a Self-Debias
         run scored with its rescaling): :func:`rbjax.debias.sweep.dev_lmb`'s record and ``{perplexity,
-        reference_grid, reference_cda}`` (``None`` for Self-Debias, or without LMP)."""
+        reference_grid, reference_cda}`` (``None`` without LMP)."""
         handle = ModelHandle.open(model)
         handle.self_debias_accepted = True  # scored with the rescaling below
         config, params, tok = handle.load()
@@ -70,9 +69,13 @@ class PointEvaluation:
                       n_bootstrap=self.sweep.n_bootstrap, seed=self.base.trainer.seed,
                       max_pairs=self.sweep.dev_max_pairs, chat=turns, scorer=scorer)
         lmp = None
-        if self.lmp_lines is not None and handle.self_debias is None:
+        if self.lmp_lines is not None:  # raw lines: the tokenizer's own BOS rule, in either format
+            lmp_scorer = None
+            if handle.self_debias is not None:
+                lmp_scorer = SelfDebiasScorer(params, config, handle.self_debias_prefix_ids(), handle.self_debias,
+                                              batch_size=e.eval_batch_size, bos_id=tok.default_bos_id)
             full = reddit_perplexity(params, config, tok, self.lmp_lines, block_size=self.base.trainer.block_size,
-                                     batch_size=e.eval_batch_size, bos_id=tok.default_bos_id)
+                                     batch_size=e.eval_batch_size, bos_id=tok.default_bos_id, scorer=lmp_scorer)
             lmp = {k: full[k] for k in ("perplexity", "reference_grid", "reference_cda")}
         return dev, lmp
 
@@ -87,15 +90,9 @@ class PointEvaluation:
 
 def select_no_training(records: list[dict], ev: PointEvaluation, method: str, sweep: dict) -> dict:
     """Both selection rules of :func:`rbjax.debias.sweep.select` on the grid's records (``id``, ``point``, ``dev``,
-    ``lmp``), against the starting model's LMP (Self-Debias: no LMP budget, said in the default rule's text), with
-    the baseline, the method and the versions recorded."""
-    sd = method == SELF_DEBIAS
-    base_lmp = None if sd else ((ev.baseline.get("lmp") or {}).get("perplexity"))
+    ``lmp``), against the starting model's LMP, with the baseline, the method and the versions recorded."""
+    base_lmp = (ev.baseline.get("lmp") or {}).get("perplexity")
     sel = select(records, base_lmp, ev.sweep.lmp_tolerance)
-    if sd:
-        sel["default"]["rule"] += ("; Self-Debias has no LMP (inference-time only), so no LMP budget: the smallest "
-                                   "|dev t|")
-        sel["default"]["constraint_met"] = None
     sel.update(method=method, baseline=ev.baseline, n_points_planned=len(records), settings=dict(sweep),
                training_free=True, versions=versions())
     return sel
