@@ -149,9 +149,13 @@ print(json.dumps({{"lines": res.stats.lines, "wall_s": wall, "cpu_s": cpu,
 
 
 def run_child(dump: Path, outdir: Path, prefilter: bool = True) -> dict:
-    code = CHILD.format(root=str(ROOT), types=BIAS_TYPES, dump=str(dump), out=str(outdir / "{bias}.csv"),
+    # each run its own output folder: retrieve refuses to replace outputs another run (other settings) wrote
+    out = outdir / f"out-{dump.stem.split('.')[0]}-{'prefilter' if prefilter else 'no-prefilter'}"
+    code = CHILD.format(root=str(ROOT), types=BIAS_TYPES, dump=str(dump), out=str(out / "{bias}.csv"),
                         prefilter=prefilter)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"the retrieval child failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
