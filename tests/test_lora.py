@@ -22,6 +22,7 @@ import pytest
 from rbjax.model import hf, lora, registry
 from rbjax.model.peft_adapter import load_adapter, save_adapter
 from rbjax.train.lm import lm_loss
+from tests.conftest import make_torch_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -51,14 +52,7 @@ def _tol(ref):
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    cls_name, kw = CASES[request.param]
-    torch.manual_seed(0)
-    tm = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw),
-                                                       attn_implementation="eager")
-    with torch.no_grad():
-        for p in tm.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    tm.save_pretrained(folder, safe_serialization=True)
+    make_torch_model(*CASES[request.param], folder)
     cfg, params = hf.load_pretrained(folder)
     return request.param, folder, cfg, params
 

@@ -204,6 +204,45 @@ class PhraseScores:
         return self.n_scored > 0
 
 
+class BatchTargets:
+    """The predicting slots of a packed batch and, for each target read there, the phrase its NLL goes to: filled
+    tree by tree (:meth:`read`), then the batch's NLLs summed per phrase (:meth:`add_to`). Both scorers' batches
+    (:class:`PerplexityScorer`, :class:`rbjax.lmb.self_debias.SelfDebiasScorer`) read their targets so.
+
+    Attributes:
+        pidx: int32 (R, P) the slot of each predicting position of a row. tgt: int32 (R, P, 2) the token(s) it
+            predicts (two at a pair's branch point).
+    """
+
+    def __init__(self, R: int, P: int):
+        self.pidx = np.zeros((R, P), np.int32)
+        self.tgt = np.zeros((R, P, 2), np.int32)
+        self._where = []  # (row, position, target k, biased owner, counterfactual owner); owner −1: nobody
+
+    def read(self, tree: "_Tree", r: int, j: int, off: int) -> int:
+        """Record the targets of ``tree``, laid at slot ``off`` of row ``r``, from predicting position ``j`` on;
+        returns the next free position."""
+        for slot, targets in tree.pred:
+            self.pidx[r, j] = off + slot
+            for k, (tok, oa, oc) in enumerate(targets):
+                self.tgt[r, j, k] = tok
+                self._where.append((r, j, k, oa, oc))
+            j += 1
+        return j
+
+    def add_to(self, nll, sums: np.ndarray, counts: np.ndarray) -> None:
+        """Add the batch's NLLs, float (M, R, P, 2) for M models, to each owner's ``sums`` (2, M, n) (side 0:
+        biased, 1: counterfactual) and count them in ``counts`` (2, n)."""
+        w = np.asarray(self._where, np.int64).reshape(-1, 5)
+        vals = nll[:, w[:, 0], w[:, 1], w[:, 2]]  # (M, items)
+        for side in (0, 1):
+            owners = w[:, 3 + side]
+            ok = owners >= 0
+            for m in range(vals.shape[0]):
+                np.add.at(sums[side, m], owners[ok], vals[m, ok])
+            np.add.at(counts[side], owners[ok], 1)
+
+
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
@@ -795,12 +834,10 @@ class PerplexityScorer:
         pos = np.zeros((R, L), np.int32)
         seg = np.full((R, L), -1, np.int32)
         br = np.zeros((R, L), np.int32)
-        pidx = np.zeros((R, P), np.int32)
-        tgt = np.zeros((R, P, 2), np.int32)
+        targets = BatchTargets(R, P)
         K = len(shared)
         if K:  # the row context, once per row (filler rows too: harmless)
             ids[:, :K], pos[:, :K], seg[:, :K] = shared, np.arange(K), ROW_CONTEXT
-        item_r, item_j, item_k, item_a, item_c = [], [], [], [], []
         for r, row in enumerate(chunk):
             off = K
             j = 0
@@ -811,25 +848,13 @@ class PerplexityScorer:
                 pos[r, off:off + n] = tr.pos
                 seg[r, off:off + n] = s
                 br[r, off:off + n] = tr.br
-                for slot, targets in tr.pred:
-                    pidx[r, j] = off + slot
-                    for k, (tok, oa, oc) in enumerate(targets):
-                        tgt[r, j, k] = tok
-                        item_r.append(r), item_j.append(j), item_k.append(k), item_a.append(oa), item_c.append(oc)
-                    j += 1
+                j = targets.read(tr, r, j, off)
                 off += n
-        arrays = (ids, pos, seg, br, pidx, tgt)
+        arrays = (ids, pos, seg, br, targets.pidx, targets.tgt)
         if self.mesh is not None:
             arrays = tuple(jax.device_put(x, self._rows_sharding) for x in arrays)
         fn = _packed_nll_models if self.stacked else _packed_nll_jit
         self.programs.add((R, L, P, self.n_models, self.precision))
         out = fn(self._compute_params, self._head_emb, *arrays, config=self.config, precision=self.precision)
         out = np.asarray(out, np.float64)
-        if not self.stacked:
-            out = out[None]
-        vals = out[:, np.asarray(item_r), np.asarray(item_j), np.asarray(item_k)]  # (M, items)
-        for side, owners in ((0, np.asarray(item_a)), (1, np.asarray(item_c))):
-            ok = owners >= 0
-            for m in range(vals.shape[0]):
-                np.add.at(sums[side, m], owners[ok], vals[m, ok])
-            np.add.at(counts[side], owners[ok], 1)
+        targets.add_to(out if self.stacked else out[None], sums, counts)

@@ -45,8 +45,8 @@ import numpy as np
 
 from rbjax.core.compilation import abstract
 from rbjax.core.precision import get_policy
-from rbjax.lmb.perplexity import (ROW_CONTEXT, PerplexityScorer, PhraseError, _pack, _plan_rows, _single_tree,
-                                  tree_attention_mask)
+from rbjax.lmb.perplexity import (ROW_CONTEXT, BatchTargets, PerplexityScorer, PhraseError, _pack, _plan_rows,
+                                  _single_tree, tree_attention_mask)
 from rbjax.model.layers import soft_cap
 from rbjax.model.registry import family_of_config
 from rbjax.model.self_debias import SelfDebiasSettings, target_log_probs
@@ -251,9 +251,7 @@ class SelfDebiasScorer(PerplexityScorer):
         pos = np.zeros((R, Q, L), np.int32)
         seg = np.full((R, Q, L), -1, np.int32)
         br = np.zeros((R, L), np.int32)
-        pidx = np.zeros((R, P), np.int32)
-        tgt = np.zeros((R, P, 2), np.int32)
-        item_r, item_j, item_k, item_a, item_c = [], [], [], [], []
+        targets = BatchTargets(R, P)
         for r, row in enumerate(chunk):
             if K:
                 lead = int(bos is not None and shared[0] == bos)
@@ -281,20 +279,11 @@ class SelfDebiasScorer(PerplexityScorer):
                     first = off + np.flatnonzero(tpos == 0)
                     for q, p in enumerate(pre, start=1):
                         ids[r, q, first] = p[-1]
-                for slot, targets in tr.pred:
-                    pidx[r, j] = off + slot
-                    for k, (tok, oa, oc) in enumerate(targets):
-                        tgt[r, j, k] = tok
-                        item_r.append(r), item_j.append(j), item_k.append(k), item_a.append(oa), item_c.append(oc)
-                    j += 1
+                j = targets.read(tr, r, j, off)
                 off += n
-        arrays = (ids, pos, seg, br, pidx, tgt)
+        arrays = (ids, pos, seg, br, targets.pidx, targets.tgt)
         if self.mesh is not None:
             arrays = tuple(jax.device_put(x, self._rows_sharding) for x in arrays)
         self.programs.add(("self-debias", R, L, P, Q, self.precision))
         out = self_debias_packed_log_probs(self._compute_params, self._head_emb, *arrays, **self._static())
-        vals = -np.asarray(out, np.float64)[np.asarray(item_r, int), np.asarray(item_j, int), np.asarray(item_k, int)]
-        for side, owners in ((0, np.asarray(item_a, int)), (1, np.asarray(item_c, int))):
-            ok = owners >= 0
-            np.add.at(sums[side, 0], owners[ok], vals[ok])
-            np.add.at(counts[side], owners[ok], 1)
+        targets.add_to(-np.asarray(out, np.float64)[None], sums, counts)  # log q → NLL, one model

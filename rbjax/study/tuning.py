@@ -61,19 +61,20 @@ class PointEvaluation:
         config, params, tok = handle.load()
         e = self.base.evaluation
         turns = None if self.chat is None else self.chat.chat_turns(tok)
-        scorer = None
-        if handle.self_debias is not None:  # the BOS rule of dev_lmb's own scorer
-            scorer = SelfDebiasScorer(params, config, handle.self_debias_prefix_ids(), handle.self_debias,
-                                      batch_size=e.eval_batch_size, bos_id=tok.default_bos_id if turns is None else None)
+
+        def rescaled(bos_id):  # Self-Debias: a scorer of the rescaled log-likelihoods; otherwise the plain one (None)
+            if handle.self_debias is None:
+                return None
+            return SelfDebiasScorer(params, config, handle.self_debias_prefix_ids(), handle.self_debias,
+                                    batch_size=e.eval_batch_size, bos_id=bos_id)
+
+        scorer = rescaled(tok.default_bos_id if turns is None else None)  # the BOS rule of dev_lmb's own scorer
         dev = dev_lmb(params, config, tok, self.base.debias.bias_type, self.data, batch_size=e.eval_batch_size,
                       n_bootstrap=self.sweep.n_bootstrap, seed=self.base.trainer.seed,
                       max_pairs=self.sweep.dev_max_pairs, chat=turns, scorer=scorer)
         lmp = None
-        if self.lmp_lines is not None:  # raw lines: the tokenizer's own BOS rule, in either format
-            lmp_scorer = None
-            if handle.self_debias is not None:
-                lmp_scorer = SelfDebiasScorer(params, config, handle.self_debias_prefix_ids(), handle.self_debias,
-                                              batch_size=e.eval_batch_size, bos_id=tok.default_bos_id)
+        if self.lmp_lines is not None:  # raw lines, the tokenizer's own BOS rule: the raw format's scorer serves
+            lmp_scorer = scorer if turns is None else rescaled(tok.default_bos_id)
             full = reddit_perplexity(params, config, tok, self.lmp_lines, block_size=self.base.trainer.block_size,
                                      batch_size=e.eval_batch_size, bos_id=tok.default_bos_id, scorer=lmp_scorer)
             lmp = {k: full[k] for k in ("perplexity", "reference_grid", "reference_cda")}
