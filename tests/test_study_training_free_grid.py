@@ -66,6 +66,19 @@ def test_no_grid_by_default_and_the_cost_of_one(shared_dir, tmp_path):
     assert extra == 3 * 2 * 720 + 4 * 2 * 480
 
 
+def test_the_grid_stage_is_keyed_on_the_format_its_points_are_measured_in(shared_dir, tmp_path):
+    """A Self-Debias grid's points are scored on the valid pairs in the study's format: a study switched to the chat
+    format measures them again (its key changes), never reuses the raw-format selection."""
+    sweep = 'methods = ["self-debias"]\ndecay_constant = [5.0, 100.0]'
+    raw = load_study(_study(tmp_path, shared_dir, sweep))
+    chat = load_study(_study(tmp_path, shared_dir, sweep), ['study.format="chat"'])
+    assert chat.is_chat and not raw.is_chat
+    plans = {c.is_chat: {s.name: s for s in plan_study(c, tmp_path / "o", progress=False)} for c in (raw, chat)}
+    plans[False]["model"].run()  # the random model both plans start from (the key holds its digest)
+    key = {fmt: plan["seed42/religion1/self-debias/sweep"].key() for fmt, plan in plans.items()}
+    assert key[True] != key[False] and key[True]["grid"]["chat"]["format"] == "chat"
+
+
 def test_a_grid_of_sentence_debias_and_self_debias_is_selected_on_the_valid_split(shared_dir, tmp_path):
     cfg = load_study(_study(tmp_path, shared_dir, 'methods = ["sentence-debias", "self-debias"]\nk = [1, 2]\n'
                                                    'decay_constant = [5.0, 100.0]\ndev_max_pairs = 24\n'

@@ -356,7 +356,8 @@ class _Study:
                                                             "dev_max_pairs")},
                            "lmp": {k: self.cfg.training.get(k) for k in ("lmp_file", "lmp_max_lines", "block_size",
                                                                           "eval_batch_size")},
-                           "data_dir": self.cfg.data_dir, "precision": self.cfg.precision}
+                           "data_dir": self.cfg.data_dir, "precision": self.cfg.precision,
+                           **self.cfg.chat_key()}  # the points' dev LMB is scored in the study's format
         return key
 
     # -- the plan -----------------------------------------------------------------------------------------------
